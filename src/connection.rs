@@ -1,0 +1,292 @@
+//! A Unix-socket connection between two processes carrying small control messages with
+//! fds attached.
+//!
+//! SOCK_SEQPACKET keeps message boundaries and ties each message's fds to it, so no
+//! framing state can be desynchronised by a hostile peer. The handshake exchanges a hello
+//! carrying SCM_CREDENTIALS, which the kernel verifies, so the peer pid is right even for
+//! an inherited socketpair (where SO_PEERCRED would name the pair's creator). A pidfd on
+//! that pid plus socket EOF turn peer death into `Error::PeerGone`, never a hang.
+
+use crate::error::{Error, Result};
+use crate::sys;
+use parking_lot::Mutex;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const MSG_MAGIC: u32 = u32::from_le_bytes(*b"TWM1");
+const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
+/// Wire protocol version exchanged in the hello.
+pub const PROTOCOL_VERSION: u32 = 1;
+const HEADER: usize = 8;
+const KIND_HELLO: u32 = 0;
+
+/// Default cap on one control message's payload.
+pub const DEFAULT_MAX_MESSAGE: usize = 64 * 1024;
+
+/// One control message.
+#[derive(Debug)]
+pub struct Message {
+    pub kind: u32,
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// A connected, handshaken peer socket.
+pub struct Connection {
+    sock: OwnedFd,
+    peer_pid: i32,
+    pidfd: Option<OwnedFd>,
+    gone: AtomicBool,
+    max_message: usize,
+    recv_buf: Mutex<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("peer_pid", &self.peer_pid).finish()
+    }
+}
+
+impl Connection {
+    /// Handshake over a connected SEQPACKET socket (either end of a socketpair, an
+    /// accepted or a connecting socket). Both sides call this; it fails with `Timeout`
+    /// if the peer says nothing within `timeout`.
+    pub fn establish(sock: OwnedFd, timeout: Duration) -> Result<Connection> {
+        Self::establish_with(sock, timeout, DEFAULT_MAX_MESSAGE)
+    }
+
+    pub fn establish_with(sock: OwnedFd, timeout: Duration, max_message: usize) -> Result<Connection> {
+        // SO_PASSCRED before the peer's hello can be read: the kernel then delivers the
+        // credentials it verified for the sender.
+        sys::set_passcred(sock.as_fd(), true)?;
+        let mut hello = Vec::with_capacity(16);
+        hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+        hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        hello.extend_from_slice(&(max_message as u32).to_le_bytes());
+        send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true)?;
+
+        let deadline = Instant::now() + timeout;
+        let ready = sys::poll_readable(&[sock.as_fd()], Some(timeout))?;
+        if !ready[0] {
+            return Err(Error::Timeout { what: "the peer's hello", after: timeout });
+        }
+        let mut buf = vec![0u8; 256];
+        let got = sys::recv_msg(sock.as_fd(), &mut buf)?
+            .ok_or_else(|| Error::peer_gone("closed the connection during the handshake"))?;
+        let _ = deadline;
+        if got.truncated || got.len < HEADER + 16 || !got.fds.is_empty() {
+            return Err(Error::Protocol(format!("malformed hello ({} bytes, {} fds)", got.len, got.fds.len())));
+        }
+        let (kind, body) = parse_header(&buf[..got.len])?;
+        if kind != KIND_HELLO || u64::from_le_bytes(body[0..8].try_into().unwrap()) != HELLO_MAGIC {
+            return Err(Error::Protocol("first message is not a tensorwire hello".into()));
+        }
+        let version = u32::from_le_bytes(body[8..12].try_into().unwrap());
+        if version != PROTOCOL_VERSION {
+            return Err(Error::Protocol(format!("peer speaks protocol {version}, this build speaks {PROTOCOL_VERSION}")));
+        }
+        let cred = got
+            .cred
+            .ok_or_else(|| Error::Protocol("hello carried no SCM_CREDENTIALS: peer identity unknown".into()))?;
+        sys::set_passcred(sock.as_fd(), false)?;
+        let pidfd = sys::pidfd_open(cred.pid);
+        Ok(Connection {
+            sock,
+            peer_pid: cred.pid,
+            pidfd,
+            gone: AtomicBool::new(false),
+            max_message,
+            recv_buf: Mutex::new(vec![0u8; max_message + HEADER + 1]),
+        })
+    }
+
+    /// A connected pair inside this process (both ends handshaken).
+    pub fn pair() -> Result<(Connection, Connection)> {
+        let (a, b) = sys::seqpacket_pair()?;
+        let t = std::thread::spawn(move || Connection::establish(b, Duration::from_secs(10)));
+        let a = Connection::establish(a, Duration::from_secs(10))?;
+        let b = t.join().map_err(|_| Error::Protocol("handshake thread panicked".into()))??;
+        Ok((a, b))
+    }
+
+    /// Connect to a listener at `path`.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Connection> {
+        Connection::establish(sys::seqpacket_connect(path)?, timeout)
+    }
+
+    /// The peer's process id, as verified by the kernel at the handshake.
+    pub fn peer_pid(&self) -> i32 {
+        self.peer_pid
+    }
+
+    /// True once the peer is known to be gone (EOF seen, or its process exited).
+    pub fn is_peer_gone(&self) -> bool {
+        if self.gone.load(Ordering::Acquire) {
+            return true;
+        }
+        if let Some(p) = &self.pidfd {
+            if sys::poll_readable(&[p.as_fd()], Some(Duration::ZERO)).map(|r| r[0]).unwrap_or(false) {
+                self.gone.store(true, Ordering::Release);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn gone_error(&self, what: &str) -> Error {
+        self.gone.store(true, Ordering::Release);
+        Error::peer_gone(format!("process {} {what}", self.peer_pid))
+    }
+
+    /// Send one message (`payload` ≤ the max message size, ≤ 8 fds). Safe to call from
+    /// several threads: each SEQPACKET send is atomic.
+    pub fn send(&self, kind: u32, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        if kind == KIND_HELLO {
+            return Err(Error::InvalidArgument("message kind 0 is reserved for the handshake".into()));
+        }
+        if payload.len() > self.max_message {
+            return Err(Error::InvalidArgument(format!(
+                "message of {} bytes exceeds the {}-byte limit",
+                payload.len(),
+                self.max_message
+            )));
+        }
+        match send_framed(self.sock.as_fd(), kind, payload, fds, false) {
+            Err(Error::PeerGone { .. }) => Err(self.gone_error("closed the connection")),
+            r => r,
+        }
+    }
+
+    /// Receive the next message, waiting at most `timeout` (`None`: until the peer sends
+    /// or dies). One receiver at a time (serialised internally).
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<Message> {
+        let mut buf = self.recv_buf.lock();
+        let mut wait: Vec<BorrowedFd<'_>> = vec![self.sock.as_fd()];
+        if let Some(p) = &self.pidfd {
+            wait.push(p.as_fd());
+        }
+        let ready = sys::poll_readable(&wait, timeout)?;
+        if !ready[0] {
+            if ready.get(1).copied().unwrap_or(false) {
+                return Err(self.gone_error("exited"));
+            }
+            return Err(Error::Timeout { what: "a message from the peer", after: timeout.unwrap_or_default() });
+        }
+        let got = match sys::recv_msg(self.sock.as_fd(), &mut buf)? {
+            Some(g) => g,
+            None => return Err(self.gone_error("closed the connection")),
+        };
+        if got.truncated {
+            return Err(Error::Protocol(format!("message larger than the {}-byte limit", self.max_message)));
+        }
+        if got.ctrunc {
+            return Err(Error::Protocol(format!("message carried more than {} fds", sys::MAX_FDS_PER_MSG)));
+        }
+        let (kind, body) = parse_header(&buf[..got.len])?;
+        if kind == KIND_HELLO {
+            return Err(Error::Protocol("second hello after the handshake".into()));
+        }
+        Ok(Message { kind, payload: body.to_vec(), fds: got.fds })
+    }
+
+    /// Raw socket (for polling alongside other fds).
+    pub fn socket(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
+fn send_framed(sock: BorrowedFd<'_>, kind: u32, payload: &[u8], fds: &[BorrowedFd<'_>], creds: bool) -> Result<()> {
+    let mut buf = Vec::with_capacity(HEADER + payload.len());
+    buf.extend_from_slice(&MSG_MAGIC.to_le_bytes());
+    buf.extend_from_slice(&kind.to_le_bytes());
+    buf.extend_from_slice(payload);
+    sys::send_msg(sock, &buf, fds, creds)
+}
+
+fn parse_header(msg: &[u8]) -> Result<(u32, &[u8])> {
+    if msg.len() < HEADER {
+        return Err(Error::Protocol(format!("message of {} bytes is shorter than its {HEADER}-byte header", msg.len())));
+    }
+    let magic = u32::from_le_bytes(msg[0..4].try_into().unwrap());
+    if magic != MSG_MAGIC {
+        return Err(Error::Protocol(format!("bad message magic {magic:#010x}")));
+    }
+    Ok((u32::from_le_bytes(msg[4..8].try_into().unwrap()), &msg[HEADER..]))
+}
+
+/// A listening socket path; connections from it are handshaken on accept.
+pub struct Listener {
+    sock: OwnedFd,
+    path: PathBuf,
+}
+
+impl Listener {
+    /// Listen at `path` (which must not exist). The socket file is removed on drop.
+    pub fn bind(path: impl AsRef<Path>) -> Result<Listener> {
+        let path = path.as_ref().to_path_buf();
+        Ok(Listener { sock: sys::seqpacket_listen(&path)?, path })
+    }
+
+    /// Accept one connection and handshake it.
+    pub fn accept(&self, timeout: Duration) -> Result<Connection> {
+        if !sys::poll_readable(&[self.sock.as_fd()], Some(timeout))?[0] {
+            return Err(Error::Timeout { what: "a connection", after: timeout });
+        }
+        let fd = sys::accept(self.sock.as_fd())?;
+        let conn = Connection::establish(fd, timeout)?;
+        // For accepted sockets SO_PEERCRED is the connecting process: it must agree with
+        // the credentials the hello carried.
+        let pc = sys::peer_cred(conn.socket())?;
+        if pc.pid != conn.peer_pid {
+            return Err(Error::Protocol(format!(
+                "hello credentials name pid {} but the connecting process is {}",
+                conn.peer_pid, pc.pid
+            )));
+        }
+        Ok(conn)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pair_exchanges_messages_and_fds_and_reports_eof() {
+        let (a, b) = Connection::pair().unwrap();
+        assert_eq!(a.peer_pid(), std::process::id() as i32);
+        let seg = crate::Segment::create(128).unwrap();
+        a.send(7, b"hi", &[seg.fd()]).unwrap();
+        let m = b.recv(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!((m.kind, &m.payload[..], m.fds.len()), (7, &b"hi"[..], 1));
+        assert!(matches!(b.recv(Some(Duration::from_millis(10))), Err(Error::Timeout { .. })));
+        assert!(a.send(1, &vec![0; DEFAULT_MAX_MESSAGE + 1], &[]).is_err());
+        drop(a);
+        assert!(b.recv(Some(Duration::from_secs(5))).unwrap_err().is_peer_gone());
+    }
+
+    #[test]
+    fn listener_path_works() {
+        let dir = std::env::temp_dir().join(format!("tw-listen-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let l = Listener::bind(&dir).unwrap();
+        let p = dir.clone();
+        let t = std::thread::spawn(move || Connection::connect(&p, Duration::from_secs(5)).unwrap());
+        let server = l.accept(Duration::from_secs(5)).unwrap();
+        let client = t.join().unwrap();
+        client.send(3, b"x", &[]).unwrap();
+        assert_eq!(server.recv(Some(Duration::from_secs(5))).unwrap().kind, 3);
+    }
+}

@@ -1,0 +1,107 @@
+//! Cross-process wait/wake on a 32-bit sequence word in shared memory.
+//!
+//! `ring` bumps the sequence and issues a (non-private) `FUTEX_WAKE` only when the waiter
+//! count says someone may be asleep. `wait` spins for a bounded budget, then registers as a
+//! waiter and sleeps in `FUTEX_WAIT` on the sequence it last saw. No lost wake-up: the
+//! waker's `seq += 1; load waiters` and the waiter's `waiters += 1; load seq` are all
+//! SeqCst, so at least one of them sees the other's write (Dekker); and if the waker
+//! skipped the wake, the waiter's FUTEX_WAIT compares against the old sequence and returns
+//! at once. Modelled in `tests/loom.rs`.
+//!
+//! Both words may be scribbled by a hostile peer. That can only cost wake-ups (every wait
+//! has a timeout) or spurious FUTEX_WAKE calls; nothing is read from them but "changed?".
+
+use crate::sync::{futex, spin_hint, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The two shared words a doorbell lives on.
+#[repr(C)]
+#[derive(Default)]
+pub struct DoorbellWords {
+    /// Bumped on every ring.
+    pub seq: AtomicU32,
+    /// Number of waiters that may be asleep in FUTEX_WAIT.
+    pub waiters: AtomicU32,
+}
+
+/// A view of a doorbell's words (in shared memory, or anywhere for tests).
+#[derive(Clone, Copy)]
+pub struct Doorbell<'a> {
+    words: &'a DoorbellWords,
+}
+
+impl<'a> Doorbell<'a> {
+    pub fn new(words: &'a DoorbellWords) -> Self {
+        Doorbell { words }
+    }
+
+    /// The current sequence. Acquire: pairs with the Release half of `ring`'s SeqCst
+    /// fetch_add, so whatever the ringer wrote before ringing is visible after this load.
+    pub fn current(&self) -> u32 {
+        self.words.seq.load(Ordering::Acquire)
+    }
+
+    /// Wake whoever waits for a sequence other than the one before this ring.
+    pub fn ring(&self) {
+        // SeqCst (Release for the data published before the ring; SC with the waiter's
+        // `waiters += 1` / `seq` load pair so one side sees the other).
+        self.words.seq.fetch_add(1, Ordering::SeqCst);
+        // SeqCst: pairs with the waiter's SeqCst `waiters.fetch_add` (see module docs).
+        if self.words.waiters.load(Ordering::SeqCst) != 0 {
+            futex::wake_all(&self.words.seq);
+        }
+    }
+
+    /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.
+    /// Returns false if `timeout` passed first (`None` waits without limit; the
+    /// transport always passes a limit).
+    pub fn wait(&self, seen: u32, spin: u32, timeout: Option<Duration>) -> bool {
+        for _ in 0..spin {
+            if self.current() != seen {
+                return true;
+            }
+            spin_hint();
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        // SeqCst: the waiter half of the Dekker pair with `ring`.
+        self.words.waiters.fetch_add(1, Ordering::SeqCst);
+        let changed = loop {
+            // SeqCst: must not be reordered before the `waiters` increment above.
+            if self.words.seq.load(Ordering::SeqCst) != seen {
+                break true;
+            }
+            let remaining = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(r) if !r.is_zero() => Some(r),
+                    _ => break false,
+                },
+            };
+            futex::wait(&self.words.seq, seen, remaining);
+        };
+        // Relaxed: only a hint for `ring`; a stale count costs one spare FUTEX_WAKE.
+        self.words.waiters.fetch_sub(1, Ordering::Relaxed);
+        changed
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn wait_times_out_then_wakes() {
+        let w = Arc::new(DoorbellWords::default());
+        let d = Doorbell::new(&w);
+        let seen = d.current();
+        assert!(!d.wait(seen, 10, Some(Duration::from_millis(20))));
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            Doorbell::new(&w2).ring();
+        });
+        assert!(d.wait(seen, 0, Some(Duration::from_secs(10))));
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,342 @@
+//! The shared lease table, the producer's private exporter state over it, and the
+//! consumer's view of the peer's table.
+
+use super::slot::{self, ReleaseRefused};
+use crate::doorbell::{Doorbell, DoorbellWords};
+use crate::error::{Error, Result};
+use crate::segment::Segment;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"TWLEASE1");
+const TABLE_VERSION: u32 = 1;
+/// Bytes before the first slot word.
+pub const TABLE_HEADER_BYTES: usize = 64;
+
+/// Shared header of a lease table (the consumer may scribble the doorbell words; the
+/// producer never reads magic/capacity back, it keeps its own copies).
+#[repr(C)]
+struct TableHeader {
+    magic: u64,
+    version: u32,
+    capacity: u32,
+    doorbell: DoorbellWords,
+}
+
+/// Anything that keeps exported memory alive. Dropping it is the release.
+pub type Owner = Box<dyn Send + 'static>;
+
+/// Names a lease: slot in the table and the generation it was granted with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId {
+    pub slot: u32,
+    pub generation: u32,
+}
+
+/// Producer-side counters for one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Leases granted and not yet given back.
+    pub live_leases: u64,
+    /// Bytes of storage under those leases.
+    pub live_bytes: u64,
+    pub granted: u64,
+    /// Given back by the consumer's release.
+    pub released: u64,
+    /// Taken back because their window ran out.
+    pub expired: u64,
+    /// Taken back because the peer died or the connection ended.
+    pub reclaimed: u64,
+}
+
+struct Entry {
+    generation: u32,
+    owner: Owner,
+    bytes: u64,
+    segment_id: u64,
+    deadline: Option<Instant>,
+}
+
+/// What the producer remembers about a segment it showed this peer.
+struct SharedSegment {
+    segment: Weak<Segment>,
+    leases: u64,
+}
+
+/// Producer-private state for one peer: the lease table it owns and the owners.
+pub struct Exporter {
+    table: Arc<Segment>,
+    capacity: u32,
+    max_bytes: u64,
+    entries: Vec<Option<Entry>>,
+    gens: Vec<u32>,
+    free: Vec<u32>,
+    stats: LeaseStats,
+    segments: HashMap<u64, SharedSegment>,
+    gone: bool,
+}
+
+/// The doorbell in a lease table's header: the consumer rings it after a release, the
+/// producer's reaper sleeps on it.
+pub fn release_doorbell(table: &Segment) -> Doorbell<'_> {
+    assert!(table.len() >= TABLE_HEADER_BYTES);
+    // SAFETY: the header lies inside the mapping (checked above; every table is created or
+    // validated at ≥ header size), page-aligned, and DoorbellWords is two atomics that the
+    // doorbell only accesses atomically.
+    Doorbell::new(unsafe { &(*table.as_ptr().cast::<TableHeader>()).doorbell })
+}
+
+fn table_len(capacity: u32) -> usize {
+    TABLE_HEADER_BYTES + capacity as usize * 8
+}
+
+impl Exporter {
+    /// A fresh table with `capacity` slots (the per-peer lease quota) and a byte quota.
+    pub fn new(capacity: u32, max_bytes: u64) -> Result<Exporter> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument("lease table capacity must be > 0".into()));
+        }
+        let table = Arc::new(Segment::create(table_len(capacity))?);
+        // SAFETY: the mapping is at least TABLE_HEADER_BYTES long, page-aligned, and
+        // freshly zeroed; nobody else has the fd yet, so plain writes are race-free.
+        unsafe {
+            let h = table.as_ptr().cast::<TableHeader>();
+            std::ptr::addr_of_mut!((*h).magic).write(TABLE_MAGIC);
+            std::ptr::addr_of_mut!((*h).version).write(TABLE_VERSION);
+            std::ptr::addr_of_mut!((*h).capacity).write(capacity);
+        }
+        Ok(Exporter {
+            table,
+            capacity,
+            max_bytes,
+            entries: (0..capacity).map(|_| None).collect(),
+            gens: vec![0; capacity as usize],
+            free: (0..capacity).rev().collect(),
+            stats: LeaseStats::default(),
+            segments: HashMap::new(),
+            gone: false,
+        })
+    }
+
+    /// The table segment to send to the peer.
+    pub fn table(&self) -> &Arc<Segment> {
+        &self.table
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn word(&self, slot: u32) -> &AtomicU64 {
+        assert!(slot < self.capacity);
+        // SAFETY: slot < capacity, so the word lies inside the table mapping (len =
+        // header + capacity*8), 8-aligned (page-aligned base + 64 + 8*slot). AtomicU64 has
+        // the layout of u64, and all access to shared words goes through atomics.
+        unsafe { &*self.table.as_ptr().add(TABLE_HEADER_BYTES + slot as usize * 8).cast::<AtomicU64>() }
+    }
+
+    pub fn stats(&self) -> LeaseStats {
+        self.stats
+    }
+
+    /// Grant a lease on `nbytes` of `segment`; returns the lease and whether the segment
+    /// is new to this peer (its fd must travel with the descriptor).
+    pub fn grant(
+        &mut self,
+        segment: &Arc<Segment>,
+        nbytes: u64,
+        owner: Owner,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<(LeaseId, bool), (Error, Owner)> {
+        if self.gone {
+            return Err((Error::peer_gone("the connection has ended; no new leases"), owner));
+        }
+        if self.stats.live_leases >= u64::from(self.capacity) || self.free.is_empty() {
+            return Err((
+                Error::QuotaExceeded(format!(
+                    "peer holds {} leases, the limit is {}; it must release some first",
+                    self.stats.live_leases, self.capacity
+                )),
+                owner,
+            ));
+        }
+        if self.stats.live_bytes.saturating_add(nbytes) > self.max_bytes {
+            return Err((
+                Error::QuotaExceeded(format!(
+                    "peer holds {} bytes under lease; {} more would pass the {}-byte limit",
+                    self.stats.live_bytes, nbytes, self.max_bytes
+                )),
+                owner,
+            ));
+        }
+        let slot = self.free.pop().expect("checked non-empty");
+        let generation = slot::next_gen(self.gens[slot as usize]);
+        self.gens[slot as usize] = generation;
+        slot::grant(self.word(slot), generation);
+        let sid = segment.id();
+        let shared = self.segments.entry(sid).or_insert(SharedSegment { segment: Weak::new(), leases: 0 });
+        let first = shared.segment.upgrade().is_none();
+        if first {
+            shared.segment = Arc::downgrade(segment);
+        }
+        shared.leases += 1;
+        self.entries[slot as usize] = Some(Entry { generation, owner, bytes: nbytes, segment_id: sid, deadline });
+        self.stats.live_leases += 1;
+        self.stats.live_bytes += nbytes;
+        self.stats.granted += 1;
+        Ok((LeaseId { slot, generation }, first))
+    }
+
+    /// Take entry `slot` out of the private table (the one place an owner leaves it).
+    fn take(&mut self, slot: u32) -> Option<Owner> {
+        let e = self.entries[slot as usize].take()?;
+        self.stats.live_leases -= 1;
+        self.stats.live_bytes -= e.bytes;
+        if let Some(s) = self.segments.get_mut(&e.segment_id) {
+            s.leases -= 1;
+        }
+        self.free.push(slot);
+        Some(e.owner)
+    }
+
+    /// Undo a grant whose descriptor could not be sent.
+    pub fn revoke(&mut self, id: LeaseId, out: &mut Vec<Owner>) {
+        if matches!(&self.entries[id.slot as usize], Some(e) if e.generation == id.generation) {
+            slot::reclaim(self.word(id.slot), id.generation);
+            out.extend(self.take(id.slot));
+        }
+    }
+
+    /// Collect owners the consumer released and those whose window ran out. Owners are
+    /// pushed to `out` so the caller drops them outside its lock.
+    pub fn reap(&mut self, now: Instant, out: &mut Vec<Owner>) -> Option<Instant> {
+        let mut next_deadline: Option<Instant> = None;
+        for s in 0..self.capacity {
+            let Some(e) = &self.entries[s as usize] else { continue };
+            let (generation, deadline) = (e.generation, e.deadline);
+            if slot::reap(self.word(s), generation) {
+                out.extend(self.take(s));
+                self.stats.released += 1;
+            } else if let Some(d) = deadline {
+                if d <= now {
+                    // Whatever the word says, the window is over: the owner goes.
+                    if slot::expire(self.word(s), generation) == slot::Expiry::WasReleased {
+                        self.stats.released += 1;
+                    } else {
+                        self.stats.expired += 1;
+                    }
+                    out.extend(self.take(s));
+                } else {
+                    next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
+                }
+            }
+        }
+        next_deadline
+    }
+
+    /// The peer is gone: take back every lease.
+    pub fn reclaim_all(&mut self, out: &mut Vec<Owner>) {
+        self.gone = true;
+        for s in 0..self.capacity {
+            if let Some(generation) = self.entries[s as usize].as_ref().map(|e| e.generation) {
+                slot::reclaim(self.word(s), generation);
+                out.extend(self.take(s));
+                self.stats.reclaimed += 1;
+            }
+        }
+        self.segments.clear();
+    }
+
+    /// Forget that the peer has `segment_id` (its fd must travel again next time).
+    pub fn unshare_segment(&mut self, segment_id: u64) {
+        if self.segments.get(&segment_id).is_some_and(|s| s.leases == 0) {
+            self.segments.remove(&segment_id);
+        }
+    }
+
+    /// Segments the producer dropped and the peer holds no lease on: the peer may
+    /// unmap them. Returns their ids (to send as "forget" messages).
+    pub fn forgettable_segments(&mut self) -> Vec<u64> {
+        let ids: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.leases == 0 && s.segment.strong_count() == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.segments.remove(id);
+        }
+        ids
+    }
+}
+
+/// The consumer's view of the peer's lease table: it only validates and releases.
+pub struct ImportTable {
+    table: Segment,
+    /// Private copy of the capacity, read once at setup and never again from shm.
+    capacity: u32,
+}
+
+impl ImportTable {
+    /// Validate a table fd the peer sent. `claimed` is the capacity from its message.
+    pub fn open(fd: std::os::fd::OwnedFd, claimed: u32, max_capacity: u32) -> Result<ImportTable> {
+        if claimed == 0 || claimed > max_capacity {
+            return Err(Error::Protocol(format!(
+                "lease table capacity {claimed} outside 1..={max_capacity}"
+            )));
+        }
+        let table = Segment::from_fd(fd, table_len(claimed))?;
+        let mut hdr = [0u8; 16];
+        table.read_at(0, &mut hdr)?;
+        let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
+        let version = u32::from_le_bytes(hdr[8..12].try_into().unwrap());
+        let cap = u32::from_le_bytes(hdr[12..16].try_into().unwrap());
+        if magic != TABLE_MAGIC || version != TABLE_VERSION || cap != claimed {
+            return Err(Error::Protocol(format!(
+                "lease table header invalid (magic {magic:#x}, version {version}, capacity {cap}, claimed {claimed})"
+            )));
+        }
+        Ok(ImportTable { table, capacity: claimed })
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn word(&self, lease: LeaseId) -> Result<&AtomicU64> {
+        if lease.slot >= self.capacity {
+            return Err(Error::StaleLease(format!(
+                "lease slot {} out of range (the peer's table has {} slots)",
+                lease.slot, self.capacity
+            )));
+        }
+        // SAFETY: slot < private capacity, and the mapping was checked at open to hold
+        // header + capacity*8 bytes; 8-aligned; accessed only atomically.
+        Ok(unsafe { &*self.table.as_ptr().add(TABLE_HEADER_BYTES + lease.slot as usize * 8).cast::<AtomicU64>() })
+    }
+
+    fn refusal(lease: LeaseId, r: ReleaseRefused) -> Error {
+        Error::StaleLease(match r {
+            ReleaseRefused::Expired => format!("lease {}:{} expired (its window ran out)", lease.slot, lease.generation),
+            ReleaseRefused::AlreadyReleased => format!("lease {}:{} was already released", lease.slot, lease.generation),
+            ReleaseRefused::Stale { found_gen, found_state } => format!(
+                "lease slot {} holds generation {found_gen} (state {found_state}), not {}",
+                lease.slot, lease.generation
+            ),
+        })
+    }
+
+    /// Check that `lease` is live right now (at import).
+    pub fn check_live(&self, lease: LeaseId) -> Result<()> {
+        slot::is_live(self.word(lease)?, lease.generation).map_err(|r| Self::refusal(lease, r))
+    }
+
+    /// Release `lease` and ring the producer's doorbell.
+    pub fn release(&self, lease: LeaseId) -> Result<()> {
+        slot::release(self.word(lease)?, lease.generation).map_err(|r| Self::refusal(lease, r))?;
+        release_doorbell(&self.table).ring();
+        Ok(())
+    }
+}

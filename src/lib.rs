@@ -1,0 +1,48 @@
+//! tensorwire: move PyTorch tensors between processes on one machine.
+//!
+//! The transport layer: sealed memfd [`Segment`]s shared by fd, validated [`TensorDesc`]
+//! descriptors, per-peer lease tables that keep exported memory alive exactly as long as
+//! the consumer needs it, and futex [`doorbell`]s. [`Peer`] ties them together over a
+//! Unix-socket [`Connection`].
+//!
+//! ```no_run
+//! use tensorwire::{DType, ExportOptions, Layout, Peer, PeerConfig, SharedTensor};
+//! # fn main() -> tensorwire::Result<()> {
+//! let (a, b) = Peer::pair(PeerConfig::default())?;
+//! let t = SharedTensor::zeros(Layout::contiguous(DType::Float32, &[2, 3])?)?;
+//! a.export(&t.view(t.layout().transpose(0, 1)?)?, ExportOptions::default())?;
+//! let imported = b.recv_tensor(None)?;        // aliases a's memory, zero-copy
+//! assert_eq!(imported.layout().sizes(), &[3, 2]);
+//! imported.release()?;                         // a's owner is dropped now
+//! # Ok(()) }
+//! ```
+
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
+
+pub mod error;
+pub mod lease;
+pub mod sync;
+pub mod doorbell;
+
+#[cfg(not(loom))]
+pub mod connection;
+#[cfg(not(loom))]
+pub mod desc;
+#[cfg(not(loom))]
+pub mod peer;
+#[cfg(not(loom))]
+pub mod segment;
+#[cfg(not(loom))]
+pub mod sys;
+
+pub use error::{Error, Result};
+#[cfg(not(loom))]
+pub use connection::{Connection, Listener};
+#[cfg(not(loom))]
+pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
+#[cfg(not(loom))]
+pub use lease::{LeaseId, LeaseStats, Owner};
+#[cfg(not(loom))]
+pub use peer::{ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
+#[cfg(not(loom))]
+pub use segment::Segment;

@@ -1,0 +1,555 @@
+//! `Peer`: one end of a tensorwire connection. Exports tensor views under leases,
+//! imports the peer's, and carries small user messages with fds.
+
+use crate::connection::{Connection, Listener};
+use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
+use crate::doorbell::Doorbell;
+use crate::error::{Error, Result};
+use crate::lease::{Exporter, ImportTable, LeaseId, LeaseStats, Owner};
+use crate::segment::Segment;
+use bytemuck::Zeroable;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const KIND_TABLE: u32 = 1;
+const KIND_TENSOR: u32 = 2;
+const KIND_FORGET: u32 = 3;
+const KIND_USER: u32 = 4;
+
+/// How often the reaper looks for a dead peer when nothing else wakes it.
+const REAPER_TICK: Duration = Duration::from_millis(50);
+
+/// Limits and defaults for one connection.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Leases the peer may hold at once (size of the lease table we give it).
+    pub max_leases: u32,
+    /// Bytes of storage the peer may hold under lease at once.
+    pub max_lease_bytes: u64,
+    /// Window applied to exports that name none (`None`: hold until release/death).
+    pub default_window: Option<Duration>,
+    /// Largest control message accepted or sent.
+    pub max_message: usize,
+    /// Most distinct segments of the peer's kept mapped at once.
+    pub max_import_segments: usize,
+    /// Largest lease table accepted from the peer.
+    pub max_peer_table_capacity: u32,
+    /// How long connection setup may wait for the peer.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig {
+            max_leases: 4096,
+            max_lease_bytes: u64::MAX,
+            default_window: None,
+            max_message: crate::connection::DEFAULT_MAX_MESSAGE,
+            max_import_segments: 4096,
+            max_peer_table_capacity: 1 << 20,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Per-export options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExportOptions {
+    /// Opaque number delivered with the tensor (match requests to replies).
+    pub tag: u64,
+    /// Keeper window: the most time the peer may hold the lease.
+    pub window: Option<Duration>,
+}
+
+/// A tensor view over a region of a shared segment, ready to export.
+#[derive(Clone, Debug)]
+pub struct SharedTensor {
+    segment: Arc<Segment>,
+    offset: usize,
+    nbytes: usize,
+    layout: Layout,
+}
+
+impl SharedTensor {
+    /// `layout` over the `nbytes` of `segment` starting at byte `offset`.
+    pub fn new(segment: Arc<Segment>, offset: usize, nbytes: usize, layout: Layout) -> Result<SharedTensor> {
+        if offset.checked_add(nbytes).is_none_or(|e| e > segment.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "storage of {nbytes} bytes at offset {offset} passes the end of a {}-byte segment",
+                segment.len()
+            )));
+        }
+        let need = layout.extent_bytes()?;
+        if need > nbytes as u64 {
+            return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
+        }
+        Ok(SharedTensor { segment, offset, nbytes, layout })
+    }
+
+    /// A zeroed tensor with a storage of its own (a fresh segment just large enough).
+    pub fn zeros(layout: Layout) -> Result<SharedTensor> {
+        let n = layout.extent_bytes()? as usize;
+        SharedTensor::new(Arc::new(Segment::create(n.max(1))?), 0, n, layout)
+    }
+
+    /// Another view of the same storage.
+    pub fn view(&self, layout: Layout) -> Result<SharedTensor> {
+        SharedTensor::new(self.segment.clone(), self.offset, self.nbytes, layout)
+    }
+
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.segment
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn storage_offset_bytes(&self) -> usize {
+        self.offset
+    }
+    pub fn storage_nbytes(&self) -> usize {
+        self.nbytes
+    }
+    /// Start of the storage (shared memory: the peer may write it).
+    pub fn storage_ptr(&self) -> *mut u8 {
+        // SAFETY: offset ≤ segment length, checked in `new`.
+        unsafe { self.segment.as_ptr().add(self.offset) }
+    }
+    /// Copy `data` into the storage at byte `at`.
+    pub fn write_storage(&self, at: usize, data: &[u8]) -> Result<()> {
+        check_in(at, data.len(), self.nbytes)?;
+        self.segment.write_at(self.offset + at, data)
+    }
+    /// Copy from the storage at byte `at`.
+    pub fn read_storage(&self, at: usize, out: &mut [u8]) -> Result<()> {
+        check_in(at, out.len(), self.nbytes)?;
+        self.segment.read_at(self.offset + at, out)
+    }
+    /// The view's elements, packed row-major, copied to private memory.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        // SAFETY: `new` checked extent_bytes ≤ nbytes and the storage lies in the mapping.
+        unsafe { self.layout.gather(self.storage_ptr(), &mut v) };
+        v
+    }
+}
+
+fn check_in(at: usize, len: usize, size: usize) -> Result<()> {
+    if at.checked_add(len).is_none_or(|e| e > size) {
+        return Err(Error::InvalidArgument(format!("{len} bytes at {at} pass the end of a {size}-byte storage")));
+    }
+    Ok(())
+}
+
+/// What `recv` returns.
+pub enum Incoming {
+    /// A tensor the peer exported to us.
+    Tensor(Imported),
+    /// A user message (`Peer::send_message`).
+    Message { payload: Vec<u8>, fds: Vec<OwnedFd> },
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Incoming::Tensor(t) => write!(f, "Tensor({:?}, tag {})", t.layout(), t.tag()),
+            Incoming::Message { payload, fds } => write!(f, "Message({} bytes, {} fds)", payload.len(), fds.len()),
+        }
+    }
+}
+
+struct Inner {
+    conn: Connection,
+    cfg: PeerConfig,
+    exporter: Mutex<Exporter>,
+    export_table: Arc<Segment>,
+    /// Held across grant + send, so a segment's fd always precedes descriptors naming it.
+    send_lock: Mutex<()>,
+    import: ImportTable,
+    import_segments: Mutex<HashMap<u64, Arc<Segment>>>,
+    stop: AtomicBool,
+}
+
+impl Inner {
+    fn release_doorbell(&self) -> Doorbell<'_> {
+        crate::lease::release_doorbell(&self.export_table)
+    }
+
+    /// One reaper pass; returns (next deadline, peer gone).
+    fn reap_once(&self) -> (Option<Instant>, bool) {
+        let mut dead: Vec<Owner> = Vec::new();
+        let gone = self.conn.is_peer_gone();
+        let (next, forget) = {
+            let mut ex = self.exporter.lock();
+            if gone || self.stop.load(Ordering::Acquire) {
+                ex.reclaim_all(&mut dead);
+                (None, Vec::new())
+            } else {
+                (ex.reap(Instant::now(), &mut dead), ex.forgettable_segments())
+            }
+        };
+        // Owners run arbitrary drop code (a C callback): never under our locks.
+        drop(dead);
+        for id in forget {
+            let _g = self.send_lock.lock();
+            let _ = self.conn.send(KIND_FORGET, &id.to_le_bytes(), &[]);
+        }
+        (next, gone)
+    }
+}
+
+fn reaper(inner: Arc<Inner>) {
+    loop {
+        let seen = inner.release_doorbell().current();
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (next, gone) = inner.reap_once();
+        if gone {
+            return;
+        }
+        let tick = next.map_or(REAPER_TICK, |d| d.saturating_duration_since(Instant::now()).min(REAPER_TICK));
+        inner.release_doorbell().wait(seen, 0, Some(tick));
+    }
+}
+
+/// One end of a connection. `Send + Sync`: export from any thread; one thread at a time
+/// receives.
+pub struct Peer {
+    inner: Arc<Inner>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer").field("peer_pid", &self.peer_pid()).finish()
+    }
+}
+
+impl Peer {
+    /// Set up leases over a handshaken connection. Both ends call this.
+    pub fn new(conn: Connection, cfg: PeerConfig) -> Result<Peer> {
+        let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
+        let export_table = exporter.table().clone();
+        conn.send(KIND_TABLE, &exporter.capacity().to_le_bytes(), &[export_table.fd()])?;
+        let mut msg = conn.recv(Some(cfg.handshake_timeout))?;
+        if msg.kind != KIND_TABLE || msg.payload.len() != 4 || msg.fds.len() != 1 {
+            return Err(Error::Protocol(format!(
+                "expected the peer's lease table (kind {KIND_TABLE}, 4 bytes, 1 fd), got kind {} with {} bytes and {} fds",
+                msg.kind,
+                msg.payload.len(),
+                msg.fds.len()
+            )));
+        }
+        let cap = u32::from_le_bytes(msg.payload[..4].try_into().unwrap());
+        let import = ImportTable::open(msg.fds.pop().unwrap(), cap, cfg.max_peer_table_capacity)?;
+        let inner = Arc::new(Inner {
+            conn,
+            cfg,
+            exporter: Mutex::new(exporter),
+            export_table,
+            send_lock: Mutex::new(()),
+            import,
+            import_segments: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+        });
+        let r = inner.clone();
+        let reaper = std::thread::Builder::new()
+            .name("tensorwire-reaper".into())
+            .spawn(move || reaper(r))
+            .map_err(|e| Error::io("spawning the lease reaper thread", e))?;
+        Ok(Peer { inner, reaper: Some(reaper) })
+    }
+
+    /// A connected pair in this process (tests, in-process use).
+    pub fn pair(cfg: PeerConfig) -> Result<(Peer, Peer)> {
+        let (a, b) = Connection::pair()?;
+        let c2 = cfg.clone();
+        let t = std::thread::spawn(move || Peer::new(b, c2));
+        let a = Peer::new(a, cfg)?;
+        let b = t.join().map_err(|_| Error::Protocol("setup thread panicked".into()))??;
+        Ok((a, b))
+    }
+
+    /// From an inherited (or otherwise obtained) SEQPACKET socket fd.
+    pub fn from_fd(fd: OwnedFd, cfg: PeerConfig) -> Result<Peer> {
+        let conn = Connection::establish_with(fd, cfg.handshake_timeout, cfg.max_message)?;
+        Peer::new(conn, cfg)
+    }
+
+    /// Connect to a [`Listener`] at `path`.
+    pub fn connect(path: impl AsRef<Path>, cfg: PeerConfig) -> Result<Peer> {
+        let fd = crate::sys::seqpacket_connect(path.as_ref())?;
+        Peer::from_fd(fd, cfg)
+    }
+
+    /// Accept one connection from `listener`.
+    pub fn accept(listener: &Listener, cfg: PeerConfig) -> Result<Peer> {
+        let conn = listener.accept(cfg.handshake_timeout)?;
+        Peer::new(conn, cfg)
+    }
+
+    /// The peer's pid (kernel-verified at the handshake).
+    pub fn peer_pid(&self) -> i32 {
+        self.inner.conn.peer_pid()
+    }
+
+    pub fn is_peer_gone(&self) -> bool {
+        self.inner.conn.is_peer_gone()
+    }
+
+    /// Export `t` under a lease whose owner is `t`'s segment (kept alive until release).
+    pub fn export(&self, t: &SharedTensor, opts: ExportOptions) -> Result<LeaseId> {
+        self.export_with_owner(t, Box::new(t.segment.clone()), opts)
+    }
+
+    /// Export `t` under a lease holding `owner`, which is dropped exactly once: when the
+    /// peer releases, when the window runs out, when the peer dies or this `Peer` is
+    /// dropped — or at once if the export fails.
+    pub fn export_with_owner(&self, t: &SharedTensor, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
+        let window = opts.window.or(self.inner.cfg.default_window);
+        let deadline = window.map(|w| Instant::now() + w);
+        let _send = self.inner.send_lock.lock();
+        let granted = self.inner.exporter.lock().grant(&t.segment, t.nbytes as u64, owner, deadline);
+        let (id, first) = granted.map_err(|(e, owner)| {
+            drop(owner);
+            e
+        })?;
+        let storage = StorageRef {
+            segment_id: t.segment.id(),
+            base_offset: t.offset as u64,
+            nbytes: t.nbytes as u64,
+            lease_slot: id.slot,
+            lease_gen: id.generation,
+            ..Zeroable::zeroed()
+        };
+        let desc = TensorDesc::new(&t.layout, StorageKind::Segment, storage);
+        let mut payload = [0u8; 8 + DESC_SIZE];
+        payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
+        payload[8..].copy_from_slice(desc.encode());
+        let fd = t.segment.fd();
+        let fds: &[BorrowedFd<'_>] = if first { std::slice::from_ref(&fd) } else { &[] };
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fds) {
+            let mut dead = Vec::new();
+            {
+                let mut ex = self.inner.exporter.lock();
+                ex.revoke(id, &mut dead);
+                if first {
+                    ex.unshare_segment(t.segment.id());
+                }
+            }
+            drop(_send);
+            drop(dead);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Send a user message with up to 8 fds.
+    pub fn send_message(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        self.inner.conn.send(KIND_USER, payload, fds)
+    }
+
+    /// Receive the next tensor or user message (`timeout` per call; `None` waits until
+    /// something arrives or the peer dies).
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<Incoming> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let msg = self.inner.conn.recv(left)?;
+            match msg.kind {
+                KIND_TENSOR => return self.import(msg).map(Incoming::Tensor),
+                KIND_USER => return Ok(Incoming::Message { payload: msg.payload, fds: msg.fds }),
+                KIND_FORGET => {
+                    let id: [u8; 8] = msg.payload.as_slice().try_into().map_err(|_| {
+                        Error::Protocol(format!("forget message of {} bytes, expected 8", msg.payload.len()))
+                    })?;
+                    self.inner.import_segments.lock().remove(&u64::from_le_bytes(id));
+                }
+                k => return Err(Error::Protocol(format!("unknown message kind {k}"))),
+            }
+        }
+    }
+
+    /// Receive, expecting a tensor.
+    pub fn recv_tensor(&self, timeout: Option<Duration>) -> Result<Imported> {
+        match self.recv(timeout)? {
+            Incoming::Tensor(t) => Ok(t),
+            other => Err(Error::Protocol(format!("expected a tensor, got {other:?}"))),
+        }
+    }
+
+    fn import(&self, mut msg: crate::connection::Message) -> Result<Imported> {
+        if msg.payload.len() != 8 + DESC_SIZE || msg.fds.len() > 1 {
+            return Err(Error::Protocol(format!(
+                "tensor message has {} bytes and {} fds, expected {} bytes and at most 1 fd",
+                msg.payload.len(),
+                msg.fds.len(),
+                8 + DESC_SIZE
+            )));
+        }
+        let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
+        let desc = TensorDesc::decode(&msg.payload[8..])?;
+        if desc.kind() != Some(StorageKind::Segment) {
+            return Err(Error::InvalidDescriptor(format!(
+                "storage kind {:?} cannot arrive as a leased tensor",
+                desc.kind()
+            )));
+        }
+        let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
+        self.inner.import.check_live(lease)?;
+        // From here the lease is live: give it back on any failure so the producer's
+        // owner is not held for nothing.
+        let resolved = self.resolve_segment(&desc, msg.fds.pop());
+        match resolved {
+            Ok(segment) => Ok(Imported { inner: self.inner.clone(), segment, desc, tag, lease, released: false }),
+            Err(e) => {
+                let _ = self.inner.import.release(lease);
+                Err(e)
+            }
+        }
+    }
+
+    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<Arc<Segment>> {
+        let sid = desc.storage.segment_id;
+        let mut segs = self.inner.import_segments.lock();
+        let seg = match fd {
+            Some(fd) => {
+                if !segs.contains_key(&sid) && segs.len() >= self.inner.cfg.max_import_segments {
+                    return Err(Error::QuotaExceeded(format!(
+                        "peer has {} segments mapped here, the limit is {}",
+                        segs.len(),
+                        self.inner.cfg.max_import_segments
+                    )));
+                }
+                let s = Arc::new(Segment::from_fd(fd, 0)?);
+                segs.insert(sid, s.clone());
+                s
+            }
+            None => segs.get(&sid).cloned().ok_or_else(|| {
+                Error::InvalidDescriptor(format!("descriptor names segment {sid}, which this connection never received"))
+            })?,
+        };
+        desc.check_fits(seg.len() as u64)?;
+        Ok(seg)
+    }
+
+    /// Counters of what this side exported to the peer.
+    pub fn export_stats(&self) -> LeaseStats {
+        self.inner.exporter.lock().stats()
+    }
+
+    /// Run one reaper pass now (releases, windows, peer death) instead of waiting for the
+    /// background reaper.
+    pub fn reap_now(&self) -> LeaseStats {
+        self.inner.reap_once();
+        self.export_stats()
+    }
+
+    /// Number of the peer's segments mapped here.
+    pub fn imported_segments(&self) -> usize {
+        self.inner.import_segments.lock().len()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.release_doorbell().ring();
+        if let Some(t) = self.reaper.take() {
+            let _ = t.join();
+        }
+        // The connection ends with this handle: the peer sees EOF now even while our
+        // imports (which keep `inner` alive) are still held.
+        // SAFETY: shutdown on our own open socket; it does not close the fd.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.inner.conn.socket()), libc::SHUT_RDWR) };
+        self.inner.reap_once();
+        self.inner.import_segments.lock().clear();
+    }
+}
+
+/// A tensor imported from the peer: a view over the peer's shared memory, valid until
+/// released (or dropped, which releases).
+pub struct Imported {
+    inner: Arc<Inner>,
+    segment: Arc<Segment>,
+    desc: TensorDesc,
+    tag: u64,
+    lease: LeaseId,
+    released: bool,
+}
+
+impl Imported {
+    /// The validated descriptor.
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+    pub fn layout(&self) -> Layout {
+        self.desc.layout()
+    }
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+    pub fn lease(&self) -> LeaseId {
+        self.lease
+    }
+    pub fn storage_nbytes(&self) -> usize {
+        self.desc.storage.nbytes as usize
+    }
+    /// Start of the storage in this process (valid until release; the peer may write it).
+    pub fn storage_ptr(&self) -> *mut u8 {
+        // SAFETY: base_offset + nbytes ≤ segment length (checked at import).
+        unsafe { self.segment.as_ptr().add(self.desc.storage.base_offset as usize) }
+    }
+    /// Address of element 0 of the view.
+    pub fn data_ptr(&self) -> *mut u8 {
+        let l = self.layout();
+        // SAFETY: for a non-empty view, storage_offset*elem < extent ≤ nbytes (validated);
+        // for an empty one the pointer is not dereferenced and stays within the storage
+        // only if the offset does, so clamp it.
+        let off = (l.storage_offset as u64 * l.dtype.size() as u64).min(self.desc.storage.nbytes);
+        unsafe { self.storage_ptr().add(off as usize) }
+    }
+    /// The view's elements packed row-major, copied to private memory.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        // SAFETY: the extent was validated ≤ nbytes, and the storage lies in the mapping.
+        unsafe { self.layout().gather(self.storage_ptr(), &mut v) };
+        v
+    }
+    pub fn read_storage(&self, at: usize, out: &mut [u8]) -> Result<()> {
+        check_in(at, out.len(), self.storage_nbytes())?;
+        self.segment.read_at(self.desc.storage.base_offset as usize + at, out)
+    }
+    pub fn write_storage(&self, at: usize, data: &[u8]) -> Result<()> {
+        check_in(at, data.len(), self.storage_nbytes())?;
+        self.segment.write_at(self.desc.storage.base_offset as usize + at, data)
+    }
+
+    /// Give the lease back. `Err(PeerGone)` if the producer is gone (nothing is left to
+    /// release then); `Err(StaleLease)` if its window ran out first.
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<()> {
+        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
+            return Err(Error::peer_gone("the connection ended before the lease was released"));
+        }
+        self.inner.import.release(self.lease)
+    }
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release_inner();
+        }
+    }
+}

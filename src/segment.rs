@@ -1,0 +1,290 @@
+//! Shared CPU memory segments.
+//!
+//! The default backing is an anonymous `memfd` sealed against shrink and grow, so a peer
+//! holding the fd can never truncate it under our mapping (which would SIGBUS us). It is
+//! shared by passing the fd (SCM_RIGHTS); there is no name anyone could guess. A received
+//! fd is mapped only after it proves to be such a memfd and at least the size it is
+//! claimed to be.
+//!
+//! The optional named backing (POSIX shm, `/dev/shm/tensorwire-<128 random bits>`) is for
+//! peers that can take only a name. Named objects cannot be sealed, so a peer that opens
+//! one could truncate it: use it only with peers you trust not to, and unlink early (the
+//! creator unlinks on drop, or at once with [`Segment::unlink`] once the peer has opened).
+
+use crate::error::{Error, Result};
+use crate::sys;
+use memmap2::{MmapOptions, MmapRaw};
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Seals every memfd segment carries: no shrink (SIGBUS), no grow, no further seals.
+pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+static NEXT_SEGMENT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How a segment is backed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// Sealed anonymous memfd, shared by fd.
+    Memfd,
+    /// Named POSIX shm object; `owner` is true for the creator, who unlinks it.
+    Named { name: String, owner: bool },
+}
+
+/// A mapped shared-memory region.
+///
+/// Memory in a segment is shared with another process that may write it at any time, so
+/// this type hands out raw pointers and bounds-checked copies, never `&[u8]` into the
+/// mapping (a Rust reference would promise the bytes do not change).
+pub struct Segment {
+    id: u64,
+    fd: OwnedFd,
+    map: MmapRaw,
+    backing: parking_lot::Mutex<Backing>,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment").field("id", &self.id).field("len", &self.len()).field("fd", &self.fd.as_raw_fd()).finish()
+    }
+}
+
+fn map_shared(fd: BorrowedFd<'_>, len: usize) -> Result<MmapRaw> {
+    MmapOptions::new().len(len).map_raw(fd.as_raw_fd()).map_err(|e| Error::io("mmap (segment)", e))
+}
+
+impl Segment {
+    /// Create a zero-filled segment of `len` bytes backed by a sealed memfd.
+    pub fn create(len: usize) -> Result<Segment> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("segment length must be > 0".into()));
+        }
+        let fd = sys::memfd_create("tensorwire")?;
+        sys::ftruncate(fd.as_fd(), len as u64)?;
+        sys::add_seals(fd.as_fd(), REQUIRED_SEALS | libc::F_SEAL_SEAL)?;
+        let map = map_shared(fd.as_fd(), len)?;
+        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+    }
+
+    /// Map a memfd received from a peer, after checking that it is a memfd, sealed
+    /// against shrink and grow, and at least `min_len` bytes. The whole file is mapped.
+    pub fn from_fd(fd: OwnedFd, min_len: usize) -> Result<Segment> {
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::InvalidSegment(format!(
+                "fd is not a memfd (file type {:o}, expected a regular memfd file)",
+                st.st_mode & libc::S_IFMT
+            )));
+        }
+        let target = sys::fd_target(fd.as_fd())?;
+        if !target.starts_with("/memfd:") {
+            return Err(Error::InvalidSegment(format!("fd is not a memfd: it refers to {target:?}")));
+        }
+        let seals = sys::get_seals(fd.as_fd())
+            .ok_or_else(|| Error::InvalidSegment("memfd does not support sealing (created without MFD_ALLOW_SEALING)".into()))?;
+        if seals & REQUIRED_SEALS != REQUIRED_SEALS {
+            let mut missing = Vec::new();
+            if seals & libc::F_SEAL_SHRINK == 0 {
+                missing.push("F_SEAL_SHRINK");
+            }
+            if seals & libc::F_SEAL_GROW == 0 {
+                missing.push("F_SEAL_GROW");
+            }
+            return Err(Error::InvalidSegment(format!(
+                "memfd is not sealed against resizing (missing {}): a peer could truncate it under our mapping",
+                missing.join(" and ")
+            )));
+        }
+        if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+            return Err(Error::InvalidSegment("memfd is write-sealed; tensorwire maps segments read-write".into()));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size < min_len as u64 || size == 0 {
+            return Err(Error::InvalidSegment(format!(
+                "segment too small: {min_len} bytes needed, memfd has {size}"
+            )));
+        }
+        let len = usize::try_from(size).map_err(|_| Error::InvalidSegment(format!("segment of {size} bytes cannot be mapped")))?;
+        let map = map_shared(fd.as_fd(), len)?;
+        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+    }
+
+    /// Create a named POSIX shm segment with an unguessable name (128 random bits). The
+    /// creator unlinks it on drop; call [`Segment::unlink`] sooner once the peer has it.
+    pub fn create_named(len: usize) -> Result<Segment> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("segment length must be > 0".into()));
+        }
+        let mut rnd = [0u8; 16];
+        sys::getrandom(&mut rnd)?;
+        let name = format!("/tensorwire-{}", rnd.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let c = CString::new(name.clone()).expect("generated name has no NUL");
+        // SAFETY: `c` is a valid C string; O_EXCL makes this fail rather than open a file
+        // someone else created under the same name.
+        let raw = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600) };
+        if raw < 0 {
+            return Err(Error::last_os("shm_open (create)"));
+        }
+        // SAFETY: fresh fd from the kernel.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let cleanup = |e: Error| {
+            // SAFETY: `c` is valid; unlinking our own just-created name.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
+            e
+        };
+        sys::ftruncate(fd.as_fd(), len as u64).map_err(cleanup)?;
+        let map = map_shared(fd.as_fd(), len).map_err(cleanup)?;
+        Ok(Segment {
+            id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed),
+            fd,
+            map,
+            backing: Backing::Named { name, owner: true }.into(),
+        })
+    }
+
+    /// Open a named segment created by a peer; it must be at least `min_len` bytes.
+    pub fn open_named(name: &str, min_len: usize) -> Result<Segment> {
+        if !name.starts_with('/') || name[1..].contains('/') || name.len() > 255 {
+            return Err(Error::InvalidArgument(format!("shm name {name:?} must be '/' followed by a name without '/'")));
+        }
+        let c = CString::new(name).map_err(|_| Error::InvalidArgument("shm name contains NUL".into()))?;
+        // SAFETY: `c` is a valid C string.
+        let raw = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(Error::last_os("shm_open (open by name)"));
+        }
+        // SAFETY: fresh fd from the kernel.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let st = sys::fstat(fd.as_fd())?;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size < min_len as u64 || size == 0 {
+            return Err(Error::InvalidSegment(format!("segment too small: {min_len} bytes needed, {name} has {size}")));
+        }
+        let map = map_shared(fd.as_fd(), size as usize)?;
+        Ok(Segment {
+            id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed),
+            fd,
+            map,
+            backing: Backing::Named { name: name.to_owned(), owner: false }.into(),
+        })
+    }
+
+    /// Remove a named segment's name now (mappings and fds stay valid). No-op for memfd
+    /// segments and for segments this process did not create.
+    pub fn unlink(&self) -> Result<()> {
+        let mut b = self.backing.lock();
+        if let Backing::Named { name, owner: true } = &*b {
+            let c = CString::new(name.as_str()).expect("stored name has no NUL");
+            // SAFETY: `c` is a valid C string.
+            if unsafe { libc::shm_unlink(c.as_ptr()) } < 0 {
+                return Err(Error::last_os("shm_unlink"));
+            }
+            *b = Backing::Named { name: name.clone(), owner: false };
+        }
+        Ok(())
+    }
+
+    /// Process-unique id of this mapping (used to name it on a connection).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+    /// The fd to pass to a peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+    pub fn backing(&self) -> Backing {
+        self.backing.lock().clone()
+    }
+    /// Base address of the mapping. Valid for `len()` bytes while `self` lives; another
+    /// process may write it concurrently.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range of {len} bytes at offset {offset} passes the end of a {}-byte segment",
+                self.len()
+            ))),
+        }
+    }
+
+    /// Copy `data` into the segment at `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        // SAFETY: the range was checked to lie inside the mapping, which lives as long as
+        // `self`; `data` is private memory and cannot overlap a fresh mmap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.as_ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Copy `out.len()` bytes from the segment at `offset` into private memory.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        // SAFETY: as in `write_at`, with source and destination swapped.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let Backing::Named { name, owner: true } = &*self.backing.lock() {
+            if let Ok(c) = CString::new(name.as_str()) {
+                // SAFETY: `c` is a valid C string; failure (already unlinked) is harmless.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_is_sealed_and_roundtrips_through_from_fd() {
+        let s = Segment::create(4096).unwrap();
+        s.write_at(10, b"hello").unwrap();
+        let dup = s.fd().try_clone_to_owned().unwrap();
+        let t = Segment::from_fd(dup, 4096).unwrap();
+        let mut buf = [0u8; 5];
+        t.read_at(10, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        let seals = sys::get_seals(s.fd()).unwrap();
+        assert_eq!(seals & REQUIRED_SEALS, REQUIRED_SEALS);
+        // The seal really holds: the kernel refuses to shrink.
+        assert!(sys::ftruncate(s.fd(), 0).is_err());
+    }
+
+    #[test]
+    fn out_of_range_copies_are_refused() {
+        let s = Segment::create(64).unwrap();
+        assert!(s.write_at(60, &[0; 8]).is_err());
+        assert!(s.read_at(usize::MAX, &mut [0; 1]).is_err());
+    }
+
+    #[test]
+    fn named_segment_is_shared_and_unlinked_by_creator() {
+        let s = Segment::create_named(8192).unwrap();
+        let Backing::Named { name, .. } = s.backing() else { panic!("not named") };
+        assert_eq!(name.len(), "/tensorwire-".len() + 32);
+        let t = Segment::open_named(&name, 8192).unwrap();
+        s.write_at(0, &[7; 4]).unwrap();
+        let mut b = [0; 4];
+        t.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [7; 4]);
+        assert!(Segment::open_named(&name, 1 << 20).unwrap_err().to_string().contains("too small"));
+        drop(s);
+        assert!(Segment::open_named(&name, 1).is_err(), "creator must unlink on drop");
+    }
+}

@@ -1,0 +1,367 @@
+//! Thin, checked wrappers over the Linux calls the transport needs and std does not
+//! offer: memfd + seals, SEQPACKET Unix sockets with SCM_RIGHTS / SCM_CREDENTIALS, pidfd,
+//! poll, getrandom. Each returns `Error::Io` naming the call.
+
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Most fds one control message may carry; more is a protocol error.
+pub const MAX_FDS_PER_MSG: usize = 8;
+
+/// Retry a libc call while it fails with EINTR.
+fn retry<T: PartialEq + Copy>(fail: T, mut f: impl FnMut() -> T) -> std::result::Result<T, std::io::Error> {
+    loop {
+        let r = f();
+        if r != fail {
+            return Ok(r);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)`.
+pub fn memfd_create(name: &str) -> Result<OwnedFd> {
+    let c = CString::new(name).map_err(|_| Error::InvalidArgument("memfd name contains NUL".into()))?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(Error::last_os("memfd_create"));
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> Result<()> {
+    let len = i64::try_from(len).map_err(|_| Error::InvalidArgument(format!("segment length {len} too large")))?;
+    // SAFETY: plain syscall on a borrowed, open fd.
+    let r = retry(-1, || unsafe { libc::ftruncate(fd.as_raw_fd(), len) });
+    r.map(|_| ()).map_err(|e| Error::io("ftruncate (sizing segment)", e))
+}
+
+pub fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> Result<()> {
+    // SAFETY: F_ADD_SEALS takes an int argument; fd is open.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    if r < 0 { Err(Error::last_os("fcntl(F_ADD_SEALS)")) } else { Ok(()) }
+}
+
+/// Seals of `fd`, or `None` if the file does not support sealing (not a memfd/shmem).
+pub fn get_seals(fd: BorrowedFd<'_>) -> Option<i32> {
+    // SAFETY: F_GET_SEALS takes no argument; fd is open.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if r < 0 { None } else { Some(r) }
+}
+
+pub fn fstat(fd: BorrowedFd<'_>) -> Result<libc::stat> {
+    // SAFETY: zeroed `stat` is a valid bit pattern; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer for the duration of the call.
+    let r = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+    if r < 0 { Err(Error::last_os("fstat")) } else { Ok(st) }
+}
+
+/// What `/proc/self/fd/N` points at (e.g. `/memfd:tensorwire (deleted)`).
+pub fn fd_target(fd: BorrowedFd<'_>) -> Result<String> {
+    let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    std::fs::read_link(&p)
+        .map(|t| t.to_string_lossy().into_owned())
+        .map_err(|e| Error::io("readlink /proc/self/fd", e))
+}
+
+/// Fill `buf` from the kernel CSPRNG.
+pub fn getrandom(buf: &mut [u8]) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer/length pair describes the unfilled tail of `buf`.
+        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("getrandom", e));
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+fn owned(fd: RawFd, op: &'static str) -> Result<OwnedFd> {
+    if fd < 0 {
+        return Err(Error::last_os(op));
+    }
+    // SAFETY: `fd` is a fresh descriptor returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC)`. Pass `cloexec = false` for the end
+/// a child should inherit across exec.
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) };
+    if r < 0 {
+        return Err(Error::last_os("socketpair(AF_UNIX, SOCK_SEQPACKET)"));
+    }
+    Ok((owned(fds[0], "socketpair")?, owned(fds[1], "socketpair")?))
+}
+
+/// Set or clear FD_CLOEXEC.
+pub fn set_cloexec(fd: BorrowedFd<'_>, on: bool) -> Result<()> {
+    // SAFETY: F_GETFD/F_SETFD on an open fd.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
+    if flags < 0 {
+        return Err(Error::last_os("fcntl(F_GETFD)"));
+    }
+    let new = if on { flags | libc::FD_CLOEXEC } else { flags & !libc::FD_CLOEXEC };
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, new) };
+    if r < 0 { Err(Error::last_os("fcntl(F_SETFD)")) } else { Ok(()) }
+}
+
+fn sockaddr_un(path: &std::path::Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: zeroed sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(Error::InvalidArgument(format!(
+            "socket path {:?} must be 1..{} bytes without NUL",
+            path,
+            addr.sun_path.len() - 1
+        )));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn seqpacket_socket() -> Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    owned(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }, "socket(AF_UNIX, SOCK_SEQPACKET)")
+}
+
+/// Bind + listen a SEQPACKET socket at `path` (the file must not exist).
+pub fn seqpacket_listen(path: &std::path::Path) -> Result<OwnedFd> {
+    let (addr, len) = sockaddr_un(path)?;
+    let fd = seqpacket_socket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    let r = unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
+    if r < 0 {
+        return Err(Error::last_os("bind (listener socket path)"));
+    }
+    // SAFETY: plain syscall on an open socket.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
+        return Err(Error::last_os("listen"));
+    }
+    Ok(fd)
+}
+
+pub fn seqpacket_connect(path: &std::path::Path) -> Result<OwnedFd> {
+    let (addr, len) = sockaddr_un(path)?;
+    let fd = seqpacket_socket()?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    let r = retry(-1, || unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) });
+    r.map_err(|e| Error::io("connect (socket path)", e))?;
+    Ok(fd)
+}
+
+pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd> {
+    // SAFETY: null address pointers are allowed by accept4.
+    let r = retry(-1, || unsafe {
+        libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+    });
+    owned(r.map_err(|e| Error::io("accept", e))?, "accept")
+}
+
+pub fn set_passcred(fd: BorrowedFd<'_>, on: bool) -> Result<()> {
+    let v: libc::c_int = on.into();
+    // SAFETY: `v` is a valid int option value of the given size.
+    let r = unsafe {
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, (&v as *const libc::c_int).cast(), 4)
+    };
+    if r < 0 { Err(Error::last_os("setsockopt(SO_PASSCRED)")) } else { Ok(()) }
+}
+
+/// SO_PEERCRED: credentials of the process that connected (or created the pair).
+pub fn peer_cred(fd: BorrowedFd<'_>) -> Result<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid out-pointers of the advertised size.
+    let r = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    };
+    if r < 0 { Err(Error::last_os("getsockopt(SO_PEERCRED)")) } else { Ok(cred) }
+}
+
+/// Ancillary buffer big enough for MAX_FDS_PER_MSG fds plus one ucred, aligned for cmsghdr.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 256]);
+
+/// Send one SEQPACKET message with optional fds and, if `with_creds`, our own ucred
+/// (SCM_CREDENTIALS: the kernel checks it is really ours).
+pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], with_creds: bool) -> Result<()> {
+    if fds.len() > MAX_FDS_PER_MSG {
+        return Err(Error::InvalidArgument(format!("{} fds in one message, at most {MAX_FDS_PER_MSG}", fds.len())));
+    }
+    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut _, iov_len: payload.len() };
+    let mut cbuf = CmsgBuf([0; 256]);
+    // SAFETY: zeroed msghdr is valid; fields are filled below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    let fd_bytes = std::mem::size_of_val(fds) as u32;
+    let cred_bytes = std::mem::size_of::<libc::ucred>() as u32;
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe {
+        (if fds.is_empty() { 0 } else { libc::CMSG_SPACE(fd_bytes) }) + if with_creds { libc::CMSG_SPACE(cred_bytes) } else { 0 }
+    } as usize;
+    if space > 0 {
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `cbuf` (256 bytes, 8-aligned) and msg_controllen
+        // (`space` ≤ 256 for ≤ 8 fds + 1 ucred) bounds every CMSG_* walk below; each header
+        // written is inside that buffer because CMSG_NXTHDR returns null past its end.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            if !fds.is_empty() {
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                for (i, fd) in fds.iter().enumerate() {
+                    data.add(i).write_unaligned(fd.as_raw_fd());
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+            if with_creds {
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_CREDENTIALS;
+                (*c).cmsg_len = libc::CMSG_LEN(cred_bytes) as _;
+                let cred = libc::ucred { pid: libc::getpid(), uid: libc::getuid(), gid: libc::getgid() };
+                libc::CMSG_DATA(c).cast::<libc::ucred>().write_unaligned(cred);
+            }
+        }
+    }
+    // SAFETY: `msg` describes `iov` (pointing at `payload`) and `cbuf`, all alive for the
+    // call. MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE.
+    let r = retry(-1, || unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) });
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET)) => {
+            Err(Error::peer_gone(format!("sending a message: {e}")))
+        }
+        Err(e) => Err(Error::io("sendmsg", e)),
+    }
+}
+
+/// One received message: payload length written into the caller's buffer, the fds that
+/// came with it (already owned, so nothing leaks on any error path), and the sender's
+/// kernel-verified credentials if SO_PASSCRED was on.
+pub struct Received {
+    pub len: usize,
+    pub fds: Vec<OwnedFd>,
+    pub cred: Option<libc::ucred>,
+    /// The payload did not fit the buffer (MSG_TRUNC).
+    pub truncated: bool,
+    /// Some fds or credentials were dropped by the kernel for lack of room (MSG_CTRUNC).
+    pub ctrunc: bool,
+}
+
+/// Receive one SEQPACKET message into `buf`. Returns `Ok(None)` on EOF (peer closed).
+pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = CmsgBuf([0; 256]);
+    // SAFETY: zeroed msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.0.as_mut_ptr().cast();
+    msg.msg_controllen = cbuf.0.len() as _;
+    // SAFETY: `msg` points at `iov` (over `buf`) and `cbuf`, both alive across the call.
+    let r = retry(-1, || unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) });
+    let n = match r {
+        Ok(n) => n as usize,
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(None),
+        Err(e) => return Err(Error::io("recvmsg", e)),
+    };
+    let mut out = Received {
+        len: n.min(buf.len()),
+        fds: Vec::new(),
+        cred: None,
+        truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+        ctrunc: msg.msg_flags & libc::MSG_CTRUNC != 0,
+    };
+    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf`; CMSG_FIRSTHDR/NXTHDR stay
+    // inside that length, and each header's cmsg_len bounds the data read from it. fds
+    // are taken into OwnedFd at once so they are closed on every later error path.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let hdr = c.read_unaligned();
+            let data = libc::CMSG_DATA(c);
+            let data_len = (hdr.cmsg_len as usize).saturating_sub(data.offset_from(c.cast::<u8>()) as usize);
+            if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
+                for i in 0..data_len / std::mem::size_of::<RawFd>() {
+                    let fd = data.cast::<RawFd>().add(i).read_unaligned();
+                    out.fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            } else if hdr.cmsg_level == libc::SOL_SOCKET
+                && hdr.cmsg_type == libc::SCM_CREDENTIALS
+                && data_len >= std::mem::size_of::<libc::ucred>()
+            {
+                out.cred = Some(data.cast::<libc::ucred>().read_unaligned());
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n == 0 && out.fds.is_empty() {
+        // Every message of ours has a header, so a zero-length read is the peer's EOF.
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+/// `poll` on up to a few fds for readability; returns which are ready (or hung up).
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    let ms: libc::c_int = match timeout {
+        None => -1,
+        Some(t) => t.as_millis().min(i32::MAX as u128) as libc::c_int + i32::from(t.subsec_nanos() % 1_000_000 != 0),
+    };
+    // SAFETY: `pfds` is a valid array of `len` pollfd for the call.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(Error::io("poll", e));
+    }
+    Ok(pfds.iter().map(|p| p.revents != 0).collect())
+}
+
+/// `pidfd_open(pid)`: a pollable handle that becomes readable when the process exits.
+/// `None` on kernels without pidfd (socket EOF still reports death there).
+pub fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if r < 0 {
+        return None;
+    }
+    // SAFETY: the kernel returned a fresh fd owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// Number of open fds of this process (for leak tests and stats).
+pub fn count_open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
