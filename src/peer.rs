@@ -17,10 +17,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-const KIND_TABLE: u32 = 1;
-const KIND_TENSOR: u32 = 2;
-const KIND_FORGET: u32 = 3;
-const KIND_USER: u32 = 4;
+/// Wire message kinds of the peer protocol (after the connection's hello).
+/// Setup: the lease table this side grants from (4-byte capacity, 1 fd).
+pub const KIND_TABLE: u32 = 1;
+/// A leased tensor: 8-byte tag + `TensorDesc`, plus the segment's fd the first time.
+pub const KIND_TENSOR: u32 = 2;
+/// The producer dropped a segment the consumer holds no lease on (8-byte id).
+pub const KIND_FORGET: u32 = 3;
+/// A user message.
+pub const KIND_USER: u32 = 4;
 
 /// How often the reaper looks for a dead peer when nothing else wakes it.
 const REAPER_TICK: Duration = Duration::from_millis(50);
@@ -312,6 +317,10 @@ impl Peer {
     /// peer releases, when the window runs out, when the peer dies or this `Peer` is
     /// dropped — or at once if the export fails.
     pub fn export_with_owner(&self, t: &SharedTensor, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
+        if self.inner.conn.is_peer_gone() {
+            drop(owner);
+            return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
+        }
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.map(|w| Instant::now() + w);
         let _send = self.inner.send_lock.lock();

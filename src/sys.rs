@@ -110,6 +110,25 @@ pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
     Ok((owned(fds[0], "socketpair")?, owned(fds[1], "socketpair")?))
 }
 
+/// Make `cmd`'s child inherit `fd` (FD_CLOEXEC cleared in the child only, after fork:
+/// children spawned concurrently by other threads do not inherit it). Returns the fd
+/// number the child sees.
+pub fn inherit_in_child(cmd: &mut std::process::Command, fd: BorrowedFd<'_>) -> RawFd {
+    use std::os::unix::process::CommandExt;
+    let raw = fd.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl,
+    // which is async-signal-safe; `raw` is open in the child because fork copies fds.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    raw
+}
+
 /// Set or clear FD_CLOEXEC.
 pub fn set_cloexec(fd: BorrowedFd<'_>, on: bool) -> Result<()> {
     // SAFETY: F_GETFD/F_SETFD on an open fd.

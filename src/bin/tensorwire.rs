@@ -2,7 +2,7 @@
 //! sizes and layouts both ways, verify them on the other side, prove zero-copy by
 //! mutation, release, and print a table. Exits non-zero if anything failed.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -238,10 +238,9 @@ fn parse_max(args: &[String]) -> Result<usize, Fail> {
 fn parent(args: &[String]) -> Result<(), Fail> {
     let max = parse_max(args)?;
     let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
-    tensorwire::sys::set_cloexec(std::os::fd::AsFd::as_fd(&theirs), false)?;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["demo-child", "--fd", &theirs.as_raw_fd().to_string(), "--max-size", &max.to_string()])
-        .spawn()?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    let fd = tensorwire::sys::inherit_in_child(&mut cmd, std::os::fd::AsFd::as_fd(&theirs));
+    let mut child = cmd.args(["demo-child", "--fd", &fd.to_string(), "--max-size", &max.to_string()]).spawn()?;
     drop(theirs);
     let run = || -> Result<Vec<Row>, Fail> {
         let peer = Peer::from_fd(mine, PeerConfig::default())?;
