@@ -121,18 +121,25 @@ impl Connection {
         self.peer_pid
     }
 
-    /// True once the peer is known to be gone (EOF seen, or its process exited).
+    /// True once the peer is known to be gone: EOF seen, the socket hung up (the peer
+    /// closed or shut down its end), or its process exited. One `poll`, no blocking.
     pub fn is_peer_gone(&self) -> bool {
+        // Acquire/Release on `gone`: a plain flag; pairs with the stores below and in
+        // `gone_error`, nothing else is published through it.
         if self.gone.load(Ordering::Acquire) {
             return true;
         }
+        let mut fds = vec![(self.sock.as_fd(), libc::POLLRDHUP)];
         if let Some(p) = &self.pidfd {
-            if sys::poll_readable(&[p.as_fd()], Some(Duration::ZERO)).map(|r| r[0]).unwrap_or(false) {
-                self.gone.store(true, Ordering::Release);
-                return true;
-            }
+            fds.push((p.as_fd(), libc::POLLIN));
         }
-        false
+        let hung = sys::poll_events(&fds, Some(Duration::ZERO))
+            .map(|r| r.iter().any(|&ev| ev & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLIN) != 0))
+            .unwrap_or(false);
+        if hung {
+            self.gone.store(true, Ordering::Release);
+        }
+        hung
     }
 
     fn gone_error(&self, what: &str) -> Error {

@@ -350,8 +350,14 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>
 
 /// `poll` on up to a few fds for readability; returns which are ready (or hung up).
 pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Result<Vec<bool>> {
+    let with: Vec<_> = fds.iter().map(|f| (*f, libc::POLLIN)).collect();
+    Ok(poll_events(&with, timeout)?.into_iter().map(|r| r != 0).collect())
+}
+
+/// `poll` with explicit event masks; returns each fd's `revents`.
+pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], timeout: Option<Duration>) -> Result<Vec<libc::c_short>> {
     let mut pfds: Vec<libc::pollfd> =
-        fds.iter().map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        fds.iter().map(|(f, ev)| libc::pollfd { fd: f.as_raw_fd(), events: *ev, revents: 0 }).collect();
     let ms: libc::c_int = match timeout {
         None => -1,
         Some(t) => t.as_millis().min(i32::MAX as u128) as libc::c_int + i32::from(t.subsec_nanos() % 1_000_000 != 0),
@@ -361,11 +367,11 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Resul
     if r < 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(vec![false; fds.len()]);
+            return Ok(vec![0; fds.len()]);
         }
         return Err(Error::io("poll", e));
     }
-    Ok(pfds.iter().map(|p| p.revents != 0).collect())
+    Ok(pfds.iter().map(|p| p.revents).collect())
 }
 
 /// `pidfd_open(pid)`: a pollable handle that becomes readable when the process exits.

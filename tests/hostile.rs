@@ -1,0 +1,253 @@
+//! A hostile peer: a raw `Connection` that speaks just enough of the protocol to get a
+//! `Peer` set up, then sends crafted descriptors, fds and messages. Every case must be a
+//! clear error naming the problem — no panic, no hang — and the connection must still
+//! carry a valid tensor afterwards.
+
+use bytemuck::Zeroable;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tensorwire::lease::{Exporter, LeaseId, TABLE_HEADER_BYTES};
+use tensorwire::peer::{KIND_TABLE, KIND_TENSOR};
+use tensorwire::{
+    Connection, DType, Error, ExportOptions, Layout, Peer, PeerConfig, Segment, SharedTensor, StorageKind,
+    StorageRef, TensorDesc,
+};
+
+const T: Option<Duration> = Some(Duration::from_secs(10));
+
+struct Attacker {
+    conn: Connection,
+    table: Exporter,
+    victim_table: OwnedFd,
+}
+
+/// A victim `Peer` and an attacker speaking raw messages on the other end.
+fn setup() -> (Peer, Attacker) {
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let table = Exporter::new(16, u64::MAX).unwrap();
+    b.send(KIND_TABLE, &16u32.to_le_bytes(), &[table.table().fd()]).unwrap();
+    let mut m = b.recv(T).unwrap();
+    assert_eq!(m.kind, KIND_TABLE);
+    let victim = victim.join().unwrap().unwrap();
+    (victim, Attacker { conn: b, table, victim_table: m.fds.pop().unwrap() })
+}
+
+fn sealed(len: usize, seals: i32) -> OwnedFd {
+    let fd = tensorwire::sys::memfd_create("hostile").unwrap();
+    tensorwire::sys::ftruncate(fd.as_fd(), len as u64).unwrap();
+    if seals != 0 {
+        tensorwire::sys::add_seals(fd.as_fd(), seals).unwrap();
+    }
+    fd
+}
+
+impl Attacker {
+    /// A lease that is really live in the attacker's table, so the victim gets past the
+    /// lease check and reaches the check under test.
+    fn live_lease(&mut self) -> LeaseId {
+        let seg = Arc::new(Segment::create(64).unwrap());
+        self.table.grant(&seg, 64, Box::new(()), None).map_err(|(e, _)| e).unwrap().0
+    }
+
+    fn desc(&mut self, layout: Layout, segment_id: u64, nbytes: u64) -> TensorDesc {
+        let lease = self.live_lease();
+        TensorDesc::new(&layout, StorageKind::Segment, StorageRef {
+            segment_id,
+            nbytes,
+            lease_slot: lease.slot,
+            lease_gen: lease.generation,
+            ..Zeroable::zeroed()
+        })
+    }
+
+    fn send_raw(&self, tag: u64, desc_bytes: &[u8], fd: Option<&OwnedFd>) {
+        let mut p = tag.to_le_bytes().to_vec();
+        p.extend_from_slice(desc_bytes);
+        let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
+        self.conn.send(KIND_TENSOR, &p, &fds).unwrap();
+    }
+}
+
+fn expect_err(victim: &Peer, needle: &str) -> Error {
+    let err = match victim.recv(T) {
+        Ok(x) => panic!("expected an error containing {needle:?}, got {x:?}"),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
+    assert!(!matches!(err, Error::Timeout { .. }), "{err}");
+    err
+}
+
+fn f32s(n: i64) -> Layout {
+    Layout::contiguous(DType::Float32, &[n]).unwrap()
+}
+
+#[test]
+fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
+    let (victim, mut at) = setup();
+
+    // Segments that must not be mapped.
+    let d = at.desc(f32s(16), 100, 64);
+    at.send_raw(1, d.encode(), Some(&sealed(4096, 0)));
+    expect_err(&victim, "not sealed against resizing (missing F_SEAL_SHRINK and F_SEAL_GROW)");
+
+    let d = at.desc(f32s(16), 101, 64);
+    at.send_raw(2, d.encode(), Some(&sealed(4096, libc::F_SEAL_GROW)));
+    expect_err(&victim, "missing F_SEAL_SHRINK");
+
+    let d = at.desc(f32s(1024), 102, 4096);
+    at.send_raw(3, d.encode(), Some(&sealed(1024, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)));
+    expect_err(&victim, "segment too small: descriptor needs 4096 bytes at offset 0, segment has 1024");
+
+    let path = std::env::temp_dir().join(format!("tw-hostile-{}", std::process::id()));
+    std::fs::write(&path, vec![0u8; 4096]).unwrap();
+    let file: OwnedFd = std::fs::File::open(&path).unwrap().into();
+    std::fs::remove_file(&path).unwrap();
+    let d = at.desc(f32s(16), 103, 64);
+    at.send_raw(4, d.encode(), Some(&file));
+    expect_err(&victim, "not a memfd");
+
+    let named = Segment::create_named(4096).unwrap();
+    let d = at.desc(f32s(16), 104, 64);
+    at.send_raw(5, d.encode(), Some(&named.fd().try_clone_to_owned().unwrap()));
+    expect_err(&victim, "not a memfd");
+
+    // A real, sealed segment, but a descriptor whose extent passes its end.
+    let good = Segment::create(4096).unwrap();
+    let good_fd = || good.fd().try_clone_to_owned().unwrap();
+    let mut d = at.desc(f32s(16), 200, 64);
+    d.storage.base_offset = 4090;
+    at.send_raw(6, d.encode(), Some(&good_fd()));
+    expect_err(&victim, "segment too small: descriptor needs 64 bytes at offset 4090, segment has 4096");
+
+    // Descriptor-level garbage.
+    let mut d = at.desc(f32s(16), 200, 64);
+    d.sizes[0] = i64::MAX;
+    d.strides[0] = 2;
+    at.send_raw(7, d.encode(), None);
+    expect_err(&victim, "overflows 64 bits");
+    let mut d = at.desc(f32s(16), 200, 64);
+    d.dtype = 99;
+    at.send_raw(8, d.encode(), None);
+    expect_err(&victim, "unknown dtype code 99");
+    let mut d = at.desc(f32s(16), 200, 64);
+    d.strides[0] = -1;
+    at.send_raw(9, d.encode(), None);
+    expect_err(&victim, "stride -1 of dim 0 is negative");
+    let mut rnd = vec![0u8; tensorwire::DESC_SIZE];
+    tensorwire::sys::getrandom(&mut rnd).unwrap();
+    at.send_raw(10, &rnd, None);
+    expect_err(&victim, "invalid tensor descriptor");
+    at.send_raw(11, &rnd[..17], None);
+    expect_err(&victim, "tensor message has 25 bytes");
+
+    // Leases the victim was never granted.
+    let mut d = at.desc(f32s(16), 200, 64);
+    d.storage.lease_slot = 999;
+    at.send_raw(12, d.encode(), None);
+    expect_err(&victim, "lease slot 999 out of range (the peer's table has 16 slots)");
+    let mut d = at.desc(f32s(16), 200, 64);
+    d.storage.lease_gen += 7;
+    at.send_raw(13, d.encode(), None);
+    expect_err(&victim, "not 8");
+    // A segment id no fd ever came with.
+    let d = at.desc(f32s(16), 777, 64);
+    at.send_raw(14, d.encode(), None);
+    expect_err(&victim, "names segment 777, which this connection never received");
+    // Unknown message kind and a runt message.
+    at.conn.send(99, b"??", &[]).unwrap();
+    expect_err(&victim, "unknown message kind 99");
+
+    // The victim gave back every live lease it refused after the lease check.
+    let mut owners = Vec::new();
+    at.table.reap(std::time::Instant::now(), &mut owners);
+    assert!(at.table.stats().released >= 7, "{:?}", at.table.stats());
+
+    // Still healthy: a valid tensor on a sealed segment goes through.
+    let d = at.desc(f32s(16), 300, 64);
+    let seg = Segment::create(64).unwrap();
+    seg.write_at(0, &[9u8; 64]).unwrap();
+    at.send_raw(15, d.encode(), Some(&seg.fd().try_clone_to_owned().unwrap()));
+    let t = victim.recv_tensor(T).unwrap();
+    assert_eq!((t.tag(), t.to_vec()), (15, vec![9u8; 64]));
+    t.release().unwrap();
+}
+
+#[test]
+fn hostile_consumer_scribbling_the_lease_table_cannot_break_the_producer() {
+    let (victim, at) = setup();
+    let table = Segment::from_fd(at.victim_table.try_clone().unwrap(), TABLE_HEADER_BYTES).unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct Count(Arc<AtomicUsize>);
+    impl Drop for Count {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let t = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[256]).unwrap()).unwrap();
+    for i in 0..20 {
+        victim.export_with_owner(&t, Box::new(Count(dropped.clone())), ExportOptions { tag: i, window: None }).unwrap();
+    }
+    // Scribble every word of the table, header and doorbell included, many times.
+    let words = table.len() / 8;
+    let mut rnd = vec![0u8; table.len()];
+    for round in 0..50 {
+        tensorwire::sys::getrandom(&mut rnd).unwrap();
+        for w in 0..words {
+            let v = u64::from_le_bytes(rnd[w * 8..w * 8 + 8].try_into().unwrap());
+            // SAFETY: w*8 < table.len(); the word is 8-aligned in a page-aligned mapping.
+            let word = unsafe { &*table.as_ptr().add(w * 8).cast::<AtomicU64>() };
+            word.store(if round % 2 == 0 { v } else { v & 0xffff_ffff_0000_0003 }, Ordering::Relaxed);
+        }
+        victim.reap_now();
+    }
+    let s = victim.export_stats();
+    assert!(s.live_leases <= 20);
+    assert_eq!(s.live_leases as usize + dropped.load(Ordering::SeqCst), 20, "an owner was lost or dropped twice");
+    // The consumer disconnects: everything still held comes back exactly once.
+    drop(at);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dropped.load(Ordering::SeqCst) < 20 {
+        assert!(std::time::Instant::now() < deadline, "owners not reclaimed after the consumer left");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(victim);
+    assert_eq!(dropped.load(Ordering::SeqCst), 20);
+}
+
+#[test]
+fn hostile_table_at_setup_is_refused() {
+    for (cap, fd_seals, needle) in [
+        (0u32, true, "capacity 0 outside"),
+        (u32::MAX, true, "outside 1..="),
+        (16, false, "not sealed"),
+    ] {
+        let (a, b) = Connection::pair().unwrap();
+        let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+        let fd = sealed(4096, if fd_seals { libc::F_SEAL_GROW | libc::F_SEAL_SHRINK } else { 0 });
+        b.send(KIND_TABLE, &cap.to_le_bytes(), &[fd.as_fd()]).unwrap();
+        let err = victim.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
+    }
+    // A sealed memfd of the right size whose header is not a lease table.
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let fd = sealed(4096, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
+    b.send(KIND_TABLE, &16u32.to_le_bytes(), &[fd.as_fd()]).unwrap();
+    let err = victim.join().unwrap().unwrap_err();
+    assert!(err.to_string().contains("lease table header invalid"), "{err}");
+}
+
+#[test]
+fn segment_from_fd_refuses_bad_fds_directly() {
+    let e = Segment::from_fd(sealed(100, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK), 4096).unwrap_err();
+    assert!(e.to_string().contains("segment too small: 4096 bytes needed, memfd has 100"), "{e}");
+    let e = Segment::from_fd(sealed(4096, libc::F_SEAL_SHRINK), 1).unwrap_err();
+    assert!(e.to_string().contains("missing F_SEAL_GROW"), "{e}");
+    let (s1, _s2) = tensorwire::sys::seqpacket_pair().unwrap();
+    let e = Segment::from_fd(s1, 1).unwrap_err();
+    assert!(e.to_string().contains("not a memfd"), "{e}");
+}
