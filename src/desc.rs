@@ -348,10 +348,7 @@ impl Layout {
         let (inner_len, inner_stride) = (self.sizes[nd - 1] as u64, self.strides[nd - 1] as u64);
         let mut idx = [0i64; MAX_NDIM];
         loop {
-            let mut base = self.storage_offset as u64;
-            for d in 0..nd - 1 {
-                base += idx[d] as u64 * self.strides[d] as u64;
-            }
+            let base = (0..nd - 1).fold(self.storage_offset as u64, |b, d| b + idx[d] as u64 * self.strides[d] as u64);
             if inner_stride == 1 {
                 f(base, inner_len);
             } else {
@@ -609,7 +606,8 @@ mod tests {
     fn hostile_descriptors_are_refused_with_reasons() {
         let l = Layout::contiguous(DType::Float32, &[8]).unwrap();
         let good = desc_for(&l, 32);
-        let cases: Vec<(Box<dyn Fn(&mut TensorDesc)>, &str)> = vec![
+        type Mutation = Box<dyn Fn(&mut TensorDesc)>;
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|d| d.magic = 0), "magic"),
             (Box::new(|d| d.version = 9), "version"),
             (Box::new(|d| d.dtype = 200), "dtype"),

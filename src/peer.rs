@@ -152,6 +152,7 @@ fn check_in(at: usize, len: usize, size: usize) -> Result<()> {
 }
 
 /// What `recv` returns.
+#[allow(clippy::large_enum_variant)] // one per message; boxing would only add an allocation
 pub enum Incoming {
     /// A tensor the peer exported to us.
     Tensor(Imported),
@@ -518,10 +519,10 @@ impl Imported {
     /// Address of element 0 of the view.
     pub fn data_ptr(&self) -> *mut u8 {
         let l = self.layout();
-        // SAFETY: for a non-empty view, storage_offset*elem < extent ≤ nbytes (validated);
-        // for an empty one the pointer is not dereferenced and stays within the storage
-        // only if the offset does, so clamp it.
-        let off = (l.storage_offset as u64 * l.dtype.size() as u64).min(self.desc.storage.nbytes);
+        // Clamped: for an empty view the offset is not bounded by the extent.
+        let off = (l.storage_offset as u64).saturating_mul(l.dtype.size() as u64).min(self.desc.storage.nbytes);
+        // SAFETY: off ≤ nbytes, and the storage's nbytes lie inside the mapping (checked
+        // at import), so the result is within (or one past) the storage.
         unsafe { self.storage_ptr().add(off as usize) }
     }
     /// The view's elements packed row-major, copied to private memory.

@@ -278,7 +278,7 @@ fn parent(args: &[String]) -> Result<(), Fail> {
     if !status.success() {
         return Err(format!("child exited with {status}").into());
     }
-    println!("\n{:<14} {:<42} {:>14} {:>12}  {}", "direction", "view (dtype, shape)", "export+import", "release", "verified");
+    println!("\n{:<14} {:<42} {:>14} {:>12}  verified", "direction", "view (dtype, shape)", "export+import", "release");
     let mut all_ok = true;
     for r in &rows {
         all_ok &= r.ok;
