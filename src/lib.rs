@@ -29,6 +29,8 @@ pub mod connection;
 #[cfg(not(loom))]
 pub mod desc;
 #[cfg(not(loom))]
+pub mod ffi;
+#[cfg(not(loom))]
 pub mod peer;
 #[cfg(not(loom))]
 pub mod segment;

@@ -1,0 +1,625 @@
+//! Connections, exports, imports and messages in C.
+//!
+//! Thread-safety: a `tw_peer_t` may be used from several threads at once for export,
+//! send, stats and reap; `tw_peer_recv` must be called by one thread at a time. A
+//! `tw_listener_t` may be shared. `tw_imported_t` and `tw_message_t` belong to one thread
+//! at a time (move them between threads freely). Release callbacks run on whichever
+//! thread ends the lease (often tensorwire's reaper thread) and must not throw.
+
+use super::desc::tw_layout_t;
+use super::segment::tw_segment_t;
+use super::{arg, guard, need, put, quiet, tw_result_e, Fail};
+use crate::desc::TensorDesc;
+use crate::error::Error;
+use crate::lease::LeaseStats;
+use crate::peer::{ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
+use crate::Listener;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+
+use std::time::Duration;
+
+/// Limits for one connection (`tw_peer_config_default` fills the defaults).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tw_peer_config_t {
+    /// Leases the peer may hold at once.
+    pub max_leases: u32,
+    /// Largest lease table accepted from the peer.
+    pub max_peer_table_capacity: u32,
+    /// Bytes the peer may hold under lease at once.
+    pub max_lease_bytes: u64,
+    /// Window for exports that name none, in ms (0: none).
+    pub default_window_ms: u64,
+    /// Largest control message.
+    pub max_message: u64,
+    /// Most peer segments mapped at once.
+    pub max_import_segments: u64,
+    /// Connection setup timeout in ms.
+    pub handshake_timeout_ms: u64,
+}
+
+impl From<&tw_peer_config_t> for PeerConfig {
+    fn from(c: &tw_peer_config_t) -> Self {
+        PeerConfig {
+            max_leases: c.max_leases,
+            max_lease_bytes: c.max_lease_bytes,
+            default_window: (c.default_window_ms > 0).then(|| Duration::from_millis(c.default_window_ms)),
+            max_message: c.max_message as usize,
+            max_import_segments: c.max_import_segments as usize,
+            max_peer_table_capacity: c.max_peer_table_capacity,
+            handshake_timeout: Duration::from_millis(c.handshake_timeout_ms),
+        }
+    }
+}
+
+/// Names a lease: slot in the producer's table and its generation.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tw_lease_t {
+    pub slot: u32,
+    pub generation: u32,
+}
+
+/// What a producer exported to one peer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tw_lease_stats_t {
+    pub live_leases: u64,
+    pub live_bytes: u64,
+    pub granted: u64,
+    pub released: u64,
+    pub expired: u64,
+    pub reclaimed: u64,
+}
+
+impl From<LeaseStats> for tw_lease_stats_t {
+    fn from(s: LeaseStats) -> Self {
+        tw_lease_stats_t {
+            live_leases: s.live_leases,
+            live_bytes: s.live_bytes,
+            granted: s.granted,
+            released: s.released,
+            expired: s.expired,
+            reclaimed: s.reclaimed,
+        }
+    }
+}
+
+/// Called exactly once with its context when an exported lease ends.
+pub type tw_release_fn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
+
+/// Opaque connection handle.
+pub struct tw_peer_t {
+    inner: Peer,
+}
+
+/// Opaque listening socket.
+pub struct tw_listener_t {
+    inner: Listener,
+}
+
+/// Opaque imported tensor: a view of the peer's memory, valid until released.
+pub struct tw_imported_t {
+    inner: Imported,
+}
+
+/// Opaque received user message (payload + fds).
+pub struct tw_message_t {
+    payload: Vec<u8>,
+    fds: Vec<Option<OwnedFd>>,
+}
+
+/// The C owner of an export: the callback + context, and the segment it keeps mapped.
+struct CallbackOwner {
+    release: unsafe extern "C" fn(*mut c_void),
+    ctx: *mut c_void,
+}
+
+// SAFETY: the C contract of `tw_peer_export` says the callback may run on any thread,
+// so the context is the caller's to make thread-safe.
+unsafe impl Send for CallbackOwner {}
+
+impl Drop for CallbackOwner {
+    fn drop(&mut self) {
+        // SAFETY: the caller supplied a valid function for this context, to be called
+        // exactly once; Drop runs once.
+        unsafe { (self.release)(self.ctx) }
+    }
+}
+
+/// Fill `out` with the default limits.
+///
+/// # Safety
+/// `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> tw_result_e {
+    guard("tw_peer_config_default", || {
+        let d = PeerConfig::default();
+        let c = tw_peer_config_t {
+            max_leases: d.max_leases,
+            max_peer_table_capacity: d.max_peer_table_capacity,
+            max_lease_bytes: d.max_lease_bytes,
+            default_window_ms: d.default_window.map_or(0, |w| w.as_millis() as u64),
+            max_message: d.max_message as u64,
+            max_import_segments: d.max_import_segments as u64,
+            handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
+        };
+        // SAFETY: writable per the contract; NULL refused.
+        unsafe { put(out, c, "out") }
+    })
+}
+
+/// # Safety
+/// `cfg` NULL or readable.
+unsafe fn config(cfg: *const tw_peer_config_t) -> PeerConfig {
+    // SAFETY: NULL or readable per the callers' contracts.
+    unsafe { cfg.as_ref() }.map_or_else(PeerConfig::default, PeerConfig::from)
+}
+
+/// A connected SEQPACKET socket pair (close-on-exec; see `tw_fd_set_inheritable`).
+///
+/// # Safety
+/// `out_a`, `out_b` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_socketpair(out_a: *mut c_int, out_b: *mut c_int) -> tw_result_e {
+    guard("tw_socketpair", || {
+        need(out_a, "out_a")?;
+        need(out_b, "out_b")?;
+        let (a, b) = crate::sys::seqpacket_pair()?;
+        // SAFETY: both checked non-null; writable per the contract.
+        unsafe {
+            put(out_a, a.into_raw_fd(), "out_a")?;
+            put(out_b, b.into_raw_fd(), "out_b")
+        }
+    })
+}
+
+/// Let `fd` survive exec (clear FD_CLOEXEC) or not.
+#[unsafe(no_mangle)]
+pub extern "C" fn tw_fd_set_inheritable(fd: c_int, inheritable: bool) -> tw_result_e {
+    guard("tw_fd_set_inheritable", || {
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
+        }
+        // SAFETY: the fd is only borrowed for the fcntl calls; the caller keeps it open.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        Ok(crate::sys::set_cloexec(b, !inheritable)?)
+    })
+}
+
+fn boxed_peer(p: Peer) -> *mut tw_peer_t {
+    Box::into_raw(Box::new(tw_peer_t { inner: p }))
+}
+
+/// Handshake over a connected SEQPACKET socket (an end of `tw_socketpair`, inherited or
+/// not) and set up leases. Takes ownership of `fd`. `cfg` may be NULL (defaults).
+///
+/// # Safety
+/// `fd` open and owned by the caller; `cfg` NULL or readable; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_from_fd(fd: c_int, cfg: *const tw_peer_config_t, out: *mut *mut tw_peer_t) -> tw_result_e {
+    guard("tw_peer_from_fd", || {
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
+        }
+        // SAFETY: ownership of the open fd is transferred to us.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        need(out, "out")?;
+        // SAFETY: per the contract.
+        let p = Peer::from_fd(owned, unsafe { config(cfg) })?;
+        // SAFETY: checked non-null.
+        unsafe { put(out, boxed_peer(p), "out") }
+    })
+}
+
+fn path_arg<'a>(path: *const c_char) -> Result<&'a str, Fail> {
+    // SAFETY: callers' contracts: NULL or a NUL-terminated string (NULL refused).
+    let c = unsafe { CStr::from_ptr(arg(path, "path")?) };
+    Ok(c.to_str().map_err(|_| Error::InvalidArgument("path is not UTF-8".into()))?)
+}
+
+/// Connect to a listener at `path`.
+///
+/// # Safety
+/// `path` a C string; `cfg` NULL or readable; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_connect(path: *const c_char, cfg: *const tw_peer_config_t, out: *mut *mut tw_peer_t) -> tw_result_e {
+    guard("tw_peer_connect", || {
+        need(out, "out")?;
+        // SAFETY: per the contract.
+        let p = Peer::connect(path_arg(path)?, unsafe { config(cfg) })?;
+        // SAFETY: checked non-null.
+        unsafe { put(out, boxed_peer(p), "out") }
+    })
+}
+
+/// Listen at `path` (must not exist; removed when the listener is freed).
+///
+/// # Safety
+/// `path` a C string; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_listener_bind(path: *const c_char, out: *mut *mut tw_listener_t) -> tw_result_e {
+    guard("tw_listener_bind", || {
+        need(out, "out")?;
+        let l = Listener::bind(path_arg(path)?)?;
+        // SAFETY: checked non-null.
+        unsafe { put(out, Box::into_raw(Box::new(tw_listener_t { inner: l })), "out") }
+    })
+}
+
+/// Accept and handshake one connection (waits at most the config's handshake timeout).
+///
+/// # Safety
+/// `listener` live; `cfg` NULL or readable; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_listener_accept(
+    listener: *const tw_listener_t,
+    cfg: *const tw_peer_config_t,
+    out: *mut *mut tw_peer_t,
+) -> tw_result_e {
+    guard("tw_listener_accept", || {
+        // SAFETY: live per the contract; NULL refused.
+        let l = unsafe { arg(listener, "listener")? };
+        need(out, "out")?;
+        // SAFETY: per the contract.
+        let p = Peer::accept(&l.inner, unsafe { config(cfg) })?;
+        // SAFETY: checked non-null.
+        unsafe { put(out, boxed_peer(p), "out") }
+    })
+}
+
+/// Free a listener (removes its socket file). NULL is a no-op.
+///
+/// # Safety
+/// NULL or a live handle, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_listener_free(listener: *mut tw_listener_t) {
+    quiet((), || {
+        if !listener.is_null() {
+            // SAFETY: live handle from Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(listener) });
+        }
+    })
+}
+
+/// End the connection and free the handle. Every lease this side granted ends (release
+/// callbacks run before this returns); the peer sees the connection close. Imports
+/// still held stay readable. NULL is a no-op.
+///
+/// # Safety
+/// NULL or a live handle, not used afterwards (nor concurrently).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_free(peer: *mut tw_peer_t) {
+    quiet((), || {
+        if !peer.is_null() {
+            // SAFETY: live handle from Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(peer) });
+        }
+    })
+}
+
+/// The peer's pid as verified by the kernel (-1 if `peer` is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_pid(peer: *const tw_peer_t) -> i32 {
+    // SAFETY: NULL or live per the contract.
+    quiet(-1, || unsafe { peer.as_ref() }.map_or(-1, |p| p.inner.peer_pid()))
+}
+
+/// Export a view of `nbytes` of `seg` at byte `offset` to the peer under a lease.
+/// `release(ctx)` is called exactly once, from any thread, when the lease ends (the peer
+/// releases, `window_ms` > 0 runs out, the peer dies, or `tw_peer_free`) — and also when
+/// this call fails, before it returns. `release` may be NULL (nothing to call). The
+/// segment's fd travels with the first export of that segment on this connection.
+///
+/// # Safety
+/// `peer`, `seg`, `layout` live/readable; `out_lease` NULL or writable; `release`
+/// callable with `ctx` from any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export(
+    peer: *const tw_peer_t,
+    seg: *const tw_segment_t,
+    offset: usize,
+    nbytes: usize,
+    layout: *const tw_layout_t,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    // Built first so that every failure below drops it, which runs the callback.
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard("tw_peer_export", move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        // SAFETY: live per the contract; NULL refused.
+        let s = unsafe { arg(seg, "seg")? };
+        // SAFETY: readable per the contract; NULL refused.
+        let l = unsafe { arg(layout, "layout")? }.to_layout()?;
+        let t = SharedTensor::new(s.inner.clone(), offset, nbytes, l)?;
+        let keep = t.segment().clone();
+        let owner: crate::Owner = match owner {
+            Some(o) => Box::new((o, keep)),
+            None => Box::new(keep),
+        };
+        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
+        let id = p.inner.export_with_owner(&t, owner, ExportOptions { tag, window })?;
+        if !out_lease.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        }
+        Ok(())
+    })
+}
+
+/// Send a user message (≤ the max message size) with up to 8 fds (borrowed, not closed).
+///
+/// # Safety
+/// `peer` live; `data` readable for `len` bytes (may be NULL if 0); `fds` readable for
+/// `nfds` ints (may be NULL if 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_send_message(
+    peer: *const tw_peer_t,
+    data: *const u8,
+    len: usize,
+    fds: *const c_int,
+    nfds: usize,
+) -> tw_result_e {
+    guard("tw_peer_send_message", || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        let payload = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: non-null (checked) and readable for len bytes per the contract.
+            unsafe { std::slice::from_raw_parts(arg(data, "data")?, len) }
+        };
+        let raw = if nfds == 0 {
+            &[][..]
+        } else {
+            // SAFETY: non-null (checked) and readable for nfds ints per the contract.
+            unsafe { std::slice::from_raw_parts(arg(fds, "fds")?, nfds) }
+        };
+        if raw.iter().any(|&f| f < 0) {
+            return Err(Error::InvalidArgument("negative fd in fds".into()).into());
+        }
+        // SAFETY: the caller keeps these fds open for the duration of the call.
+        let borrowed: Vec<BorrowedFd<'_>> = raw.iter().map(|&f| unsafe { BorrowedFd::borrow_raw(f) }).collect();
+        Ok(p.inner.send_message(payload, &borrowed)?)
+    })
+}
+
+/// Receive the next tensor or user message, waiting at most `timeout_ms` (negative: until
+/// one arrives or the peer dies). On success exactly one of `*out_tensor` and
+/// `*out_message` is set non-NULL and the other to NULL.
+///
+/// # Safety
+/// `peer` live; `out_tensor`, `out_message` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_recv(
+    peer: *const tw_peer_t,
+    timeout_ms: i64,
+    out_tensor: *mut *mut tw_imported_t,
+    out_message: *mut *mut tw_message_t,
+) -> tw_result_e {
+    guard("tw_peer_recv", || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        need(out_tensor, "out_tensor")?;
+        need(out_message, "out_message")?;
+        let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
+        let (tensor, message) = match p.inner.recv(t)? {
+            Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: i })), std::ptr::null_mut()),
+            Incoming::Message { payload, fds } => (
+                std::ptr::null_mut(),
+                Box::into_raw(Box::new(tw_message_t { payload, fds: fds.into_iter().map(Some).collect() })),
+            ),
+        };
+        // SAFETY: both checked non-null and writable per the contract.
+        unsafe {
+            out_tensor.write(tensor);
+            out_message.write(message);
+        }
+        Ok(())
+    })
+}
+
+/// Counters of what this side exported to the peer.
+///
+/// # Safety
+/// `peer` live; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_stats(peer: *const tw_peer_t, out: *mut tw_lease_stats_t) -> tw_result_e {
+    guard("tw_peer_stats", || {
+        // SAFETY: live per the contract; NULL refused.
+        let s = unsafe { arg(peer, "peer")? }.inner.export_stats();
+        // SAFETY: writable per the contract; NULL refused.
+        unsafe { put(out, s.into(), "out") }
+    })
+}
+
+/// Process releases, expired windows and peer death now (the background reaper does
+/// this too); then report as `tw_peer_stats` (`out` may be NULL).
+///
+/// # Safety
+/// `peer` live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_reap(peer: *const tw_peer_t, out: *mut tw_lease_stats_t) -> tw_result_e {
+    guard("tw_peer_reap", || {
+        // SAFETY: live per the contract; NULL refused.
+        let s = unsafe { arg(peer, "peer")? }.inner.reap_now();
+        if !out.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out.write(s.into()) };
+        }
+        Ok(())
+    })
+}
+
+/// The imported tensor's validated descriptor (NULL if `imp` is NULL). Valid while `imp`.
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_desc(imp: *const tw_imported_t) -> *const TensorDesc {
+    // SAFETY: NULL or live per the contract.
+    quiet(std::ptr::null(), || unsafe { imp.as_ref() }.map_or(std::ptr::null(), |i| i.inner.desc() as *const _))
+}
+
+/// The imported view's layout.
+///
+/// # Safety
+/// `imp` live; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_layout(imp: *const tw_imported_t, out: *mut tw_layout_t) -> tw_result_e {
+    guard("tw_imported_layout", || {
+        // SAFETY: live per the contract; NULL refused.
+        let l = unsafe { arg(imp, "imp")? }.inner.layout();
+        // SAFETY: writable per the contract; NULL refused.
+        unsafe { put(out, tw_layout_t::from_layout(&l), "out") }
+    })
+}
+
+/// Address of the view's element 0 in this process (NULL if `imp` is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_data(imp: *const tw_imported_t) -> *mut c_void {
+    // SAFETY: NULL or live per the contract.
+    quiet(std::ptr::null_mut(), || unsafe { imp.as_ref() }.map_or(std::ptr::null_mut(), |i| i.inner.data_ptr().cast()))
+}
+
+/// Start of the view's storage (NULL if `imp` is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_storage(imp: *const tw_imported_t) -> *mut c_void {
+    // SAFETY: NULL or live per the contract.
+    quiet(std::ptr::null_mut(), || unsafe { imp.as_ref() }.map_or(std::ptr::null_mut(), |i| i.inner.storage_ptr().cast()))
+}
+
+/// Bytes of the view's storage (0 if `imp` is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_storage_len(imp: *const tw_imported_t) -> usize {
+    // SAFETY: NULL or live per the contract.
+    quiet(0, || unsafe { imp.as_ref() }.map_or(0, |i| i.inner.storage_nbytes()))
+}
+
+/// The tag the producer sent with the tensor (0 if `imp` is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_tag(imp: *const tw_imported_t) -> u64 {
+    // SAFETY: NULL or live per the contract.
+    quiet(0, || unsafe { imp.as_ref() }.map_or(0, |i| i.inner.tag()))
+}
+
+/// The lease the import holds.
+///
+/// # Safety
+/// `imp` live; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_lease(imp: *const tw_imported_t, out: *mut tw_lease_t) -> tw_result_e {
+    guard("tw_imported_lease", || {
+        // SAFETY: live per the contract; NULL refused.
+        let l = unsafe { arg(imp, "imp")? }.inner.lease();
+        // SAFETY: writable per the contract; NULL refused.
+        unsafe { put(out, tw_lease_t { slot: l.slot, generation: l.generation }, "out") }
+    })
+}
+
+/// Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
+/// if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
+///
+/// # Safety
+/// `imp` a live handle, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_release(imp: *mut tw_imported_t) -> tw_result_e {
+    guard("tw_imported_release", || {
+        need(imp, "imp")?;
+        // SAFETY: live handle from Box::into_raw, consumed once.
+        let b = unsafe { Box::from_raw(imp) };
+        Ok(b.inner.release()?)
+    })
+}
+
+/// Free an imported tensor, releasing its lease if still held (errors ignored). NULL is
+/// a no-op.
+///
+/// # Safety
+/// NULL or a live handle, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_free(imp: *mut tw_imported_t) {
+    quiet((), || {
+        if !imp.is_null() {
+            // SAFETY: live handle from Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(imp) });
+        }
+    })
+}
+
+/// The message's payload; its length goes to `*len` (if `len` is not NULL).
+///
+/// # Safety
+/// `msg` NULL or live; `len` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_message_data(msg: *const tw_message_t, len: *mut usize) -> *const u8 {
+    quiet(std::ptr::null(), || {
+        // SAFETY: NULL or live per the contract.
+        let Some(m) = (unsafe { msg.as_ref() }) else { return std::ptr::null() };
+        if !len.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { len.write(m.payload.len()) };
+        }
+        m.payload.as_ptr()
+    })
+}
+
+/// Number of fds that came with the message (0 if `msg` is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_message_fd_count(msg: *const tw_message_t) -> usize {
+    // SAFETY: NULL or live per the contract.
+    quiet(0, || unsafe { msg.as_ref() }.map_or(0, |m| m.fds.len()))
+}
+
+/// Take ownership of fd `index` (the caller must close it); -1 if out of range, already
+/// taken, or `msg` is NULL. Fds not taken are closed by `tw_message_free`.
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_message_take_fd(msg: *mut tw_message_t, index: usize) -> c_int {
+    quiet(-1, || {
+        // SAFETY: NULL or live (and not used concurrently) per the contract.
+        let Some(m) = (unsafe { msg.as_mut() }) else { return -1 };
+        m.fds.get_mut(index).and_then(Option::take).map_or(-1, IntoRawFd::into_raw_fd)
+    })
+}
+
+/// Free a message (closing fds not taken). NULL is a no-op.
+///
+/// # Safety
+/// NULL or a live handle, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_message_free(msg: *mut tw_message_t) {
+    quiet((), || {
+        if !msg.is_null() {
+            // SAFETY: live handle from Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(msg) });
+        }
+    })
+}
+
