@@ -229,23 +229,29 @@ impl Layout {
         &self.strides[..self.ndim()]
     }
 
-    /// Number of elements (checked: a validated layout cannot overflow).
+    /// Number of elements. Every constructor and `TensorDesc::decode` check that the
+    /// packed size (`numel × element size`) fits in 64 bits, so this cannot overflow.
     pub fn numel(&self) -> u64 {
-        self.sizes().iter().map(|&s| s as u64).product()
+        self.sizes().iter().fold(1u64, |n, &s| n.saturating_mul(s.max(0) as u64))
     }
 
     /// Bytes the elements occupy when packed contiguously.
     pub fn packed_bytes(&self) -> u64 {
-        self.numel() * self.dtype.size() as u64
+        self.numel().saturating_mul(self.dtype.size() as u64)
     }
 
+    /// Row-major contiguous (size-1 dims may have any stride, as in PyTorch).
     pub fn is_contiguous(&self) -> bool {
-        let mut expect = 1i64;
+        let mut expect: u64 = 1;
         for i in (0..self.ndim()).rev() {
-            if self.sizes[i] != 1 && self.strides[i] != expect {
+            let (size, stride) = (self.sizes[i].max(0) as u64, self.strides[i]);
+            if size == 0 {
+                return true;
+            }
+            if size != 1 && u64::try_from(stride) != Ok(expect) {
                 return false;
             }
-            expect *= self.sizes[i];
+            expect = expect.saturating_mul(size);
         }
         true
     }
@@ -277,6 +283,9 @@ impl Layout {
                 last = last.checked_add(step).ok_or_else(|| bad(format!("extent of dim {i} overflows 64 bits")))?;
             }
         }
+        numel.checked_mul(self.dtype.size() as u64).ok_or_else(|| {
+            bad(format!("{numel} elements of {} overflow 64 bits when packed", self.dtype.name()))
+        })?;
         if numel == 0 {
             return Ok(0);
         }
@@ -373,18 +382,25 @@ impl Layout {
     }
 
     /// Gather the view's elements, packed row-major, from storage `base` into `out`.
+    /// A stride-0 view can name far more elements than its storage holds, so the packed
+    /// size is allocated fallibly: a view too large to copy is an error, not an abort.
     ///
     /// # Safety
     /// `base` must be valid for reads of `self.extent_bytes()` bytes.
-    pub unsafe fn gather(&self, base: *const u8, out: &mut Vec<u8>) {
+    pub unsafe fn gather(&self, base: *const u8, out: &mut Vec<u8>) -> Result<()> {
         let es = self.dtype.size() as u64;
-        out.reserve(self.packed_bytes() as usize);
+        let packed = self.packed_bytes();
+        usize::try_from(packed)
+            .ok()
+            .and_then(|n| out.try_reserve_exact(n).ok())
+            .ok_or_else(|| Error::InvalidArgument(format!("cannot allocate {packed} bytes for a packed copy of {self:?}")))?;
         self.for_each_run(|first, n| {
             // SAFETY: every index visited is < extent_elements(), so the byte range is
             // inside the `extent_bytes()` the caller guarantees readable.
             let src = unsafe { std::slice::from_raw_parts(base.add((first * es) as usize), (n * es) as usize) };
             out.extend_from_slice(src);
         });
+        Ok(())
     }
 }
 
@@ -598,8 +614,28 @@ mod tests {
         let l = Layout::contiguous(DType::UInt8, &[2, 3]).unwrap().transpose(0, 1).unwrap();
         let mut out = Vec::new();
         // SAFETY: storage holds the 6-byte extent.
-        unsafe { l.gather(storage.as_ptr(), &mut out) };
+        unsafe { l.gather(storage.as_ptr(), &mut out) }.unwrap();
         assert_eq!(out, vec![0, 3, 1, 4, 2, 5]);
+        // A huge broadcast of one element: valid, but refused as a copy, not an abort.
+        let huge = Layout::contiguous(DType::UInt8, &[1]).unwrap().expand(0, 1 << 50).unwrap();
+        let mut out = Vec::new();
+        // SAFETY: the extent is one byte.
+        let err = unsafe { huge.gather(storage.as_ptr(), &mut out) }.unwrap_err();
+        assert!(err.to_string().contains("cannot allocate"), "{err}");
+    }
+
+    #[test]
+    fn fuzzer_findings_are_refused_or_harmless() {
+        // float32 sizes [1<<62] strides [0]: numel × 4 overflows 64 bits.
+        let mut d = TensorDesc::new(&Layout::contiguous(DType::Float32, &[1]).unwrap(), StorageKind::Segment, StorageRef { nbytes: 4, ..Zeroable::zeroed() });
+        d.sizes[0] = 1 << 62;
+        d.strides[0] = 0;
+        let err = TensorDesc::decode(d.encode()).unwrap_err().to_string();
+        assert!(err.contains("overflow 64 bits when packed"), "{err}");
+        // uint8 sizes [1<<62, 3] strides [3, 1]: numel > i64::MAX but valid; no panic.
+        let l = Layout::strided(DType::UInt8, &[1 << 62, 3], &[3, 1], 0).unwrap();
+        assert!(l.is_contiguous());
+        assert_eq!(l.packed_bytes(), 3 << 62);
     }
 
     #[test]

@@ -135,12 +135,13 @@ impl SharedTensor {
         check_in(at, out.len(), self.nbytes)?;
         self.segment.read_at(self.offset + at, out)
     }
-    /// The view's elements, packed row-major, copied to private memory.
-    pub fn to_vec(&self) -> Vec<u8> {
+    /// The view's elements, packed row-major, copied to private memory (an error if the
+    /// packed copy cannot be allocated, e.g. a huge stride-0 broadcast).
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = Vec::new();
         // SAFETY: `new` checked extent_bytes ≤ nbytes and the storage lies in the mapping.
-        unsafe { self.layout.gather(self.storage_ptr(), &mut v) };
-        v
+        unsafe { self.layout.gather(self.storage_ptr(), &mut v) }?;
+        Ok(v)
     }
 }
 
@@ -525,12 +526,14 @@ impl Imported {
         // at import), so the result is within (or one past) the storage.
         unsafe { self.storage_ptr().add(off as usize) }
     }
-    /// The view's elements packed row-major, copied to private memory.
-    pub fn to_vec(&self) -> Vec<u8> {
+    /// The view's elements packed row-major, copied to private memory. The peer chose
+    /// the shape: a stride-0 view may name more elements than can be allocated, which is
+    /// an error here, never an abort.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = Vec::new();
         // SAFETY: the extent was validated ≤ nbytes, and the storage lies in the mapping.
-        unsafe { self.layout().gather(self.storage_ptr(), &mut v) };
-        v
+        unsafe { self.layout().gather(self.storage_ptr(), &mut v) }?;
+        Ok(v)
     }
     pub fn read_storage(&self, at: usize, out: &mut [u8]) -> Result<()> {
         check_in(at, out.len(), self.storage_nbytes())?;

@@ -124,7 +124,7 @@ fn produce(peer: &Peer, direction: &'static str, max: usize) -> Result<Vec<Row>,
         let tag = i as u64;
         let t = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[case.storage_bytes as i64])?)?.view(case.layout)?;
         fill(&t, 0x9e37_79b9_7f4a_7c15 ^ tag)?;
-        let expect = fnv1a(&t.to_vec());
+        let expect = fnv1a(&t.to_vec()?);
         let first_at = case.layout.storage_offset as usize * case.layout.dtype.size();
         let mut first = [0u8];
         t.read_storage(first_at, &mut first)?;
@@ -189,7 +189,7 @@ fn consume(peer: &Peer) -> Result<(), Fail> {
             other => return Err(format!("consumer: unexpected {other:?}").into()),
         };
         let t1 = now_ns();
-        let sum = fnv1a(&imported.to_vec());
+        let sum = fnv1a(&imported.to_vec()?);
         let l = imported.layout();
         let at = l.storage_offset as usize * l.dtype.size();
         let mut b = [0u8];

@@ -89,7 +89,7 @@ pub fn child_main() {
         "verify" => loop {
             match peer.recv(T).unwrap() {
                 Incoming::Tensor(t) => {
-                    let sum = fnv1a(&t.to_vec());
+                    let sum = fnv1a(&t.to_vec().unwrap());
                     let l = t.layout();
                     let at = l.storage_offset as usize * l.dtype.size();
                     if l.numel() > 0 {
