@@ -26,6 +26,15 @@ cargo test --locked 2>&1 | tee -a "$log"
 step "loom models (--cfg loom)"
 RUSTFLAGS="--cfg loom" cargo test --release --locked --test loom --target-dir target-loom 2>&1 | tee -a "$log"
 
+step "C ABI: CMake build, C tests under valgrind (ctest), install + find_package consumer"
+if ! command -v cmake >/dev/null; then
+  echo "installing cmake (apt)"; apt-get update -qq && apt-get install -y -qq cmake >/dev/null
+fi
+if ! command -v valgrind >/dev/null; then
+  echo "installing valgrind (apt)"; apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
+fi
+bash tests/cmake_package.sh "$root/build/cmake-package" 2>&1 | tee -a "$log"
+
 step "benches compile"
 cargo bench --locked --no-run 2>&1 | tail -n 2
 
@@ -35,6 +44,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-5} bash fuzz/run.sh
 step "demo (main job) runs clean"
 cargo run --release --locked -q -- demo --max-size 1048576 | tail -n 1
 
-# One closing line over every cargo test binary that ran.
+# One closing line over every cargo test binary and ctest run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1); if ($(i) ~ /^ignored/) s += $(i-1) } }
+     /tests passed, [0-9]+ tests failed out of/ { for (i = 1; i <= NF; i++) if ($(i) == "out") { t = $(i+2); fl = $(i-3) } ; p += t - fl; f += fl }
      END { printf "\ntensorwire tests: %d passed, %d failed, %d skipped\n", p, f, s; exit (f > 0) }' "$log"

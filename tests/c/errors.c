@@ -1,0 +1,109 @@
+/* Error paths through the C ABI: NULL arguments, a corrupt descriptor, a stale
+ * (expired) lease, a too-small segment, an oversized view, calls after the peer is gone.
+ * Each returns its code and a message that names the problem. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static atomic_int calls;
+static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
+
+struct setup { int fd; tw_peer_t *peer; tw_result_e r; };
+static void *connect_side(void *arg) {
+  struct setup *s = arg;
+  s->r = tw_peer_from_fd(s->fd, NULL, &s->peer);
+  return NULL;
+}
+
+int main(void) {
+  /* NULL arguments and frees. */
+  EXPECT_ERR(tw_segment_new(64, NULL), TW_ERR_NULL_ARGUMENT, "argument `out` is NULL");
+  tw_desc_t d;
+  EXPECT_ERR(tw_desc_decode(NULL, 10, &d), TW_ERR_NULL_ARGUMENT, "`bytes`");
+  EXPECT_ERR(tw_imported_release(NULL), TW_ERR_NULL_ARGUMENT, "`imp`");
+  EXPECT_ERR(tw_peer_export(NULL, NULL, 0, 0, NULL, 0, 0, on_release, &calls, NULL), TW_ERR_NULL_ARGUMENT, "`peer`");
+  EXPECT(atomic_load(&calls) == 1); /* the callback runs even when the export fails */
+  tw_segment_free(NULL);
+  tw_peer_free(NULL);
+  tw_imported_free(NULL);
+  tw_message_free(NULL);
+  tw_listener_free(NULL);
+  EXPECT(tw_segment_data(NULL) == NULL && tw_segment_len(NULL) == 0 && tw_peer_pid(NULL) == -1);
+  EXPECT(strcmp(tw_result_name(TW_ERR_STALE_LEASE), "TW_ERR_STALE_LEASE") == 0);
+  EXPECT(strcmp(tw_version(), TENSORWIRE_VERSION) == 0);
+
+  /* Descriptors: random bytes, wrong length, a corrupted dtype. */
+  uint8_t junk[1024];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 7 + 3);
+  EXPECT_ERR(tw_desc_decode(junk, tw_desc_size(), &d), TW_ERR_INVALID_DESCRIPTOR, "bad magic");
+  EXPECT_ERR(tw_desc_decode(junk, 17, &d), TW_ERR_INVALID_DESCRIPTOR, "descriptor is 17 bytes");
+  int64_t bad_sizes[1] = {-5};
+  tw_layout_t layout;
+  EXPECT_ERR(tw_layout_contiguous(TW_DTYPE_FLOAT32, bad_sizes, 1, &layout), TW_ERR_INVALID_ARGUMENT, "negative");
+  EXPECT_ERR(tw_layout_contiguous(200, bad_sizes, 1, &layout), TW_ERR_INVALID_ARGUMENT, "unknown dtype code 200");
+
+  /* A too-small segment. */
+  tw_segment_t *small = NULL, *mapped = NULL;
+  CHECK(tw_segment_new(100, &small));
+  EXPECT_ERR(tw_segment_from_fd(dup(tw_segment_fd(small)), 4096, &mapped), TW_ERR_INVALID_SEGMENT,
+             "segment too small: 4096 bytes needed, memfd has 100");
+  EXPECT(mapped == NULL);
+
+  /* A connected pair in this process. */
+  int a, b;
+  CHECK(tw_socketpair(&a, &b));
+  struct setup other = {b, NULL, TW_OK};
+  pthread_t th;
+  EXPECT(pthread_create(&th, NULL, connect_side, &other) == 0);
+  tw_peer_t *producer = NULL;
+  CHECK(tw_peer_from_fd(a, NULL, &producer));
+  pthread_join(th, NULL);
+  CHECK(other.r);
+  tw_peer_t *consumer = other.peer;
+
+  int64_t sizes[1] = {25};
+  CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, sizes, 1, &layout));
+  atomic_store(&calls, 0);
+  EXPECT_ERR(tw_peer_export(producer, small, 0, 64, &layout, 0, 0, on_release, &calls, NULL), TW_ERR_INVALID_ARGUMENT,
+             "view needs 100 bytes of storage, storage has 64");
+  EXPECT(atomic_load(&calls) == 1);
+
+  /* The corrupted descriptor of a real import. */
+  CHECK(tw_peer_export(producer, small, 0, 100, &layout, 5, 0, NULL, NULL, NULL));
+  tw_imported_t *imp = NULL;
+  tw_message_t *msg = NULL;
+  CHECK(tw_peer_recv(consumer, 10000, &imp, &msg));
+  EXPECT(imp != NULL);
+  uint8_t wire[1024];
+  EXPECT(tw_desc_size() <= sizeof wire);
+  CHECK(tw_desc_encode(tw_imported_desc(imp), wire, sizeof wire));
+  CHECK(tw_desc_decode(wire, tw_desc_size(), &d));
+  wire[6] = 200; /* dtype */
+  EXPECT_ERR(tw_desc_decode(wire, tw_desc_size(), &d), TW_ERR_INVALID_DESCRIPTOR, "unknown dtype code 200");
+  CHECK(tw_imported_release(imp));
+
+  /* A stale lease: its 50 ms window runs out before the consumer releases. */
+  atomic_store(&calls, 0);
+  CHECK(tw_peer_export(producer, small, 0, 100, &layout, 6, 50, on_release, &calls, NULL));
+  CHECK(tw_peer_recv(consumer, 10000, &imp, &msg));
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL);
+  EXPECT(atomic_load(&calls) == 1);
+  EXPECT_ERR(tw_imported_release(imp), TW_ERR_STALE_LEASE, "expired (its window ran out)");
+
+  /* The producer goes away: the consumer's next calls say so. */
+  CHECK(tw_peer_export(producer, small, 0, 100, &layout, 7, 0, NULL, NULL, NULL));
+  CHECK(tw_peer_recv(consumer, 10000, &imp, &msg));
+  tw_peer_free(producer);
+  EXPECT(((const float *)tw_imported_data(imp))[0] == 0.0f); /* still mapped */
+  EXPECT_ERR(tw_imported_release(imp), TW_ERR_PEER_GONE, "peer gone");
+  EXPECT_ERR(tw_peer_recv(consumer, 10000, &imp, &msg), TW_ERR_PEER_GONE, "peer gone");
+  tw_peer_free(consumer);
+  tw_segment_free(small);
+  printf("errors: ok\n");
+  return 0;
+}
