@@ -656,6 +656,16 @@ tw_result_e tw_segment_new(size_t len, tw_segment_t **out);
 tw_result_e tw_segment_from_fd(int fd, size_t min_len, tw_segment_t **out);
 
 /*
+ Map an fd from a TRUSTED peer without requiring seals (e.g. a storage PyTorch shared
+ with its file_descriptor strategy). A peer that truncates the file makes this process
+ take SIGBUS: use `tw_segment_from_fd` for anything untrusted. Takes ownership of `fd`.
+
+ # Safety
+ `fd` must be an open fd the caller owns; `out` must be writable.
+ */
+tw_result_e tw_segment_from_trusted_fd(int fd, size_t min_len, tw_segment_t **out);
+
+/*
  Create a named POSIX shm segment (unguessable name, unlinked when this handle is
  freed). Only for peers that can take nothing but a name: named segments cannot be
  sealed. The name is copied into `name_buf` (NUL-terminated; 64 bytes suffice).

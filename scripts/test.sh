@@ -35,6 +35,8 @@ if ! command -v valgrind >/dev/null; then
 fi
 bash tests/cmake_package.sh "$root/build/cmake-package" 2>&1 | tee -a "$log"
 
+# --- further test steps go above this line (one block per area) ---
+
 step "benches compile"
 cargo bench --locked --no-run 2>&1 | tail -n 2
 

@@ -110,6 +110,28 @@ impl Segment {
         Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
     }
 
+    /// Map an fd from a peer you trust not to truncate it: any regular shared-memory file
+    /// of at least `min_len` bytes, sealed or not (e.g. a storage PyTorch shared with
+    /// its `file_descriptor` strategy, which is an unsealed shm file). A peer that shrinks
+    /// such a file makes this process take SIGBUS on access: never use this for fds from
+    /// an untrusted peer — [`Segment::from_fd`] is the checked path.
+    pub fn from_trusted_fd(fd: OwnedFd, min_len: usize) -> Result<Segment> {
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::InvalidSegment(format!(
+                "fd is not a regular shared-memory file (file type {:o})",
+                st.st_mode & libc::S_IFMT
+            )));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size < min_len as u64 || size == 0 {
+            return Err(Error::InvalidSegment(format!("segment too small: {min_len} bytes needed, file has {size}")));
+        }
+        let len = usize::try_from(size).map_err(|_| Error::InvalidSegment(format!("file of {size} bytes cannot be mapped")))?;
+        let map = map_shared(fd.as_fd(), len)?;
+        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+    }
+
     /// Create a named POSIX shm segment with an unguessable name (128 random bits). The
     /// creator unlinks it on drop; call [`Segment::unlink`] sooner once the peer has it.
     pub fn create_named(len: usize) -> Result<Segment> {
@@ -264,6 +286,19 @@ mod tests {
         assert_eq!(seals & REQUIRED_SEALS, REQUIRED_SEALS);
         // The seal really holds: the kernel refuses to shrink.
         assert!(sys::ftruncate(s.fd(), 0).is_err());
+    }
+
+    #[test]
+    fn trusted_fd_maps_unsealed_shm_but_still_checks_size_and_type() {
+        let fd = sys::memfd_create("unsealed").unwrap();
+        sys::ftruncate(fd.as_fd(), 4096).unwrap();
+        let dup = fd.try_clone().unwrap();
+        assert!(Segment::from_fd(fd.try_clone().unwrap(), 1).is_err());
+        let s = Segment::from_trusted_fd(dup, 4096).unwrap();
+        assert_eq!(s.len(), 4096);
+        assert!(Segment::from_trusted_fd(fd, 8192).unwrap_err().to_string().contains("too small"));
+        let (a, _b) = sys::seqpacket_pair().unwrap();
+        assert!(Segment::from_trusted_fd(a, 1).unwrap_err().to_string().contains("not a regular"));
     }
 
     #[test]

@@ -50,6 +50,27 @@ pub unsafe extern "C" fn tw_segment_from_fd(fd: c_int, min_len: usize, out: *mut
     })
 }
 
+/// Map an fd from a TRUSTED peer without requiring seals (e.g. a storage PyTorch shared
+/// with its file_descriptor strategy). A peer that truncates the file makes this process
+/// take SIGBUS: use `tw_segment_from_fd` for anything untrusted. Takes ownership of `fd`.
+///
+/// # Safety
+/// `fd` must be an open fd the caller owns; `out` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_segment_from_trusted_fd(fd: c_int, min_len: usize, out: *mut *mut tw_segment_t) -> tw_result_e {
+    guard("tw_segment_from_trusted_fd", || {
+        if fd < 0 {
+            return Err(crate::Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
+        }
+        // SAFETY: the caller transfers ownership of the open fd to us.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        need(out, "out")?;
+        let s = Segment::from_trusted_fd(owned, min_len)?;
+        // SAFETY: checked non-null above.
+        unsafe { put(out, boxed(s), "out") }
+    })
+}
+
 /// Create a named POSIX shm segment (unguessable name, unlinked when this handle is
 /// freed). Only for peers that can take nothing but a name: named segments cannot be
 /// sealed. The name is copied into `name_buf` (NUL-terminated; 64 bytes suffice).
