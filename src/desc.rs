@@ -404,6 +404,87 @@ impl Layout {
     }
 }
 
+/// Packs a strided view into a contiguous byte stream piece by piece, resuming where the
+/// last piece ended (so a large view can be packed straight into ring chunks).
+pub struct PackCursor<'l> {
+    l: &'l Layout,
+    idx: [i64; MAX_NDIM],
+    inner: i64,
+    done: bool,
+}
+
+impl<'l> PackCursor<'l> {
+    pub fn new(l: &'l Layout) -> Self {
+        PackCursor { l, idx: [0; MAX_NDIM], inner: 0, done: l.numel() == 0 }
+    }
+
+    /// True once every element has been packed.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Copy the next packed bytes of the view into `dst` (whole elements only); returns
+    /// how many bytes were written (less than `dst.len()` only at the end of the view).
+    ///
+    /// # Safety
+    /// `base` must be valid for reads of `l.extent_bytes()` bytes.
+    pub unsafe fn fill(&mut self, base: *const u8, dst: &mut [u8]) -> usize {
+        let l = self.l;
+        let es = l.dtype.size();
+        let nd = l.ndim();
+        let mut w = 0;
+        while !self.done && dst.len() - w >= es {
+            if nd == 0 {
+                // SAFETY: a 0-d view's one element lies inside the extent.
+                unsafe { std::ptr::copy_nonoverlapping(base.add(l.storage_offset as usize * es), dst[w..].as_mut_ptr(), es) };
+                w += es;
+                self.done = true;
+                break;
+            }
+            let (inner_len, inner_stride) = (l.sizes[nd - 1], l.strides[nd - 1]);
+            let row = (0..nd - 1).fold(l.storage_offset, |b, d| b + self.idx[d] * l.strides[d]);
+            if inner_stride == 1 {
+                let n = ((inner_len - self.inner) as usize).min((dst.len() - w) / es);
+                // SAFETY: elements row+inner .. row+inner+n are inside the extent (every
+                // index of a validated view is), and dst has room for n*es bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(base.add((row + self.inner) as usize * es), dst[w..].as_mut_ptr(), n * es)
+                };
+                w += n * es;
+                self.inner += n as i64;
+            } else {
+                // SAFETY: as above, for the single element at row + inner*stride.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        base.add((row + self.inner * inner_stride) as usize * es),
+                        dst[w..].as_mut_ptr(),
+                        es,
+                    )
+                };
+                w += es;
+                self.inner += 1;
+            }
+            if self.inner == inner_len {
+                self.inner = 0;
+                let mut d = nd - 1;
+                loop {
+                    if d == 0 {
+                        self.done = true;
+                        break;
+                    }
+                    d -= 1;
+                    self.idx[d] += 1;
+                    if self.idx[d] < l.sizes[d] {
+                        break;
+                    }
+                    self.idx[d] = 0;
+                }
+            }
+        }
+        w
+    }
+}
+
 /// Where a descriptor's storage lives. Which fields matter depends on `storage_kind`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
@@ -622,6 +703,36 @@ mod tests {
         // SAFETY: the extent is one byte.
         let err = unsafe { huge.gather(storage.as_ptr(), &mut out) }.unwrap_err();
         assert!(err.to_string().contains("cannot allocate"), "{err}");
+    }
+
+    #[test]
+    fn pack_cursor_matches_gather_in_any_piece_size() {
+        let storage: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
+        let views = [
+            Layout::contiguous(DType::Int16, &[8, 12]).unwrap(),
+            Layout::contiguous(DType::Int16, &[8, 12]).unwrap().transpose(0, 1).unwrap(),
+            Layout::contiguous(DType::Float64, &[6, 10]).unwrap().slice(1, 1, 9, 3).unwrap(),
+            Layout::contiguous(DType::UInt8, &[1, 7]).unwrap().expand(0, 5).unwrap(),
+            Layout::contiguous(DType::Complex128, &[]).unwrap(),
+            Layout::contiguous(DType::Int32, &[0, 3]).unwrap(),
+        ];
+        for l in views {
+            let mut want = Vec::new();
+            // SAFETY: storage covers every view's extent (≤ 960 bytes).
+            unsafe { l.gather(storage.as_ptr(), &mut want) }.unwrap();
+            for piece in [16usize, 48, 64, 1000] {
+                let mut cur = PackCursor::new(&l);
+                let mut got = Vec::new();
+                while !cur.is_done() {
+                    let mut buf = vec![0u8; piece];
+                    // SAFETY: as above.
+                    let n = unsafe { cur.fill(storage.as_ptr(), &mut buf) };
+                    assert!(n > 0 || cur.is_done());
+                    got.extend_from_slice(&buf[..n]);
+                }
+                assert_eq!(got, want, "{l:?} in pieces of {piece}");
+            }
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub mod desc;
 pub mod ffi;
 #[cfg(not(loom))]
 pub mod peer;
+pub mod ring;
 #[cfg(not(loom))]
 pub mod segment;
 #[cfg(not(loom))]
@@ -44,6 +45,9 @@ pub use connection::{Connection, Listener};
 pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
 #[cfg(not(loom))]
 pub use lease::{LeaseId, LeaseStats, Owner};
+#[cfg(not(loom))]
+#[cfg(not(loom))]
+pub use ring::{RingItem, RingMessage, Wait};
 #[cfg(not(loom))]
 pub use peer::{ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
 #[cfg(not(loom))]

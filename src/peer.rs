@@ -6,6 +6,7 @@ use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::lease::{Exporter, ImportTable, LeaseId, LeaseStats, Owner};
+use crate::ring::{RingItem, RingMessage, RingReceiver, RingSender, RingShared, Wait};
 use crate::segment::Segment;
 use bytemuck::Zeroable;
 use parking_lot::Mutex;
@@ -47,6 +48,15 @@ pub struct PeerConfig {
     pub max_peer_table_capacity: u32,
     /// How long connection setup may wait for the peer.
     pub handshake_timeout: Duration,
+    /// Data area of the ring this side sends through (a power of two ≥ 4 KiB; 0: none).
+    pub ring_bytes: usize,
+    /// Largest ring accepted from the peer.
+    pub max_peer_ring_bytes: usize,
+    /// Largest message reassembled from ring chunks (bounds what a peer can make us
+    /// allocate).
+    pub max_ring_message: u64,
+    /// Polls before a ring wait sleeps in the futex.
+    pub ring_spin: u32,
 }
 
 impl Default for PeerConfig {
@@ -59,6 +69,10 @@ impl Default for PeerConfig {
             max_import_segments: 4096,
             max_peer_table_capacity: 1 << 20,
             handshake_timeout: Duration::from_secs(10),
+            ring_bytes: 4 << 20,
+            max_peer_ring_bytes: 1 << 30,
+            max_ring_message: 1 << 30,
+            ring_spin: 2000,
         }
     }
 }
@@ -180,6 +194,8 @@ struct Inner {
     import: ImportTable,
     import_segments: Mutex<HashMap<u64, Arc<Segment>>>,
     stop: AtomicBool,
+    ring_tx: Option<Mutex<RingSender>>,
+    ring_rx: Option<RingReceiver>,
 }
 
 impl Inner {
@@ -243,18 +259,38 @@ impl Peer {
     pub fn new(conn: Connection, cfg: PeerConfig) -> Result<Peer> {
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
         let export_table = exporter.table().clone();
-        conn.send(KIND_TABLE, &exporter.capacity().to_le_bytes(), &[export_table.fd()])?;
-        let mut msg = conn.recv(Some(cfg.handshake_timeout))?;
-        if msg.kind != KIND_TABLE || msg.payload.len() != 4 || msg.fds.len() != 1 {
+        let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };
+        let mut setup = exporter.capacity().to_le_bytes().to_vec();
+        setup.extend_from_slice(&(cfg.ring_bytes as u64).to_le_bytes());
+        let mut fds = vec![export_table.fd()];
+        if let Some(r) = &tx_ring {
+            fds.push(r.segment().fd());
+        }
+        conn.send(KIND_TABLE, &setup, &fds)?;
+        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        if msg.kind != KIND_TABLE || msg.payload.len() != 12 || msg.fds.is_empty() || msg.fds.len() > 2 {
             return Err(Error::Protocol(format!(
-                "expected the peer's lease table (kind {KIND_TABLE}, 4 bytes, 1 fd), got kind {} with {} bytes and {} fds",
+                "expected the peer's setup (kind {KIND_TABLE}, 12 bytes, lease table fd + optional ring fd), got kind {} with {} bytes and {} fds",
                 msg.kind,
                 msg.payload.len(),
                 msg.fds.len()
             )));
         }
         let cap = u32::from_le_bytes(msg.payload[..4].try_into().unwrap());
-        let import = ImportTable::open(msg.fds.pop().unwrap(), cap, cfg.max_peer_table_capacity)?;
+        let ring_bytes = u64::from_le_bytes(msg.payload[4..12].try_into().unwrap());
+        let mut fds = msg.fds.into_iter();
+        let import = ImportTable::open(fds.next().expect("checked"), cap, cfg.max_peer_table_capacity)?;
+        let rx_ring = match (ring_bytes, fds.next()) {
+            (0, None) => None,
+            (n, Some(fd)) if n > 0 => Some(RingShared::open(fd, n, cfg.max_peer_ring_bytes)?),
+            (n, fd) => {
+                return Err(Error::Protocol(format!(
+                    "peer announced a {n}-byte ring but sent {} ring fd",
+                    if fd.is_some() { "a" } else { "no" }
+                )));
+            }
+        };
+        let max_ring_message = cfg.max_ring_message;
         let inner = Arc::new(Inner {
             conn,
             cfg,
@@ -264,6 +300,8 @@ impl Peer {
             import,
             import_segments: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
+            ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
+            ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
         });
         let r = inner.clone();
         let reaper = std::thread::Builder::new()
@@ -460,6 +498,48 @@ impl Peer {
     pub fn reap_now(&self) -> LeaseStats {
         self.inner.reap_once();
         self.export_stats()
+    }
+
+    fn ring_wait(&self, timeout: Option<Duration>, spin: Option<u32>) -> Wait {
+        Wait { spin: spin.unwrap_or(self.inner.cfg.ring_spin), timeout: timeout.unwrap_or(Duration::MAX / 4) }
+    }
+
+    fn no_ring(side: &str) -> Error {
+        Error::InvalidArgument(format!("this connection has no ring to {side} (PeerConfig::ring_bytes was 0)"))
+    }
+
+    /// Copy `items` (bytes or tensor views, packed contiguous) through this side's ring:
+    /// one publish and one wake-up for the batch. Waits for space at most `timeout`.
+    pub fn ring_send(&self, items: &[RingItem<'_>], timeout: Option<Duration>) -> Result<()> {
+        self.ring_send_with(items, self.ring_wait(timeout, None))
+    }
+
+    /// `ring_send` with an explicit spin budget.
+    pub fn ring_send_with(&self, items: &[RingItem<'_>], wait: Wait) -> Result<()> {
+        let tx = self.inner.ring_tx.as_ref().ok_or_else(|| Self::no_ring("send through"))?;
+        let conn = &self.inner.conn;
+        tx.lock().send_many(items, wait, &|| conn.is_peer_gone())
+    }
+
+    /// Receive the next ring message as a private copy.
+    pub fn ring_recv(&self, timeout: Option<Duration>) -> Result<RingMessage> {
+        self.ring_recv_with(false, self.ring_wait(timeout, None))
+    }
+
+    /// Receive the next ring message; with `borrow`, a message that fits one record stays
+    /// in the ring until the returned message is dropped (zero copies on receive).
+    pub fn ring_recv_with(&self, borrow: bool, wait: Wait) -> Result<RingMessage> {
+        let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
+        let conn = &self.inner.conn;
+        rx.recv(borrow, wait, &|| conn.is_peer_gone())
+    }
+
+    /// Receive up to `max` ring messages: waits for the first, takes the rest that are
+    /// already there.
+    pub fn ring_recv_many(&self, max: usize, borrow: bool, wait: Wait) -> Result<Vec<RingMessage>> {
+        let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
+        let conn = &self.inner.conn;
+        rx.recv_many(max.max(1), borrow, wait, &|| conn.is_peer_gone())
     }
 
     /// Number of the peer's segments mapped here.

@@ -28,11 +28,18 @@ fn setup() -> (Peer, Attacker) {
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let table = Exporter::new(16, u64::MAX).unwrap();
-    b.send(KIND_TABLE, &16u32.to_le_bytes(), &[table.table().fd()]).unwrap();
-    let mut m = b.recv(T).unwrap();
+    b.send(KIND_TABLE, &setup_msg(16, 0), &[table.table().fd()]).unwrap();
+    let m = b.recv(T).unwrap();
     assert_eq!(m.kind, KIND_TABLE);
     let victim = victim.join().unwrap().unwrap();
-    (victim, Attacker { conn: b, table, victim_table: m.fds.pop().unwrap() })
+    (victim, Attacker { conn: b, table, victim_table: m.fds.into_iter().next().unwrap() })
+}
+
+/// The setup payload: lease-table capacity, then the ring size (0: no ring).
+fn setup_msg(capacity: u32, ring_bytes: u64) -> Vec<u8> {
+    let mut p = capacity.to_le_bytes().to_vec();
+    p.extend_from_slice(&ring_bytes.to_le_bytes());
+    p
 }
 
 fn sealed(len: usize, seals: i32) -> OwnedFd {
@@ -228,7 +235,7 @@ fn hostile_table_at_setup_is_refused() {
         let (a, b) = Connection::pair().unwrap();
         let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
         let fd = sealed(4096, if fd_seals { libc::F_SEAL_GROW | libc::F_SEAL_SHRINK } else { 0 });
-        b.send(KIND_TABLE, &cap.to_le_bytes(), &[fd.as_fd()]).unwrap();
+        b.send(KIND_TABLE, &setup_msg(cap, 0), &[fd.as_fd()]).unwrap();
         let err = victim.join().unwrap().unwrap_err();
         assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
     }
@@ -236,9 +243,27 @@ fn hostile_table_at_setup_is_refused() {
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let fd = sealed(4096, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
-    b.send(KIND_TABLE, &16u32.to_le_bytes(), &[fd.as_fd()]).unwrap();
+    b.send(KIND_TABLE, &setup_msg(16, 0), &[fd.as_fd()]).unwrap();
     let err = victim.join().unwrap().unwrap_err();
     assert!(err.to_string().contains("lease table header invalid"), "{err}");
+    // A ring announced without its fd, and a ring fd that is not a ring.
+    let good_table = Exporter::new(16, u64::MAX).unwrap();
+    for (ring_bytes, ring_fd, needle) in [
+        (1u64 << 16, None, "announced a 65536-byte ring but sent no ring fd"),
+        (1000, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), "not a power of two"),
+        (4096, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), "ring header invalid"),
+        (1 << 16, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), "segment too small"),
+    ] {
+        let (a, b) = Connection::pair().unwrap();
+        let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+        let mut fds = vec![good_table.table().fd()];
+        if let Some(f) = &ring_fd {
+            fds.push(f.as_fd());
+        }
+        b.send(KIND_TABLE, &setup_msg(16, ring_bytes), &fds).unwrap();
+        let err = victim.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
+    }
 }
 
 #[test]

@@ -37,6 +37,15 @@ pub struct tw_peer_config_t {
     pub max_import_segments: u64,
     /// Connection setup timeout in ms.
     pub handshake_timeout_ms: u64,
+    /// Data area of the ring this side sends through (power of two ≥ 4096; 0: none).
+    pub ring_bytes: u64,
+    /// Largest ring accepted from the peer.
+    pub max_peer_ring_bytes: u64,
+    /// Largest message reassembled from ring chunks.
+    pub max_ring_message: u64,
+    /// Polls before a ring wait sleeps.
+    pub ring_spin: u32,
+    pub reserved: u32,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -49,6 +58,10 @@ impl From<&tw_peer_config_t> for PeerConfig {
             max_import_segments: c.max_import_segments as usize,
             max_peer_table_capacity: c.max_peer_table_capacity,
             handshake_timeout: Duration::from_millis(c.handshake_timeout_ms),
+            ring_bytes: c.ring_bytes as usize,
+            max_peer_ring_bytes: c.max_peer_ring_bytes as usize,
+            max_ring_message: c.max_ring_message,
+            ring_spin: c.ring_spin,
         }
     }
 }
@@ -144,6 +157,11 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             max_message: d.max_message as u64,
             max_import_segments: d.max_import_segments as u64,
             handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
+            ring_bytes: d.ring_bytes as u64,
+            max_peer_ring_bytes: d.max_peer_ring_bytes as u64,
+            max_ring_message: d.max_ring_message,
+            ring_spin: d.ring_spin,
+            reserved: 0,
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }

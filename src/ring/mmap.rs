@@ -1,0 +1,579 @@
+//! Rings over mapped memfd segments (see the module docs in `ring/mod.rs`).
+
+
+use crate::desc::{Layout, PackCursor, StorageKind, TensorDesc, DESC_SIZE};
+use crate::doorbell::{Doorbell, DoorbellWords};
+use crate::error::{Error, Result};
+use crate::segment::Segment;
+use bytemuck::Zeroable;
+use parking_lot::Mutex;
+use super::spsc::{Consumer, Ctrl, Producer, Record, Region, RingError, FLAG_FIRST, FLAG_LAST};
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const RING_MAGIC: u64 = u64::from_le_bytes(*b"TWRING01");
+const RING_VERSION: u32 = 1;
+const OFF_HEAD: usize = 64;
+const OFF_TAIL: usize = 128;
+const OFF_DATA_BELL: usize = 192;
+const OFF_SPACE_BELL: usize = 256;
+/// Offset of the data area in the ring segment.
+pub const DATA_OFFSET: usize = 4096;
+/// Smallest and largest data area.
+pub const MIN_RING_BYTES: usize = 4096;
+pub const MAX_RING_BYTES: usize = 1 << 34;
+/// How long one sleep lasts before the peer's liveness is checked again.
+const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+
+/// The data area of a mapped ring segment.
+struct MmapRegion {
+    base: *mut u8,
+    cap: u64,
+}
+
+// SAFETY: the region is a raw view of a shared mapping that the owning `RingShared` keeps
+// alive; moving it between threads is fine (all access is by explicit copies).
+unsafe impl Send for MmapRegion {}
+
+impl Region for MmapRegion {
+    fn capacity(&self) -> u64 {
+        self.cap
+    }
+    unsafe fn write_with(&self, at: u64, len: usize, fill: &mut dyn FnMut(&mut [u8])) {
+        // SAFETY: the caller guarantees [at, at+len) is inside the data area and that the
+        // consumer does not read it now; the mapping outlives `self`.
+        fill(unsafe { std::slice::from_raw_parts_mut(self.base.add(at as usize), len) })
+    }
+    unsafe fn read(&self, at: u64, dst: &mut [u8]) {
+        // SAFETY: the caller guarantees the range is inside the data area and published.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst.as_mut_ptr(), dst.len()) }
+    }
+}
+
+/// A ring segment, mapped, with its capacity validated.
+pub struct RingShared {
+    seg: Arc<Segment>,
+    cap: u64,
+}
+
+impl RingShared {
+    /// Create a ring with a data area of `bytes` (a power of two, 4 KiB ..= 16 GiB).
+    pub fn create(bytes: usize) -> Result<RingShared> {
+        if !bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "ring size {bytes} must be a power of two in {MIN_RING_BYTES}..={MAX_RING_BYTES}"
+            )));
+        }
+        let seg = Segment::create(DATA_OFFSET + bytes)?;
+        let mut hdr = [0u8; 24];
+        hdr[0..8].copy_from_slice(&RING_MAGIC.to_le_bytes());
+        hdr[8..12].copy_from_slice(&RING_VERSION.to_le_bytes());
+        hdr[16..24].copy_from_slice(&(bytes as u64).to_le_bytes());
+        seg.write_at(0, &hdr)?;
+        Ok(RingShared { seg: Arc::new(seg), cap: bytes as u64 })
+    }
+
+    /// Validate a ring segment from the peer. `claimed` is the size its setup message
+    /// announced; the header must agree and the segment must hold the whole area.
+    pub fn open(fd: std::os::fd::OwnedFd, claimed: u64, max_bytes: usize) -> Result<RingShared> {
+        if !claimed.is_power_of_two() || claimed < MIN_RING_BYTES as u64 || claimed > max_bytes as u64 {
+            return Err(Error::Protocol(format!(
+                "peer's ring of {claimed} bytes is not a power of two in {MIN_RING_BYTES}..={max_bytes}"
+            )));
+        }
+        let seg = Segment::from_fd(fd, DATA_OFFSET + claimed as usize)?;
+        let mut hdr = [0u8; 24];
+        seg.read_at(0, &mut hdr)?;
+        let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
+        let version = u32::from_le_bytes(hdr[8..12].try_into().unwrap());
+        let cap = u64::from_le_bytes(hdr[16..24].try_into().unwrap());
+        if magic != RING_MAGIC || version != RING_VERSION || cap != claimed {
+            return Err(Error::Protocol(format!(
+                "ring header invalid (magic {magic:#x}, version {version}, capacity {cap}, claimed {claimed})"
+            )));
+        }
+        Ok(RingShared { seg: Arc::new(seg), cap })
+    }
+
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    /// The control words and the data area. `'static` because the segment is kept
+    /// alive by the `Arc` that every user of these also holds (see `RingSender`).
+    fn parts(&self) -> (Ctrl<'static>, MmapRegion) {
+        let base = self.seg.as_ptr();
+        // SAFETY: every offset is inside the first 4096 bytes of a mapping of at least
+        // DATA_OFFSET + cap bytes (checked at create/open), 8-aligned, and these words are
+        // only ever accessed atomically. The 'static lifetime is sound because each
+        // holder of the returned references also holds `self.seg` (declared after the
+        // user of the references, so it is dropped later).
+        unsafe {
+            let word = |off: usize| &*base.add(off).cast::<AtomicU64>();
+            let bell = |off: usize| Doorbell::new(&*base.add(off).cast::<DoorbellWords>());
+            let ctrl = Ctrl {
+                head: word(OFF_HEAD),
+                tail: word(OFF_TAIL),
+                data_bell: bell(OFF_DATA_BELL),
+                space_bell: bell(OFF_SPACE_BELL),
+            };
+            (ctrl, MmapRegion { base: base.add(DATA_OFFSET), cap: self.cap })
+        }
+    }
+}
+
+fn ring_err(e: RingError) -> Error {
+    match e {
+        RingError::Broken(m) => Error::Protocol(format!("ring broken: {m}")),
+        RingError::TooLarge { size, max } => {
+            Error::InvalidArgument(format!("record of {size} bytes exceeds the ring's {max}-byte record limit"))
+        }
+    }
+}
+
+/// What to send: bytes, or a tensor view over some storage.
+pub struct RingItem<'a> {
+    tag: u64,
+    payload: Payload<'a>,
+}
+
+enum Payload<'a> {
+    Bytes(&'a [u8]),
+    Tensor { layout: Layout, base: *const u8, _storage: PhantomData<&'a [u8]> },
+}
+
+impl<'a> RingItem<'a> {
+    pub fn bytes(tag: u64, data: &'a [u8]) -> Self {
+        RingItem { tag, payload: Payload::Bytes(data) }
+    }
+
+    /// A view `layout` over private `storage` (the view must fit inside it).
+    pub fn tensor(tag: u64, layout: Layout, storage: &'a [u8]) -> Result<Self> {
+        let need = layout.extent_bytes()?;
+        if need > storage.len() as u64 {
+            return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {}", storage.len())));
+        }
+        Ok(RingItem { tag, payload: Payload::Tensor { layout, base: storage.as_ptr(), _storage: PhantomData } })
+    }
+
+    /// A view of a shared tensor.
+    pub fn shared(tag: u64, t: &'a crate::peer::SharedTensor) -> Self {
+        RingItem { tag, payload: Payload::Tensor { layout: *t.layout(), base: t.storage_ptr(), _storage: PhantomData } }
+    }
+
+    fn len(&self) -> u64 {
+        match &self.payload {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::Tensor { layout, .. } => layout.packed_bytes(),
+        }
+    }
+}
+
+/// Spin budget and timeout for one blocking ring call.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait {
+    /// Polls before sleeping in the futex.
+    pub spin: u32,
+    /// Give up after this long.
+    pub timeout: Duration,
+}
+
+/// The sending half of a ring.
+pub struct RingSender {
+    producer: Producer<'static, MmapRegion>,
+    // Declared after `producer`: keeps the mapping its references point into alive.
+    shared: RingShared,
+}
+
+impl RingSender {
+    pub fn new(shared: RingShared) -> RingSender {
+        let (ctrl, region) = shared.parts();
+        RingSender { producer: Producer::new(ctrl, region), shared }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.shared.cap
+    }
+
+    /// Send all `items` (one publish and at most one wake-up for the batch, unless the
+    /// ring fills and the consumer must drain part of it first). `gone` is polled while
+    /// waiting for space.
+    pub fn send_many(&mut self, items: &[RingItem<'_>], wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+        let deadline = Instant::now() + wait.timeout;
+        for item in items {
+            let total = item.len();
+            let desc = match &item.payload {
+                Payload::Bytes(_) => None,
+                Payload::Tensor { layout, .. } => {
+                    let packed = Layout::contiguous(layout.dtype, layout.sizes())?;
+                    let storage = crate::desc::StorageRef { nbytes: total, ..Zeroable::zeroed() };
+                    Some(TensorDesc::new(&packed, StorageKind::RingSlot, storage))
+                }
+            };
+            let mut cursor = match &item.payload {
+                Payload::Tensor { layout, .. } => Some(PackCursor::new(layout)),
+                Payload::Bytes(_) => None,
+            };
+            let mut sent: u64 = 0;
+            let mut first = true;
+            loop {
+                let meta: &[u8] = match (&desc, first) {
+                    (Some(d), true) => d.encode(),
+                    _ => &[],
+                };
+                let max = self.producer.max_data(meta.len() as u32) & !63;
+                let chunk = (total - sent).min(max);
+                let last = sent + chunk == total;
+                let flags = if first { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 };
+                let payload = &item.payload;
+                let mut fill = |dst: &mut [u8]| match payload {
+                    Payload::Bytes(b) => dst.copy_from_slice(&b[sent as usize..sent as usize + dst.len()]),
+                    Payload::Tensor { base, .. } => {
+                        let c = cursor.as_mut().expect("tensor items have a cursor");
+                        // SAFETY: `base` is valid for the view's extent (checked when the
+                        // item was built, and the borrow `'a` keeps it alive).
+                        let n = unsafe { c.fill(*base, dst) };
+                        debug_assert_eq!(n, dst.len());
+                    }
+                };
+                loop {
+                    let seen = self.producer.doorbells().space_bell.current();
+                    if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill).map_err(ring_err)? {
+                        break;
+                    }
+                    // Full: let the consumer see what we have, then wait for space.
+                    self.producer.publish();
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(Error::Timeout { what: "space in the ring (the consumer is not draining it)", after: wait.timeout });
+                    }
+                    if gone() {
+                        return Err(Error::peer_gone("the consumer went away while the ring was full"));
+                    }
+                    let slice = (deadline - now).min(LIVENESS_SLICE);
+                    self.producer.doorbells().space_bell.wait(seen, wait.spin, Some(slice));
+                }
+                sent += chunk;
+                first = false;
+                if last {
+                    break;
+                }
+            }
+        }
+        self.producer.publish();
+        Ok(())
+    }
+}
+
+/// How a received message's bytes are held.
+enum Data {
+    Owned(Vec<u8>),
+    Borrowed { ptr: *const u8, len: usize, _token: BorrowToken },
+}
+
+// SAFETY: a borrowed message points into the ring mapping, which its token keeps alive;
+// the bytes are only read through explicit copies or by the holder.
+unsafe impl Send for Data {}
+
+/// One received message.
+pub struct RingMessage {
+    pub tag: u64,
+    /// For tensors: the (contiguous) layout, storage kind `RingSlot`, nbytes = data length.
+    pub desc: Option<TensorDesc>,
+    data: Data,
+}
+
+impl std::fmt::Debug for RingMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingMessage")
+            .field("tag", &self.tag)
+            .field("tensor", &self.desc.map(|d| d.layout()))
+            .field("len", &self.len())
+            .field("borrowed", &self.is_borrowed())
+            .finish()
+    }
+}
+
+impl RingMessage {
+    pub fn len(&self) -> usize {
+        match &self.data {
+            Data::Owned(v) => v.len(),
+            Data::Borrowed { len, .. } => *len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// True if the bytes are still in the ring (released when this is dropped).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.data, Data::Borrowed { .. })
+    }
+    /// Address of the bytes (in the ring for a borrowed message; the producer side may
+    /// be hostile and scribble them, so copy before trusting).
+    pub fn as_ptr(&self) -> *const u8 {
+        match &self.data {
+            Data::Owned(v) => v.as_ptr(),
+            Data::Borrowed { ptr, .. } => *ptr,
+        }
+    }
+    /// The bytes, copied to (or already in) private memory.
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.data {
+            Data::Owned(v) => v,
+            Data::Borrowed { ptr, len, .. } => {
+                let mut v = vec![0u8; len];
+                // SAFETY: the token (dropped after this copy) keeps [ptr, ptr+len) in the
+                // ring unreleased and mapped.
+                unsafe { std::ptr::copy_nonoverlapping(ptr, v.as_mut_ptr(), len) };
+                v
+            }
+        }
+    }
+    /// The bytes of an owned message.
+    pub fn owned(&self) -> Option<&[u8]> {
+        match &self.data {
+            Data::Owned(v) => Some(v),
+            Data::Borrowed { .. } => None,
+        }
+    }
+}
+
+/// Keeps a borrowed region unreleased; dropping it releases in ring order.
+struct BorrowToken {
+    state: Arc<Mutex<RecvState>>,
+    end: u64,
+}
+
+impl Drop for BorrowToken {
+    fn drop(&mut self) {
+        self.state.lock().finish(self.end);
+    }
+}
+
+struct Assembly {
+    tag: u64,
+    desc: Option<TensorDesc>,
+    total: u64,
+    buf: Vec<u8>,
+}
+
+struct RecvState {
+    consumer: Consumer<'static, MmapRegion>,
+    /// Records read but not yet released, in ring order: (end, finished).
+    pending: VecDeque<(u64, bool)>,
+    assembly: Option<Assembly>,
+    max_message: u64,
+    /// Address of the data area (for borrows), as an integer.
+    region_base: usize,
+    broken: Option<String>,
+    // Declared last: keeps the mapping the consumer's references point into alive.
+    _shared: RingShared,
+}
+
+impl RecvState {
+    /// Mark the record ending at `end` finished and release the finished prefix.
+    fn finish(&mut self, end: u64) {
+        if let Some(e) = self.pending.iter_mut().find(|(e, _)| *e == end) {
+            e.1 = true;
+        }
+        let mut upto = None;
+        while let Some(&(e, true)) = self.pending.front() {
+            upto = Some(e);
+            self.pending.pop_front();
+        }
+        if let Some(e) = upto {
+            self.consumer.release_to(e);
+        }
+    }
+
+    fn broken(&mut self, m: String) -> Error {
+        self.broken.get_or_insert(m.clone());
+        Error::Protocol(format!("ring broken: {m}"))
+    }
+
+    fn copy_out(&mut self, rec: &Record) -> Result<Vec<u8>> {
+        let n = rec.header.data_len as usize;
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| Error::InvalidArgument(format!("cannot allocate {n} bytes")))?;
+        v.resize(n, 0);
+        self.consumer.read_data(rec, 0, &mut v);
+        Ok(v)
+    }
+
+    fn decode_desc(&mut self, rec: &Record) -> Result<Option<TensorDesc>> {
+        if rec.meta.is_empty() {
+            return Ok(None);
+        }
+        if rec.meta.len() != DESC_SIZE {
+            return Err(self.broken(format!("meta of {} bytes is not a descriptor", rec.meta.len())));
+        }
+        let d = TensorDesc::decode(&rec.meta)?;
+        if d.kind() != Some(StorageKind::RingSlot) || d.storage.nbytes != rec.header.total_len || d.storage.base_offset != 0 {
+            return Err(Error::InvalidDescriptor(format!(
+                "ring descriptor must name a RingSlot of {} bytes at offset 0",
+                rec.header.total_len
+            )));
+        }
+        if !d.layout().is_contiguous() || d.layout().storage_offset != 0 || d.layout().packed_bytes() != d.storage.nbytes {
+            return Err(Error::InvalidDescriptor("ring descriptor must describe the packed contiguous data".into()));
+        }
+        Ok(Some(d))
+    }
+
+    /// Turn the next record into a message if it completes one. `borrow`: leave a
+    /// single-record message in place.
+    fn process(&mut self, rec: Record, borrow: bool, me: &Arc<Mutex<RecvState>>) -> Result<Option<RingMessage>> {
+        let h = rec.header;
+        let first = h.flags & FLAG_FIRST != 0;
+        let last = h.flags & FLAG_LAST != 0;
+        self.pending.push_back((rec.end, false));
+        let out = (|| {
+            if first {
+                if self.assembly.is_some() {
+                    return Err(self.broken("a new message started inside a chunked one".into()));
+                }
+                if h.total_len > self.max_message {
+                    return Err(Error::QuotaExceeded(format!(
+                        "ring message of {} bytes exceeds the {}-byte limit",
+                        h.total_len, self.max_message
+                    )));
+                }
+                if h.data_len > h.total_len || (last && h.data_len != h.total_len) {
+                    return Err(self.broken(format!("chunk of {} bytes for a message of {}", h.data_len, h.total_len)));
+                }
+                let desc = self.decode_desc(&rec)?;
+                if last && borrow {
+                    // SAFETY: data_offset + data_len lies inside the validated record;
+                    // the token keeps it unreleased.
+                    let ptr = unsafe { self.consumer_base().add(rec.data_offset as usize) };
+                    let token = BorrowToken { state: me.clone(), end: rec.end };
+                    return Ok(Some(RingMessage { tag: h.tag, desc, data: Data::Borrowed { ptr, len: h.data_len as usize, _token: token } }));
+                }
+                let mut buf = Vec::new();
+                let reserve = if last { h.total_len } else { h.total_len.min(1 << 26) };
+                buf.try_reserve(reserve as usize)
+                    .map_err(|_| Error::InvalidArgument(format!("cannot allocate {reserve} bytes")))?;
+                self.assembly = Some(Assembly { tag: h.tag, desc, total: h.total_len, buf });
+            } else if self.assembly.is_none() {
+                return Err(self.broken("a continuation chunk arrived with no message started".into()));
+            }
+            let chunk = self.copy_out(&rec)?;
+            let a = self.assembly.as_mut().expect("set above");
+            if a.buf.len() as u64 + chunk.len() as u64 > a.total {
+                let m = format!("chunks exceed the announced {} bytes", a.total);
+                return Err(self.broken(m));
+            }
+            a.buf.extend_from_slice(&chunk);
+            if last {
+                let a = self.assembly.take().expect("set above");
+                if a.buf.len() as u64 != a.total {
+                    return Err(self.broken(format!("message ended at {} of {} bytes", a.buf.len(), a.total)));
+                }
+                return Ok(Some(RingMessage { tag: a.tag, desc: a.desc, data: Data::Owned(a.buf) }));
+            }
+            Ok(None)
+        })();
+        // Everything but a live borrow is finished with its ring bytes now.
+        if !matches!(&out, Ok(Some(m)) if m.is_borrowed()) {
+            self.finish(rec.end);
+        }
+        if out.is_err() {
+            self.assembly = None;
+        }
+        out
+    }
+
+    fn consumer_base(&self) -> *const u8 {
+        self.region_base as *const u8
+    }
+
+    /// Pop and process records until a message completes or none is published.
+    fn poll(&mut self, borrow: bool, me: &Arc<Mutex<RecvState>>) -> Result<Option<RingMessage>> {
+        if let Some(m) = &self.broken {
+            return Err(Error::Protocol(format!("ring broken: {m}")));
+        }
+        loop {
+            let rec = match self.consumer.try_pop() {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    let e = ring_err(e);
+                    self.broken.get_or_insert(e.to_string());
+                    return Err(e);
+                }
+            };
+            if let Some(m) = self.process(rec, borrow, me)? {
+                return Ok(Some(m));
+            }
+        }
+    }
+}
+
+/// The receiving half of a ring. Messages may be received from one thread at a time;
+/// borrowed messages may be dropped on any thread.
+pub struct RingReceiver {
+    state: Arc<Mutex<RecvState>>,
+    data_bell: Doorbell<'static>,
+    // Keeps the mapping `data_bell` points into alive.
+    _seg: Arc<Segment>,
+}
+
+impl RingReceiver {
+    /// `max_message`: largest reassembled message accepted (bounds memory a hostile
+    /// producer can make us allocate).
+    pub fn new(shared: RingShared, max_message: u64) -> RingReceiver {
+        let (ctrl, region) = shared.parts();
+        let region_base = region.base as usize;
+        let seg = shared.seg.clone();
+        let state = RecvState {
+            consumer: Consumer::new(ctrl, region),
+            pending: VecDeque::new(),
+            assembly: None,
+            max_message,
+            region_base,
+            broken: None,
+            _shared: shared,
+        };
+        RingReceiver { state: Arc::new(Mutex::new(state)), data_bell: ctrl.data_bell, _seg: seg }
+    }
+
+    /// Receive one message: a copy (`borrow` false), or, for a message that fits one
+    /// record, the bytes in place until the message is dropped (`borrow` true).
+    pub fn recv(&self, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
+        let deadline = Instant::now() + wait.timeout;
+        loop {
+            let seen = self.data_bell.current();
+            if let Some(m) = self.state.lock().poll(borrow, &self.state)? {
+                return Ok(m);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout { what: "a message in the ring", after: wait.timeout });
+            }
+            if gone() {
+                return Err(Error::peer_gone("the producer went away with nothing left in the ring"));
+            }
+            self.data_bell.wait(seen, wait.spin, Some((deadline - now).min(LIVENESS_SLICE)));
+        }
+    }
+
+    /// Receive up to `max` messages: wait for the first, then take whatever else is
+    /// already published (one wake-up for a batch).
+    pub fn recv_many(&self, max: usize, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<Vec<RingMessage>> {
+        let mut out = vec![self.recv(borrow, wait, gone)?];
+        let mut st = self.state.lock();
+        while out.len() < max {
+            match st.poll(borrow, &self.state)? {
+                Some(m) => out.push(m),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+}

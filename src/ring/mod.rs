@@ -1,0 +1,23 @@
+//! Bounce-buffer rings on CPU: one per direction per connection, registered once (a
+//! sealed memfd exchanged at setup) and reused for every message.
+//!
+//! The producer copies a tensor view (strided views packed contiguous on the way in) or
+//! bytes into the ring and publishes; the consumer copies it out (clone-on-receive) or
+//! borrows it in place until it drops the borrow. Waiting is spin-then-futex on doorbells
+//! in the control block, every wait bounded.
+//!
+//! **Large tensors go through in chunks.** A record holds at most half the data area; a
+//! message larger than that is split into consecutive records (FIRST … LAST) that the
+//! consumer reassembles into an owned buffer. Such a message can only be received as a
+//! copy; borrowing works for messages that fit one record. (For zero-copy of large
+//! tensors, export them under a lease instead: `Peer::export`.)
+//!
+//! Segment layout: a 64-byte header (magic, version, capacity), then `head`, `tail` and
+//! the two doorbells each on its own cache line, then the data area at offset 4096.
+
+pub mod spsc;
+
+#[cfg(not(loom))]
+mod mmap;
+#[cfg(not(loom))]
+pub use mmap::*;
