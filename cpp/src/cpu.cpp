@@ -1,0 +1,339 @@
+// CPU implementations of torch.ops.tensorwire.* (and of the ops that take no tensor,
+// registered as CompositeExplicitAutograd so they run without a dispatch key).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "common.h"
+
+namespace tensorwire_torch {
+
+void segment_deleter(void* ctx) {
+  auto* c = static_cast<SegmentCtx*>(ctx);
+  tw_segment_free(c->seg);
+  delete c;
+}
+
+const SegmentCtx* segment_of(const c10::Storage& storage) {
+  if (!storage) return nullptr;
+  const c10::DataPtr& dp = storage.data_ptr();
+  if (dp.get_deleter() != &segment_deleter) return nullptr;
+  return static_cast<const SegmentCtx*>(dp.get_context());
+}
+
+void check_dtype(at::ScalarType dtype, const char* what) {
+  size_t tw = tw_dtype_size(static_cast<uint8_t>(dtype));
+  TORCH_CHECK(tw != 0, "tensorwire.", what, ": dtype ", dtype,
+              " is not supported by tensorwire (bool, integer, floating, complex and float8 types are)");
+  TORCH_CHECK(tw == c10::elementSize(dtype), "tensorwire.", what, ": dtype ", dtype, " has ",
+              c10::elementSize(dtype), "-byte elements in torch but ", tw, " in tensorwire");
+}
+
+namespace {
+
+tw_layout_t make_layout(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t storage_offset,
+                        const char* what) {
+  TORCH_CHECK(sizes.size() <= TW_MAX_NDIM, "tensorwire.", what, ": ", sizes.size(),
+              " dimensions; tensorwire carries at most ", TW_MAX_NDIM);
+  TORCH_CHECK(sizes.size() == strides.size(), "tensorwire.", what, ": ", sizes.size(), " sizes but ", strides.size(),
+              " strides");
+  tw_layout_t l{};
+  l.dtype = static_cast<uint8_t>(dtype);
+  l.ndim = static_cast<uint8_t>(sizes.size());
+  l.storage_offset = storage_offset;
+  for (size_t i = 0; i < sizes.size(); i++) {
+    l.sizes[i] = sizes[i];
+    l.strides[i] = strides[i];
+  }
+  return l;
+}
+
+// Bytes the view needs, as tensorwire computes it (overflow, negative values checked).
+uint64_t extent_bytes(const tw_layout_t& l) {
+  uint64_t n = 0;
+  TW_CHECK(tw_layout_extent_bytes(&l, &n));
+  return n;
+}
+
+void release_storage(void* ctx) {
+  // Runs exactly once, on whichever thread ends the lease (often tensorwire's reaper).
+  // Dropping a c10::Storage never calls into Python for segment storages (their
+  // deleter is segment_deleter), and it does not throw.
+  delete static_cast<c10::Storage*>(ctx);
+}
+
+void import_deleter(void* ctx) { tw_imported_free(static_cast<tw_imported_t*>(ctx)); }
+
+at::Tensor over_storage(c10::Storage storage, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                        int64_t storage_offset) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+  return t;
+}
+
+tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms) {
+  TORCH_CHECK(max_leases >= 0 && max_leases <= UINT32_MAX, "tensorwire: max_leases must be in [0, 2^32), got ",
+              max_leases);
+  TORCH_CHECK(max_lease_bytes >= 0, "tensorwire: max_lease_bytes must be >= 0, got ", max_lease_bytes);
+  TORCH_CHECK(window_ms >= 0, "tensorwire: window_ms must be >= 0, got ", window_ms);
+  tw_peer_config_t c;
+  TW_CHECK(tw_peer_config_default(&c));
+  if (max_leases) c.max_leases = static_cast<uint32_t>(max_leases);
+  if (max_lease_bytes) c.max_lease_bytes = static_cast<uint64_t>(max_lease_bytes);
+  if (window_ms) c.default_window_ms = static_cast<uint64_t>(window_ms);
+  return c;
+}
+
+c10::intrusive_ptr<Connection> wrap_peer(tw_peer_t* p) {
+  std::unique_ptr<tw_peer_t, decltype(&tw_peer_free)> g(p, &tw_peer_free);
+  auto c = c10::make_intrusive<Connection>(p);
+  g.release();
+  return c;
+}
+
+}  // namespace
+
+at::Tensor tensor_over_segment(tw_segment_t* seg, bool sealed, size_t nbytes, at::ScalarType dtype,
+                               at::IntArrayRef sizes, at::IntArrayRef strides, int64_t storage_offset) {
+  std::unique_ptr<tw_segment_t, decltype(&tw_segment_free)> seg_guard(seg, &tw_segment_free);
+  TORCH_CHECK(nbytes <= tw_segment_len(seg), "tensorwire: storage of ", nbytes, " bytes does not fit a segment of ",
+              tw_segment_len(seg));
+  tw_layout_t l = make_layout(dtype, sizes, strides, storage_offset, "tensor_over_segment");
+  uint64_t need = extent_bytes(l);
+  TORCH_CHECK(need <= nbytes, "tensorwire: the view needs ", need, " bytes of storage, the segment provides ", nbytes);
+  auto ctx = std::make_unique<SegmentCtx>(SegmentCtx{seg, sealed});
+  seg_guard.release();  // owned by ctx from here
+  c10::DataPtr dp(tw_segment_data(seg), ctx.release(), &segment_deleter, at::Device(at::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return over_storage(std::move(storage), dtype, sizes, strides, storage_offset);
+}
+
+at::Tensor new_segment_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
+  check_dtype(dtype, "empty");
+  TORCH_CHECK(sizes.size() <= TW_MAX_NDIM, "tensorwire.empty: ", sizes.size(),
+              " dimensions; tensorwire carries at most ", TW_MAX_NDIM);
+  for (auto s : sizes) TORCH_CHECK(s >= 0, "tensorwire.empty: negative dimension ", s, " in size ", sizes);
+  tw_layout_t l{};
+  TW_CHECK(tw_layout_contiguous(static_cast<uint8_t>(dtype), sizes.data(), sizes.size(), &l));
+  uint64_t nbytes = extent_bytes(l);
+  tw_segment_t* seg = nullptr;
+  // A segment cannot be empty; an empty tensor gets one byte it never uses.
+  TW_CHECK(tw_segment_new(nbytes ? nbytes : 1, &seg));
+  return tensor_over_segment(seg, /*sealed=*/true, nbytes, dtype, sizes,
+                             at::IntArrayRef(l.strides, l.ndim), 0);
+}
+
+namespace {
+
+at::Tensor empty(at::IntArrayRef size, std::optional<at::ScalarType> dtype) {
+  return new_segment_tensor(size, c10::dtype_or_default(dtype));
+}
+
+at::Tensor zeros(at::IntArrayRef size, std::optional<at::ScalarType> dtype) {
+  // New memfd pages read as zero: nothing to fill.
+  return new_segment_tensor(size, c10::dtype_or_default(dtype));
+}
+
+void check_exportable(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), "tensorwire.", what, ": undefined tensor");
+  TORCH_CHECK(t.device().is_cpu(), "tensorwire.", what, ": tensor is on ", t.device(),
+              "; only CPU tensors can be shared here");
+  TORCH_CHECK(t.layout() == at::kStrided, "tensorwire.", what, ": ", t.layout(),
+              " tensors cannot be shared; only strided (dense) ones");
+  check_dtype(t.scalar_type(), what);
+}
+
+at::Tensor to_shared(const at::Tensor& self) {
+  check_exportable(self, "to_shared");
+  at::Tensor out = new_segment_tensor(self.sizes(), self.scalar_type());
+  out.copy_(self);  // resolves conjugate / negative bits too
+  return out;
+}
+
+bool is_zero_copy(const at::Tensor& t) {
+  const SegmentCtx* s = segment_of(t.storage());
+  // A conjugate/negative view would lose its lazy bit on the other side: copy it.
+  return s != nullptr && s->sealed && !t.is_conj() && !t.is_neg();
+}
+
+bool is_shared(const at::Tensor& self) {
+  check_exportable(self, "is_shared");
+  return is_zero_copy(self);
+}
+
+bool send(const c10::intrusive_ptr<Connection>& conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
+  check_exportable(tensor, "send");
+  TORCH_CHECK(tag >= 0, "tensorwire.send: tag must be >= 0, got ", tag);
+  TORCH_CHECK(window_ms >= 0, "tensorwire.send: window_ms must be >= 0, got ", window_ms);
+  LiveConnection live(conn, "send");
+  bool zero_copy = is_zero_copy(tensor);
+  at::Tensor src = zero_copy ? tensor : to_shared(tensor);
+  const c10::Storage& storage = src.storage();
+  const SegmentCtx* seg = segment_of(storage);
+  TORCH_INTERNAL_ASSERT(seg != nullptr);
+  auto base = static_cast<const char*>(tw_segment_data(seg->seg));
+  auto data = static_cast<const char*>(storage.data_ptr().get());
+  TORCH_INTERNAL_ASSERT(data >= base);
+  size_t offset = static_cast<size_t>(data - base);
+  tw_layout_t l = make_layout(src.scalar_type(), src.sizes(), src.strides(), src.storage_offset(), "send");
+  // The lease owns a reference to the storage; tw_peer_export calls release_storage
+  // exactly once (also when it fails, before returning).
+  auto* owner = new c10::Storage(storage);
+  TW_CHECK(tw_peer_export(live.peer, seg->seg, offset, storage.nbytes(), &l, static_cast<uint64_t>(tag),
+                          static_cast<uint64_t>(window_ms), &release_storage, owner, nullptr));
+  return zero_copy;
+}
+
+std::tuple<at::Tensor, int64_t> recv(const c10::intrusive_ptr<Connection>& conn, int64_t timeout_ms) {
+  LiveConnection live(conn, "recv");
+  std::lock_guard<std::mutex> one_receiver(conn->recv_mu);
+  tw_imported_t* imp = nullptr;
+  tw_message_t* msg = nullptr;
+  TW_CHECK(tw_peer_recv(live.peer, timeout_ms, &imp, &msg));
+  if (msg != nullptr) {
+    size_t len = 0;
+    tw_message_data(msg, &len);
+    tw_message_free(msg);
+    TORCH_CHECK(false, "tensorwire.recv: expected a tensor, the peer sent a user message of ", len,
+                " bytes (dropped)");
+  }
+  std::unique_ptr<tw_imported_t, decltype(&tw_imported_free)> guard(imp, &tw_imported_free);
+  tw_layout_t l{};
+  TW_CHECK(tw_imported_layout(imp, &l));
+  // The descriptor was validated by tensorwire (known dtype, extent inside the storage).
+  TORCH_CHECK(l.dtype < static_cast<int>(at::ScalarType::NumOptions), "tensorwire.recv: dtype number ", int(l.dtype),
+              " is unknown to this torch");
+  auto dtype = static_cast<at::ScalarType>(l.dtype);
+  check_dtype(dtype, "recv");
+  int64_t tag = static_cast<int64_t>(tw_imported_tag(imp));
+  size_t nbytes = tw_imported_storage_len(imp);
+  void* storage_ptr = tw_imported_storage(imp);
+  // The deleter releases the lease when the last tensor/view over this storage dies.
+  c10::DataPtr dp(storage_ptr, guard.release(), &import_deleter, at::Device(at::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), nullptr, false);
+  at::Tensor t = over_storage(std::move(storage), dtype, at::IntArrayRef(l.sizes, l.ndim),
+                              at::IntArrayRef(l.strides, l.ndim), l.storage_offset);
+  return {t, tag};
+}
+
+std::vector<int64_t> stats(const c10::intrusive_ptr<Connection>& conn) {
+  LiveConnection live(conn, "stats");
+  tw_lease_stats_t s{};
+  TW_CHECK(tw_peer_reap(live.peer, &s));
+  return {static_cast<int64_t>(s.live_leases), static_cast<int64_t>(s.live_bytes), static_cast<int64_t>(s.granted),
+          static_cast<int64_t>(s.released),    static_cast<int64_t>(s.expired),    static_cast<int64_t>(s.reclaimed)};
+}
+
+std::tuple<int64_t, int64_t> socketpair() {
+  int a = -1, b = -1;
+  TW_CHECK(tw_socketpair(&a, &b));
+  return {a, b};
+}
+
+void set_inheritable(int64_t fd, bool inheritable) {
+  TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.set_inheritable: fd ", fd, " is not a valid descriptor");
+  TW_CHECK(tw_fd_set_inheritable(static_cast<int>(fd), inheritable));
+}
+
+c10::intrusive_ptr<Connection> from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms) {
+  TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.from_fd: fd ", fd, " is not a valid descriptor");
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms);
+  tw_peer_t* p = nullptr;
+  TW_CHECK(tw_peer_from_fd(static_cast<int>(fd), &c, &p));
+  return wrap_peer(p);
+}
+
+c10::intrusive_ptr<Connection> connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes,
+                                       int64_t window_ms) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms);
+  std::string p(path);
+  tw_peer_t* peer = nullptr;
+  TW_CHECK(tw_peer_connect(p.c_str(), &c, &peer));
+  return wrap_peer(peer);
+}
+
+c10::intrusive_ptr<Listener> listen(c10::string_view path) {
+  std::string p(path);
+  tw_listener_t* l = nullptr;
+  TW_CHECK(tw_listener_bind(p.c_str(), &l));
+  std::unique_ptr<tw_listener_t, decltype(&tw_listener_free)> g(l, &tw_listener_free);
+  auto out = c10::make_intrusive<Listener>(l, p);
+  g.release();
+  return out;
+}
+
+c10::intrusive_ptr<Connection> accept(const c10::intrusive_ptr<Listener>& listener, int64_t max_leases,
+                                      int64_t max_lease_bytes, int64_t window_ms) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms);
+  std::shared_lock<std::shared_mutex> g(listener->mu);
+  TORCH_CHECK(listener->listener != nullptr, "tensorwire.accept: the listener is closed");
+  tw_peer_t* p = nullptr;
+  TW_CHECK(tw_listener_accept(listener->listener, &c, &p));
+  return wrap_peer(p);
+}
+
+void close(const c10::intrusive_ptr<Connection>& conn) { conn->close(); }
+void close_listener(const c10::intrusive_ptr<Listener>& l) { l->close(); }
+int64_t peer_pid(const c10::intrusive_ptr<Connection>& conn) { return conn->pid(); }
+
+std::tuple<int64_t, int64_t, int64_t> segment_fd(const at::Tensor& self) {
+  TORCH_CHECK(self.defined() && self.device().is_cpu(), "tensorwire.segment_fd: expected a defined CPU tensor");
+  const SegmentCtx* seg = segment_of(self.storage());
+  TORCH_CHECK(seg != nullptr,
+              "tensorwire.segment_fd: the tensor does not live in a tensorwire segment; create it with "
+              "tensorwire.empty/zeros or copy it with tensorwire.to_shared");
+  int fd = fcntl(tw_segment_fd(seg->seg), F_DUPFD_CLOEXEC, 0);
+  TORCH_CHECK(fd >= 0, "tensorwire.segment_fd: dup failed: ", std::strerror(errno));
+  auto base = static_cast<const char*>(tw_segment_data(seg->seg));
+  auto data = static_cast<const char*>(self.storage().data_ptr().get());
+  return {fd, static_cast<int64_t>(tw_segment_len(seg->seg)), static_cast<int64_t>(data - base)};
+}
+
+at::Tensor from_torch_fd(int64_t fd, int64_t nbytes, at::ScalarType dtype, at::IntArrayRef size,
+                         at::IntArrayRef stride, int64_t storage_offset) {
+  TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.from_torch_fd: fd ", fd, " is not a valid descriptor");
+  TORCH_CHECK(nbytes > 0, "tensorwire.from_torch_fd: nbytes must be > 0, got ", nbytes);
+  TORCH_CHECK(storage_offset >= 0, "tensorwire.from_torch_fd: negative storage_offset ", storage_offset);
+  check_dtype(dtype, "from_torch_fd");
+  int dup = fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+  TORCH_CHECK(dup >= 0, "tensorwire.from_torch_fd: cannot duplicate fd ", fd, ": ", std::strerror(errno));
+  tw_segment_t* seg = nullptr;
+  TW_CHECK(tw_segment_from_trusted_fd(dup, static_cast<size_t>(nbytes), &seg));  // owns `dup`, failure too
+  return tensor_over_segment(seg, /*sealed=*/false, static_cast<size_t>(nbytes), dtype, size, stride,
+                             storage_offset);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tensorwire, CPU, m) {
+  m.impl("to_shared", &to_shared);
+  m.impl("is_shared", &is_shared);
+  m.impl("send", &send);
+  m.impl("segment_fd", &segment_fd);
+}
+
+// No tensor arguments: these run on the CompositeExplicitAutograd kernel.
+TORCH_LIBRARY_IMPL(tensorwire, CompositeExplicitAutograd, m) {
+  m.impl("empty", &empty);
+  m.impl("zeros", &zeros);
+  m.impl("recv", &recv);
+  m.impl("from_torch_fd", &from_torch_fd);
+  m.impl("socketpair", &socketpair);
+  m.impl("set_inheritable", &set_inheritable);
+  m.impl("from_fd", &from_fd);
+  m.impl("connect", &connect);
+  m.impl("listen", &listen);
+  m.impl("accept", &accept);
+  m.impl("close", &close);
+  m.impl("close_listener", &close_listener);
+  m.impl("peer_pid", &peer_pid);
+  m.impl("stats", &stats);
+}
+
+}  // namespace tensorwire_torch
