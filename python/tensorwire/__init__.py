@@ -1,0 +1,217 @@
+"""tensorwire for PyTorch: zero-copy CPU tensor sharing between processes.
+
+Loads ``libtensorwire_torch.so`` (``$TENSORWIRE_TORCH_LIB``, else the repo's
+``build/torch-ext/``; ``cpp/build.sh`` builds it) and wraps ``torch.ops.tensorwire``
+with a small ``torch.multiprocessing``-like API::
+
+    parent_fd, child_fd = tensorwire.socketpair()      # child_fd is inheritable
+    subprocess.Popen([... , str(child_fd)], pass_fds=[child_fd]); os.close(child_fd)
+    conn = tensorwire.from_fd(parent_fd)                # child: tensorwire.from_fd(int(argv[1]))
+    t = tensorwire.zeros([1024, 1024])                  # lives in shared memory
+    conn.send(t.t())                                    # zero-copy, any strided view
+    u = conn.recv()                                     # aliases the peer's memory
+
+A tensor that does not live in a tensorwire segment is copied once on ``send``. The
+receiver's tensor holds a lease on the sender's memory; it is released when the last
+tensor/view over it dies (or when the receiver dies). Errors are ``RuntimeError`` with
+tensorwire's own message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
+    "empty", "zeros", "to_shared", "is_shared", "send", "recv", "stats",
+    "from_torch_shared", "to_torch_shared", "library_path",
+]
+
+
+def library_path() -> str:
+    env = os.environ.get("TENSORWIRE_TORCH_LIB")
+    if env:
+        return env
+    return str(Path(__file__).resolve().parents[2] / "build" / "torch-ext" / "libtensorwire_torch.so")
+
+
+def _load():
+    path = library_path()
+    if not os.path.exists(path):
+        raise ImportError(f"tensorwire: {path} does not exist; build it with cpp/build.sh "
+                          "or point TENSORWIRE_TORCH_LIB at libtensorwire_torch.so")
+    torch.ops.load_library(path)
+
+
+_load()
+ops = torch.ops.tensorwire
+from . import _fake  # noqa: E402,F401  (fake implementations for torch.compile / opcheck)
+
+_STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
+
+
+class Connection:
+    """One end of a tensorwire connection. Close it (or use ``with``) to end every lease
+    it granted; the peer sees the connection end."""
+
+    def __init__(self, handle):
+        self._h = handle
+
+    def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
+        """Export ``tensor``; returns True if it went zero-copy (it lives in a segment)."""
+        return ops.send(self._h, tensor, tag, window_ms)
+
+    def recv(self, timeout: float | None = None, with_tag: bool = False):
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        t, tag = ops.recv(self._h, ms)
+        return (t, tag) if with_tag else t
+
+    def stats(self) -> dict:
+        return dict(zip(_STATS, ops.stats(self._h)))
+
+    @property
+    def peer_pid(self) -> int:
+        return ops.peer_pid(self._h)
+
+    def close(self) -> None:
+        if self._h is not None:
+            ops.close(self._h)  # runs with the GIL released: lease owners drop safely
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Listener:
+    def __init__(self, handle):
+        self._h = handle
+
+    def accept(self, **limits) -> Connection:
+        return Connection(ops.accept(self._h, **limits))
+
+    def close(self) -> None:
+        if self._h is not None:
+            ops.close_listener(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
+    """Two connected fds: keep the first, hand the second to the child process."""
+    a, b = ops.socketpair()
+    if inheritable_child:
+        ops.set_inheritable(b, True)
+    return a, b
+
+
+def from_fd(fd: int, **limits) -> Connection:
+    """Handshake over an end of ``socketpair`` (takes ownership of ``fd``). Limits:
+    ``max_leases``, ``max_lease_bytes``, ``window_ms`` (0: library default)."""
+    return Connection(ops.from_fd(fd, **limits))
+
+
+def connect(path: str, **limits) -> Connection:
+    return Connection(ops.connect(path, **limits))
+
+
+def listen(path: str) -> Listener:
+    return Listener(ops.listen(path))
+
+
+def empty(*size, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor in a new shared segment (zero-filled); sending it copies nothing."""
+    return ops.empty(_size(size), dtype=dtype)
+
+
+def zeros(*size, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return ops.zeros(_size(size), dtype=dtype)
+
+
+def to_shared(t: torch.Tensor) -> torch.Tensor:
+    """Copy ``t`` once into a new segment."""
+    return ops.to_shared(t)
+
+
+def is_shared(t: torch.Tensor) -> bool:
+    return ops.is_shared(t)
+
+
+def send(conn: Connection, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
+    return conn.send(tensor, tag, window_ms)
+
+
+def recv(conn: Connection, timeout: float | None = None) -> torch.Tensor:
+    return conn.recv(timeout)
+
+
+def stats(conn: Connection) -> dict:
+    return conn.stats()
+
+
+def _size(size):
+    if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+        return list(size[0])
+    return list(size)
+
+
+# --- interop with PyTorch's own CPU sharing (file_descriptor strategy) -------------------
+
+def from_torch_shared(t: torch.Tensor) -> torch.Tensor:
+    """A tensorwire tensor aliasing ``t``, whose storage PyTorch shares by fd (e.g. it
+    arrived through a torch.multiprocessing Queue). Only for trusted peers: PyTorch's shm
+    files are unsealed. Sending the result over tensorwire copies it once (peers accept
+    only sealed segments)."""
+    fd, nbytes = t.untyped_storage()._share_fd_cpu_()
+    return ops.from_torch_fd(fd, nbytes, t.dtype, list(t.shape), list(t.stride()), t.storage_offset())
+
+
+def _rebuild_from_torch_fd(df, nbytes, dtype, size, stride, offset):
+    from torch.multiprocessing.reductions import rebuild_storage_fd
+
+    storage = rebuild_storage_fd(torch.UntypedStorage, df, nbytes)  # PyTorch's own rebuild
+    return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
+
+
+class _TorchShared:
+    def __init__(self, t):
+        self.t = t
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        t = self.t
+        fd, seg_len, byte_off = ops.segment_fd(t)
+        try:
+            df = DupFd(fd)  # duplicates fd for the receiving process
+        finally:
+            os.close(fd)
+        if byte_off != 0:
+            raise RuntimeError("tensorwire: the storage does not start the segment; PyTorch maps whole files")
+        if seg_len != t.untyped_storage().nbytes():
+            raise RuntimeError(f"tensorwire: segment of {seg_len} bytes holds a storage of "
+                               f"{t.untyped_storage().nbytes()}; PyTorch maps whole files")
+        return (_rebuild_from_torch_fd, (df, seg_len, t.dtype, tuple(t.shape), t.stride(), t.storage_offset()))
+
+
+def to_torch_shared(t: torch.Tensor) -> _TorchShared:
+    """A picklable handle for ``multiprocessing`` (Queue, Pipe, Process args): the
+    receiver rebuilds it with PyTorch's own ``rebuild_storage_fd`` into a plain tensor
+    over the same memory as ``t`` (which must live in a tensorwire segment)."""
+    return _TorchShared(t)
