@@ -24,7 +24,7 @@ step "unit, integration, cross-process and doc tests"
 cargo test --locked 2>&1 | tee -a "$log"
 
 step "loom models (--cfg loom)"
-RUSTFLAGS="--cfg loom" cargo test --release --locked --test loom --target-dir target-loom 2>&1 | tee -a "$log"
+RUSTFLAGS="--cfg loom" cargo test --release --locked --test loom --test loom_ring --target-dir target-loom 2>&1 | tee -a "$log"
 
 step "C ABI: CMake build, C tests under valgrind (ctest), install + find_package consumer"
 if ! command -v cmake >/dev/null; then

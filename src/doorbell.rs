@@ -66,8 +66,12 @@ impl<'a> Doorbell<'a> {
         // SeqCst: the waiter half of the Dekker pair with `ring`.
         self.words.waiters.fetch_add(1, Ordering::SeqCst);
         let changed = loop {
-            // SeqCst: must not be reordered before the `waiters` increment above.
-            if self.words.seq.load(Ordering::SeqCst) != seen {
+            // A read-modify-write, not a load: it reads the latest `seq` in modification
+            // order, so if it still sees `seen`, the ringer's `fetch_add` comes later in
+            // that order, synchronises with this RMW, and so sees our `waiters`
+            // increment: no lost wake-up even under acquire/release alone (a SeqCst load
+            // would do in C11; loom models SeqCst more weakly). Only on the sleep path.
+            if self.words.seq.fetch_add(0, Ordering::SeqCst) != seen {
                 break true;
             }
             let remaining = match deadline {
@@ -79,8 +83,12 @@ impl<'a> Doorbell<'a> {
             };
             futex::wait(&self.words.seq, seen, remaining);
         };
-        // Relaxed: only a hint for `ring`; a stale count costs one spare FUTEX_WAKE.
-        self.words.waiters.fetch_sub(1, Ordering::Relaxed);
+        // The count is only a hint for `ring` (a stale one costs a spare FUTEX_WAKE), so
+        // Relaxed would be correct; SeqCst costs the same `lock xadd` on x86, is off the
+        // fast path, and keeps loom (which treats SeqCst loads as AcqRel) from reading this
+        // decrement past the next wait's SeqCst increment and reporting a lost wake-up
+        // that C11 rules out.
+        self.words.waiters.fetch_sub(1, Ordering::SeqCst);
         changed
     }
 }

@@ -207,7 +207,7 @@ fn consume(peer: &Peer) -> Result<(), Fail> {
     }
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => parent(&args[1..]),
