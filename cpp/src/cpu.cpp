@@ -76,16 +76,18 @@ at::Tensor over_storage(c10::Storage storage, at::ScalarType dtype, at::IntArray
   return t;
 }
 
-tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms) {
+tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms) {
   TORCH_CHECK(max_leases >= 0 && max_leases <= UINT32_MAX, "tensorwire: max_leases must be in [0, 2^32), got ",
               max_leases);
   TORCH_CHECK(max_lease_bytes >= 0, "tensorwire: max_lease_bytes must be >= 0, got ", max_lease_bytes);
   TORCH_CHECK(window_ms >= 0, "tensorwire: window_ms must be >= 0, got ", window_ms);
+  TORCH_CHECK(handshake_timeout_ms >= 0, "tensorwire: handshake_timeout_ms must be >= 0, got ", handshake_timeout_ms);
   tw_peer_config_t c;
   TW_CHECK(tw_peer_config_default(&c));
   if (max_leases) c.max_leases = static_cast<uint32_t>(max_leases);
   if (max_lease_bytes) c.max_lease_bytes = static_cast<uint64_t>(max_lease_bytes);
   if (window_ms) c.default_window_ms = static_cast<uint64_t>(window_ms);
+  if (handshake_timeout_ms) c.handshake_timeout_ms = static_cast<uint64_t>(handshake_timeout_ms);
   return c;
 }
 
@@ -241,17 +243,18 @@ void set_inheritable(int64_t fd, bool inheritable) {
   TW_CHECK(tw_fd_set_inheritable(static_cast<int>(fd), inheritable));
 }
 
-c10::intrusive_ptr<Connection> from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms) {
+c10::intrusive_ptr<Connection> from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
+                                       int64_t handshake_timeout_ms) {
   TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.from_fd: fd ", fd, " is not a valid descriptor");
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms);
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
   tw_peer_t* p = nullptr;
   TW_CHECK(tw_peer_from_fd(static_cast<int>(fd), &c, &p));
   return wrap_peer(p);
 }
 
 c10::intrusive_ptr<Connection> connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes,
-                                       int64_t window_ms) {
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms);
+                                       int64_t window_ms, int64_t handshake_timeout_ms) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
   std::string p(path);
   tw_peer_t* peer = nullptr;
   TW_CHECK(tw_peer_connect(p.c_str(), &c, &peer));
@@ -269,8 +272,8 @@ c10::intrusive_ptr<Listener> listen(c10::string_view path) {
 }
 
 c10::intrusive_ptr<Connection> accept(const c10::intrusive_ptr<Listener>& listener, int64_t max_leases,
-                                      int64_t max_lease_bytes, int64_t window_ms) {
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms);
+                                      int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
   std::shared_lock<std::shared_mutex> g(listener->mu);
   TORCH_CHECK(listener->listener != nullptr, "tensorwire.accept: the listener is closed");
   tw_peer_t* p = nullptr;

@@ -46,13 +46,13 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("is_shared(Tensor self) -> bool");
 
   // Connections. `from_fd` takes ownership of `fd` (an end of `socketpair`, e.g. inherited
-  // by a child process). Limits of 0 mean the library's defaults.
+  // by a child process). Limits of 0 mean the library's defaults (handshake: 10 s).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
-  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
-  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
+  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
+  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
   m.def("listen(str path) -> __torch__.torch.classes.tensorwire.Listener");
-  m.def("accept(__torch__.torch.classes.tensorwire.Listener listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
+  m.def("accept(__torch__.torch.classes.tensorwire.Listener listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
   m.def("close(__torch__.torch.classes.tensorwire.Connection conn) -> ()");
   m.def("close_listener(__torch__.torch.classes.tensorwire.Listener listener) -> ()");
   m.def("peer_pid(__torch__.torch.classes.tensorwire.Connection conn) -> int");

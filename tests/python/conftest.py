@@ -1,0 +1,14 @@
+"""pytest setup for the libtorch extension: make `import tensorwire` work from the repo,
+building libtensorwire_torch.so with cpp/build.sh first if it is missing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))
+
+if not os.environ.get("TENSORWIRE_TORCH_LIB") and not (ROOT / "build/torch-ext/libtensorwire_torch.so").exists():
+    subprocess.run(["bash", str(ROOT / "cpp/build.sh"), sys.executable], check=True)

@@ -1,0 +1,76 @@
+"""The other process of the two-process tests: `python peer.py MODE FD`, FD an inherited
+end of tensorwire.socketpair()."""
+
+import os
+import sys
+import time
+
+import torch
+
+import tensorwire
+
+STOP = 999_999
+
+
+def raw(t):
+    """The view's elements packed, as bytes."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def storage_bytes(t):
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+
+
+def echo(conn):
+    """For each tensor: flip bit 0 of its element 0 through the shared memory (the
+    sender must see it: zero-copy), then send back its metadata and a copy of its
+    elements, having dropped it (its lease is released before the reply is sent)."""
+    while True:
+        t, tag = conn.recv(timeout=60, with_tag=True)
+        if tag == STOP:
+            return
+        off = t.storage_offset() * t.element_size()
+        if t.numel() > 0:
+            s = storage_bytes(t)
+            s[off] ^= 1
+            del s
+        meta = torch.tensor([t.dtype.itemsize, t.storage_offset(), t.untyped_storage().nbytes(), *t.shape, *t.stride()],
+                            dtype=torch.int64)
+        copy = raw(t).clone()
+        del t
+        conn.send(meta, tag)
+        conn.send(copy, tag)
+
+
+def hold(conn):
+    """Receive N tensors (N = first tensor's value), keep them all, ack, wait for SIGKILL."""
+    n = int(conn.recv(timeout=60).item())
+    held = [conn.recv(timeout=60) for _ in range(n)]
+    conn.send(tensorwire.to_shared(torch.tensor([len(held)])))
+    while True:
+        time.sleep(60)
+
+
+def views(conn):
+    """Keep only a view of the received tensor, then drop it on request."""
+    t = conn.recv(timeout=60)
+    v = t[1:].t()
+    del t
+    conn.send(torch.tensor([1]))
+    conn.recv(timeout=60)  # "drop it now"
+    v.add_(0)  # still usable
+    del v
+    conn.send(torch.tensor([2]))
+    conn.recv(timeout=60)  # wait for the parent to finish
+
+
+def main():
+    mode, fd = sys.argv[1], int(sys.argv[2])
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    assert conn.peer_pid == os.getppid(), (conn.peer_pid, os.getppid())
+    {"echo": echo, "hold": hold, "views": views}[mode](conn)
+    conn.close()
+
+
+if __name__ == "__main__":
+    main()
