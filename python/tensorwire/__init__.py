@@ -77,9 +77,8 @@ class Connection:
         return ops.peer_pid(self._h)
 
     def close(self) -> None:
-        if self._h is not None:
-            ops.close(self._h)  # runs with the GIL released: lease owners drop safely
-            self._h = None
+        """End the connection (idempotent); later calls raise RuntimeError."""
+        ops.close(self._h)  # runs with the GIL released: lease owners drop safely
 
     def __enter__(self):
         return self
@@ -102,9 +101,7 @@ class Listener:
         return Connection(ops.accept(self._h, **limits))
 
     def close(self) -> None:
-        if self._h is not None:
-            ops.close_listener(self._h)
-            self._h = None
+        ops.close_listener(self._h)
 
     def __del__(self):
         try:

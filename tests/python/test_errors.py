@@ -1,0 +1,92 @@
+"""Bad input surfaces as RuntimeError carrying tensorwire's message."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+import tensorwire
+
+
+def pair(**limits):
+    a, b = tensorwire.socketpair(inheritable_child=False)
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("b", tensorwire.from_fd(b)))
+    th.start()
+    ca = tensorwire.from_fd(a, **limits)
+    th.join()
+    return ca, out["b"]
+
+
+def test_connection_errors():
+    with pytest.raises(RuntimeError, match=r"TW_ERR_IO.*tw_peer_connect.*No such file or directory"):
+        tensorwire.connect("/nonexistent/tensorwire.sock")
+    with pytest.raises(RuntimeError, match=r"fd -1 is not a valid descriptor"):
+        tensorwire.from_fd(-1)
+    r, w = os.pipe()
+    os.close(w)
+    with pytest.raises(RuntimeError, match=r"tensorwire \(TW_ERR_\w+\): tw_peer_from_fd"):
+        tensorwire.from_fd(r)  # not a socket (ownership passed: tensorwire closed it)
+    with pytest.raises(RuntimeError, match="max_leases must be in"):
+        tensorwire.from_fd(0, max_leases=-1)
+
+
+def test_recv_timeout_peer_gone_and_closed():
+    a, b = pair()
+    with pytest.raises(RuntimeError, match=r"TW_ERR_TIMEOUT.*timed out"):
+        b.recv(timeout=0.05)
+    a.close()
+    with pytest.raises(RuntimeError, match="the connection is closed"):
+        a.send(tensorwire.zeros(1))
+    with pytest.raises(RuntimeError, match=r"TW_ERR_PEER_GONE"):
+        b.recv(timeout=5)
+    with pytest.raises(RuntimeError, match=r"TW_ERR_PEER_GONE"):
+        b.send(tensorwire.zeros(1))
+    b.close()
+
+
+def test_quota_exceeded():
+    a, b = pair(max_leases=1)  # b may hold at most one of a's leases at once
+    t = tensorwire.zeros(4)
+    a.send(t)
+    with pytest.raises(RuntimeError, match=r"TW_ERR_QUOTA_EXCEEDED"):
+        a.send(t)
+    held = b.recv(timeout=5)
+    del held  # lease released: room again
+    deadline = 50
+    while a.stats()["live_leases"] and deadline:
+        deadline -= 1
+    assert a.stats()["live_leases"] == 0
+    a.send(t)
+    a.close()
+    b.close()
+
+
+def test_bad_tensors_and_arguments():
+    with pytest.raises(RuntimeError, match="negative dimension -1"):
+        tensorwire.empty(2, -1)
+    with pytest.raises(RuntimeError, match="at most 16"):
+        tensorwire.zeros([1] * 17)
+    with pytest.raises(RuntimeError, match="is not supported by tensorwire"):
+        tensorwire.empty(4, dtype=torch.quint8)
+    with pytest.raises(RuntimeError, match="does not live in a tensorwire segment"):
+        tensorwire.ops.segment_fd(torch.zeros(3))
+    a, b = pair()
+    with pytest.raises(RuntimeError, match="tag must be >= 0"):
+        a.send(tensorwire.zeros(1), tag=-1)
+    with pytest.raises(RuntimeError, match="17 dimensions; tensorwire carries at most 16"):
+        a.send(torch.zeros([1] * 17))
+    a.close()
+    b.close()
+
+
+def test_from_torch_fd_errors():
+    with pytest.raises(RuntimeError, match="cannot duplicate fd"):
+        tensorwire.ops.from_torch_fd(987654, 16, torch.float32, [4], [1])
+    s = torch.zeros(4).share_memory_()
+    fd, nbytes = s.untyped_storage()._share_fd_cpu_()
+    with pytest.raises(RuntimeError, match=r"TW_ERR_INVALID_SEGMENT.*segment too small: 4096 bytes needed, file has 16"):
+        tensorwire.ops.from_torch_fd(fd, 4096, torch.float32, [4], [1])
+    with pytest.raises(RuntimeError, match="the view needs 32 bytes of storage, the segment provides 16"):
+        tensorwire.ops.from_torch_fd(fd, nbytes, torch.float32, [8], [1])
