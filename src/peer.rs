@@ -534,6 +534,14 @@ impl Peer {
         rx.recv(borrow, wait, &|| conn.is_peer_gone())
     }
 
+    /// Receive the next ring message into `buf`, reusing its capacity (no allocation in
+    /// steady state, also for messages larger than the ring). Returns tag and descriptor.
+    pub fn ring_recv_into(&self, buf: &mut Vec<u8>, wait: Wait) -> Result<(u64, Option<TensorDesc>)> {
+        let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
+        let conn = &self.inner.conn;
+        rx.recv_into(buf, wait, &|| conn.is_peer_gone())
+    }
+
     /// Receive up to `max` ring messages: waits for the first, takes the rest that are
     /// already there.
     pub fn ring_recv_many(&self, max: usize, borrow: bool, wait: Wait) -> Result<Vec<RingMessage>> {

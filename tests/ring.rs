@@ -224,6 +224,27 @@ fn producer_dying_mid_stream_is_peer_gone_after_the_data() {
 }
 
 #[test]
+fn recv_into_reuses_the_buffer_for_small_and_chunked_messages() {
+    let (a, b) = tensorwire::Peer::pair(PeerConfig { ring_bytes: 4096, ..PeerConfig::default() }).unwrap();
+    let mut buf = Vec::with_capacity(100_000);
+    let cap_ptr = buf.as_ptr();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..4u64 {
+                let data = vec![i as u8; if i % 2 == 0 { 50 } else { 30_000 }];
+                a.ring_send(&[RingItem::bytes(i, &data)], T).unwrap();
+            }
+        });
+        for i in 0..4u64 {
+            let (tag, desc) = b.ring_recv_into(&mut buf, wait(5000)).unwrap();
+            assert_eq!((tag, desc.is_none()), (i, true));
+            assert_eq!(buf, vec![i as u8; if i % 2 == 0 { 50 } else { 30_000 }]);
+        }
+    });
+    assert_eq!(buf.as_ptr(), cap_ptr, "the caller's allocation should be reused");
+}
+
+#[test]
 fn no_ring_is_a_clear_error() {
     let (a, b) = tensorwire::Peer::pair(PeerConfig { ring_bytes: 0, ..PeerConfig::default() }).unwrap();
     let e = a.ring_send(&[RingItem::bytes(0, b"x")], T).unwrap_err();

@@ -371,6 +371,8 @@ struct RecvState {
     max_message: u64,
     /// Address of the data area (for borrows), as an integer.
     region_base: usize,
+    /// A caller's buffer lent to the next reassembly (`recv_into`).
+    spare: Vec<u8>,
     broken: Option<String>,
     // Declared last: keeps the mapping the consumer's references point into alive.
     _shared: RingShared,
@@ -455,7 +457,8 @@ impl RecvState {
                     let token = BorrowToken { state: me.clone(), end: rec.end };
                     return Ok(Some(RingMessage { tag: h.tag, desc, data: Data::Borrowed { ptr, len: h.data_len as usize, _token: token } }));
                 }
-                let mut buf = Vec::new();
+                let mut buf = std::mem::take(&mut self.spare);
+                buf.clear();
                 let reserve = if last { h.total_len } else { h.total_len.min(1 << 26) };
                 buf.try_reserve(reserve as usize)
                     .map_err(|_| Error::InvalidArgument(format!("cannot allocate {reserve} bytes")))?;
@@ -537,6 +540,7 @@ impl RingReceiver {
             assembly: None,
             max_message,
             region_base,
+            spare: Vec::new(),
             broken: None,
             _shared: shared,
         };
@@ -561,6 +565,33 @@ impl RingReceiver {
             }
             self.data_bell.wait(seen, wait.spin, Some((deadline - now).min(LIVENESS_SLICE)));
         }
+    }
+
+    /// Receive one message into `buf` (replacing its contents, reusing its capacity —
+    /// also for messages reassembled from chunks). Returns the tag and descriptor.
+    pub fn recv_into(&self, buf: &mut Vec<u8>, wait: Wait, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
+        self.state.lock().spare = std::mem::take(buf);
+        let r = self.recv(true, wait, gone);
+        let spare = std::mem::take(&mut self.state.lock().spare);
+        let m = match r {
+            Ok(m) => m,
+            Err(e) => {
+                *buf = spare;
+                return Err(e);
+            }
+        };
+        let (tag, desc) = (m.tag, m.desc);
+        match m.data {
+            Data::Owned(v) => *buf = v,
+            Data::Borrowed { ptr, len, _token } => {
+                *buf = spare;
+                buf.clear();
+                // SAFETY: the token (dropped right after) keeps [ptr, ptr+len) unreleased.
+                buf.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
+                drop(_token);
+            }
+        }
+        Ok((tag, desc))
     }
 
     /// Receive up to `max` messages: wait for the first, then take whatever else is
