@@ -51,6 +51,10 @@ impl Region for MmapRegion {
         // SAFETY: the caller guarantees the range is inside the data area and published.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst.as_mut_ptr(), dst.len()) }
     }
+    unsafe fn read_raw(&self, at: u64, dst: *mut u8, len: usize) {
+        // SAFETY: as for `read`; the caller guarantees `dst` is writable for `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst, len) }
+    }
 }
 
 /// A ring segment, mapped, with its capacity validated.
@@ -399,14 +403,6 @@ impl RecvState {
         Error::Protocol(format!("ring broken: {m}"))
     }
 
-    fn copy_out(&mut self, rec: &Record) -> Result<Vec<u8>> {
-        let n = rec.header.data_len as usize;
-        let mut v = Vec::new();
-        v.try_reserve_exact(n).map_err(|_| Error::InvalidArgument(format!("cannot allocate {n} bytes")))?;
-        v.resize(n, 0);
-        self.consumer.read_data(rec, 0, &mut v);
-        Ok(v)
-    }
 
     fn decode_desc(&mut self, rec: &Record) -> Result<Option<TensorDesc>> {
         if rec.meta.is_empty() {
@@ -466,13 +462,15 @@ impl RecvState {
             } else if self.assembly.is_none() {
                 return Err(self.broken("a continuation chunk arrived with no message started".into()));
             }
-            let chunk = self.copy_out(&rec)?;
             let a = self.assembly.as_mut().expect("set above");
-            if a.buf.len() as u64 + chunk.len() as u64 > a.total {
+            if a.buf.len() as u64 + h.data_len > a.total {
                 let m = format!("chunks exceed the announced {} bytes", a.total);
                 return Err(self.broken(m));
             }
-            a.buf.extend_from_slice(&chunk);
+            let n = h.data_len;
+            self.consumer
+                .append_data(&rec, &mut a.buf)
+                .map_err(|_| Error::InvalidArgument(format!("cannot allocate {n} more bytes for a ring message")))?;
             if last {
                 let a = self.assembly.take().expect("set above");
                 if a.buf.len() as u64 != a.total {

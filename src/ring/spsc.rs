@@ -100,6 +100,18 @@ pub trait Region {
     /// # Safety
     /// `at + dst.len() ≤ capacity()`, and the producer must not be writing that range.
     unsafe fn read(&self, at: u64, dst: &mut [u8]);
+    /// Copy `len` bytes from offset `at` to raw (possibly uninitialised) memory.
+    ///
+    /// # Safety
+    /// As for `read`, and `dst` must be valid for writes of `len` bytes.
+    unsafe fn read_raw(&self, at: u64, dst: *mut u8, len: usize) {
+        let mut tmp = vec![0u8; len];
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.read(at, &mut tmp);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, len);
+        }
+    }
 }
 
 /// The shared control words of one ring.
@@ -387,6 +399,20 @@ impl<'a, R: Region> Consumer<'a, R> {
         // SAFETY: the record (and so its data) was validated to lie inside the area and to
         // be published, and it is not released yet, so the producer cannot overwrite it.
         unsafe { self.region.read(rec.data_offset + skip, dst) };
+    }
+
+    /// Append `rec`'s data to `out` (one copy, straight into `out`'s spare capacity).
+    pub fn append_data(&self, rec: &Record, out: &mut Vec<u8>) -> Result<(), std::collections::TryReserveError> {
+        let n = rec.header.data_len as usize;
+        out.try_reserve(n)?;
+        let old = out.len();
+        // SAFETY: capacity ≥ old + n after the reserve; `read_raw` initialises exactly
+        // those n bytes (from a validated, published, unreleased record) before set_len.
+        unsafe {
+            self.region.read_raw(rec.data_offset, out.as_mut_ptr().add(old), n);
+            out.set_len(old + n);
+        }
+        Ok(())
     }
 
     /// Ring offset of `rec`'s data, for in-place borrowing.

@@ -1,0 +1,296 @@
+//! Ring latency and throughput between two processes, against baselines measured in the
+//! same run between the same kind of process pair:
+//!   - a Unix socket moving the same bytes (SOCK_STREAM socketpair, ping-pong);
+//!   - the raw floors: a bare spin ping-pong and a bare futex ping-pong on one shared word;
+//!   - single-thread memcpy bandwidth (for throughput).
+//!
+//! One-way latency = half a ping-pong round trip (the echo goes back through the other
+//! direction's ring / socket / word). "Spinning" = both sides poll before sleeping with a
+//! budget far longer than a round trip; "sleeping" = spin budget 0, straight to FUTEX_WAIT.
+//! Messages are copied out on receive (`ring_recv_into`, buffer reused), as the socket's
+//! bytes are copied out by `read`.
+//!
+//! Targets (DESIGN.md) at 64 B: spinning ≤ 3x the spin floor, sleeping ≤ 1.5x the futex
+//! floor; throughput for 1–64 MiB ≥ 70% of memcpy.
+//!
+//!   cargo bench --bench ring            (full)      cargo bench --bench ring -- --quick
+//!
+//! The bench re-executes itself as the child (`TW_RING_BENCH=<mode>:<fd>`).
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use tensorwire::{Peer, PeerConfig, RingItem, Segment, Wait};
+
+const ENV: &str = "TW_RING_BENCH";
+const SPIN_FOREVER: u32 = 1 << 28;
+const T: Duration = Duration::from_secs(60);
+const RING_BYTES: usize = 16 << 20;
+
+fn cfg(spin: u32) -> PeerConfig {
+    PeerConfig { ring_bytes: RING_BYTES, ring_spin: spin, ..PeerConfig::default() }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(ENV) {
+        let (mode, fd) = spec.split_once(':').expect("mode:fd");
+        // SAFETY: the inherited fd number our parent passed.
+        child(mode, unsafe { OwnedFd::from_raw_fd(fd.parse().unwrap()) });
+        return;
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    // `cargo bench` passes --bench; `cargo test --benches` runs us without it: be brief.
+    let as_test = !std::env::args().any(|a| a == "--bench");
+    let scale = if as_test { 0.01 } else if quick { 0.2 } else { 1.0 };
+    let n = |full: usize| ((full as f64 * scale) as usize).max(20);
+    parent(n, as_test);
+}
+
+fn spawn(mode: &str) -> (std::process::Child, OwnedFd) {
+    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    spawn_with(mode, mine, theirs)
+}
+
+fn spawn_with(mode: &str, mine: OwnedFd, theirs: OwnedFd) -> (std::process::Child, OwnedFd) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    let child = cmd.env(ENV, format!("{mode}:{fd}")).spawn().unwrap();
+    drop(theirs);
+    (child, mine)
+}
+
+/// A shared 64-byte page for the bare ping-pongs: word 0 is the ball.
+fn shared_word(seg: &Segment) -> &AtomicU32 {
+    // SAFETY: offset 0 of a live, page-aligned mapping; accessed only atomically.
+    unsafe { &*seg.as_ptr().cast::<AtomicU32>() }
+}
+
+fn child(mode: &str, fd: OwnedFd) {
+    match mode {
+        "spin" | "futex" => {
+            // Receive the shared page, then bounce the ball: odd values are ours to answer.
+            let c = tensorwire::Connection::establish(fd, T).unwrap();
+            let mut m = c.recv(Some(T)).unwrap();
+            let seg = Segment::from_fd(m.fds.pop().unwrap(), 64).unwrap();
+            let w = shared_word(&seg);
+            loop {
+                let v = wait_for(w, |v| v % 2 == 1 || v == u32::MAX, mode == "spin");
+                if v == u32::MAX {
+                    return;
+                }
+                w.store(v + 1, Ordering::Release);
+                if mode == "futex" {
+                    tensorwire::sync::futex::wake_all(w);
+                }
+            }
+        }
+        "sock" => {
+            let mut s = UnixStream::from(fd);
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let mut len = [0u8; 4];
+                if s.read_exact(&mut len).is_err() {
+                    return;
+                }
+                let n = u32::from_le_bytes(len) as usize;
+                s.read_exact(&mut buf[..n]).unwrap();
+                s.write_all(&len).unwrap();
+                s.write_all(&buf[..n]).unwrap();
+            }
+        }
+        "ring_spin" | "ring_sleep" => {
+            let spin = if mode == "ring_spin" { SPIN_FOREVER } else { 0 };
+            let peer = Peer::from_fd(fd, cfg(spin)).unwrap();
+            let mut buf = Vec::new();
+            loop {
+                match peer.ring_recv_into(&mut buf, Wait { spin, timeout: T }) {
+                    Ok((tag, _)) => peer.ring_send_with(&[RingItem::bytes(tag, &buf)], Wait { spin, timeout: T }).unwrap(),
+                    Err(e) if e.is_peer_gone() => return,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        "ring_sink" => {
+            let peer = Peer::from_fd(fd, cfg(SPIN_FOREVER)).unwrap();
+            let mut buf = Vec::new();
+            loop {
+                match peer.ring_recv_into(&mut buf, Wait { spin: SPIN_FOREVER, timeout: T }) {
+                    Ok((tag, _)) if tag == u64::MAX => peer.send_message(b"done", &[]).unwrap(),
+                    Ok(_) => {}
+                    Err(e) if e.is_peer_gone() => return,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
+
+fn wait_for(w: &AtomicU32, ready: impl Fn(u32) -> bool, spin: bool) -> u32 {
+    loop {
+        // Acquire: pairs with the other side's Release store of the ball.
+        let v = w.load(Ordering::Acquire);
+        if ready(v) {
+            return v;
+        }
+        if spin {
+            std::hint::spin_loop();
+        } else {
+            tensorwire::sync::futex::wait(w, v, Some(Duration::from_millis(100)));
+        }
+    }
+}
+
+struct Stats {
+    p50: f64,
+    p99: f64,
+}
+
+/// One-way latency (µs) from `iters` timed round trips after `warm` untimed ones.
+fn one_way(iters: usize, mut round_trip: impl FnMut()) -> Stats {
+    for _ in 0..iters / 10 + 10 {
+        round_trip();
+    }
+    let mut v: Vec<f64> = (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            round_trip();
+            t.elapsed().as_secs_f64() * 1e6 / 2.0
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Stats { p50: v[v.len() / 2], p99: v[(v.len() * 99 / 100).min(v.len() - 1)] }
+}
+
+fn bare_pingpong(mode: &str, iters: usize) -> Stats {
+    let (mut child, fd) = spawn(mode);
+    let c = tensorwire::Connection::establish(fd, T).unwrap();
+    let seg = Segment::create(4096).unwrap();
+    c.send(1, b"page", &[seg.fd()]).unwrap();
+    let w = shared_word(&seg);
+    let spin = mode == "spin";
+    let mut ball = 0u32;
+    let s = one_way(iters, || {
+        // Release: pairs with the child's Acquire load of the ball.
+        w.store(ball + 1, Ordering::Release);
+        if !spin {
+            tensorwire::sync::futex::wake_all(w);
+        }
+        ball = wait_for(w, |v| v == ball + 2, spin);
+    });
+    w.store(u32::MAX, Ordering::Release);
+    tensorwire::sync::futex::wake_all(w);
+    child.wait().unwrap();
+    s
+}
+
+fn socket_pingpong(size: usize, iters: usize) -> Stats {
+    let (a, b) = UnixStream::pair().unwrap();
+    let (mut child, _unused) = spawn_with("sock", OwnedFd::from(a.try_clone().unwrap()), OwnedFd::from(b));
+    drop(_unused);
+    let mut s = a;
+    let msg = vec![7u8; size];
+    let mut back = vec![0u8; size];
+    let st = one_way(iters, || {
+        s.write_all(&(size as u32).to_le_bytes()).unwrap();
+        s.write_all(&msg).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        s.read_exact(&mut back).unwrap();
+    });
+    drop(s);
+    child.wait().unwrap();
+    st
+}
+
+fn ring_pingpong(size: usize, iters: usize, spin: bool) -> Stats {
+    let (mut child, fd) = spawn(if spin { "ring_spin" } else { "ring_sleep" });
+    let spin = if spin { SPIN_FOREVER } else { 0 };
+    let peer = Peer::from_fd(fd, cfg(spin)).unwrap();
+    let msg = vec![7u8; size];
+    let mut back = Vec::with_capacity(size);
+    let w = Wait { spin, timeout: T };
+    let mut tag = 0u64;
+    let st = one_way(iters, || {
+        peer.ring_send_with(&[RingItem::bytes(tag, &msg)], w).unwrap();
+        let (t, _) = peer.ring_recv_into(&mut back, w).unwrap();
+        assert_eq!((t, back.len()), (tag, size));
+        tag += 1;
+    });
+    drop(peer);
+    child.wait().unwrap();
+    st
+}
+
+/// Bytes/s through the ring for `count` messages of `size` (after one warm-up message).
+fn ring_throughput(size: usize, count: usize) -> f64 {
+    let (mut child, fd) = spawn("ring_sink");
+    let peer = Peer::from_fd(fd, cfg(SPIN_FOREVER)).unwrap();
+    let data: Vec<u8> = (0..size).map(|k| k as u8).collect();
+    let w = Wait { spin: SPIN_FOREVER, timeout: T };
+    let round = |n: usize| {
+        let t = Instant::now();
+        for i in 0..n {
+            peer.ring_send_with(&[RingItem::bytes(i as u64, &data)], w).unwrap();
+        }
+        peer.ring_send_with(&[RingItem::bytes(u64::MAX, b"")], w).unwrap();
+        match peer.recv(Some(T)).unwrap() {
+            tensorwire::Incoming::Message { payload, .. } => assert_eq!(payload, b"done"),
+            other => panic!("{other:?}"),
+        }
+        t.elapsed()
+    };
+    round(2);
+    let el = round(count);
+    drop(peer);
+    child.wait().unwrap();
+    (size * count) as f64 / el.as_secs_f64()
+}
+
+fn memcpy_bw(size: usize, count: usize) -> f64 {
+    let src: Vec<u8> = (0..size).map(|k| k as u8).collect();
+    let mut dst = vec![0u8; size];
+    dst.copy_from_slice(&src);
+    let t = Instant::now();
+    for _ in 0..count {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    (size * count) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn parent(n: impl Fn(usize) -> usize, as_test: bool) {
+    let spin = bare_pingpong("spin", n(200_000));
+    let futex = bare_pingpong("futex", n(20_000));
+    println!("ring latency, one-way (µs), two processes; baselines from this run");
+    println!("{:<28} {:>9} {:>9}", "path", "p50", "p99");
+    println!("{:<28} {:>9.3} {:>9.3}", "floor: spin ping-pong", spin.p50, spin.p99);
+    println!("{:<28} {:>9.3} {:>9.3}", "floor: futex ping-pong", futex.p50, futex.p99);
+    let mut ring64 = (0.0, 0.0);
+    for (size, label, iters) in [(64usize, "64 B", 50_000), (4096, "4 KiB", 20_000), (1 << 20, "1 MiB", 1_000)] {
+        let sock = socket_pingpong(size, n(iters));
+        let rs = ring_pingpong(size, n(iters), true);
+        let rz = ring_pingpong(size, n(iters), false);
+        if size == 64 {
+            ring64 = (rs.p50, rz.p50);
+        }
+        println!("{:<28} {:>9.3} {:>9.3}", format!("unix socket {label}"), sock.p50, sock.p99);
+        println!("{:<28} {:>9.3} {:>9.3}", format!("ring {label}, spinning"), rs.p50, rs.p99);
+        println!("{:<28} {:>9.3} {:>9.3}", format!("ring {label}, sleeping"), rz.p50, rz.p99);
+    }
+    println!();
+    println!("64 B spinning / spin floor  = {:.2}x (target <= 3)", ring64.0 / spin.p50);
+    println!("64 B sleeping / futex floor = {:.2}x (target <= 1.5)", ring64.1 / futex.p50);
+    println!();
+    println!("ring throughput vs single-thread memcpy (same run), {} MiB ring", RING_BYTES >> 20);
+    println!("{:<10} {:>12} {:>12} {:>8}", "size", "ring GB/s", "memcpy GB/s", "ratio");
+    let sizes: &[usize] = if as_test { &[1 << 20] } else { &[1 << 20, 4 << 20, 16 << 20, 64 << 20] };
+    for &size in sizes {
+        let count = n((256 << 20) / size * 4).max(8);
+        let mem = memcpy_bw(size, count);
+        let ring = ring_throughput(size, count);
+        println!("{:<10} {:>12.2} {:>12.2} {:>7.0}%", format!("{} MiB", size >> 20), ring / 1e9, mem / 1e9, 100.0 * ring / mem);
+    }
+}
