@@ -1,0 +1,1061 @@
+//! The endpoint: one full-duplex connection speaking the pyisolate protocol.
+//!
+//! Threads: one reader thread per connection reads frames, matches responses to pending
+//! calls by `call_id`, and dispatches requests — inline handlers on itself, the rest on an
+//! elastic worker pool (grows when every worker is busy, e.g. blocked in a nested call, up
+//! to `max_workers`; beyond that requests are answered "busy"). Callers block on a
+//! per-call slot (a short spin, then a condvar) until the response, their timeout, a
+//! cancel, or the connection's end — on peer death every pending call fails with
+//! `PeerGone`. A call made on the reader thread itself (from an inline handler) reads the
+//! connection while it waits, so re-entrant calls never deadlock.
+//!
+//! Ids: each side numbers its own requests from 0; responses carry the request's id; the
+//! two directions never mix. `parent_call_id` is set automatically on calls made while a
+//! handler of this endpoint runs on the current thread.
+//!
+//! Cancellation and timeouts are local (the protocol has no cancel message): the caller
+//! stops waiting and a late response is dropped (counted in [`Stats::late_responses`]).
+
+use crate::error::{Result, RpcError};
+use crate::frame::{self, FrameDecoder};
+use crate::json::{Map, Value};
+use crate::message::Message;
+use crate::service::{Args, CallCtx, Handler, Registry, Responder};
+use crate::stream::Stream;
+use crate::tensor::{FsStrategy, FsTensor, Tensor};
+use parking_lot::{Condvar, Mutex};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Reserved object id for tensorwire's own negotiation (native tensors).
+pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
+
+/// Limits and behaviour of one endpoint.
+#[derive(Debug, Clone)]
+pub struct RpcConfig {
+    /// Largest frame accepted or sent (default 64 MiB).
+    pub max_frame: usize,
+    /// Deepest JSON nesting accepted.
+    pub max_depth: usize,
+    /// Timeout for calls that give none (`None`: until the response or peer death).
+    pub default_timeout: Option<Duration>,
+    /// How long one frame write may block before the peer counts as not reading (the
+    /// connection is then closed).
+    pub send_timeout: Duration,
+    /// Most worker threads (handlers running or blocked at once).
+    pub max_workers: usize,
+    /// How long a caller spins before sleeping on its response.
+    pub spin: Duration,
+    /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
+    pub accept_fs_tensors: bool,
+    /// Strategy for the `TensorRef`s we send.
+    pub fs_strategy: FsStrategy,
+    /// How long we hold our reference to a file_system tensor we sent (the receiver must
+    /// open it within this time with the borrowed strategy).
+    pub fs_keep: Duration,
+    /// Accept native-tensor negotiation from the peer (Unix sockets only).
+    pub native_tensors: bool,
+    /// Transport limits for the native-tensor channel.
+    pub peer_config: tensorwire::PeerConfig,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            max_frame: frame::DEFAULT_MAX_FRAME,
+            max_depth: crate::json::DEFAULT_MAX_DEPTH,
+            default_timeout: None,
+            send_timeout: Duration::from_secs(30),
+            max_workers: 64,
+            spin: Duration::from_micros(50),
+            accept_fs_tensors: true,
+            fs_strategy: FsStrategy::Borrowed,
+            fs_keep: Duration::from_secs(10),
+            native_tensors: true,
+            peer_config: tensorwire::PeerConfig::default(),
+        }
+    }
+}
+
+/// Options of one call.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Overrides `RpcConfig::default_timeout`.
+    pub timeout: Option<Duration>,
+    /// `parent_call_id` to send; `None`: the request this thread is handling, if any.
+    pub parent_call_id: Option<i64>,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub calls_sent: u64,
+    pub requests_handled: u64,
+    /// Responses to calls that had already timed out or been cancelled.
+    pub late_responses: u64,
+}
+
+struct Slot {
+    done: AtomicBool,
+    result: Mutex<Option<Result<Value>>>,
+    cv: Condvar,
+}
+
+impl Slot {
+    fn new() -> Arc<Slot> {
+        Arc::new(Slot { done: AtomicBool::new(false), result: Mutex::new(None), cv: Condvar::new() })
+    }
+    fn complete(&self, r: Result<Value>) {
+        let mut g = self.result.lock();
+        if g.is_none() && !self.done.load(Ordering::Relaxed) {
+            *g = Some(r);
+            // Release: pairs with the Acquire load in `wait`, publishing the result.
+            self.done.store(true, Ordering::Release);
+            self.cv.notify_all();
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Pool {
+    q: Mutex<PoolState>,
+    cv: Condvar,
+}
+
+struct PoolState {
+    jobs: VecDeque<Job>,
+    idle: usize,
+    total: usize,
+    stop: bool,
+}
+
+struct NativeState {
+    peer: Arc<tensorwire::Peer>,
+    /// Imported tensors by tag, waiting for the JSON that names them.
+    arrived: Mutex<HashMap<u64, tensorwire::Imported>>,
+    cv: Condvar,
+}
+
+pub(crate) struct Inner {
+    cfg: RpcConfig,
+    id: u64,
+    registry: Registry,
+    writer: Mutex<Stream>,
+    reader: Mutex<ReaderState>,
+    reader_thread: Mutex<Option<std::thread::ThreadId>>,
+    callbacks: Mutex<HashMap<String, crate::service::SyncHandler>>,
+    pending: Mutex<HashMap<i64, Arc<Slot>>>,
+    next_id: AtomicI64,
+    closed: AtomicBool,
+    close_reason: Mutex<Option<RpcError>>,
+    closed_cv: Condvar,
+    sent_close: AtomicBool,
+    pool: Pool,
+    busy: AtomicUsize,
+    keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
+    native: Mutex<Option<Arc<NativeState>>>,
+    native_ready: Condvar,
+    next_tag: AtomicU64,
+    calls_sent: AtomicU64,
+    handled: AtomicU64,
+    late: AtomicU64,
+    is_unix: bool,
+}
+
+struct ReaderState {
+    stream: Stream,
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
+    fds: VecDeque<OwnedFd>,
+}
+
+static ENDPOINT_IDS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// (endpoint id, call id) of the requests this thread is handling, innermost last.
+    static HANDLING: RefCell<Vec<(u64, i64)>> = const { RefCell::new(Vec::new()) };
+}
+
+struct HandlingGuard;
+impl HandlingGuard {
+    fn enter(ep: u64, call_id: i64) -> HandlingGuard {
+        HANDLING.with(|h| h.borrow_mut().push((ep, call_id)));
+        HandlingGuard
+    }
+}
+impl Drop for HandlingGuard {
+    fn drop(&mut self) {
+        HANDLING.with(|h| h.borrow_mut().pop());
+    }
+}
+
+/// A handle to a connection. Cloning is cheap; the connection closes when the last
+/// handle is dropped (or on [`Endpoint::close`]).
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    /// `None` for the endpoint handed to handlers: it does not keep the connection open.
+    keep: Option<Arc<Handle>>,
+}
+
+struct Handle {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.inner.shutdown_now(RpcError::PeerGone("the endpoint was dropped".into()));
+    }
+}
+
+/// A call in flight: wait for it, or cancel it.
+pub struct PendingCall {
+    inner: Arc<Inner>,
+    id: i64,
+    slot: Arc<Slot>,
+    timeout: Option<Duration>,
+    what: String,
+}
+
+/// Cancels one pending call from any thread.
+#[derive(Clone)]
+pub struct Canceller {
+    inner: std::sync::Weak<Inner>,
+    id: i64,
+    slot: Arc<Slot>,
+}
+
+impl Canceller {
+    pub fn cancel(&self) {
+        if let Some(i) = self.inner.upgrade() {
+            i.pending.lock().remove(&self.id);
+        }
+        self.slot.complete(Err(RpcError::Cancelled));
+    }
+}
+
+impl PendingCall {
+    /// Our id for this request.
+    pub fn call_id(&self) -> i64 {
+        self.id
+    }
+    pub fn canceller(&self) -> Canceller {
+        Canceller { inner: Arc::downgrade(&self.inner), id: self.id, slot: self.slot.clone() }
+    }
+    pub fn cancel(self) {
+        self.canceller().cancel();
+    }
+    /// Has the response (or an error) arrived?
+    pub fn is_done(&self) -> bool {
+        self.slot.done.load(Ordering::Acquire)
+    }
+    /// Wait with the call's timeout.
+    pub fn wait(self) -> Result<Value> {
+        let t = self.timeout;
+        self.wait_timeout(t)
+    }
+    /// Wait at most `timeout` (`None`: until the response or the connection ends).
+    pub fn wait_timeout(self, timeout: Option<Duration>) -> Result<Value> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let on_reader = *self.inner.reader_thread.lock() == Some(std::thread::current().id());
+        if on_reader {
+            // We are the reader (an inline handler calling out): read until our answer.
+            while !self.slot.done.load(Ordering::Acquire) {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                match self.inner.read_frame(deadline) {
+                    Ok(Some(f)) => self.inner.handle_frame(&f, false),
+                    Ok(None) => {}
+                    Err(e) => self.inner.shutdown_now(e),
+                }
+            }
+        } else {
+            let spin_until = Instant::now() + self.inner.cfg.spin;
+            while !self.slot.done.load(Ordering::Acquire) && Instant::now() < spin_until {
+                std::hint::spin_loop();
+            }
+            let mut g = self.slot.result.lock();
+            while g.is_none() {
+                match deadline {
+                    None => self.slot.cv.wait(&mut g),
+                    Some(d) => {
+                        if self.slot.cv.wait_until(&mut g, d).timed_out() && g.is_none() {
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(r) = g.take() {
+                return r;
+            }
+        }
+        let taken = self.slot.result.lock().take();
+        match taken {
+            Some(r) => r,
+            None => {
+                self.inner.pending.lock().remove(&self.id);
+                self.slot.complete(Err(RpcError::Cancelled));
+                Err(RpcError::Timeout { what: self.what.clone(), after: timeout.unwrap_or_default() })
+            }
+        }
+    }
+}
+
+impl Endpoint {
+    /// Start an endpoint on `stream`, serving `registry`.
+    pub fn new(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        stream.set_write_timeout(Some(cfg.send_timeout))?;
+        let is_unix = stream.is_unix();
+        let rstream = stream.try_clone()?;
+        let inner = Arc::new(Inner {
+            id: ENDPOINT_IDS.fetch_add(1, Ordering::Relaxed),
+            registry,
+            writer: Mutex::new(stream),
+            reader: Mutex::new(ReaderState {
+                stream: rstream,
+                decoder: FrameDecoder::new(cfg.max_frame),
+                buf: vec![0u8; 64 * 1024],
+                fds: VecDeque::new(),
+            }),
+            reader_thread: Mutex::new(None),
+            callbacks: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicI64::new(0),
+            closed: AtomicBool::new(false),
+            close_reason: Mutex::new(None),
+            closed_cv: Condvar::new(),
+            sent_close: AtomicBool::new(false),
+            pool: Pool { q: Mutex::new(PoolState { jobs: VecDeque::new(), idle: 0, total: 0, stop: false }), cv: Condvar::new() },
+            busy: AtomicUsize::new(0),
+            keeper: Mutex::new(VecDeque::new()),
+            native: Mutex::new(None),
+            native_ready: Condvar::new(),
+            next_tag: AtomicU64::new(1),
+            calls_sent: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+            is_unix,
+            cfg,
+        });
+        let weak = Arc::downgrade(&inner);
+        let t = std::thread::Builder::new()
+            .name("tensorwire-rpc-reader".into())
+            .spawn(move || reader_loop(weak))
+            .map_err(|e| RpcError::io("spawning the reader thread", e))?;
+        *inner.reader_thread.lock() = Some(t.thread().id());
+        Ok(Endpoint { keep: Some(Arc::new(Handle { inner: inner.clone() })), inner })
+    }
+
+    /// Connect to a Unix socket path (or `tcp://host:port`).
+    pub fn connect(addr: &str, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        Endpoint::new(Stream::connect(addr)?, registry, cfg)
+    }
+
+    /// Connect to the address in `$PYISOLATE_UDS_ADDRESS` (as a pyisolate child does).
+    pub fn connect_env(registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        let addr = std::env::var("PYISOLATE_UDS_ADDRESS")
+            .map_err(|_| RpcError::InvalidArgument("PYISOLATE_UDS_ADDRESS is not set".into()))?;
+        Endpoint::connect(&addr, registry, cfg)
+    }
+
+    /// From an inherited Unix stream socket fd (one end of a socketpair).
+    pub fn from_fd(fd: OwnedFd, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        Endpoint::new(Stream::from_fd(fd), registry, cfg)
+    }
+
+    /// Two connected endpoints in this process.
+    pub fn pair(a: Registry, b: Registry, cfg: RpcConfig) -> Result<(Endpoint, Endpoint)> {
+        let (x, y) = Stream::pair()?;
+        Ok((Endpoint::new(x, a, cfg.clone())?, Endpoint::new(y, b, cfg)?))
+    }
+
+    fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Whether this handle keeps the connection open (false for handler contexts).
+    pub fn is_owner(&self) -> bool {
+        self.keep.is_some()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner().registry
+    }
+
+    /// Call `object_id.method(*args, **kwargs)` on the peer and wait.
+    pub fn call(&self, object_id: &str, method: &str, args: Vec<Value>) -> Result<Value> {
+        self.call_with(object_id, method, args, Map::new(), CallOptions::default())
+    }
+
+    pub fn call_with(&self, object_id: &str, method: &str, args: Vec<Value>, kwargs: Map, opts: CallOptions) -> Result<Value> {
+        self.start_call(object_id, method, args, kwargs, opts)?.wait()
+    }
+
+    /// Send a call and return at once.
+    pub fn start_call(&self, object_id: &str, method: &str, args: Vec<Value>, kwargs: Map, opts: CallOptions) -> Result<PendingCall> {
+        let what = format!("the response to {object_id}.{method}()");
+        self.inner().start(opts, what, |call_id, parent_call_id| Message::Call {
+            object_id: object_id.to_owned(),
+            call_id,
+            parent_call_id,
+            method: method.to_owned(),
+            args,
+            kwargs,
+        })
+    }
+
+    /// Invoke a peer's callable (by its callback id) and return at once.
+    pub fn start_callback(&self, callback_id: &str, args: Vec<Value>, kwargs: Map, opts: CallOptions) -> Result<PendingCall> {
+        let what = format!("the response to callback {callback_id}");
+        self.inner().start(opts, what, |call_id, parent_call_id| Message::Callback {
+            callback_id: callback_id.to_owned(),
+            call_id,
+            parent_call_id,
+            args,
+            kwargs,
+        })
+    }
+
+    /// Invoke a callable value the peer sent (`__pyisolate_callable__`) and wait.
+    pub fn invoke(&self, callable: &Value, args: Vec<Value>) -> Result<Value> {
+        let id = crate::tagged::as_callback_id(callable)?;
+        self.start_callback(id, args, Map::new(), CallOptions::default())?.wait()
+    }
+
+    /// Register `f` as a callback and return the callable value to pass to the peer,
+    /// which can then invoke it with `kind: "callback"`. It stays registered until
+    /// [`Endpoint::unregister_callback`] or the connection ends.
+    pub fn register_callback(&self, name: &str, f: impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static) -> Result<Value> {
+        let mut rnd = [0u8; 16];
+        tensorwire::sys::getrandom(&mut rnd)?;
+        let h = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let id = format!("{}-{}-{}-{}-{}", h(&rnd[..4]), h(&rnd[4..6]), h(&rnd[6..8]), h(&rnd[8..10]), h(&rnd[10..]));
+        self.inner().callbacks.lock().insert(id.clone(), Arc::new(f));
+        Ok(crate::tagged::callable(&id, name))
+    }
+
+    pub fn unregister_callback(&self, callable: &Value) -> bool {
+        match crate::tagged::as_callback_id(callable) {
+            Ok(id) => self.inner().callbacks.lock().remove(id).is_some(),
+            Err(_) => false,
+        }
+    }
+
+    /// Send the `null` close frame, wait (at most `timeout`) for the peer to answer or
+    /// hang up, then close.
+    pub fn close(&self, timeout: Duration) {
+        let inner = self.inner();
+        if !inner.closed.load(Ordering::Acquire) && !inner.sent_close.swap(true, Ordering::AcqRel) {
+            let _ = inner.write_frame(b"null");
+        }
+        let deadline = Instant::now() + timeout;
+        let mut g = inner.close_reason.lock();
+        while g.is_none() {
+            if inner.closed_cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        drop(g);
+        inner.shutdown_now(RpcError::PeerGone("the connection was closed".into()));
+    }
+
+    /// Block until the connection ends; returns why.
+    pub fn wait_closed(&self) -> RpcError {
+        let inner = self.inner();
+        let mut g = inner.close_reason.lock();
+        loop {
+            if let Some(e) = g.as_ref() {
+                return e.clone();
+            }
+            inner.closed_cv.wait(&mut g);
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inner().closed.load(Ordering::Acquire)
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn close_reason(&self) -> Option<RpcError> {
+        self.inner().close_reason.lock().clone()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let i = self.inner();
+        Stats {
+            calls_sent: i.calls_sent.load(Ordering::Relaxed),
+            requests_handled: i.handled.load(Ordering::Relaxed),
+            late_responses: i.late.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Calls waiting for a response.
+    pub fn pending_calls(&self) -> usize {
+        self.inner().pending.lock().len()
+    }
+
+    pub(crate) fn send_response(&self, call_id: i64, r: Result<Value>) {
+        self.inner().respond(call_id, r);
+    }
+
+    /// Set up native tensors with the peer: a fresh SEQPACKET socketpair, one end passed
+    /// over this Unix socket, becomes a tensorwire [`tensorwire::Peer`]; from then on
+    /// tensors we send travel as leased memfd segments (zero-copy). `Ok(false)` if the
+    /// peer does not support it (e.g. a pyisolate peer) — tensors then go as file_system
+    /// `TensorRef`s.
+    pub fn negotiate_native(&self, timeout: Duration) -> Result<bool> {
+        let inner = self.inner();
+        if !inner.is_unix {
+            return Ok(false);
+        }
+        if inner.native.lock().is_some() {
+            return Ok(true);
+        }
+        let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
+        let call_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot::new();
+        inner.pending.lock().insert(call_id, slot.clone());
+        let msg = Message::Call {
+            object_id: CONTROL_OBJECT_ID.into(),
+            call_id,
+            parent_call_id: None,
+            method: "native_hello".into(),
+            args: vec![Value::Int(1)],
+            kwargs: Map::new(),
+        };
+        let mut payload = Vec::new();
+        msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
+        let framed = frame::encode_frame(&payload)?;
+        {
+            let mut w = inner.writer.lock();
+            w.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))?;
+        }
+        drop(theirs);
+        let pc = PendingCall { inner: inner.clone(), id: call_id, slot, timeout: Some(timeout), what: "native tensor negotiation".into() };
+        match pc.wait() {
+            Ok(Value::Bool(true)) => {}
+            Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let peer = tensorwire::Peer::from_fd(mine, inner.cfg.peer_config.clone())?;
+        inner.install_native(peer)?;
+        Ok(true)
+    }
+
+    /// Whether tensors travel natively on this connection.
+    pub fn native_enabled(&self) -> bool {
+        self.inner().native.lock().is_some()
+    }
+}
+
+fn reader_loop(weak: std::sync::Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.closed.load(Ordering::Acquire) {
+            return;
+        }
+        match inner.read_frame(None) {
+            Ok(Some(f)) => inner.handle_frame(&f, true),
+            Ok(None) => {}
+            Err(e) => {
+                inner.shutdown_now(e);
+                return;
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Read the next whole frame (owned). `Ok(None)` when `deadline` passed first.
+    fn read_frame(&self, deadline: Option<Instant>) -> Result<Option<Vec<u8>>> {
+        let mut guard = self.reader.lock();
+        let rs = &mut *guard;
+        loop {
+            if let Some(f) = rs.decoder.next_frame()? {
+                return Ok(Some(f.to_vec()));
+            }
+            if self.is_closed() {
+                return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
+            }
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                let ready = tensorwire::sys::poll_readable(&[rs.stream.fd()], Some(left))?;
+                if !ready[0] {
+                    continue;
+                }
+            }
+            let mut fds = Vec::new();
+            let n = rs.stream.read_some(&mut rs.buf, &mut fds)?;
+            for fd in fds {
+                // At most a few fds may wait for the message that claims them; more is
+                // abuse and they are closed.
+                if rs.fds.len() < 4 {
+                    rs.fds.push_back(fd);
+                }
+            }
+            if n == 0 {
+                let mid = rs.decoder.buffered();
+                return Err(if mid > 0 {
+                    RpcError::PeerGone(format!("connection closed by the peer in the middle of a frame ({mid} bytes buffered)"))
+                } else {
+                    RpcError::PeerGone("connection closed by the peer".into())
+                });
+            }
+            let (buf, dec) = (&rs.buf[..n], &mut rs.decoder);
+            dec.push(buf);
+        }
+    }
+
+    fn take_fd(&self) -> Option<OwnedFd> {
+        self.reader.lock().fds.pop_front()
+    }
+
+    fn write_frame(&self, payload: &[u8]) -> Result<()> {
+        if payload.len() > self.cfg.max_frame {
+            return Err(RpcError::InvalidArgument(format!(
+                "message of {} bytes is over the {}-byte frame cap",
+                payload.len(),
+                self.cfg.max_frame
+            )));
+        }
+        let framed = frame::encode_frame(payload)?;
+        let mut w = self.writer.lock();
+        if let Err(e) = w.write_all(&framed) {
+            drop(w);
+            let err = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                RpcError::Protocol(format!(
+                    "the peer is not reading: a {}-byte write blocked for {:?} (RpcConfig::send_timeout)",
+                    framed.len(),
+                    self.cfg.send_timeout
+                ))
+            } else {
+                RpcError::io("writing to the peer", e)
+            };
+            self.shutdown_now(err.clone());
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    fn encode(&self, msg: &Message) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(128);
+        msg.encode(&mut out, &mut |t| self.encode_tensor(t))?;
+        Ok(out)
+    }
+
+    fn start(self: &Arc<Self>, opts: CallOptions, what: String, build: impl FnOnce(i64, Option<i64>) -> Message) -> Result<PendingCall> {
+        if self.is_closed() {
+            return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
+        }
+        let parent = opts.parent_call_id.or_else(|| {
+            HANDLING.with(|h| h.borrow().iter().rev().find(|(ep, _)| *ep == self.id).map(|(_, c)| *c))
+        });
+        let call_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let msg = build(call_id, parent);
+        let payload = self.encode(&msg)?;
+        let slot = Slot::new();
+        self.pending.lock().insert(call_id, slot.clone());
+        self.calls_sent.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.write_frame(&payload) {
+            self.pending.lock().remove(&call_id);
+            return Err(e);
+        }
+        // The connection may have closed between the check and the insert: make sure
+        // nobody waits on a slot that no one will complete.
+        if self.is_closed() {
+            if let Some(s) = self.pending.lock().remove(&call_id) {
+                s.complete(Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into()))));
+            }
+        }
+        Ok(PendingCall { inner: self.clone(), id: call_id, slot, timeout: opts.timeout.or(self.cfg.default_timeout), what })
+    }
+
+    fn respond(&self, call_id: i64, r: Result<Value>) {
+        let msg = match r {
+            Ok(v) => Message::Response { call_id, result: v, error: None },
+            Err(e) => Message::Response { call_id, result: Value::Null, error: Some(e.to_string()) },
+        };
+        let payload = match self.encode(&msg) {
+            Ok(p) => p,
+            Err(e) => {
+                // As pyisolate does: a result that cannot be sent becomes an error.
+                let m = Message::Response { call_id, result: Value::Null, error: Some(format!("Response serialization failed: {e}")) };
+                match self.encode(&m) {
+                    Ok(p) => p,
+                    Err(_) => return,
+                }
+            }
+        };
+        let payload = if payload.len() > self.cfg.max_frame {
+            let m = Message::Response {
+                call_id,
+                result: Value::Null,
+                error: Some(format!("response of {} bytes is over the {}-byte frame cap", payload.len(), self.cfg.max_frame)),
+            };
+            match self.encode(&m) {
+                Ok(p) => p,
+                Err(_) => return,
+            }
+        } else {
+            payload
+        };
+        let _ = self.write_frame(&payload);
+    }
+
+    /// Close now: fail every pending call with `reason`, stop workers, shut the socket.
+    fn shutdown_now(&self, reason: RpcError) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut g = self.close_reason.lock();
+            if g.is_none() {
+                *g = Some(reason.clone());
+            }
+            self.closed_cv.notify_all();
+        }
+        let pending: Vec<_> = self.pending.lock().drain().map(|(_, s)| s).collect();
+        for s in pending {
+            s.complete(Err(reason.clone()));
+        }
+        {
+            let mut q = self.pool.q.lock();
+            q.stop = true;
+            q.jobs.clear();
+            self.pool.cv.notify_all();
+        }
+        self.writer.lock().shutdown();
+        self.callbacks.lock().clear();
+        self.keeper.lock().clear();
+        if let Some(n) = self.native.lock().take() {
+            n.cv.notify_all();
+        }
+        self.native_ready.notify_all();
+    }
+
+    fn handle_frame(self: &Arc<Self>, payload: &[u8], may_inline: bool) {
+        let msg = match Message::decode(payload, self.cfg.max_depth) {
+            Ok(m) => m,
+            Err(e) => {
+                self.shutdown_now(e);
+                return;
+            }
+        };
+        match msg {
+            Message::Close => {
+                if !self.sent_close.swap(true, Ordering::AcqRel) {
+                    let _ = self.write_frame(b"null");
+                }
+                self.shutdown_now(RpcError::PeerGone("the peer closed the connection".into()));
+            }
+            Message::Response { call_id, result, error } => {
+                let slot = self.pending.lock().remove(&call_id);
+                match slot {
+                    Some(s) => {
+                        let r = match error {
+                            Some(e) => Err(RpcError::Remote(e)),
+                            None => self.decode_tensors(result),
+                        };
+                        s.complete(r);
+                    }
+                    None if call_id < 0 || call_id >= self.next_id.load(Ordering::Relaxed) => {
+                        self.shutdown_now(RpcError::Protocol(format!("response to call_id {call_id}, which was never sent")));
+                    }
+                    None => {
+                        self.late.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
+                self.dispatch(call_id, parent_call_id, object_id, method, args, kwargs, false, may_inline);
+            }
+            Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
+                self.dispatch(call_id, parent_call_id, callback_id, "__call__".into(), args, kwargs, true, may_inline);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        self: &Arc<Self>,
+        call_id: i64,
+        parent_call_id: Option<i64>,
+        target: String,
+        method: String,
+        args: Vec<Value>,
+        kwargs: Map,
+        callback: bool,
+        may_inline: bool,
+    ) {
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        if !callback && target == CONTROL_OBJECT_ID {
+            let r = self.control(&method);
+            self.respond(call_id, r);
+            return;
+        }
+        let handler = if callback {
+            match self.callbacks.lock().get(&target) {
+                Some(h) => Handler::Sync(h.clone()),
+                None => return self.respond(call_id, Err(RpcError::NotFound(format!("Callback ID {target} not found")))),
+            }
+        } else {
+            let Some(svc) = self.registry.get(&target) else {
+                return self.respond(call_id, Err(RpcError::NotFound(format!("Object ID {target} not registered"))));
+            };
+            match svc.handler(&method) {
+                Some(h) => h.clone(),
+                None => {
+                    return self.respond(
+                        call_id,
+                        Err(RpcError::NotFound(format!("'{}' object has no attribute '{method}'", svc.type_name()))),
+                    );
+                }
+            }
+        };
+        // Decode tensors in the arguments (file_system refs, native tags).
+        let decoded = (|| -> Result<Args> {
+            let args = args.into_iter().map(|v| self.decode_tensors(v)).collect::<Result<Vec<_>>>()?;
+            let kwargs = kwargs.into_iter().map(|(k, v)| Ok((k, self.decode_tensors(v)?))).collect::<Result<Map>>()?;
+            Ok(Args { args, kwargs })
+        })();
+        let a = match decoded {
+            Ok(a) => a,
+            Err(e) => return self.respond(call_id, Err(e)),
+        };
+        let ctx = CallCtx {
+            endpoint: Endpoint { inner: self.clone(), keep: None },
+            call_id,
+            parent_call_id,
+            target,
+            method,
+        };
+        match handler {
+            Handler::Inline(f) if may_inline => {
+                let r = {
+                    let _g = HandlingGuard::enter(self.id, call_id);
+                    f(&ctx, a)
+                };
+                self.respond(call_id, r);
+            }
+            Handler::Inline(f) | Handler::Sync(f) => {
+                let me = self.clone();
+                self.submit(Box::new(move || {
+                    let r = {
+                        let _g = HandlingGuard::enter(me.id, call_id);
+                        f(&ctx, a)
+                    };
+                    me.respond(call_id, r);
+                }), call_id);
+            }
+            Handler::Async(f) => {
+                let me = self.clone();
+                self.submit(Box::new(move || {
+                    let responder = Responder { endpoint: Some(ctx.endpoint.clone()), call_id };
+                    let _g = HandlingGuard::enter(me.id, call_id);
+                    f(ctx, a, responder);
+                }), call_id);
+            }
+        }
+    }
+
+    fn submit(self: &Arc<Self>, job: Job, call_id: i64) {
+        let mut q = self.pool.q.lock();
+        if q.stop {
+            return;
+        }
+        if q.idle == 0 {
+            if q.total >= self.cfg.max_workers {
+                drop(q);
+                return self.respond(
+                    call_id,
+                    Err(RpcError::Remote(format!("server busy: all {} workers are occupied", self.cfg.max_workers))),
+                );
+            }
+            q.total += 1;
+            q.idle += 1;
+            let me = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new().name("tensorwire-rpc-worker".into()).spawn(move || worker(me));
+            if spawned.is_err() {
+                q.total -= 1;
+                q.idle -= 1;
+                drop(q);
+                return self.respond(call_id, Err(RpcError::Remote("server could not start a worker thread".into())));
+            }
+        }
+        q.idle -= 1;
+        q.jobs.push_back(job);
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        self.pool.cv.notify_one();
+    }
+
+    /// Requests to our reserved control object.
+    fn control(self: &Arc<Self>, method: &str) -> Result<Value> {
+        match method {
+            "native_hello" => {
+                if !self.cfg.native_tensors || !self.is_unix {
+                    return Err(RpcError::Remote("native tensors are disabled on this endpoint".into()));
+                }
+                let fd = self.take_fd().ok_or_else(|| RpcError::Remote("native_hello arrived without a socket fd".into()))?;
+                // The peer sets up its side after our answer; do ours in the background.
+                let me = Arc::downgrade(self);
+                let cfg = self.cfg.peer_config.clone();
+                std::thread::Builder::new()
+                    .name("tensorwire-rpc-native-setup".into())
+                    .spawn(move || {
+                        if let Ok(peer) = tensorwire::Peer::from_fd(fd, cfg) {
+                            if let Some(i) = me.upgrade() {
+                                let _ = i.install_native(peer);
+                            }
+                        }
+                    })
+                    .map_err(|e| RpcError::io("spawning native setup", e))?;
+                Ok(Value::Bool(true))
+            }
+            m => Err(RpcError::NotFound(format!("'{CONTROL_OBJECT_ID}' has no method '{m}'"))),
+        }
+    }
+
+    fn install_native(self: &Arc<Self>, peer: tensorwire::Peer) -> Result<()> {
+        let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(HashMap::new()), cv: Condvar::new() });
+        let st2 = st.clone();
+        let me = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("tensorwire-rpc-native-recv".into())
+            .spawn(move || {
+                loop {
+                    if me.upgrade().is_none_or(|i| i.is_closed()) {
+                        return;
+                    }
+                    match st2.peer.recv(Some(Duration::from_millis(200))) {
+                        Ok(tensorwire::Incoming::Tensor(t)) => {
+                            st2.arrived.lock().insert(t.tag(), t);
+                            st2.cv.notify_all();
+                        }
+                        Ok(tensorwire::Incoming::Message { .. }) => {}
+                        Err(tensorwire::Error::Timeout { .. }) => {}
+                        Err(_) => return,
+                    }
+                }
+            })
+            .map_err(|e| RpcError::io("spawning the native receiver", e))?;
+        *self.native.lock() = Some(st);
+        self.native_ready.notify_all();
+        Ok(())
+    }
+
+    /// Replace tensor references in a received value by tensors.
+    fn decode_tensors(&self, v: Value) -> Result<Value> {
+        match v {
+            Value::Array(a) => Ok(Value::Array(a.into_iter().map(|x| self.decode_tensors(x)).collect::<Result<_>>()?)),
+            Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
+                Some("TensorRef") if self.cfg.accept_fs_tensors && m.get("device").and_then(Value::as_str) == Some("cpu") => {
+                    Ok(Value::Tensor(Tensor::File(Arc::new(FsTensor::from_tensor_ref(&m)?))))
+                }
+                Some("TensorwireTensor") => self.claim_native(&m),
+                _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
+            },
+            other => Ok(other),
+        }
+    }
+
+    fn claim_native(&self, m: &Map) -> Result<Value> {
+        let tag = m
+            .get("tag")
+            .and_then(Value::as_i64)
+            .and_then(|t| u64::try_from(t).ok())
+            .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
+        let want = crate::tensor::layout_from_ref(m)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let st = {
+            let mut g = self.native.lock();
+            while g.is_none() && !self.is_closed() {
+                if self.native_ready.wait_until(&mut g, deadline).timed_out() {
+                    break;
+                }
+            }
+            g.clone().ok_or_else(|| RpcError::Protocol("a native tensor arrived but native tensors were never negotiated".into()))?
+        };
+        let mut arrived = st.arrived.lock();
+        loop {
+            if let Some(t) = arrived.remove(&tag) {
+                if t.layout() != want {
+                    return Err(RpcError::Protocol(format!("native tensor {tag}: JSON says {want:?}, descriptor says {:?}", t.layout())));
+                }
+                return Ok(Value::Tensor(Tensor::Imported(Arc::new(t))));
+            }
+            if self.is_closed() || st.cv.wait_until(&mut arrived, deadline).timed_out() {
+                return Err(RpcError::Timeout { what: format!("native tensor {tag}"), after: Duration::from_secs(10) });
+            }
+        }
+    }
+
+    /// How a tensor goes on the wire.
+    fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
+        let native = self.native.lock().clone();
+        if let Some(n) = native {
+            let shared = match t {
+                Tensor::Shared(s) => s.clone(),
+                other => {
+                    let (storage, layout) = other.storage_copy()?;
+                    let s = tensorwire::SharedTensor::zeros(tensorwire::Layout::contiguous(tensorwire::DType::UInt8, &[storage.len() as i64])?)?;
+                    s.write_storage(0, &storage)?;
+                    s.view(layout)?
+                }
+            };
+            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            n.peer.export(&shared, tensorwire::ExportOptions { tag, window: None })?;
+            return Ok(crate::tensor::native_ref(tag, shared.layout()));
+        }
+        let fs = t.to_fs()?;
+        let v = fs.to_tensor_ref(self.cfg.fs_strategy);
+        let now = Instant::now();
+        let mut k = self.keeper.lock();
+        while k.front().is_some_and(|(t, _)| now.duration_since(*t) > self.cfg.fs_keep) {
+            k.pop_front();
+        }
+        k.push_back((now, fs));
+        Ok(v)
+    }
+}
+
+fn worker(weak: std::sync::Weak<Inner>) {
+    let idle_limit = Duration::from_secs(10);
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let job = {
+            let mut q = inner.pool.q.lock();
+            loop {
+                if q.stop {
+                    q.total -= 1;
+                    return;
+                }
+                if let Some(j) = q.jobs.pop_front() {
+                    break j;
+                }
+                if inner.pool.cv.wait_for(&mut q, idle_limit).timed_out() && q.jobs.is_empty() {
+                    q.total -= 1;
+                    q.idle -= 1;
+                    return;
+                }
+            }
+        };
+        drop(inner);
+        job();
+        let Some(inner) = weak.upgrade() else { return };
+        inner.busy.fetch_sub(1, Ordering::Relaxed);
+        inner.pool.q.lock().idle += 1;
+    }
+}

@@ -1,0 +1,55 @@
+//! tensorwire-rpc: an RPC layer over tensorwire that speaks pyisolate's wire protocol.
+//!
+//! Frames are a 4-byte big-endian length and UTF-8 JSON ([`frame`]); messages are
+//! pyisolate's `call` / `callback` / `response` and the `null` close frame ([`message`]);
+//! values are JSON as Python writes it, plus pyisolate 0.10.2's tagged forms ([`json`],
+//! [`tagged`]) and tensors ([`tensor`]). An [`Endpoint`] runs one full-duplex connection:
+//! many calls outstanding both ways, nested calls with `parent_call_id`, timeouts,
+//! cancellation, and `PeerGone` for every pending call when the peer dies. Objects are
+//! served from a [`Registry`] of [`Service`]s (sync, inline and async handlers); remote
+//! objects are called through [`RemoteObject`] (typed with serde) or [`Endpoint::call`].
+//!
+//! Threads, not async: a reader thread per connection and an elastic worker pool. An
+//! "async handler" is one that answers later through a [`Responder`].
+//!
+//! Transports ([`Stream`]): a Unix socket path (as pyisolate's `PYISOLATE_UDS_ADDRESS`),
+//! an inherited socketpair fd, or TCP (`tcp://host:port`) for a peer on another machine —
+//! over TCP tensors are always *copied* (file_system refs only make sense on one machine,
+//! so send plain data or `TensorValue`s there; native tensors need a Unix socket).
+//!
+//! Tensors travel natively (memfd segment by fd under a tensorwire lease, after
+//! [`Endpoint::negotiate_native`]) or as pyisolate CPU `TensorRef`s backed by PyTorch
+//! `file_system` shm files, which a Python peer with plain torch rebuilds.
+//!
+//! ```no_run
+//! use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Service, Value};
+//! # fn main() -> tensorwire_rpc::Result<()> {
+//! let reg = Registry::new();
+//! reg.register("calc", Service::new("Calc").method_inline("add", |_, a| {
+//!     Ok(Value::from(a.req(0, "a")?.as_i64().unwrap_or(0) + a.req(1, "b")?.as_i64().unwrap_or(0)))
+//! }))?;
+//! let (server, client) = Endpoint::pair(reg, Registry::new(), RpcConfig::default())?;
+//! assert_eq!(client.call("calc", "add", vec![1.into(), 2.into()])?, Value::Int(3));
+//! # drop(server); Ok(()) }
+//! ```
+
+pub mod base64;
+pub mod endpoint;
+pub mod error;
+pub mod frame;
+pub mod json;
+pub mod message;
+pub mod server;
+pub mod service;
+pub mod stream;
+pub mod tagged;
+pub mod tensor;
+
+pub use endpoint::{CallOptions, Canceller, Endpoint, PendingCall, RpcConfig, Stats};
+pub use error::{Result, RpcError};
+pub use json::{Map, Value};
+pub use message::Message;
+pub use server::Server;
+pub use service::{Args, CallCtx, Registry, RemoteObject, Responder, Service};
+pub use stream::Stream;
+pub use tensor::{FsStrategy, FsTensor, Tensor};

@@ -1,0 +1,217 @@
+//! The three pyisolate messages (`call`, `callback`, `response`) and the `null` close
+//! frame, decoded from and encoded to the wire exactly as DESIGN.md and pyisolate 0.10.2
+//! (`rpc_serialization.RPCRequest` / `RPCCallback` / `RPCResponse`) define them.
+
+use crate::error::{Result, RpcError};
+use crate::json::{self, Map, Value};
+use crate::tensor::Tensor;
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    Call { object_id: String, call_id: i64, parent_call_id: Option<i64>, method: String, args: Vec<Value>, kwargs: Map },
+    Callback { callback_id: String, call_id: i64, parent_call_id: Option<i64>, args: Vec<Value>, kwargs: Map },
+    /// `error` is `None` on success. (pyisolate treats a falsy `error` as success.)
+    Response { call_id: i64, result: Value, error: Option<String> },
+    /// The `null` frame: the peer is closing.
+    Close,
+}
+
+fn take_str(m: &mut Map, k: &str, kind: &str) -> Result<String> {
+    match m.remove(k) {
+        Some(Value::Str(s)) => Ok(s),
+        Some(v) => Err(RpcError::Protocol(format!("{kind} message field {k:?} is a {}, expected str", v.type_name()))),
+        None => Err(RpcError::Protocol(format!("{kind} message has no {k:?} field"))),
+    }
+}
+
+fn take_id(m: &mut Map, k: &str, kind: &str) -> Result<i64> {
+    match m.remove(k) {
+        Some(Value::Int(i)) => Ok(i),
+        Some(v) => Err(RpcError::Protocol(format!("{kind} message field {k:?} is a {}, expected int", v.type_name()))),
+        None => Err(RpcError::Protocol(format!("{kind} message has no {k:?} field"))),
+    }
+}
+
+fn take_parent(m: &mut Map, kind: &str) -> Result<Option<i64>> {
+    match m.remove("parent_call_id") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Int(i)) => Ok(Some(i)),
+        Some(v) => Err(RpcError::Protocol(format!("{kind} message field \"parent_call_id\" is a {}, expected int or None", v.type_name()))),
+    }
+}
+
+fn take_args(m: &mut Map, kind: &str) -> Result<(Vec<Value>, Map)> {
+    let args = match m.remove("args") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(RpcError::Protocol(format!("{kind} message field \"args\" is a {}, expected list", v.type_name()))),
+    };
+    let kwargs = match m.remove("kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(o)) => o,
+        Some(v) => return Err(RpcError::Protocol(format!("{kind} message field \"kwargs\" is a {}, expected dict", v.type_name()))),
+    };
+    Ok((args, kwargs))
+}
+
+impl Message {
+    /// Parse one frame's payload.
+    pub fn decode(payload: &[u8], max_depth: usize) -> Result<Message> {
+        let v = json::parse(payload, max_depth).map_err(|e| RpcError::Protocol(e.to_string()))?;
+        Message::from_value(v)
+    }
+
+    /// Interpret a parsed frame.
+    pub fn from_value(v: Value) -> Result<Message> {
+        let mut m = match v {
+            Value::Null => return Ok(Message::Close),
+            Value::Object(m) => m,
+            other => {
+                return Err(RpcError::Protocol(format!("frame holds a JSON {}, expected an object or null", other.type_name())));
+            }
+        };
+        let kind = take_str(&mut m, "kind", "RPC")?;
+        match kind.as_str() {
+            "call" => {
+                let object_id = take_str(&mut m, "object_id", "call")?;
+                let call_id = take_id(&mut m, "call_id", "call")?;
+                let parent_call_id = take_parent(&mut m, "call")?;
+                let method = take_str(&mut m, "method", "call")?;
+                let (args, kwargs) = take_args(&mut m, "call")?;
+                Ok(Message::Call { object_id, call_id, parent_call_id, method, args, kwargs })
+            }
+            "callback" => {
+                let callback_id = take_str(&mut m, "callback_id", "callback")?;
+                let call_id = take_id(&mut m, "call_id", "callback")?;
+                let parent_call_id = take_parent(&mut m, "callback")?;
+                let (args, kwargs) = take_args(&mut m, "callback")?;
+                Ok(Message::Callback { callback_id, call_id, parent_call_id, args, kwargs })
+            }
+            "response" => {
+                let call_id = take_id(&mut m, "call_id", "response")?;
+                let result = m.remove("result").unwrap_or(Value::Null);
+                let error = match m.remove("error") {
+                    None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+                    Some(Value::Str(s)) if s.is_empty() => None,
+                    Some(Value::Str(s)) => Some(s),
+                    Some(other) => Some(other.to_json().unwrap_or_else(|_| "remote error".into())),
+                };
+                Ok(Message::Response { call_id, result, error })
+            }
+            other => Err(RpcError::Protocol(format!(
+                "unknown message kind {other:?} (expected \"call\", \"callback\" or \"response\")"
+            ))),
+        }
+    }
+
+    /// Encode the JSON payload (no frame header) into `out`.
+    pub fn encode(&self, out: &mut Vec<u8>, tensor: &mut dyn FnMut(&Tensor) -> Result<Value>) -> Result<()> {
+        let parent = |out: &mut Vec<u8>, p: &Option<i64>| match p {
+            Some(p) => out.extend_from_slice(p.to_string().as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        };
+        match self {
+            Message::Close => out.extend_from_slice(b"null"),
+            Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
+                out.extend_from_slice(b"{\"kind\": \"call\", \"object_id\": ");
+                json::write_str(out, object_id);
+                out.extend_from_slice(format!(", \"call_id\": {call_id}, \"parent_call_id\": ").as_bytes());
+                parent(out, parent_call_id);
+                out.extend_from_slice(b", \"method\": ");
+                json::write_str(out, method);
+                encode_args(out, args, kwargs, tensor)?;
+            }
+            Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
+                out.extend_from_slice(b"{\"kind\": \"callback\", \"callback_id\": ");
+                json::write_str(out, callback_id);
+                out.extend_from_slice(format!(", \"call_id\": {call_id}, \"parent_call_id\": ").as_bytes());
+                parent(out, parent_call_id);
+                encode_args(out, args, kwargs, tensor)?;
+            }
+            Message::Response { call_id, result, error } => {
+                out.extend_from_slice(format!("{{\"kind\": \"response\", \"call_id\": {call_id}, \"result\": ").as_bytes());
+                json::write_value(out, result, tensor)?;
+                out.extend_from_slice(b", \"error\": ");
+                match error {
+                    Some(e) => json::write_str(out, e),
+                    None => out.extend_from_slice(b"null"),
+                }
+                out.push(b'}');
+            }
+        }
+        Ok(())
+    }
+
+    /// The `call_id` of a call, callback or response.
+    pub fn call_id(&self) -> Option<i64> {
+        match self {
+            Message::Call { call_id, .. } | Message::Callback { call_id, .. } | Message::Response { call_id, .. } => Some(*call_id),
+            Message::Close => None,
+        }
+    }
+}
+
+fn encode_args(out: &mut Vec<u8>, args: &[Value], kwargs: &Map, tensor: &mut dyn FnMut(&Tensor) -> Result<Value>) -> Result<()> {
+    out.extend_from_slice(b", \"args\": [");
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        json::write_value(out, a, tensor)?;
+    }
+    out.extend_from_slice(b"], \"kwargs\": {");
+    for (i, (k, v)) in kwargs.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        json::write_str(out, k);
+        out.extend_from_slice(b": ");
+        json::write_value(out, v, tensor)?;
+    }
+    out.extend_from_slice(b"}}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(m: &Message) -> Vec<u8> {
+        let mut v = Vec::new();
+        m.encode(&mut v, &mut |_| unreachable!()).unwrap();
+        v
+    }
+
+    #[test]
+    fn roundtrip_every_kind() {
+        let mut kw = Map::new();
+        kw.insert("k".into(), Value::Float(f64::INFINITY));
+        let msgs = [
+            Message::Call { object_id: "o".into(), call_id: 3, parent_call_id: Some(1), method: "m".into(), args: vec![1.into(), "x".into()], kwargs: kw.clone() },
+            Message::Callback { callback_id: "cb".into(), call_id: 0, parent_call_id: None, args: vec![], kwargs: Map::new() },
+            Message::Response { call_id: 9, result: Value::Array(vec![Value::Null]), error: None },
+            Message::Response { call_id: 9, result: Value::Null, error: Some("boom".into()) },
+            Message::Close,
+        ];
+        for m in msgs {
+            assert_eq!(Message::decode(&enc(&m), 64).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn clear_errors_for_bad_messages() {
+        for (bad, want) in [
+            (&b"[1]"[..], "expected an object"),
+            (b"{\"kind\": \"nope\", \"call_id\": 1}", "unknown message kind"),
+            (b"{\"call_id\": 1}", "no \"kind\""),
+            (b"{\"kind\": \"call\", \"object_id\": \"o\", \"call_id\": \"1\", \"method\": \"m\"}", "expected int"),
+            (b"{\"kind\": \"response\"}", "no \"call_id\""),
+            (b"{\"kind\": \"call\", \"object_id\": \"o\", \"call_id\": 1, \"method\": \"m\", \"args\": 5}", "expected list"),
+            (b"\xff", "UTF-8"),
+        ] {
+            let e = Message::decode(bad, 64).unwrap_err().to_string();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+    }
+}
