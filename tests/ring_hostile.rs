@@ -156,8 +156,13 @@ fn hostile_consumer_scribbling_tail_breaks_the_sender_cleanly() {
     let theirs = at.victim_ring.as_ref().expect("victim sends a ring");
     victim.ring_send(&[RingItem::bytes(1, b"hello")], T).unwrap();
     Attacker::word(theirs, 128).store(1 << 50, Ordering::Release); // tail past head
-    let err = victim.ring_send(&[RingItem::bytes(2, b"x")], T).unwrap_err();
-    assert!(err.to_string().contains("consumer tail 1125899906842624 outside [0, 128]"), "{err}");
+    // The producer trusts the tail it last saw while that leaves room; the scribbled one
+    // is read (and refused) as soon as the ring needs the consumer's space.
+    let blob = vec![0u8; 1000];
+    let err = (2..20u64)
+        .find_map(|i| victim.ring_send(&[RingItem::bytes(i, &blob)], Some(Duration::from_millis(200))).err())
+        .expect("a 4 KiB ring cannot take 18 KB without reading the tail");
+    assert!(err.to_string().contains("consumer tail 1125899906842624 outside [0, "), "{err}");
     let err = victim.ring_send(&[RingItem::bytes(3, b"x")], T).unwrap_err();
     assert!(err.to_string().contains("ring broken"), "{err}");
 }
@@ -206,8 +211,8 @@ fn child_entry() {
         };
         Attacker::word(seg, 64).store(head, Ordering::Release);
         // Ring the data doorbell so the victim wakes (bump its sequence word).
-        // SAFETY: offset 192 is the data doorbell's sequence word, 4-aligned, in the page.
-        unsafe { &*seg.as_ptr().add(192).cast::<std::sync::atomic::AtomicU32>() }.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: offset 72 is the data doorbell's sequence word, 4-aligned, in the page.
+        unsafe { &*seg.as_ptr().add(72).cast::<std::sync::atomic::AtomicU32>() }.fetch_add(1, Ordering::SeqCst);
         round += 1;
         std::thread::sleep(Duration::from_micros(200));
     }

@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 
 const RING_MAGIC: u64 = u64::from_le_bytes(*b"TWRING01");
 const RING_VERSION: u32 = 1;
+// The producer writes one cache line (head + the data doorbell it rings), the consumer
+// another (tail + the space doorbell it rings): a message costs the consumer one line
+// transfer to see it, and the producer reads the consumer's line only when short of space.
 const OFF_HEAD: usize = 64;
+const OFF_DATA_BELL: usize = 72;
 const OFF_TAIL: usize = 128;
-const OFF_DATA_BELL: usize = 192;
-const OFF_SPACE_BELL: usize = 256;
+const OFF_SPACE_BELL: usize = 136;
 /// Offset of the data area in the ring segment.
 pub const DATA_OFFSET: usize = 4096;
 /// Smallest and largest data area.
@@ -350,13 +353,16 @@ impl RingMessage {
 
 /// Keeps a borrowed region unreleased; dropping it releases in ring order.
 struct BorrowToken {
-    state: Arc<Mutex<RecvState>>,
+    /// `None` once disarmed by a caller that finished the record itself.
+    state: Option<Arc<Mutex<RecvState>>>,
     end: u64,
 }
 
 impl Drop for BorrowToken {
     fn drop(&mut self) {
-        self.state.lock().finish(self.end);
+        if let Some(s) = self.state.take() {
+            s.lock().finish(self.end);
+        }
     }
 }
 
@@ -450,7 +456,7 @@ impl RecvState {
                     // SAFETY: data_offset + data_len lies inside the validated record;
                     // the token keeps it unreleased.
                     let ptr = unsafe { self.consumer_base().add(rec.data_offset as usize) };
-                    let token = BorrowToken { state: me.clone(), end: rec.end };
+                    let token = BorrowToken { state: Some(me.clone()), end: rec.end };
                     return Ok(Some(RingMessage { tag: h.tag, desc, data: Data::Borrowed { ptr, len: h.data_len as usize, _token: token } }));
                 }
                 let mut buf = std::mem::take(&mut self.spare);
@@ -568,28 +574,48 @@ impl RingReceiver {
     /// Receive one message into `buf` (replacing its contents, reusing its capacity —
     /// also for messages reassembled from chunks). Returns the tag and descriptor.
     pub fn recv_into(&self, buf: &mut Vec<u8>, wait: Wait, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
-        self.state.lock().spare = std::mem::take(buf);
-        let r = self.recv(true, wait, gone);
-        let spare = std::mem::take(&mut self.state.lock().spare);
-        let m = match r {
-            Ok(m) => m,
-            Err(e) => {
-                *buf = spare;
-                return Err(e);
+        let deadline = Instant::now() + wait.timeout;
+        loop {
+            let seen = self.data_bell.current();
+            {
+                let mut st = self.state.lock();
+                st.spare = std::mem::take(buf);
+                let r = st.poll(true, &self.state);
+                let spare = std::mem::take(&mut st.spare);
+                match r {
+                    Ok(Some(m)) => {
+                        let (tag, desc) = (m.tag, m.desc);
+                        match m.data {
+                            // Reassembled from chunks: it already lives in `buf`'s allocation.
+                            Data::Owned(v) => *buf = v,
+                            Data::Borrowed { ptr, len, mut _token } => {
+                                *buf = spare;
+                                buf.clear();
+                                // SAFETY: the record stays unreleased until its end is
+                                // finished below (the token is disarmed, we hold the lock).
+                                buf.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
+                                _token.state = None;
+                                st.finish(_token.end);
+                            }
+                        }
+                        return Ok((tag, desc));
+                    }
+                    Ok(None) => *buf = spare,
+                    Err(e) => {
+                        *buf = spare;
+                        return Err(e);
+                    }
+                }
             }
-        };
-        let (tag, desc) = (m.tag, m.desc);
-        match m.data {
-            Data::Owned(v) => *buf = v,
-            Data::Borrowed { ptr, len, _token } => {
-                *buf = spare;
-                buf.clear();
-                // SAFETY: the token (dropped right after) keeps [ptr, ptr+len) unreleased.
-                buf.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
-                drop(_token);
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout { what: "a message in the ring", after: wait.timeout });
             }
+            if gone() {
+                return Err(Error::peer_gone("the producer went away with nothing left in the ring"));
+            }
+            self.data_bell.wait(seen, wait.spin, Some((deadline - now).min(LIVENESS_SLICE)));
         }
-        Ok((tag, desc))
     }
 
     /// Receive up to `max` messages: wait for the first, then take whatever else is

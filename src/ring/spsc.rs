@@ -229,11 +229,16 @@ impl<'a, R: Region> Producer<'a, R> {
             size: hdr.size().unwrap_or(u64::MAX),
             max: self.max_record(),
         })?;
-        let free = self.free()?;
         let idx = self.head & (self.cap - 1);
         let to_end = self.cap - idx;
         let wrap = to_end < size;
-        if (if wrap { to_end + size } else { size }) > free {
+        let need = if wrap { to_end + size } else { size };
+        if let Some(m) = &self.broken {
+            return Err(RingError::Broken(m.clone()));
+        }
+        // Free space from the tail we last saw is a lower bound (the tail only moves
+        // forward); re-read the consumer's cache line only when that is not enough.
+        if need > self.cap - (self.head - self.tail_seen) && need > self.free()? {
             return Ok(false);
         }
         let mut at = idx;
