@@ -1,0 +1,248 @@
+//! Endpoint behaviour between two Rust endpoints: calls, kwargs, errors, callbacks, nested
+//! calls both ways (pool and inline handlers), many outstanding calls both ways, timeouts,
+//! cancellation, async handlers, typed proxies, peer death, tensors.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tensorwire_rpc::*;
+
+fn calc() -> Service {
+    Service::new("Calc")
+        .method_inline("add", |_, a| Ok(Value::Int(a.req(0, "a")?.as_i64().unwrap() + a.req(1, "b")?.as_i64().unwrap())))
+        .method("echo_kw", |_, a| Ok(Value::Object(a.kwargs)))
+        .method("sleep", |_, a| {
+            std::thread::sleep(Duration::from_secs_f64(a.req(0, "s")?.as_f64().unwrap()));
+            Ok(Value::from("slept"))
+        })
+        .method("fail", |_, a| Err(RpcError::Remote(a.req(0, "msg")?.as_str().unwrap().to_owned())))
+        .method("call_back", |ctx, mut a| {
+            let cb = a.args.remove(0);
+            ctx.invoke(&cb, a.args, a.kwargs)
+        })
+        .method_inline("call_back_inline", |ctx, mut a| {
+            let cb = a.args.remove(0);
+            ctx.invoke(&cb, a.args, a.kwargs)
+        })
+        .method("parent_of_nested", |ctx, _| {
+            // Ask the peer which parent_call_id our nested request carried.
+            let seen = ctx.call("peer", "whoami", vec![], Map::new())?;
+            Ok(Value::Array(vec![Value::Int(ctx.call_id), seen]))
+        })
+        .method("describe", |_, a| {
+            let t = a.req(0, "t")?.as_tensor().ok_or_else(|| RpcError::Remote("not a tensor".into()))?.clone();
+            let sum: f64 = t.to_f64_vec()?.iter().sum();
+            Ok(Value::Array(vec![Value::Str(t.dtype().name().into()), Value::Float(sum)]))
+        })
+        .method("make_tensor", |_, _| Ok(Value::Tensor(Tensor::from_f32(&[2, 3], &[1., 2., 3., 4., 5., 6.])?)))
+        .method_async("later", |_, a, resp| {
+            let v = a.args.first().cloned().unwrap_or(Value::Null);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                resp.respond(Ok(v));
+            });
+        })
+        .method_async("forget", |_, _, resp| drop(resp))
+}
+
+fn peer_service() -> Service {
+    Service::new("Peer").method("whoami", |ctx, _| Ok(ctx.parent_call_id.map_or(Value::Null, Value::Int)))
+}
+
+fn pair() -> (Endpoint, Endpoint) {
+    let s = Registry::new();
+    s.register("calc", calc()).unwrap();
+    let c = Registry::new();
+    c.register("peer", peer_service()).unwrap();
+    Endpoint::pair(s, c, RpcConfig::default()).unwrap()
+}
+
+#[test]
+fn call_kwargs_errors_and_lookup_failures() {
+    let (_s, c) = pair();
+    assert_eq!(c.call("calc", "add", vec![1.into(), 2.into()]).unwrap(), Value::Int(3));
+    let mut kw = Map::new();
+    kw.insert("x".into(), tagged::bytes(b"\x00\x01"));
+    kw.insert("nested".into(), Value::parse(br#"{"a": [1, {"b": NaN}], "c": null}"#).unwrap());
+    let r = c.call_with("calc", "echo_kw", vec![], kw.clone(), CallOptions::default()).unwrap();
+    assert_eq!(tagged::as_bytes(r.get("x").unwrap()).unwrap(), b"\x00\x01");
+    assert!(r.get("nested").unwrap().get("a").unwrap().as_array().unwrap()[1].get("b").unwrap().as_f64().unwrap().is_nan());
+    match c.call("calc", "fail", vec!["boom".into()]) {
+        Err(RpcError::Remote(m)) => assert_eq!(m, "boom"),
+        other => panic!("{other:?}"),
+    }
+    let e = c.call("nope", "x", vec![]).unwrap_err().to_string();
+    assert!(e.contains("Object ID nope not registered"), "{e}");
+    let e = c.call("calc", "nope", vec![]).unwrap_err().to_string();
+    assert!(e.contains("'Calc' object has no attribute 'nope'"), "{e}");
+    assert!(!c.is_closed(), "application errors do not close the connection");
+}
+
+#[test]
+fn callbacks_and_nested_calls_both_ways() {
+    let (_s, c) = pair();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let cb = c
+        .register_callback("mul", move |_, a| {
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Value::Int(a.args[0].as_i64().unwrap() * a.args[1].as_i64().unwrap()))
+        })
+        .unwrap();
+    for m in ["call_back", "call_back_inline"] {
+        assert_eq!(c.call("calc", m, vec![cb.clone(), 6.into(), 7.into()]).unwrap(), Value::Int(42), "{m}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // parent_call_id of the nested request names the request being handled.
+    let r = c.call("calc", "parent_of_nested", vec![]).unwrap();
+    let a = r.as_array().unwrap();
+    assert_eq!(a[0], a[1], "nested call carried parent_call_id = the outer call's id: {r:?}");
+    // Deep ping-pong: a callback that calls back into the server, which calls back...
+    let c2 = c.clone();
+    let depth = c
+        .register_callback("recurse", move |ctx, a| {
+            let n = a.args[0].as_i64().unwrap();
+            if n == 0 {
+                return Ok(Value::Int(0));
+            }
+            let me = a.args[1].clone();
+            let r = ctx.call("calc", "call_back", vec![me.clone(), Value::Int(n - 1), me], Map::new())?;
+            let _ = &c2;
+            Ok(Value::Int(r.as_i64().unwrap() + 1))
+        })
+        .unwrap();
+    assert_eq!(c.call("calc", "call_back", vec![depth.clone(), 10.into(), depth]).unwrap(), Value::Int(10));
+    assert!(c.unregister_callback(&cb));
+    let e = c.call("calc", "call_back", vec![cb, 1.into(), 1.into()]).unwrap_err().to_string();
+    assert!(e.contains("not found"), "{e}");
+}
+
+#[test]
+fn many_outstanding_calls_both_directions() {
+    let (s, c) = pair();
+    let mut threads = Vec::new();
+    for t in 0..8i64 {
+        let c = c.clone();
+        let s = s.clone();
+        threads.push(std::thread::spawn(move || {
+            for i in 0..200i64 {
+                assert_eq!(c.call("calc", "add", vec![t.into(), i.into()]).unwrap(), Value::Int(t + i));
+                if i % 10 == 0 {
+                    assert_eq!(s.call("peer", "whoami", vec![]).unwrap(), Value::Null);
+                }
+            }
+        }));
+    }
+    // And many in flight at once from one thread.
+    let pend: Vec<_> = (0..100i64).map(|i| c.start_call("calc", "add", vec![i.into(), 1.into()], Map::new(), CallOptions::default()).unwrap()).collect();
+    let ids: std::collections::HashSet<i64> = pend.iter().map(|p| p.call_id()).collect();
+    assert_eq!(ids.len(), 100);
+    for (i, p) in pend.into_iter().enumerate() {
+        assert_eq!(p.wait().unwrap(), Value::Int(i as i64 + 1));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(c.pending_calls(), 0);
+}
+
+#[test]
+fn timeouts_cancellation_and_late_responses() {
+    let (_s, c) = pair();
+    let t0 = Instant::now();
+    let r = c.call_with("calc", "sleep", vec![0.3.into()], Map::new(), CallOptions { timeout: Some(Duration::from_millis(50)), ..Default::default() });
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_millis(250));
+    let p = c.start_call("calc", "sleep", vec![0.2.into()], Map::new(), CallOptions::default()).unwrap();
+    let canc = p.canceller();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        canc.cancel();
+    });
+    assert!(matches!(p.wait(), Err(RpcError::Cancelled)));
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(c.stats().late_responses, 2, "both late responses were dropped and counted");
+    assert_eq!(c.call("calc", "add", vec![1.into(), 1.into()]).unwrap(), Value::Int(2), "connection still fine");
+}
+
+#[test]
+fn async_handlers_and_typed_proxy() {
+    let (_s, c) = pair();
+    assert_eq!(c.call("calc", "later", vec!["x".into()]).unwrap(), Value::from("x"));
+    let e = c.call("calc", "forget", vec![]).unwrap_err().to_string();
+    assert!(e.contains("dropped its responder"), "{e}");
+    let calc = RemoteObject::new(&c, "calc");
+    let r: i64 = calc.call("add", (40, 2)).unwrap();
+    assert_eq!(r, 42);
+    let h = c.registry().handle("none");
+    assert!(h.is_err());
+}
+
+#[test]
+fn peer_death_fails_every_pending_call() {
+    let (s, c) = pair();
+    let pend: Vec<_> = (0..5).map(|_| c.start_call("calc", "sleep", vec![5.into()], Map::new(), CallOptions::default()).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(s); // the server endpoint goes away: its socket closes
+    let t0 = Instant::now();
+    for p in pend {
+        let r = p.wait();
+        assert!(matches!(r, Err(RpcError::PeerGone(_))), "{r:?}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(c.is_closed());
+    assert!(matches!(c.call("calc", "add", vec![1.into(), 1.into()]), Err(RpcError::PeerGone(_))));
+}
+
+#[test]
+fn close_frame_is_answered_and_closes() {
+    let (s, c) = pair();
+    c.close(Duration::from_secs(2));
+    let why = s.wait_closed();
+    assert!(why.is_peer_gone(), "{why}");
+    assert!(c.is_closed());
+}
+
+#[test]
+fn tensors_as_file_system_refs_and_natively() {
+    let (s, c) = pair();
+    let t = Tensor::from_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.5]).unwrap();
+    // Without negotiation: file_system TensorRef.
+    let r = c.call("calc", "describe", vec![Value::Tensor(t.clone())]).unwrap();
+    assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
+    let got = c.call("calc", "make_tensor", vec![]).unwrap();
+    let gt = got.as_tensor().unwrap();
+    assert!(matches!(gt, Tensor::File(_)));
+    assert_eq!(gt.to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+    // Native: memfd by fd over a tensorwire Peer, under a lease.
+    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+    assert!(c.native_enabled());
+    let r = c.call("calc", "describe", vec![Value::Tensor(t)]).unwrap();
+    assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.native_enabled() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = c.call("calc", "make_tensor", vec![]).unwrap();
+    let gt = got.as_tensor().unwrap();
+    assert!(matches!(gt, Tensor::Imported(_)), "{gt:?}");
+    assert_eq!(gt.shape(), vec![2, 3]);
+    assert_eq!(gt.to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+}
+
+#[test]
+fn tcp_transport() {
+    let reg = Registry::new();
+    reg.register("calc", calc()).unwrap();
+    let server = Server::bind("tcp://127.0.0.1:0", reg, RpcConfig::default()).unwrap();
+    let addr = server.local_addr();
+    let t = std::thread::spawn(move || {
+        let ep = server.accept().unwrap();
+        ep.wait_closed();
+    });
+    let c = Endpoint::connect(&addr, Registry::new(), RpcConfig::default()).unwrap();
+    assert_eq!(c.call("calc", "add", vec![2.into(), 3.into()]).unwrap(), Value::Int(5));
+    assert!(!c.negotiate_native(Duration::from_secs(1)).unwrap(), "no native tensors over TCP");
+    c.close(Duration::from_secs(1));
+    t.join().unwrap();
+}
