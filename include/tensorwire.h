@@ -176,6 +176,11 @@ typedef struct tw_message_t tw_message_t;
 typedef struct tw_peer_t tw_peer_t;
 
 /*
+ Opaque received ring message.
+ */
+typedef struct tw_ring_message_t tw_ring_message_t;
+
+/*
  Opaque segment handle.
  */
 typedef struct tw_segment_t tw_segment_t;
@@ -689,6 +694,88 @@ int tw_message_take_fd(tw_message_t *msg, size_t index);
  NULL or a live handle, not used afterwards.
  */
 void tw_message_free(tw_message_t *msg);
+
+/*
+ Copy `len` bytes through the ring (waiting for space at most `timeout_ms`; negative:
+ no limit). Messages larger than half the ring go through in chunks.
+
+ # Safety
+ `peer` live; `data` readable for `len` bytes (may be NULL if 0).
+ */
+tw_result_e tw_peer_ring_send_bytes(const tw_peer_t *peer,
+                                    uint64_t tag,
+                                    const uint8_t *data,
+                                    size_t len,
+                                    int64_t timeout_ms);
+
+/*
+ Copy the view `layout` of the `storage_len` bytes at `storage` through the ring,
+ packed contiguous; the receiver gets a descriptor of the packed tensor with it.
+
+ # Safety
+ `peer`, `layout` live/readable; `storage` readable for `storage_len` bytes.
+ */
+tw_result_e tw_peer_ring_send_view(const tw_peer_t *peer,
+                                   uint64_t tag,
+                                   const void *storage,
+                                   size_t storage_len,
+                                   const tw_layout_t *layout,
+                                   int64_t timeout_ms);
+
+/*
+ Receive the next ring message (at most `timeout_ms`; negative: no limit). With
+ `borrow`, a message that fits one ring record stays in the ring (no copy) until the
+ message is freed; otherwise, and for chunked messages, it is a private copy.
+
+ # Safety
+ `peer` live; `out` writable.
+ */
+tw_result_e tw_peer_ring_recv(const tw_peer_t *peer,
+                              int64_t timeout_ms,
+                              bool borrow,
+                              tw_ring_message_t **out);
+
+/*
+ The message's tag (0 if `msg` is NULL).
+
+ # Safety
+ NULL or a live handle.
+ */
+uint64_t tw_ring_message_tag(const tw_ring_message_t *msg);
+
+/*
+ The message's bytes (the packed tensor for a tensor); their length goes to `*len`.
+ A borrowed message's bytes are in the ring, written by the peer: copy before trusting.
+
+ # Safety
+ `msg` NULL or live; `len` NULL or writable.
+ */
+const void *tw_ring_message_data(const tw_ring_message_t *msg, size_t *len);
+
+/*
+ The descriptor of a tensor message (contiguous layout, storage kind RingSlot), or NULL
+ for a bytes message or a NULL `msg`. Valid while `msg`.
+
+ # Safety
+ NULL or a live handle.
+ */
+const tw_desc_t *tw_ring_message_desc(const tw_ring_message_t *msg);
+
+/*
+ True if the bytes are still in the ring (released by `tw_ring_message_free`).
+
+ # Safety
+ NULL or a live handle.
+ */
+bool tw_ring_message_is_borrowed(const tw_ring_message_t *msg);
+
+/*
+ Free a message (releasing its ring space if borrowed). NULL is a no-op.
+
+ # Safety
+ NULL or a live handle, not used afterwards.
+ */
+void tw_ring_message_free(tw_ring_message_t *msg);
 
 /*
  Create a zeroed segment of `len` bytes: a memfd sealed against shrink and grow.

@@ -339,6 +339,11 @@ impl Peer {
         Peer::new(conn, cfg)
     }
 
+    /// The limits this side was set up with.
+    pub fn config(&self) -> &PeerConfig {
+        &self.inner.cfg
+    }
+
     /// The peer's pid (kernel-verified at the handshake).
     pub fn peer_pid(&self) -> i32 {
         self.inner.conn.peer_pid()

@@ -12,11 +12,13 @@
 mod desc;
 mod doorbell;
 mod peer;
+mod ring;
 mod segment;
 
 pub use desc::*;
 pub use doorbell::*;
 pub use peer::*;
+pub use ring::*;
 pub use segment::*;
 
 use crate::error::Error;

@@ -107,6 +107,15 @@ pub struct tw_peer_t {
     inner: Peer,
 }
 
+impl tw_peer_t {
+    pub(crate) fn inner(&self) -> &Peer {
+        &self.inner
+    }
+    pub(crate) fn config(&self) -> &PeerConfig {
+        self.inner.config()
+    }
+}
+
 /// Opaque listening socket.
 pub struct tw_listener_t {
     inner: Listener,
