@@ -93,9 +93,13 @@ impl Drop for Flag {
 
 struct Row {
     direction: &'static str,
+    /// "lease" (zero-copy export) or "ring" (copied through the bounce buffer).
+    path: &'static str,
     case: String,
-    export_import_us: f64,
-    release_us: f64,
+    /// export+import (lease) or copy-in+copy-out (ring), producer call to consumer done.
+    transfer_us: f64,
+    /// consumer release to producer owner dropped (lease only).
+    release_us: Option<f64>,
     ok: bool,
 }
 
@@ -171,14 +175,71 @@ fn produce(peer: &Peer, direction: &'static str, max: usize) -> Result<Vec<Row>,
         let ok = checksum_ok && zero_copy_ok;
         rows.push(Row {
             direction,
+            path: "lease",
             case: format!("{:<11} {:>8} {:?}", case.name, case.layout.dtype.name(), case.layout.sizes()),
-            export_import_us: t1.saturating_sub(t0) as f64 / 1e3,
-            release_us: t3.saturating_sub(t2) as f64 / 1e3,
+            transfer_us: t1.saturating_sub(t0) as f64 / 1e3,
+            release_us: Some(t3.saturating_sub(t2) as f64 / 1e3),
             ok,
         });
     }
     peer.send_message(&words(&[MSG_DONE]), &[])?;
     Ok(rows)
+}
+
+const MSG_RING_GOT: u64 = 5;
+const RING_DONE_TAG: u64 = u64::MAX;
+
+fn sizes_hash(l: &Layout) -> u64 {
+    fnv1a(&words(&l.sizes().iter().map(|&s| s as u64).collect::<Vec<_>>()))
+}
+
+/// The same cases copied through the ring (views packed on the way in; the 64 MiB ones
+/// are larger than the ring and go through in chunks).
+fn ring_produce(peer: &Peer, direction: &'static str, max: usize) -> Result<Vec<Row>, Fail> {
+    let mut rows = Vec::new();
+    let mut all = vec![Case { name: "contiguous", layout: Layout::contiguous(DType::UInt8, &[64])?, storage_bytes: 64 }];
+    all.extend(cases(max)?);
+    for (i, case) in all.into_iter().enumerate() {
+        let tag = i as u64;
+        let t = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[case.storage_bytes as i64])?)?.view(case.layout)?;
+        fill(&t, 0x51ed_270b_2f3e_a9c1 ^ tag)?;
+        let expect = fnv1a(&t.to_vec()?);
+        let t0 = now_ns();
+        peer.ring_send(&[tensorwire::RingItem::shared(tag, &t)], TIMEOUT)?;
+        let m = recv_words(peer)?;
+        if m.len() != 5 || m[0] != MSG_RING_GOT || m[1] != tag {
+            return Err(format!("ring case {tag}: unexpected reply {m:?}").into());
+        }
+        let ok = m[3] == expect && m[4] == sizes_hash(&case.layout);
+        if !ok {
+            eprintln!("{direction} ring {}: checksum or shape mismatch", case.name);
+        }
+        rows.push(Row {
+            direction,
+            path: "ring",
+            case: format!("{:<11} {:>8} {:?}", case.name, case.layout.dtype.name(), case.layout.sizes()),
+            transfer_us: m[2].saturating_sub(t0) as f64 / 1e3,
+            release_us: None,
+            ok,
+        });
+    }
+    peer.ring_send(&[tensorwire::RingItem::bytes(RING_DONE_TAG, b"")], TIMEOUT)?;
+    Ok(rows)
+}
+
+fn ring_consume(peer: &Peer) -> Result<(), Fail> {
+    let mut buf = Vec::new();
+    let wait = tensorwire::Wait { spin: peer.config().ring_spin, timeout: TIMEOUT.unwrap() };
+    loop {
+        let (tag, desc) = peer.ring_recv_into(&mut buf, wait)?;
+        if tag == RING_DONE_TAG {
+            return Ok(());
+        }
+        let t1 = now_ns();
+        let desc = desc.ok_or("a ring tensor arrived without its descriptor")?;
+        let shape = sizes_hash(&desc.layout());
+        peer.send_message(&words(&[MSG_RING_GOT, tag, t1, fnv1a(&buf), shape]), &[])?;
+    }
 }
 
 fn consume(peer: &Peer) -> Result<(), Fail> {
@@ -247,20 +308,23 @@ fn parent(args: &[String]) -> Result<(), Fail> {
         println!("tensorwire demo: parent pid {} <-> child pid {}", std::process::id(), peer.peer_pid());
         let mut rows = produce(&peer, "parent->child", max)?;
         consume(&peer)?;
+        rows.extend(ring_produce(&peer, "parent->child", max)?);
+        ring_consume(&peer)?;
         // The child reports its rows (it produced second) as text lines.
         match peer.recv(TIMEOUT)? {
             Incoming::Message { payload, .. } => {
                 for line in String::from_utf8(payload)?.lines() {
                     let f: Vec<&str> = line.split('\t').collect();
-                    if f.len() != 4 {
+                    if f.len() != 5 {
                         return Err(format!("bad row from child: {line:?}").into());
                     }
                     rows.push(Row {
                         direction: "child->parent",
-                        case: f[0].to_string(),
-                        export_import_us: f[1].parse()?,
-                        release_us: f[2].parse()?,
-                        ok: f[3] == "ok",
+                        path: if f[0] == "ring" { "ring" } else { "lease" },
+                        case: f[1].to_string(),
+                        transfer_us: f[2].parse()?,
+                        release_us: f[3].parse().ok(),
+                        ok: f[4] == "ok",
                     });
                 }
             }
@@ -278,19 +342,26 @@ fn parent(args: &[String]) -> Result<(), Fail> {
     if !status.success() {
         return Err(format!("child exited with {status}").into());
     }
-    println!("\n{:<14} {:<42} {:>14} {:>12}  verified", "direction", "view (dtype, shape)", "export+import", "release");
+    println!("\n{:<14} {:<6} {:<42} {:>13} {:>12}  verified", "direction", "path", "view (dtype, shape)", "transfer", "release");
     let mut all_ok = true;
     for r in &rows {
         all_ok &= r.ok;
         println!(
-            "{:<14} {:<42} {:>11.1} µs {:>9.1} µs  {}",
+            "{:<14} {:<6} {:<42} {:>10.1} µs {:>12}  {}",
             r.direction,
+            r.path,
             r.case,
-            r.export_import_us,
-            r.release_us,
-            if r.ok { "checksum + zero-copy ok" } else { "FAILED" }
+            r.transfer_us,
+            r.release_us.map_or("-".to_string(), |u| format!("{u:.1} µs")),
+            match (r.ok, r.path) {
+                (false, _) => "FAILED",
+                (true, "lease") => "checksum + zero-copy ok",
+                (true, _) => "checksum + shape ok",
+            }
         );
     }
+    println!("\ntransfer: lease = export until the consumer has imported (zero-copy, any size);");
+    println!("          ring  = copy in + copy out through the {} KiB bounce buffer (views packed).", PeerConfig::default().ring_bytes >> 10);
     if !all_ok {
         return Err("some transfers failed verification".into());
     }
@@ -308,10 +379,15 @@ fn child(args: &[String]) -> Result<(), Fail> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let peer = Peer::from_fd(fd, PeerConfig::default())?;
     consume(&peer)?;
-    let rows = produce(&peer, "child->parent", max)?;
+    let mut rows = produce(&peer, "child->parent", max)?;
+    ring_consume(&peer)?;
+    rows.extend(ring_produce(&peer, "child->parent", max)?);
     let text: String = rows
         .iter()
-        .map(|r| format!("{}\t{}\t{}\t{}\n", r.case, r.export_import_us, r.release_us, if r.ok { "ok" } else { "bad" }))
+        .map(|r| {
+            let rel = r.release_us.map_or("-".to_string(), |u| u.to_string());
+            format!("{}\t{}\t{}\t{}\t{}\n", r.path, r.case, r.transfer_us, rel, if r.ok { "ok" } else { "bad" })
+        })
         .collect();
     peer.send_message(text.as_bytes(), &[])?;
     // Wait for the parent to finish with us before tearing the connection down.
