@@ -388,19 +388,30 @@ impl Layout {
     /// # Safety
     /// `base` must be valid for reads of `self.extent_bytes()` bytes.
     pub unsafe fn gather(&self, base: *const u8, out: &mut Vec<u8>) -> Result<()> {
-        let es = self.dtype.size() as u64;
         let packed = self.packed_bytes();
-        usize::try_from(packed)
+        let n = usize::try_from(packed)
             .ok()
-            .and_then(|n| out.try_reserve_exact(n).ok())
+            .filter(|n| out.try_reserve_exact(*n).is_ok())
             .ok_or_else(|| Error::InvalidArgument(format!("cannot allocate {packed} bytes for a packed copy of {self:?}")))?;
-        self.for_each_run(|first, n| {
-            // SAFETY: every index visited is < extent_elements(), so the byte range is
-            // inside the `extent_bytes()` the caller guarantees readable.
-            let src = unsafe { std::slice::from_raw_parts(base.add((first * es) as usize), (n * es) as usize) };
-            out.extend_from_slice(src);
-        });
+        let start = out.len();
+        out.resize(start + n, 0);
+        // SAFETY: forwarded from the caller: `base` covers the extent.
+        let written = unsafe { PackCursor::new(self).fill(base, &mut out[start..]) };
+        debug_assert_eq!(written, n);
         Ok(())
+    }
+}
+
+/// Copy `n` elements of `ES` bytes, `step` bytes apart, to consecutive slots at `out`
+/// (a fixed-size copy per element, which compiles to one load and one store).
+///
+/// # Safety
+/// `src + k*step .. + ES` readable and `out .. + n*ES` writable for every k < n.
+#[inline]
+unsafe fn gather_strided<const ES: usize>(src: *const u8, step: usize, out: *mut u8, n: usize) {
+    for k in 0..n {
+        // SAFETY: per the function's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(k * step), out.add(k * ES), ES) };
     }
 }
 
@@ -453,16 +464,23 @@ impl<'l> PackCursor<'l> {
                 w += n * es;
                 self.inner += n as i64;
             } else {
-                // SAFETY: as above, for the single element at row + inner*stride.
+                let n = ((inner_len - self.inner) as usize).min((dst.len() - w) / es);
+                let src = base.wrapping_add((row + self.inner * inner_stride) as usize * es);
+                let step = inner_stride as usize * es;
+                let out = dst[w..w + n * es].as_mut_ptr();
+                // SAFETY: elements row + (inner+k)*stride for k < n are inside the extent
+                // (inner + n ≤ the dim's size), and `out` has room for n elements.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        base.add((row + self.inner * inner_stride) as usize * es),
-                        dst[w..].as_mut_ptr(),
-                        es,
-                    )
-                };
-                w += es;
-                self.inner += 1;
+                    match es {
+                        1 => gather_strided::<1>(src, step, out, n),
+                        2 => gather_strided::<2>(src, step, out, n),
+                        4 => gather_strided::<4>(src, step, out, n),
+                        8 => gather_strided::<8>(src, step, out, n),
+                        _ => gather_strided::<16>(src, step, out, n),
+                    }
+                }
+                w += n * es;
+                self.inner += n as i64;
             }
             if self.inner == inner_len {
                 self.inner = 0;
