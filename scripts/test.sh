@@ -35,6 +35,11 @@ if ! command -v valgrind >/dev/null; then
 fi
 bash tests/cmake_package.sh "$root/build/cmake-package" 2>&1 | tee -a "$log"
 
+step "tensorwire-rpc: clippy, unit, endpoint, hostile-peer and pyisolate 0.10.2 interop tests"
+py=$(bash scripts/setup-venv.sh | tail -1)
+cargo clippy -p tensorwire-rpc --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
+
 # --- further test steps go above this line (one block per area) ---
 
 step "benches compile"

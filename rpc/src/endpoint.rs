@@ -962,7 +962,7 @@ impl Inner {
             Value::Array(a) => Ok(Value::Array(a.into_iter().map(|x| self.decode_tensors(x)).collect::<Result<_>>()?)),
             Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
                 Some("TensorRef") if self.cfg.accept_fs_tensors && m.get("device").and_then(Value::as_str) == Some("cpu") => {
-                    Ok(Value::Tensor(Tensor::File(Arc::new(FsTensor::from_tensor_ref(&m)?))))
+                    Ok(Value::from(Tensor::File(Arc::new(FsTensor::from_tensor_ref(&m)?))))
                 }
                 Some("TensorwireTensor") => self.claim_native(&m),
                 _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
@@ -994,7 +994,7 @@ impl Inner {
                 if t.layout() != want {
                     return Err(RpcError::Protocol(format!("native tensor {tag}: JSON says {want:?}, descriptor says {:?}", t.layout())));
                 }
-                return Ok(Value::Tensor(Tensor::Imported(Arc::new(t))));
+                return Ok(Value::from(Tensor::Imported(Arc::new(t))));
             }
             if self.is_closed() || st.cv.wait_until(&mut arrived, deadline).timed_out() {
                 return Err(RpcError::Timeout { what: format!("native tensor {tag}"), after: Duration::from_secs(10) });

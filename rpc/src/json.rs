@@ -46,7 +46,7 @@ pub enum Value {
     Object(Map),
     /// A tensor: encoded per connection as a native descriptor or a file_system
     /// `TensorRef` (see [`crate::tensor`]).
-    Tensor(Tensor),
+    Tensor(Box<Tensor>),
 }
 
 impl PartialEq for Value {
@@ -218,7 +218,7 @@ impl From<Map> for Value {
 }
 impl From<Tensor> for Value {
     fn from(v: Tensor) -> Value {
-        Value::Tensor(v)
+        Value::Tensor(Box::new(v))
     }
 }
 impl<T: Into<Value>> From<Option<T>> for Value {

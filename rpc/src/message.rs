@@ -7,6 +7,7 @@ use crate::json::{self, Map, Value};
 use crate::tensor::Tensor;
 
 /// One decoded frame.
+#[allow(clippy::large_enum_variant)] // one per frame, moved rarely
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
     Call { object_id: String, call_id: i64, parent_call_id: Option<i64>, method: String, args: Vec<Value>, kwargs: Map },

@@ -43,7 +43,8 @@ pub enum FsStrategy {
     Transit,
 }
 
-/// A tensor value.
+/// A tensor value (boxed inside [`Value`], so its size does not matter there).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Tensor {
     Shared(SharedTensor),

@@ -34,7 +34,7 @@ fn calc() -> Service {
             let sum: f64 = t.to_f64_vec()?.iter().sum();
             Ok(Value::Array(vec![Value::Str(t.dtype().name().into()), Value::Float(sum)]))
         })
-        .method("make_tensor", |_, _| Ok(Value::Tensor(Tensor::from_f32(&[2, 3], &[1., 2., 3., 4., 5., 6.])?)))
+        .method("make_tensor", |_, _| Ok(Value::from(Tensor::from_f32(&[2, 3], &[1., 2., 3., 4., 5., 6.])?)))
         .method_async("later", |_, a, resp| {
             let v = a.args.first().cloned().unwrap_or(Value::Null);
             std::thread::spawn(move || {
@@ -208,7 +208,7 @@ fn tensors_as_file_system_refs_and_natively() {
     let (s, c) = pair();
     let t = Tensor::from_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.5]).unwrap();
     // Without negotiation: file_system TensorRef.
-    let r = c.call("calc", "describe", vec![Value::Tensor(t.clone())]).unwrap();
+    let r = c.call("calc", "describe", vec![Value::from(t.clone())]).unwrap();
     assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
     let got = c.call("calc", "make_tensor", vec![]).unwrap();
     let gt = got.as_tensor().unwrap();
@@ -217,7 +217,7 @@ fn tensors_as_file_system_refs_and_natively() {
     // Native: memfd by fd over a tensorwire Peer, under a lease.
     assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
     assert!(c.native_enabled());
-    let r = c.call("calc", "describe", vec![Value::Tensor(t)]).unwrap();
+    let r = c.call("calc", "describe", vec![Value::from(t)]).unwrap();
     assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
     let deadline = Instant::now() + Duration::from_secs(5);
     while !s.native_enabled() && Instant::now() < deadline {
