@@ -129,11 +129,16 @@ impl Connection {
         if self.gone.load(Ordering::Acquire) {
             return true;
         }
-        let mut fds = vec![(self.sock.as_fd(), libc::POLLRDHUP)];
-        if let Some(p) = &self.pidfd {
-            fds.push((p.as_fd(), libc::POLLIN));
-        }
-        let hung = sys::poll_events(&fds, Some(Duration::ZERO))
+        let sock = (self.sock.as_fd(), libc::POLLRDHUP);
+        let both;
+        let fds: &[_] = match &self.pidfd {
+            Some(p) => {
+                both = [sock, (p.as_fd(), libc::POLLIN)];
+                &both
+            }
+            None => std::slice::from_ref(&sock),
+        };
+        let hung = sys::poll_events(fds, Some(Duration::ZERO))
             .map(|r| r.iter().any(|&ev| ev & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLIN) != 0))
             .unwrap_or(false);
         if hung {

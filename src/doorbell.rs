@@ -52,15 +52,23 @@ impl<'a> Doorbell<'a> {
         }
     }
 
-    /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.
-    /// Returns false if `timeout` passed first (`None` waits without limit; the
-    /// transport always passes a limit).
-    pub fn wait(&self, seen: u32, spin: u32, timeout: Option<Duration>) -> bool {
+    /// Poll up to `spin` times for the sequence to differ from `seen` (no syscall).
+    pub fn spin(&self, seen: u32, spin: u32) -> bool {
         for _ in 0..spin {
             if self.current() != seen {
                 return true;
             }
             spin_hint();
+        }
+        self.current() != seen
+    }
+
+    /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.
+    /// Returns false if `timeout` passed first (`None` waits without limit; the
+    /// transport always passes a limit).
+    pub fn wait(&self, seen: u32, spin: u32, timeout: Option<Duration>) -> bool {
+        if self.spin(seen, spin) {
+            return true;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         // SeqCst: the waiter half of the Dekker pair with `ring`.
@@ -83,12 +91,8 @@ impl<'a> Doorbell<'a> {
             };
             futex::wait(&self.words.seq, seen, remaining);
         };
-        // The count is only a hint for `ring` (a stale one costs a spare FUTEX_WAKE), so
-        // Relaxed would be correct; SeqCst costs the same `lock xadd` on x86, is off the
-        // fast path, and keeps loom (which treats SeqCst loads as AcqRel) from reading this
-        // decrement past the next wait's SeqCst increment and reporting a lost wake-up
-        // that C11 rules out.
-        self.words.waiters.fetch_sub(1, Ordering::SeqCst);
+        // Relaxed: only a hint for `ring`; a stale count costs one spare FUTEX_WAKE.
+        self.words.waiters.fetch_sub(1, Ordering::Relaxed);
         changed
     }
 }

@@ -351,27 +351,40 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>
 /// `poll` on up to a few fds for readability; returns which are ready (or hung up).
 pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Result<Vec<bool>> {
     let with: Vec<_> = fds.iter().map(|f| (*f, libc::POLLIN)).collect();
-    Ok(poll_events(&with, timeout)?.into_iter().map(|r| r != 0).collect())
+    Ok(poll_events(&with, timeout)?[..fds.len()].iter().map(|&r| r != 0).collect())
 }
 
-/// `poll` with explicit event masks; returns each fd's `revents`.
-pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], timeout: Option<Duration>) -> Result<Vec<libc::c_short>> {
-    let mut pfds: Vec<libc::pollfd> =
-        fds.iter().map(|(f, ev)| libc::pollfd { fd: f.as_raw_fd(), events: *ev, revents: 0 }).collect();
+/// Most fds `poll_events` takes at once.
+pub const MAX_POLL_FDS: usize = 4;
+
+/// `poll` with explicit event masks on up to `MAX_POLL_FDS` fds; returns each fd's
+/// `revents` (entries past `fds.len()` are 0). No allocation: it sits on hot paths.
+pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], timeout: Option<Duration>) -> Result<[libc::c_short; MAX_POLL_FDS]> {
+    if fds.len() > MAX_POLL_FDS {
+        return Err(Error::InvalidArgument(format!("poll on {} fds, at most {MAX_POLL_FDS}", fds.len())));
+    }
+    let mut pfds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; MAX_POLL_FDS];
+    for (p, (f, ev)) in pfds.iter_mut().zip(fds) {
+        *p = libc::pollfd { fd: f.as_raw_fd(), events: *ev, revents: 0 };
+    }
     let ms: libc::c_int = match timeout {
         None => -1,
         Some(t) => t.as_millis().min(i32::MAX as u128) as libc::c_int + i32::from(t.subsec_nanos() % 1_000_000 != 0),
     };
-    // SAFETY: `pfds` is a valid array of `len` pollfd for the call.
-    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    // SAFETY: `pfds` is a valid array of at least `fds.len()` pollfd for the call.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    let mut out = [0; MAX_POLL_FDS];
     if r < 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(vec![0; fds.len()]);
+            return Ok(out);
         }
         return Err(Error::io("poll", e));
     }
-    Ok(pfds.iter().map(|p| p.revents).collect())
+    for (o, p) in out.iter_mut().zip(&pfds[..fds.len()]) {
+        *o = p.revents;
+    }
+    Ok(out)
 }
 
 /// `pidfd_open(pid)`: a pollable handle that becomes readable when the process exits.

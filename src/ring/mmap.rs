@@ -212,7 +212,7 @@ impl RingSender {
     /// ring fills and the consumer must drain part of it first). `gone` is polled while
     /// waiting for space.
     pub fn send_many(&mut self, items: &[RingItem<'_>], wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
-        let deadline = Instant::now() + wait.timeout;
+        let mut deadline: Option<Instant> = None;
         for item in items {
             let total = item.len();
             let desc = match &item.payload {
@@ -254,17 +254,22 @@ impl RingSender {
                     if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill).map_err(ring_err)? {
                         break;
                     }
-                    // Full: let the consumer see what we have, then wait for space.
+                    // Full: let the consumer see what we have, then wait for space — spin
+                    // first, then (with the clock and a liveness check) sleep.
                     self.producer.publish();
+                    let bell = self.producer.doorbells().space_bell;
+                    if bell.spin(seen, wait.spin) {
+                        continue;
+                    }
                     let now = Instant::now();
-                    if now >= deadline {
+                    let end = *deadline.get_or_insert(now + wait.timeout);
+                    if now >= end {
                         return Err(Error::Timeout { what: "space in the ring (the consumer is not draining it)", after: wait.timeout });
                     }
                     if gone() {
                         return Err(Error::peer_gone("the consumer went away while the ring was full"));
                     }
-                    let slice = (deadline - now).min(LIVENESS_SLICE);
-                    self.producer.doorbells().space_bell.wait(seen, wait.spin, Some(slice));
+                    bell.wait(seen, 0, Some((end - now).min(LIVENESS_SLICE)));
                 }
                 sent += chunk;
                 first = false;
@@ -411,8 +416,17 @@ impl RecvState {
 
 
     fn decode_desc(&mut self, rec: &Record) -> Result<Option<TensorDesc>> {
+        let mut out = None;
+        self.decode_desc_into(rec, &mut out)?;
+        Ok(out)
+    }
+
+    /// Validate `rec`'s meta as a ring tensor descriptor into `out` (left `None` for a
+    /// bytes message). Writes in place: descriptors are 400 bytes.
+    fn decode_desc_into(&mut self, rec: &Record, out: &mut Option<TensorDesc>) -> Result<()> {
+        *out = None;
         if rec.meta.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
         if rec.meta.len() != DESC_SIZE {
             return Err(self.broken(format!("meta of {} bytes is not a descriptor", rec.meta.len())));
@@ -427,12 +441,13 @@ impl RecvState {
         if !d.layout().is_contiguous() || d.layout().storage_offset != 0 || d.layout().packed_bytes() != d.storage.nbytes {
             return Err(Error::InvalidDescriptor("ring descriptor must describe the packed contiguous data".into()));
         }
-        Ok(Some(d))
+        *out = Some(d);
+        Ok(())
     }
 
     /// Turn the next record into a message if it completes one. `borrow`: leave a
     /// single-record message in place.
-    fn process(&mut self, rec: Record, borrow: bool, me: &Arc<Mutex<RecvState>>) -> Result<Option<RingMessage>> {
+    fn process(&mut self, rec: Record, borrow: bool, me: Option<&Arc<Mutex<RecvState>>>) -> Result<Option<RingMessage>> {
         let h = rec.header;
         let first = h.flags & FLAG_FIRST != 0;
         let last = h.flags & FLAG_LAST != 0;
@@ -452,7 +467,7 @@ impl RecvState {
                     return Err(self.broken(format!("chunk of {} bytes for a message of {}", h.data_len, h.total_len)));
                 }
                 let desc = self.decode_desc(&rec)?;
-                if last && borrow {
+                if let (true, true, Some(me)) = (last, borrow, me) {
                     // SAFETY: data_offset + data_len lies inside the validated record;
                     // the token keeps it unreleased.
                     let ptr = unsafe { self.consumer_base().add(rec.data_offset as usize) };
@@ -500,6 +515,55 @@ impl RecvState {
         self.region_base as *const u8
     }
 
+    /// Like `poll`, but the message's bytes land in `buf` (reusing its capacity): a
+    /// single-record message is copied straight from the ring and released at once (no
+    /// message object); a chunked one is reassembled into `buf`'s allocation.
+    fn poll_into(&mut self, buf: &mut Vec<u8>, desc: &mut Option<TensorDesc>) -> Result<Option<u64>> {
+        if let Some(m) = &self.broken {
+            return Err(Error::Protocol(format!("ring broken: {m}")));
+        }
+        loop {
+            let rec = match self.consumer.try_pop() {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    let e = ring_err(e);
+                    self.broken.get_or_insert(e.to_string());
+                    return Err(e);
+                }
+            };
+            let h = rec.header;
+            if h.flags == FLAG_FIRST | FLAG_LAST && self.assembly.is_none() && h.data_len == h.total_len && h.total_len <= self.max_message {
+                let r = self.decode_desc_into(&rec, desc).and_then(|()| {
+                    buf.clear();
+                    let n = h.data_len;
+                    self.consumer
+                        .append_data(&rec, buf)
+                        .map_err(|_| Error::InvalidArgument(format!("cannot allocate {n} bytes for a ring message")))?;
+                    Ok(Some(h.tag))
+                });
+                self.pending.push_back((rec.end, false));
+                self.finish(rec.end);
+                return r;
+            }
+            // Anything else (chunks, or a single record the checks above would refuse):
+            // the general path, reassembling into `buf`'s allocation.
+            self.spare = std::mem::take(buf);
+            let r = self.process(rec, false, None);
+            *buf = std::mem::take(&mut self.spare);
+            match r? {
+                Some(m) => {
+                    *desc = m.desc;
+                    if let Data::Owned(v) = m.data {
+                        *buf = v;
+                    }
+                    return Ok(Some(m.tag));
+                }
+                None => continue,
+            }
+        }
+    }
+
     /// Pop and process records until a message completes or none is published.
     fn poll(&mut self, borrow: bool, me: &Arc<Mutex<RecvState>>) -> Result<Option<RingMessage>> {
         if let Some(m) = &self.broken {
@@ -515,10 +579,40 @@ impl RecvState {
                     return Err(e);
                 }
             };
-            if let Some(m) = self.process(rec, borrow, me)? {
+            if let Some(m) = self.process(rec, borrow, Some(me))? {
                 return Ok(Some(m));
             }
         }
+    }
+}
+
+/// The slow half of a receive wait: spin, then (with the clock and a liveness check)
+/// sleep in slices until the deadline.
+struct Waiter<'a> {
+    bell: Doorbell<'a>,
+    wait: Wait,
+    deadline: Option<Instant>,
+}
+
+impl<'a> Waiter<'a> {
+    fn new(bell: Doorbell<'a>, wait: Wait) -> Self {
+        Waiter { bell, wait, deadline: None }
+    }
+
+    fn wait(&mut self, seen: u32, gone: &dyn Fn() -> bool) -> Result<()> {
+        if self.bell.spin(seen, self.wait.spin) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let end = *self.deadline.get_or_insert(now + self.wait.timeout);
+        if now >= end {
+            return Err(Error::Timeout { what: "a message in the ring", after: self.wait.timeout });
+        }
+        if gone() {
+            return Err(Error::peer_gone("the producer went away with nothing left in the ring"));
+        }
+        self.bell.wait(seen, 0, Some((end - now).min(LIVENESS_SLICE)));
+        Ok(())
     }
 }
 
@@ -554,67 +648,27 @@ impl RingReceiver {
     /// Receive one message: a copy (`borrow` false), or, for a message that fits one
     /// record, the bytes in place until the message is dropped (`borrow` true).
     pub fn recv(&self, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
-        let deadline = Instant::now() + wait.timeout;
+        let mut waiter = Waiter::new(self.data_bell, wait);
         loop {
             let seen = self.data_bell.current();
             if let Some(m) = self.state.lock().poll(borrow, &self.state)? {
                 return Ok(m);
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout { what: "a message in the ring", after: wait.timeout });
-            }
-            if gone() {
-                return Err(Error::peer_gone("the producer went away with nothing left in the ring"));
-            }
-            self.data_bell.wait(seen, wait.spin, Some((deadline - now).min(LIVENESS_SLICE)));
+            waiter.wait(seen, gone)?;
         }
     }
 
     /// Receive one message into `buf` (replacing its contents, reusing its capacity —
     /// also for messages reassembled from chunks). Returns the tag and descriptor.
     pub fn recv_into(&self, buf: &mut Vec<u8>, wait: Wait, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
-        let deadline = Instant::now() + wait.timeout;
+        let mut waiter = Waiter::new(self.data_bell, wait);
+        let mut desc = None;
         loop {
             let seen = self.data_bell.current();
-            {
-                let mut st = self.state.lock();
-                st.spare = std::mem::take(buf);
-                let r = st.poll(true, &self.state);
-                let spare = std::mem::take(&mut st.spare);
-                match r {
-                    Ok(Some(m)) => {
-                        let (tag, desc) = (m.tag, m.desc);
-                        match m.data {
-                            // Reassembled from chunks: it already lives in `buf`'s allocation.
-                            Data::Owned(v) => *buf = v,
-                            Data::Borrowed { ptr, len, mut _token } => {
-                                *buf = spare;
-                                buf.clear();
-                                // SAFETY: the record stays unreleased until its end is
-                                // finished below (the token is disarmed, we hold the lock).
-                                buf.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, len) });
-                                _token.state = None;
-                                st.finish(_token.end);
-                            }
-                        }
-                        return Ok((tag, desc));
-                    }
-                    Ok(None) => *buf = spare,
-                    Err(e) => {
-                        *buf = spare;
-                        return Err(e);
-                    }
-                }
+            if let Some(tag) = self.state.lock().poll_into(buf, &mut desc)? {
+                return Ok((tag, desc));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout { what: "a message in the ring", after: wait.timeout });
-            }
-            if gone() {
-                return Err(Error::peer_gone("the producer went away with nothing left in the ring"));
-            }
-            self.data_bell.wait(seen, wait.spin, Some((deadline - now).min(LIVENESS_SLICE)));
+            waiter.wait(seen, gone)?;
         }
     }
 
