@@ -965,6 +965,7 @@ impl Inner {
                     Ok(Value::from(Tensor::File(Arc::new(FsTensor::from_tensor_ref(&m)?))))
                 }
                 Some("TensorwireTensor") => self.claim_native(&m),
+                Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
                 _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
             },
             other => Ok(other),
@@ -1018,6 +1019,10 @@ impl Inner {
             let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
             n.peer.export(&shared, tensorwire::ExportOptions { tag, window: None })?;
             return Ok(crate::tensor::native_ref(tag, shared.layout()));
+        }
+        if !self.is_unix {
+            // TCP: the peer may be on another machine; copy the data into the JSON.
+            return crate::tensor::to_tensor_value(t);
         }
         let fs = t.to_fs()?;
         let v = fs.to_tensor_ref(self.cfg.fs_strategy);

@@ -471,6 +471,73 @@ impl Drop for FsTensor {
     }
 }
 
+/// A tensor as pyisolate's `TensorValue` (data inline as nested lists; used over TCP,
+/// where no memory can be shared). Numeric and bool dtypes only.
+pub fn to_tensor_value(t: &Tensor) -> Result<Value> {
+    let l = t.layout();
+    let flat = t.to_f64_vec()?;
+    let dt = l.dtype;
+    let leaf = |x: f64| match dt {
+        tensorwire::DType::Float32 | tensorwire::DType::Float64 => Value::Float(x),
+        tensorwire::DType::Bool => Value::Bool(x != 0.0),
+        _ => Value::Int(x as i64),
+    };
+    fn nest(sizes: &[i64], flat: &[f64], leaf: &dyn Fn(f64) -> Value) -> Value {
+        match sizes.split_first() {
+            None => leaf(flat[0]),
+            Some((&n, rest)) => {
+                let step: usize = rest.iter().map(|&s| s as usize).product();
+                Value::Array((0..n as usize).map(|i| nest(rest, &flat[i * step..(i + 1) * step], leaf)).collect())
+            }
+        }
+    }
+    let data = if flat.is_empty() && !l.sizes().is_empty() { Value::Array(vec![]) } else { nest(l.sizes(), &flat, &leaf) };
+    let mut m = Map::new();
+    m.insert("__type__".into(), "TensorValue".into());
+    m.insert("dtype".into(), Value::Str(format!("torch.{}", dt.name())));
+    m.insert("tensor_size".into(), Value::Array(l.sizes().iter().map(|&s| Value::Int(s)).collect()));
+    m.insert("requires_grad".into(), Value::Bool(false));
+    m.insert("data".into(), data);
+    Ok(Value::Object(m))
+}
+
+/// Decode a `TensorValue` (nested lists) into a new tensor.
+pub fn from_tensor_value(m: &Map) -> Result<Tensor> {
+    let dtype = dtype_from_torch(m.get("dtype").and_then(Value::as_str).unwrap_or(""))?;
+    let sizes = int_list(m, "tensor_size")?;
+    let layout = Layout::contiguous(dtype, &sizes).map_err(|e| RpcError::Decode(e.to_string()))?;
+    let numel = layout.numel();
+    let mut flat: Vec<f64> = Vec::new();
+    let mut stack = vec![m.get("data").ok_or_else(|| RpcError::Decode("TensorValue has no data".into()))?];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(a) => stack.extend(a.iter().rev()),
+            Value::Bool(b) => flat.push(f64::from(u8::from(*b))),
+            other => flat.push(other.as_f64().ok_or_else(|| RpcError::Decode(format!("TensorValue data holds a {}", other.type_name())))?),
+        }
+        if flat.len() as u64 > numel {
+            break;
+        }
+    }
+    if flat.len() as u64 != numel {
+        return Err(RpcError::Decode(format!("TensorValue has {} elements, its size {sizes:?} needs {numel}", flat.len())));
+    }
+    let mut bytes = Vec::with_capacity(flat.len() * dtype.size());
+    for x in flat {
+        match dtype {
+            DType::Float32 => bytes.extend((x as f32).to_ne_bytes()),
+            DType::Float64 => bytes.extend(x.to_ne_bytes()),
+            DType::Int64 => bytes.extend((x as i64).to_ne_bytes()),
+            DType::Int32 => bytes.extend((x as i32).to_ne_bytes()),
+            DType::Int16 => bytes.extend((x as i16).to_ne_bytes()),
+            DType::Int8 => bytes.extend((x as i8).to_ne_bytes()),
+            DType::UInt8 | DType::Bool => bytes.push(x as u8),
+            other => return Err(RpcError::Decode(format!("TensorValue of dtype {} is not supported", other.name()))),
+        }
+    }
+    Tensor::from_bytes(dtype, &sizes, &bytes)
+}
+
 /// The JSON for a natively sent tensor (the descriptor travels over the transport).
 pub fn native_ref(tag: u64, layout: &Layout) -> Value {
     let mut m = Map::new();

@@ -243,6 +243,13 @@ fn tcp_transport() {
     let c = Endpoint::connect(&addr, Registry::new(), RpcConfig::default()).unwrap();
     assert_eq!(c.call("calc", "add", vec![2.into(), 3.into()]).unwrap(), Value::Int(5));
     assert!(!c.negotiate_native(Duration::from_secs(1)).unwrap(), "no native tensors over TCP");
+    // Tensors are copied into the JSON (TensorValue) both ways over TCP.
+    let tt = Tensor::from_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.5]).unwrap();
+    let r = c.call("calc", "describe", vec![Value::from(tt)]).unwrap();
+    assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
+    let got = c.call("calc", "make_tensor", vec![]).unwrap();
+    assert_eq!(got.as_tensor().unwrap().to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+    assert_eq!(got.as_tensor().unwrap().shape(), vec![2, 3]);
     c.close(Duration::from_secs(1));
     t.join().unwrap();
 }
