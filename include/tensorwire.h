@@ -25,41 +25,6 @@
  */
 #define TW_MAX_NDIM 16
 
-#define RECORD_ALIGN 64
-
-#define HEADER_BYTES 64
-
-/*
- Largest `meta` part of a record (a tensor descriptor fits).
- */
-#define MAX_META 1024
-
-#define KIND_DATA 1
-
-#define KIND_PAD 2
-
-/*
- First record of a message.
- */
-#define FLAG_FIRST 1
-
-/*
- Last record of a message.
- */
-#define FLAG_LAST 2
-
-/*
- Offset of the data area in the ring segment.
- */
-#define DATA_OFFSET 4096
-
-/*
- Smallest and largest data area.
- */
-#define MIN_RING_BYTES 4096
-
-#define MAX_RING_BYTES (1 << 34)
-
 /*
  Result of every fallible tensorwire C function. Numbers are stable; each area has
  its own range (0–99 general, 100–199 connection, 200–299 descriptors and segments,
