@@ -224,6 +224,24 @@ fn ring_pingpong(size: usize, iters: usize, spin: bool) -> Stats {
     st
 }
 
+/// µs for one 64-byte send + receive within one thread (no waiting, no cache misses).
+fn same_thread_cost(iters: usize) -> f64 {
+    let (a, b) = Peer::pair(cfg(0)).unwrap();
+    let w = Wait { spin: 0, timeout: T };
+    let msg = [7u8; 64];
+    let mut buf = Vec::with_capacity(64);
+    let mut run = |n: usize| {
+        let t = Instant::now();
+        for i in 0..n as u64 {
+            a.ring_send_with(&[RingItem::bytes(i, &msg)], w).unwrap();
+            b.ring_recv_into(&mut buf, w).unwrap();
+        }
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    };
+    run(iters / 10 + 10);
+    run(iters)
+}
+
 /// Bytes/s through the ring for `count` messages of `size` (after one warm-up message).
 fn ring_throughput(size: usize, count: usize) -> f64 {
     let (mut child, fd) = spawn("ring_sink");
@@ -280,6 +298,8 @@ fn parent(n: impl Fn(usize) -> usize, as_test: bool) {
         println!("{:<28} {:>9.3} {:>9.3}", format!("ring {label}, spinning"), rs.p50, rs.p99);
         println!("{:<28} {:>9.3} {:>9.3}", format!("ring {label}, sleeping"), rz.p50, rz.p99);
     }
+    println!("{:<28} {:>9.3}", "ring 64 B software cost*", same_thread_cost(n(200_000)));
+    println!("  * send + receive in one thread: the ring's own instructions, no cross-core traffic");
     println!();
     println!("64 B spinning / spin floor  = {:.2}x (target <= 3)", ring64.0 / spin.p50);
     println!("64 B sleeping / futex floor = {:.2}x (target <= 1.5)", ring64.1 / futex.p50);
