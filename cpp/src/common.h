@@ -3,10 +3,10 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/custom_class.h>
 #include <torch/library.h>
 
-#include <shared_mutex>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "tensorwire.h"
@@ -49,37 +49,37 @@ at::Tensor new_segment_tensor(at::IntArrayRef sizes, at::ScalarType dtype);
 // Check that torch and tensorwire agree on `dtype` (same number, same element size).
 void check_dtype(at::ScalarType dtype, const char* what);
 
-// One connection (tw_peer_t). `close()` ends it; every op on a closed one fails.
-struct Connection : torch::CustomClassHolder {
+// Connections and listeners are named by int64 handles in a process-wide registry (a
+// custom-class argument costs ~12 us per call from Python; an int costs nothing). An op
+// holds a shared_ptr while it runs, so `close` never frees a handle under a running op:
+// the tw_peer_t is freed when the last user lets go.
+struct Connection {
   explicit Connection(tw_peer_t* p) : peer(p) {}
-  ~Connection() override { tw_peer_free(peer); }
+  ~Connection() { tw_peer_free(peer); }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
-
-  // Shared by every op, exclusive for close(); recv additionally takes recv_mu (one
-  // receiver at a time, as the C ABI requires).
-  std::shared_mutex mu;
-  std::mutex recv_mu;
-  tw_peer_t* peer;
-
-  void close();
-  int64_t pid();
+  tw_peer_t* const peer;
+  std::mutex recv_mu;  // one receiver at a time, as the C ABI requires
 };
 
-struct Listener : torch::CustomClassHolder {
-  explicit Listener(tw_listener_t* l, std::string p) : listener(l), path(std::move(p)) {}
-  ~Listener() override { tw_listener_free(listener); }
-  std::shared_mutex mu;
-  tw_listener_t* listener;
-  std::string path;
-  void close();
+struct Listener {
+  Listener(tw_listener_t* l, std::string p) : listener(l), path(std::move(p)) {}
+  ~Listener() { tw_listener_free(listener); }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  tw_listener_t* const listener;
+  const std::string path;
 };
 
-// Lock a connection for an op, failing clearly if it was closed.
-struct LiveConnection {
-  explicit LiveConnection(const c10::intrusive_ptr<Connection>& c, const char* op);
-  std::shared_lock<std::shared_mutex> lock;
-  tw_peer_t* peer;
-};
+// Take ownership of `peer` (freed on failure too) and return its handle.
+int64_t register_connection(tw_peer_t* peer);
+int64_t register_listener(tw_listener_t* listener, std::string path);
+// The live object behind a handle; TORCH_CHECK-fails with `op` in the message if the
+// handle is unknown or closed.
+std::shared_ptr<Connection> connection(int64_t handle, const char* op);
+std::shared_ptr<Listener> listener(int64_t handle, const char* op);
+// Forget the handle (idempotent); the object is freed once no op uses it.
+void close_connection(int64_t handle);
+void close_listener(int64_t handle);
 
 }  // namespace tensorwire_torch

@@ -91,12 +91,6 @@ tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t win
   return c;
 }
 
-c10::intrusive_ptr<Connection> wrap_peer(tw_peer_t* p) {
-  std::unique_ptr<tw_peer_t, decltype(&tw_peer_free)> g(p, &tw_peer_free);
-  auto c = c10::make_intrusive<Connection>(p);
-  g.release();
-  return c;
-}
 
 }  // namespace
 
@@ -169,11 +163,11 @@ bool is_shared(const at::Tensor& self) {
   return is_zero_copy(self);
 }
 
-bool send(const c10::intrusive_ptr<Connection>& conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
+bool send(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
   check_exportable(tensor, "send");
   TORCH_CHECK(tag >= 0, "tensorwire.send: tag must be >= 0, got ", tag);
   TORCH_CHECK(window_ms >= 0, "tensorwire.send: window_ms must be >= 0, got ", window_ms);
-  LiveConnection live(conn, "send");
+  auto live = connection(conn, "send");
   bool zero_copy = is_zero_copy(tensor);
   at::Tensor src = zero_copy ? tensor : to_shared(tensor);
   const c10::Storage& storage = src.storage();
@@ -187,17 +181,17 @@ bool send(const c10::intrusive_ptr<Connection>& conn, const at::Tensor& tensor, 
   // The lease owns a reference to the storage; tw_peer_export calls release_storage
   // exactly once (also when it fails, before returning).
   auto* owner = new c10::Storage(storage);
-  TW_CHECK(tw_peer_export(live.peer, seg->seg, offset, storage.nbytes(), &l, static_cast<uint64_t>(tag),
+  TW_CHECK(tw_peer_export(live->peer, seg->seg, offset, storage.nbytes(), &l, static_cast<uint64_t>(tag),
                           static_cast<uint64_t>(window_ms), &release_storage, owner, nullptr));
   return zero_copy;
 }
 
-std::tuple<at::Tensor, int64_t> recv(const c10::intrusive_ptr<Connection>& conn, int64_t timeout_ms) {
-  LiveConnection live(conn, "recv");
-  std::lock_guard<std::mutex> one_receiver(conn->recv_mu);
+std::tuple<at::Tensor, int64_t> recv(int64_t conn, int64_t timeout_ms) {
+  auto live = connection(conn, "recv");
+  std::lock_guard<std::mutex> one_receiver(live->recv_mu);
   tw_imported_t* imp = nullptr;
   tw_message_t* msg = nullptr;
-  TW_CHECK(tw_peer_recv(live.peer, timeout_ms, &imp, &msg));
+  TW_CHECK(tw_peer_recv(live->peer, timeout_ms, &imp, &msg));
   if (msg != nullptr) {
     size_t len = 0;
     tw_message_data(msg, &len);
@@ -224,10 +218,10 @@ std::tuple<at::Tensor, int64_t> recv(const c10::intrusive_ptr<Connection>& conn,
   return {t, tag};
 }
 
-std::vector<int64_t> stats(const c10::intrusive_ptr<Connection>& conn) {
-  LiveConnection live(conn, "stats");
+std::vector<int64_t> stats(int64_t conn) {
+  auto live = connection(conn, "stats");
   tw_lease_stats_t s{};
-  TW_CHECK(tw_peer_reap(live.peer, &s));
+  TW_CHECK(tw_peer_reap(live->peer, &s));
   return {static_cast<int64_t>(s.live_leases), static_cast<int64_t>(s.live_bytes), static_cast<int64_t>(s.granted),
           static_cast<int64_t>(s.released),    static_cast<int64_t>(s.expired),    static_cast<int64_t>(s.reclaimed)};
 }
@@ -243,47 +237,43 @@ void set_inheritable(int64_t fd, bool inheritable) {
   TW_CHECK(tw_fd_set_inheritable(static_cast<int>(fd), inheritable));
 }
 
-c10::intrusive_ptr<Connection> from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
+int64_t from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
                                        int64_t handshake_timeout_ms) {
   TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.from_fd: fd ", fd, " is not a valid descriptor");
   tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
   tw_peer_t* p = nullptr;
   TW_CHECK(tw_peer_from_fd(static_cast<int>(fd), &c, &p));
-  return wrap_peer(p);
+  return register_connection(p);
 }
 
-c10::intrusive_ptr<Connection> connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes,
+int64_t connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes,
                                        int64_t window_ms, int64_t handshake_timeout_ms) {
   tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
   std::string p(path);
   tw_peer_t* peer = nullptr;
   TW_CHECK(tw_peer_connect(p.c_str(), &c, &peer));
-  return wrap_peer(peer);
+  return register_connection(peer);
 }
 
-c10::intrusive_ptr<Listener> listen(c10::string_view path) {
+int64_t listen(c10::string_view path) {
   std::string p(path);
   tw_listener_t* l = nullptr;
   TW_CHECK(tw_listener_bind(p.c_str(), &l));
-  std::unique_ptr<tw_listener_t, decltype(&tw_listener_free)> g(l, &tw_listener_free);
-  auto out = c10::make_intrusive<Listener>(l, p);
-  g.release();
-  return out;
+  return register_listener(l, p);
 }
 
-c10::intrusive_ptr<Connection> accept(const c10::intrusive_ptr<Listener>& listener, int64_t max_leases,
+int64_t accept(int64_t listener_handle, int64_t max_leases,
                                       int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms) {
   tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
-  std::shared_lock<std::shared_mutex> g(listener->mu);
-  TORCH_CHECK(listener->listener != nullptr, "tensorwire.accept: the listener is closed");
+  auto l = listener(listener_handle, "accept");
   tw_peer_t* p = nullptr;
-  TW_CHECK(tw_listener_accept(listener->listener, &c, &p));
-  return wrap_peer(p);
+  TW_CHECK(tw_listener_accept(l->listener, &c, &p));
+  return register_connection(p);
 }
 
-void close(const c10::intrusive_ptr<Connection>& conn) { conn->close(); }
-void close_listener(const c10::intrusive_ptr<Listener>& l) { l->close(); }
-int64_t peer_pid(const c10::intrusive_ptr<Connection>& conn) { return conn->pid(); }
+void close(int64_t conn) { close_connection(conn); }
+void close_listener_op(int64_t l) { close_listener(l); }
+int64_t peer_pid(int64_t conn) { return tw_peer_pid(connection(conn, "peer_pid")->peer); }
 
 std::tuple<int64_t, int64_t, int64_t> segment_fd(const at::Tensor& self) {
   TORCH_CHECK(self.defined() && self.device().is_cpu(), "tensorwire.segment_fd: expected a defined CPU tensor");
@@ -334,7 +324,7 @@ TORCH_LIBRARY_IMPL(tensorwire, CompositeExplicitAutograd, m) {
   m.impl("listen", &listen);
   m.impl("accept", &accept);
   m.impl("close", &close);
-  m.impl("close_listener", &close_listener);
+  m.impl("close_listener", &close_listener_op);
   m.impl("peer_pid", &peer_pid);
   m.impl("stats", &stats);
 }

@@ -1,41 +1,81 @@
-// The one TORCH_LIBRARY block of torch.ops.tensorwire: every schema and the two classes.
+// The one TORCH_LIBRARY block of torch.ops.tensorwire (every schema), and the registry of
+// connection / listener handles.
 // Implementations live per backend (cpu.cpp: CPU and backend-less ops). Fake
 // implementations for the ops with known output shapes are in python/tensorwire/_fake.py.
 #include "common.h"
 
+#include <atomic>
+#include <unordered_map>
+
 namespace tensorwire_torch {
+namespace {
 
-void Connection::close() {
-  std::unique_lock<std::shared_mutex> g(mu);
-  tw_peer_free(peer);  // ends every lease this side granted; their owners are dropped
-  peer = nullptr;
+template <typename T>
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<int64_t, std::shared_ptr<T>> live;
+};
+std::atomic<int64_t> next_handle{1};
+Registry<Connection>& connections() {
+  static auto* r = new Registry<Connection>();  // never destroyed: no teardown-order issues at exit
+  return *r;
+}
+Registry<Listener>& listeners() {
+  static auto* r = new Registry<Listener>();
+  return *r;
 }
 
-int64_t Connection::pid() {
-  std::shared_lock<std::shared_mutex> g(mu);
-  TORCH_CHECK(peer != nullptr, "tensorwire: the connection is closed");
-  return tw_peer_pid(peer);
+template <typename T>
+int64_t add(Registry<T>& r, std::shared_ptr<T> obj) {
+  int64_t h = next_handle.fetch_add(1);
+  std::lock_guard<std::mutex> g(r.mu);
+  r.live.emplace(h, std::move(obj));
+  return h;
 }
 
-void Listener::close() {
-  std::unique_lock<std::shared_mutex> g(mu);
-  tw_listener_free(listener);
-  listener = nullptr;
+template <typename T>
+std::shared_ptr<T> get(Registry<T>& r, int64_t h, const char* what, const char* op) {
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.live.find(h);
+  TORCH_CHECK(it != r.live.end(), "tensorwire.", op, ": ", what, " ", h, " is closed or was never opened");
+  return it->second;
 }
 
-LiveConnection::LiveConnection(const c10::intrusive_ptr<Connection>& c, const char* op) : lock(c->mu), peer(c->peer) {
-  TORCH_CHECK(peer != nullptr, "tensorwire.", op, ": the connection is closed");
+template <typename T>
+void remove(Registry<T>& r, int64_t h) {
+  std::shared_ptr<T> dropped;  // freed outside the lock (tw_peer_free runs lease owners)
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.live.find(h);
+  if (it != r.live.end()) {
+    dropped = std::move(it->second);
+    r.live.erase(it);
+  }
 }
+
+}  // namespace
+
+int64_t register_connection(tw_peer_t* peer) {
+  std::unique_ptr<tw_peer_t, decltype(&tw_peer_free)> g(peer, &tw_peer_free);
+  auto c = std::make_shared<Connection>(peer);
+  g.release();
+  return add(connections(), std::move(c));
+}
+
+int64_t register_listener(tw_listener_t* l, std::string path) {
+  std::unique_ptr<tw_listener_t, decltype(&tw_listener_free)> g(l, &tw_listener_free);
+  auto o = std::make_shared<Listener>(l, std::move(path));
+  g.release();
+  return add(listeners(), std::move(o));
+}
+
+std::shared_ptr<Connection> connection(int64_t h, const char* op) { return get(connections(), h, "connection", op); }
+std::shared_ptr<Listener> listener(int64_t h, const char* op) { return get(listeners(), h, "listener", op); }
+void close_connection(int64_t h) { remove(connections(), h); }
+void close_listener(int64_t h) { remove(listeners(), h); }
 
 }  // namespace tensorwire_torch
 
-using tensorwire_torch::Connection;
-using tensorwire_torch::Listener;
-
 TORCH_LIBRARY(tensorwire, m) {
-  m.class_<Connection>("Connection").def("pid", &Connection::pid);
-  m.class_<Listener>("Listener").def("path", [](const c10::intrusive_ptr<Listener>& l) { return l->path; });
-
   // Tensors that live in a tensorwire segment (sealed memfd): sending them copies nothing.
   // Fresh memfd pages are zero, so `empty` is zero-filled too.
   m.def("empty(int[] size, *, ScalarType? dtype=None) -> Tensor");
@@ -45,28 +85,28 @@ TORCH_LIBRARY(tensorwire, m) {
   // True if `self` lives in a sealed tensorwire segment (export is zero-copy).
   m.def("is_shared(Tensor self) -> bool");
 
-  // Connections. `from_fd` takes ownership of `fd` (an end of `socketpair`, e.g. inherited
+  // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of `socketpair`, e.g. inherited
   // by a child process). Limits of 0 mean the library's defaults (handshake: 10 s).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
-  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
-  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
-  m.def("listen(str path) -> __torch__.torch.classes.tensorwire.Listener");
-  m.def("accept(__torch__.torch.classes.tensorwire.Listener listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> __torch__.torch.classes.tensorwire.Connection");
-  m.def("close(__torch__.torch.classes.tensorwire.Connection conn) -> ()");
-  m.def("close_listener(__torch__.torch.classes.tensorwire.Listener listener) -> ()");
-  m.def("peer_pid(__torch__.torch.classes.tensorwire.Connection conn) -> int");
+  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> int");
+  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> int");
+  m.def("listen(str path) -> int");
+  m.def("accept(int listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> int");
+  m.def("close(int conn) -> ()");
+  m.def("close_listener(int listener) -> ()");
+  m.def("peer_pid(int conn) -> int");
 
   // Export `tensor` to the peer under a lease: zero-copy if it lives in a sealed segment
   // (the lease owns a reference to its storage), else copied once into a fresh segment.
   // Returns whether it went zero-copy. `window_ms` > 0 bounds how long the peer may hold it.
-  m.def("send(__torch__.torch.classes.tensorwire.Connection conn, Tensor tensor, int tag=0, int window_ms=0) -> bool");
+  m.def("send(int conn, Tensor tensor, int tag=0, int window_ms=0) -> bool");
   // The next tensor from the peer (and its tag), aliasing the peer's memory; its lease is
   // released when the last tensor using that memory dies. timeout_ms < 0: no limit.
-  m.def("recv(__torch__.torch.classes.tensorwire.Connection conn, int timeout_ms=-1) -> (Tensor, int)");
+  m.def("recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
   // [live_leases, live_bytes, granted, released, expired, reclaimed] of what this side
   // exported to the peer, after processing pending releases and peer death.
-  m.def("stats(__torch__.torch.classes.tensorwire.Connection conn) -> int[]");
+  m.def("stats(int conn) -> int[]");
 
   // Interop with PyTorch's own CPU sharing (file_descriptor strategy).
   // A dup of the segment fd behind `self` (close-on-exec; the caller owns it), the
