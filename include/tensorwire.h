@@ -21,9 +21,20 @@
 #define TENSORWIRE_VERSION "0.1.0"
 
 /*
+ Events per connection.
+ */
+#define POOL_SIZE 32
+
+/*
  Most dimensions of a view.
  */
 #define TW_MAX_NDIM 16
+
+/*
+ The producer's CUDA IPC event pool (once, before its first CUDA export): device (i32),
+ count (u32), count x 64-byte event handles; 1 fd: the ack table.
+ */
+#define KIND_CUDA_EVENTS 5
 
 /*
  Result of every fallible tensorwire C function. Numbers are stable; each area has
@@ -80,6 +91,10 @@ typedef enum {
    No CUDA driver on this machine.
    */
   TW_ERR_CUDA_UNAVAILABLE = 400,
+  /*
+   A CUDA driver call failed (the message names the call and the CUDA error).
+   */
+  TW_ERR_CUDA = 401,
 } tw_result_e;
 
 /*
@@ -121,7 +136,8 @@ typedef uint8_t tw_dtype_e;
 #endif // __cplusplus
 
 /*
- Opaque imported tensor: a view of the peer's memory, valid until released.
+ Opaque imported tensor: a view of the peer's memory (CPU, or CUDA device memory),
+ valid until released.
  */
 typedef struct tw_imported_t tw_imported_t;
 
@@ -511,6 +527,52 @@ tw_result_e tw_peer_export(const tw_peer_t *peer,
                            tw_lease_t *out_lease);
 
 /*
+ Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
+ allocation; PyTorch's caching allocator qualifies) viewed as `layout`, under a lease,
+ after the work enqueued on `stream` (a CUstream; 0: legacy default stream) — an IPC
+ event recorded there orders the consumer. `release(ctx)` as for `tw_peer_export`.
+ `TW_ERR_CUDA_UNAVAILABLE` on a machine without a driver.
+
+ # Safety
+ As for `tw_peer_export`; `stream` a valid stream of `dptr`'s device.
+ */
+tw_result_e tw_peer_export_cuda(const tw_peer_t *peer,
+                                uint64_t dptr,
+                                uint64_t nbytes,
+                                const tw_layout_t *layout,
+                                size_t stream,
+                                uint64_t tag,
+                                uint64_t window_ms,
+                                tw_release_fn release,
+                                void *ctx,
+                                tw_lease_t *out_lease);
+
+/*
+ This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
+ and how many handles are open now (either may be NULL).
+ */
+void tw_cuda_ipc_cache_stats(uint64_t *opens, uint64_t *open_handles);
+
+/*
+ How many unused opened IPC handles the cache keeps open (default 16); 0 closes each
+ handle as soon as its last import is released (a handle opened per message).
+ */
+void tw_cuda_ipc_cache_keep_warm(size_t n);
+
+/*
+ True if a CUDA driver is present and initialised.
+ */
+bool tw_cuda_available(void);
+
+/*
+ Number of CUDA devices; `TW_ERR_CUDA_UNAVAILABLE` (with the reason) without a driver.
+
+ # Safety
+ `out` writable.
+ */
+tw_result_e tw_cuda_device_count(int32_t *out);
+
+/*
  Send a user message (≤ the max message size) with up to 8 fds (borrowed, not closed).
 
  # Safety
@@ -570,7 +632,8 @@ const tw_desc_t *tw_imported_desc(const tw_imported_t *imp);
 tw_result_e tw_imported_layout(const tw_imported_t *imp, tw_layout_t *out);
 
 /*
- Address of the view's element 0 in this process (NULL if `imp` is NULL).
+ Address of the view's element 0 in this process (NULL if `imp` is NULL); for a CUDA
+ import a device address (see `tw_imported_device`).
 
  # Safety
  NULL or a live handle.
@@ -608,6 +671,25 @@ uint64_t tw_imported_tag(const tw_imported_t *imp);
  `imp` live; `out` writable.
  */
 tw_result_e tw_imported_lease(const tw_imported_t *imp, tw_lease_t *out);
+
+/*
+ Device of an import: -1 for CPU memory, else the CUDA device ordinal (-2 if `imp`
+ is NULL).
+
+ # Safety
+ NULL or a live handle.
+ */
+int32_t tw_imported_device(const tw_imported_t *imp);
+
+/*
+ Make `stream` (a CUstream; 0 for the legacy default stream) wait for the producer's
+ last write to a CUDA import — an IPC event wait, never a device-wide synchronize. Call
+ before the first use on that stream. `TW_ERR_INVALID_ARGUMENT` for a CPU import.
+
+ # Safety
+ `imp` live; `stream` a valid stream of the import's device's current context.
+ */
+tw_result_e tw_imported_cuda_wait(const tw_imported_t *imp, size_t stream);
 
 /*
  Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`

@@ -22,6 +22,9 @@ cargo clippy --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 
 step "unit, integration, cross-process and doc tests"
 cargo test --locked 2>&1 | tee -a "$log"
+# Again with output shown, so a machine without a GPU says loudly that GPU tests were
+# skipped (the GPU tests themselves run with scripts/gpu_test.sh on a GPU machine).
+{ cargo test --locked -q --test cuda_unavailable -- --nocapture 2>&1 || true; } | grep -m1 -E "SKIPPED|driver is present" || true
 
 step "loom models (--cfg loom)"
 RUSTFLAGS="--cfg loom" cargo test --release --locked --test loom --test loom_ring --target-dir target-loom 2>&1 | tee -a "$log"

@@ -567,6 +567,14 @@ impl TensorDesc {
         d
     }
 
+    /// A descriptor of a CUDA tensor on `device`.
+    pub fn new_cuda(layout: &Layout, device: u8, kind: StorageKind, storage: StorageRef) -> TensorDesc {
+        let mut d = TensorDesc::new(layout, kind, storage);
+        d.device_type = DeviceType::Cuda as u8;
+        d.device_index = device;
+        d
+    }
+
     /// The descriptor's bytes.
     pub fn encode(&self) -> &[u8] {
         bytemuck::bytes_of(self)

@@ -32,6 +32,8 @@ pub enum Error {
     InvalidArgument(String),
     /// CUDA was asked for but no driver is present on this machine.
     CudaUnavailable(String),
+    /// A CUDA driver call failed.
+    Cuda { call: &'static str, code: i32, name: String },
 }
 
 impl Error {
@@ -67,6 +69,7 @@ impl fmt::Display for Error {
             Error::QuotaExceeded(m) => write!(f, "quota exceeded: {m}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::CudaUnavailable(m) => write!(f, "CUDA unavailable: {m}"),
+            Error::Cuda { call, code, name } => write!(f, "CUDA call {call} failed: {name} ({code})"),
         }
     }
 }

@@ -27,6 +27,8 @@ pub mod doorbell;
 #[cfg(not(loom))]
 pub mod connection;
 #[cfg(not(loom))]
+pub mod cuda;
+#[cfg(not(loom))]
 pub mod desc;
 #[cfg(not(loom))]
 pub mod ffi;
@@ -49,6 +51,6 @@ pub use lease::{LeaseId, LeaseStats, Owner};
 #[cfg(not(loom))]
 pub use ring::{RingItem, RingMessage, Wait};
 #[cfg(not(loom))]
-pub use peer::{ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
+pub use peer::{CudaImported, ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
 #[cfg(not(loom))]
 pub use segment::Segment;

@@ -27,6 +27,9 @@ pub const KIND_TENSOR: u32 = 2;
 pub const KIND_FORGET: u32 = 3;
 /// A user message.
 pub const KIND_USER: u32 = 4;
+/// The producer's CUDA IPC event pool (once, before its first CUDA export): device (i32),
+/// count (u32), count x 64-byte event handles; 1 fd: the ack table.
+pub const KIND_CUDA_EVENTS: u32 = 5;
 
 /// How often the reaper looks for a dead peer when nothing else wakes it.
 const REAPER_TICK: Duration = Duration::from_millis(50);
@@ -173,6 +176,8 @@ pub enum Incoming {
     Tensor(Imported),
     /// A user message (`Peer::send_message`).
     Message { payload: Vec<u8>, fds: Vec<OwnedFd> },
+    /// A CUDA tensor the peer exported to us.
+    CudaTensor(CudaImported),
 }
 
 impl std::fmt::Debug for Incoming {
@@ -180,6 +185,7 @@ impl std::fmt::Debug for Incoming {
         match self {
             Incoming::Tensor(t) => write!(f, "Tensor({:?}, tag {})", t.layout(), t.tag()),
             Incoming::Message { payload, fds } => write!(f, "Message({} bytes, {} fds)", payload.len(), fds.len()),
+            Incoming::CudaTensor(t) => write!(f, "CudaTensor({:?}, tag {})", t.desc.layout(), t.tag),
         }
     }
 }
@@ -196,6 +202,10 @@ struct Inner {
     stop: AtomicBool,
     ring_tx: Option<Mutex<RingSender>>,
     ring_rx: Option<RingReceiver>,
+    /// Our IPC event pool for CUDA exports (created at the first one).
+    cuda_tx: Mutex<Option<crate::cuda::event::EventPool>>,
+    /// The peer's event pool, opened when it sends it.
+    cuda_rx: Mutex<Option<Arc<crate::cuda::event::RemoteEvents>>>,
 }
 
 impl Inner {
@@ -302,6 +312,8 @@ impl Peer {
             stop: AtomicBool::new(false),
             ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
+            cuda_tx: Mutex::new(None),
+            cuda_rx: Mutex::new(None),
         });
         let r = inner.clone();
         let reaper = std::thread::Builder::new()
@@ -369,7 +381,7 @@ impl Peer {
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.map(|w| Instant::now() + w);
         let _send = self.inner.send_lock.lock();
-        let granted = self.inner.exporter.lock().grant(&t.segment, t.nbytes as u64, owner, deadline);
+        let granted = self.inner.exporter.lock().grant(Some(&t.segment), t.nbytes as u64, owner, deadline);
         let (id, first) = granted.map_err(|(e, owner)| {
             drop(owner);
             e
@@ -404,6 +416,86 @@ impl Peer {
         Ok(id)
     }
 
+    /// Export `nbytes` of device memory at `dptr` (any pointer into a CUDA allocation),
+    /// viewed as `layout`, under a lease holding `owner` (e.g. a c10 storage). The last
+    /// write must have been enqueued on `stream`: an IPC event recorded there after it is
+    /// what the consumer's stream will wait for. One device per connection.
+    pub fn export_cuda(
+        &self,
+        dptr: u64,
+        nbytes: u64,
+        layout: &Layout,
+        stream: usize,
+        owner: Owner,
+        opts: ExportOptions,
+    ) -> Result<LeaseId> {
+        use crate::cuda::{event::EventPool, ipc};
+        if self.inner.conn.is_peer_gone() {
+            return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
+        }
+        let need = layout.extent_bytes()?;
+        if need > nbytes {
+            return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
+        }
+        let exp = ipc::export_pointer(dptr)?;
+        ipc::check_range(exp.offset, nbytes, exp.alloc_size).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "{nbytes} bytes at offset {} pass the end of a {}-byte CUDA allocation",
+                exp.offset, exp.alloc_size
+            ))
+        })?;
+        let device = u8::try_from(exp.device).map_err(|_| Error::InvalidArgument(format!("device {} out of range", exp.device)))?;
+        let _send = self.inner.send_lock.lock();
+        let mut pool = self.inner.cuda_tx.lock();
+        if pool.is_none() {
+            let p = EventPool::new(exp.device)?;
+            let mut payload = exp.device.to_le_bytes().to_vec();
+            payload.extend_from_slice(&(p.handles().len() as u32).to_le_bytes());
+            for h in p.handles() {
+                payload.extend_from_slice(h);
+            }
+            self.inner.conn.send(KIND_CUDA_EVENTS, &payload, &[p.acks().fd()])?;
+            *pool = Some(p);
+        }
+        let pool = pool.as_mut().expect("created above");
+        if pool.device() != exp.device {
+            return Err(Error::InvalidArgument(format!(
+                "this connection exports CUDA memory of device {}; device {} needs its own connection",
+                pool.device(),
+                exp.device
+            )));
+        }
+        let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
+        let window = opts.window.or(self.inner.cfg.default_window);
+        let deadline = window.map(|w| Instant::now() + w);
+        let (id, _) = self.inner.exporter.lock().grant(None, nbytes, owner, deadline).map_err(|(e, owner)| {
+            drop(owner);
+            e
+        })?;
+        let storage = StorageRef {
+            base_offset: exp.offset,
+            nbytes,
+            lease_slot: id.slot,
+            lease_gen: id.generation,
+            cuda_ipc_handle: exp.handle,
+            event_slot: slot,
+            event_seq: seq,
+            ..Zeroable::zeroed()
+        };
+        let desc = TensorDesc::new_cuda(layout, device, StorageKind::CudaIpc, storage);
+        let mut payload = [0u8; 8 + DESC_SIZE];
+        payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
+        payload[8..].copy_from_slice(desc.encode());
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &[]) {
+            let mut dead = Vec::new();
+            self.inner.exporter.lock().revoke(id, &mut dead);
+            drop(_send);
+            drop(dead);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
     /// Send a user message with up to 8 fds.
     pub fn send_message(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         self.inner.conn.send(KIND_USER, payload, fds)
@@ -417,7 +509,8 @@ impl Peer {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let msg = self.inner.conn.recv(left)?;
             match msg.kind {
-                KIND_TENSOR => return self.import(msg).map(Incoming::Tensor),
+                KIND_TENSOR => return self.import(msg),
+                KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
                 KIND_USER => return Ok(Incoming::Message { payload: msg.payload, fds: msg.fds }),
                 KIND_FORGET => {
                     let id: [u8; 8] = msg.payload.as_slice().try_into().map_err(|_| {
@@ -438,7 +531,59 @@ impl Peer {
         }
     }
 
-    fn import(&self, mut msg: crate::connection::Message) -> Result<Imported> {
+    fn open_cuda_events(&self, mut msg: crate::connection::Message) -> Result<()> {
+        let p = &msg.payload;
+        if p.len() < 8 || msg.fds.len() != 1 {
+            return Err(Error::Protocol(format!("CUDA event message of {} bytes and {} fds", p.len(), msg.fds.len())));
+        }
+        let device = i32::from_le_bytes(p[0..4].try_into().unwrap());
+        let n = u32::from_le_bytes(p[4..8].try_into().unwrap()) as usize;
+        if n == 0 || n > 1024 || p.len() != 8 + 64 * n {
+            return Err(Error::Protocol(format!("CUDA event message announces {n} events in {} bytes", p.len())));
+        }
+        let handles: Vec<[u8; 64]> = p[8..].chunks(64).map(|c| c.try_into().unwrap()).collect();
+        let acks = Segment::from_fd(msg.fds.pop().expect("checked"), n * 8)?;
+        let ev = crate::cuda::event::RemoteEvents::open(device, &handles, acks)?;
+        *self.inner.cuda_rx.lock() = Some(Arc::new(ev));
+        Ok(())
+    }
+
+    fn import(&self, msg: crate::connection::Message) -> Result<Incoming> {
+        let is_cuda = msg.payload.len() == 8 + DESC_SIZE && msg.payload[8 + 10] == StorageKind::CudaIpc as u8;
+        if is_cuda {
+            return self.import_cuda(msg).map(Incoming::CudaTensor);
+        }
+        self.import_cpu(msg).map(Incoming::Tensor)
+    }
+
+    fn import_cuda(&self, msg: crate::connection::Message) -> Result<CudaImported> {
+        if !msg.fds.is_empty() {
+            return Err(Error::Protocol("a CUDA tensor message carried fds".into()));
+        }
+        let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
+        let desc = TensorDesc::decode(&msg.payload[8..])?;
+        let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
+        self.inner.import.check_live(lease)?;
+        let opened = (|| {
+            let events = self.inner.cuda_rx.lock().clone().ok_or_else(|| {
+                Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into())
+            })?;
+            let mapping = crate::cuda::ipc::cache().open(i32::from(desc.device_index), desc.storage.cuda_ipc_handle)?;
+            crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
+            Ok((mapping, events))
+        })();
+        match opened {
+            Ok((mapping, events)) => {
+                Ok(CudaImported { inner: self.inner.clone(), mapping, events, desc, tag, lease, released: false })
+            }
+            Err(e) => {
+                let _ = self.inner.import.release(lease);
+                Err(e)
+            }
+        }
+    }
+
+    fn import_cpu(&self, mut msg: crate::connection::Message) -> Result<Imported> {
         if msg.payload.len() != 8 + DESC_SIZE || msg.fds.len() > 1 {
             return Err(Error::Protocol(format!(
                 "tensor message has {} bytes and {} fds, expected {} bytes and at most 1 fd",
@@ -653,6 +798,71 @@ impl Imported {
 }
 
 impl Drop for Imported {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release_inner();
+        }
+    }
+}
+
+/// A CUDA tensor imported from the peer: its allocation opened through the process's
+/// handle cache, valid until released (or dropped, which releases). Before touching it on
+/// a stream, call [`CudaImported::wait_on`] with that stream.
+pub struct CudaImported {
+    inner: Arc<Inner>,
+    mapping: crate::cuda::ipc::IpcMapping,
+    events: Arc<crate::cuda::event::RemoteEvents>,
+    desc: TensorDesc,
+    tag: u64,
+    lease: LeaseId,
+    released: bool,
+}
+
+impl CudaImported {
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+    pub fn layout(&self) -> Layout {
+        self.desc.layout()
+    }
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+    pub fn device(&self) -> i32 {
+        self.mapping.device()
+    }
+    /// Device address of the storage's first byte in this process.
+    pub fn storage_ptr(&self) -> u64 {
+        self.mapping.base() + self.desc.storage.base_offset
+    }
+    /// Device address of element 0 of the view.
+    pub fn data_ptr(&self) -> u64 {
+        let l = self.layout();
+        self.storage_ptr() + (l.storage_offset as u64 * l.dtype.size() as u64).min(self.desc.storage.nbytes)
+    }
+    pub fn storage_nbytes(&self) -> u64 {
+        self.desc.storage.nbytes
+    }
+    /// Make `stream` wait for the producer's last write (its IPC event): stream order,
+    /// never a device-wide synchronize. Call once, before the first use on `stream`.
+    pub fn wait_on(&self, stream: usize) -> Result<()> {
+        self.events.wait(self.desc.storage.event_slot, self.desc.storage.event_seq, stream)
+    }
+    /// Give the lease back (after the work reading it has been enqueued and, if the
+    /// producer may reuse the memory at once, completed).
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.release_inner()
+    }
+    fn release_inner(&mut self) -> Result<()> {
+        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
+            return Err(Error::peer_gone("the connection ended before the lease was released"));
+        }
+        self.inner.import.release(self.lease)
+    }
+}
+
+impl Drop for CudaImported {
     fn drop(&mut self) {
         if !self.released {
             let _ = self.release_inner();

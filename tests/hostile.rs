@@ -56,7 +56,7 @@ impl Attacker {
     /// lease check and reaches the check under test.
     fn live_lease(&mut self) -> LeaseId {
         let seg = Arc::new(Segment::create(64).unwrap());
-        self.table.grant(&seg, 64, Box::new(()), None).map_err(|(e, _)| e).unwrap().0
+        self.table.grant(Some(&seg), 64, Box::new(()), None).map_err(|(e, _)| e).unwrap().0
     }
 
     fn desc(&mut self, layout: Layout, segment_id: u64, nbytes: u64) -> TensorDesc {

@@ -57,6 +57,8 @@ pub enum tw_result_e {
     TW_ERR_QUOTA_EXCEEDED = 301,
     /// No CUDA driver on this machine.
     TW_ERR_CUDA_UNAVAILABLE = 400,
+    /// A CUDA driver call failed (the message names the call and the CUDA error).
+    TW_ERR_CUDA = 401,
 }
 
 impl From<&Error> for tw_result_e {
@@ -73,6 +75,7 @@ impl From<&Error> for tw_result_e {
             Error::QuotaExceeded(_) => TW_ERR_QUOTA_EXCEEDED,
             Error::InvalidArgument(_) => TW_ERR_INVALID_ARGUMENT,
             Error::CudaUnavailable(_) => TW_ERR_CUDA_UNAVAILABLE,
+            Error::Cuda { .. } => TW_ERR_CUDA,
         }
     }
 }
@@ -111,6 +114,7 @@ pub extern "C" fn tw_result_name(r: tw_result_e) -> *const c_char {
         TW_ERR_STALE_LEASE => b"TW_ERR_STALE_LEASE\0",
         TW_ERR_QUOTA_EXCEEDED => b"TW_ERR_QUOTA_EXCEEDED\0",
         TW_ERR_CUDA_UNAVAILABLE => b"TW_ERR_CUDA_UNAVAILABLE\0",
+        TW_ERR_CUDA => b"TW_ERR_CUDA\0",
     };
     s.as_ptr().cast()
 }

@@ -121,9 +121,52 @@ pub struct tw_listener_t {
     inner: Listener,
 }
 
-/// Opaque imported tensor: a view of the peer's memory, valid until released.
+/// Opaque imported tensor: a view of the peer's memory (CPU, or CUDA device memory),
+/// valid until released.
 pub struct tw_imported_t {
-    inner: Imported,
+    inner: AnyImport,
+}
+
+enum AnyImport {
+    Cpu(Imported),
+    Cuda(crate::peer::CudaImported),
+}
+
+impl AnyImport {
+    fn desc(&self) -> &TensorDesc {
+        match self {
+            AnyImport::Cpu(i) => i.desc(),
+            AnyImport::Cuda(i) => i.desc(),
+        }
+    }
+    fn data_ptr(&self) -> *mut c_void {
+        match self {
+            AnyImport::Cpu(i) => i.data_ptr().cast(),
+            AnyImport::Cuda(i) => i.data_ptr() as usize as *mut c_void,
+        }
+    }
+    fn storage_ptr(&self) -> *mut c_void {
+        match self {
+            AnyImport::Cpu(i) => i.storage_ptr().cast(),
+            AnyImport::Cuda(i) => i.storage_ptr() as usize as *mut c_void,
+        }
+    }
+    fn tag(&self) -> u64 {
+        match self {
+            AnyImport::Cpu(i) => i.tag(),
+            AnyImport::Cuda(i) => i.tag(),
+        }
+    }
+    fn lease(&self) -> tw_lease_t {
+        let d = self.desc();
+        tw_lease_t { slot: d.storage.lease_slot, generation: d.storage.lease_gen }
+    }
+    fn release(self) -> crate::Result<()> {
+        match self {
+            AnyImport::Cpu(i) => i.release(),
+            AnyImport::Cuda(i) => i.release(),
+        }
+    }
 }
 
 /// Opaque received user message (payload + fds).
@@ -383,6 +426,91 @@ pub unsafe extern "C" fn tw_peer_export(
     })
 }
 
+/// Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
+/// allocation; PyTorch's caching allocator qualifies) viewed as `layout`, under a lease,
+/// after the work enqueued on `stream` (a CUstream; 0: legacy default stream) — an IPC
+/// event recorded there orders the consumer. `release(ctx)` as for `tw_peer_export`.
+/// `TW_ERR_CUDA_UNAVAILABLE` on a machine without a driver.
+///
+/// # Safety
+/// As for `tw_peer_export`; `stream` a valid stream of `dptr`'s device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export_cuda(
+    peer: *const tw_peer_t,
+    dptr: u64,
+    nbytes: u64,
+    layout: *const tw_layout_t,
+    stream: usize,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard("tw_peer_export_cuda", move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        // SAFETY: readable per the contract; NULL refused.
+        let l = unsafe { arg(layout, "layout")? }.to_layout()?;
+        let owner: crate::Owner = match owner {
+            Some(o) => Box::new(o),
+            None => Box::new(()),
+        };
+        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
+        let id = p.inner.export_cuda(dptr, nbytes, &l, stream, owner, ExportOptions { tag, window })?;
+        if !out_lease.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        }
+        Ok(())
+    })
+}
+
+/// This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
+/// and how many handles are open now (either may be NULL).
+#[unsafe(no_mangle)]
+pub extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: *mut u64) {
+    quiet((), || {
+        let c = crate::cuda::ipc::cache();
+        if !opens.is_null() {
+            // SAFETY: non-null; the caller passes a writable pointer or NULL.
+            unsafe { opens.write(c.opens()) };
+        }
+        if !open_handles.is_null() {
+            // SAFETY: as above.
+            unsafe { open_handles.write(c.stats().0 as u64) };
+        }
+    })
+}
+
+/// How many unused opened IPC handles the cache keeps open (default 16); 0 closes each
+/// handle as soon as its last import is released (a handle opened per message).
+#[unsafe(no_mangle)]
+pub extern "C" fn tw_cuda_ipc_cache_keep_warm(n: usize) {
+    quiet((), || crate::cuda::ipc::cache().set_keep_warm(n))
+}
+
+/// True if a CUDA driver is present and initialised.
+#[unsafe(no_mangle)]
+pub extern "C" fn tw_cuda_available() -> bool {
+    quiet(false, crate::cuda::available)
+}
+
+/// Number of CUDA devices; `TW_ERR_CUDA_UNAVAILABLE` (with the reason) without a driver.
+///
+/// # Safety
+/// `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_cuda_device_count(out: *mut i32) -> tw_result_e {
+    guard("tw_cuda_device_count", || {
+        need(out, "out")?;
+        let n = crate::cuda::device_count()?;
+        // SAFETY: checked non-null.
+        unsafe { put(out, n as i32, "out") }
+    })
+}
+
 /// Send a user message (≤ the max message size) with up to 8 fds (borrowed, not closed).
 ///
 /// # Safety
@@ -440,7 +568,8 @@ pub unsafe extern "C" fn tw_peer_recv(
         need(out_message, "out_message")?;
         let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
         let (tensor, message) = match p.inner.recv(t)? {
-            Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: i })), std::ptr::null_mut()),
+            Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cpu(i) })), std::ptr::null_mut()),
+            Incoming::CudaTensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cuda(i) })), std::ptr::null_mut()),
             Incoming::Message { payload, fds } => (
                 std::ptr::null_mut(),
                 Box::into_raw(Box::new(tw_message_t { payload, fds: fds.into_iter().map(Some).collect() })),
@@ -505,13 +634,14 @@ pub unsafe extern "C" fn tw_imported_desc(imp: *const tw_imported_t) -> *const T
 pub unsafe extern "C" fn tw_imported_layout(imp: *const tw_imported_t, out: *mut tw_layout_t) -> tw_result_e {
     guard("tw_imported_layout", || {
         // SAFETY: live per the contract; NULL refused.
-        let l = unsafe { arg(imp, "imp")? }.inner.layout();
+        let l = unsafe { arg(imp, "imp")? }.inner.desc().layout();
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, tw_layout_t::from_layout(&l), "out") }
     })
 }
 
-/// Address of the view's element 0 in this process (NULL if `imp` is NULL).
+/// Address of the view's element 0 in this process (NULL if `imp` is NULL); for a CUDA
+/// import a device address (see `tw_imported_device`).
 ///
 /// # Safety
 /// NULL or a live handle.
@@ -538,7 +668,7 @@ pub unsafe extern "C" fn tw_imported_storage(imp: *const tw_imported_t) -> *mut 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_imported_storage_len(imp: *const tw_imported_t) -> usize {
     // SAFETY: NULL or live per the contract.
-    quiet(0, || unsafe { imp.as_ref() }.map_or(0, |i| i.inner.storage_nbytes()))
+    quiet(0, || unsafe { imp.as_ref() }.map_or(0, |i| i.inner.desc().storage.nbytes as usize))
 }
 
 /// The tag the producer sent with the tensor (0 if `imp` is NULL).
@@ -561,7 +691,39 @@ pub unsafe extern "C" fn tw_imported_lease(imp: *const tw_imported_t, out: *mut 
         // SAFETY: live per the contract; NULL refused.
         let l = unsafe { arg(imp, "imp")? }.inner.lease();
         // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, tw_lease_t { slot: l.slot, generation: l.generation }, "out") }
+        unsafe { put(out, l, "out") }
+    })
+}
+
+/// Device of an import: -1 for CPU memory, else the CUDA device ordinal (-2 if `imp`
+/// is NULL).
+///
+/// # Safety
+/// NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_device(imp: *const tw_imported_t) -> i32 {
+    // SAFETY: NULL or live per the contract.
+    quiet(-2, || match unsafe { imp.as_ref() }.map(|i| &i.inner) {
+        None => -2,
+        Some(AnyImport::Cpu(_)) => -1,
+        Some(AnyImport::Cuda(c)) => c.device(),
+    })
+}
+
+/// Make `stream` (a CUstream; 0 for the legacy default stream) wait for the producer's
+/// last write to a CUDA import — an IPC event wait, never a device-wide synchronize. Call
+/// before the first use on that stream. `TW_ERR_INVALID_ARGUMENT` for a CPU import.
+///
+/// # Safety
+/// `imp` live; `stream` a valid stream of the import's device's current context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_cuda_wait(imp: *const tw_imported_t, stream: usize) -> tw_result_e {
+    guard("tw_imported_cuda_wait", || {
+        // SAFETY: live per the contract; NULL refused.
+        match &unsafe { arg(imp, "imp")? }.inner {
+            AnyImport::Cuda(c) => Ok(c.wait_on(stream)?),
+            AnyImport::Cpu(_) => Err(Error::InvalidArgument("not a CUDA import".into()).into()),
+        }
     })
 }
 

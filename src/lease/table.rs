@@ -145,7 +145,7 @@ impl Exporter {
     /// is new to this peer (its fd must travel with the descriptor).
     pub fn grant(
         &mut self,
-        segment: &Arc<Segment>,
+        segment: Option<&Arc<Segment>>,
         nbytes: u64,
         owner: Owner,
         deadline: Option<Instant>,
@@ -175,13 +175,21 @@ impl Exporter {
         let generation = slot::next_gen(self.gens[slot as usize]);
         self.gens[slot as usize] = generation;
         slot::grant(self.word(slot), generation);
-        let sid = segment.id();
-        let shared = self.segments.entry(sid).or_insert(SharedSegment { segment: Weak::new(), leases: 0 });
-        let first = shared.segment.upgrade().is_none();
-        if first {
-            shared.segment = Arc::downgrade(segment);
-        }
-        shared.leases += 1;
+        // CPU exports track which segments the peer has (its fd travels once); device
+        // memory (CUDA) has no segment.
+        let (sid, first) = match segment {
+            Some(segment) => {
+                let sid = segment.id();
+                let shared = self.segments.entry(sid).or_insert(SharedSegment { segment: Weak::new(), leases: 0 });
+                let first = shared.segment.upgrade().is_none();
+                if first {
+                    shared.segment = Arc::downgrade(segment);
+                }
+                shared.leases += 1;
+                (sid, first)
+            }
+            None => (0, false),
+        };
         self.entries[slot as usize] = Some(Entry { generation, owner, bytes: nbytes, segment_id: sid, deadline });
         self.stats.live_leases += 1;
         self.stats.live_bytes += nbytes;

@@ -36,6 +36,17 @@ int main(void) {
   EXPECT(strcmp(tw_result_name(TW_ERR_STALE_LEASE), "TW_ERR_STALE_LEASE") == 0);
   EXPECT(strcmp(tw_version(), TENSORWIRE_VERSION) == 0);
 
+  /* CUDA without a driver: clean errors that say why, and the export's callback runs. */
+  if (!tw_cuda_available()) {
+    printf("errors: *** GPU checks SKIPPED: no CUDA driver; checking TW_ERR_CUDA_UNAVAILABLE paths ***\n");
+    int ndev = -1;
+    EXPECT_ERR(tw_cuda_device_count(&ndev), TW_ERR_CUDA_UNAVAILABLE, "no NVIDIA driver");
+    EXPECT(ndev == -1);
+    uint64_t opens = 99;
+    tw_cuda_ipc_cache_stats(&opens, NULL);
+    EXPECT(opens == 0);
+  }
+
   /* Descriptors: random bytes, wrong length, a corrupted dtype. */
   uint8_t junk[1024];
   for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 7 + 3);
@@ -71,6 +82,13 @@ int main(void) {
   EXPECT_ERR(tw_peer_export(producer, small, 0, 64, &layout, 0, 0, on_release, &calls, NULL), TW_ERR_INVALID_ARGUMENT,
              "view needs 100 bytes of storage, storage has 64");
   EXPECT(atomic_load(&calls) == 1);
+
+  if (!tw_cuda_available()) {
+    atomic_store(&calls, 0);
+    EXPECT_ERR(tw_peer_export_cuda(producer, 0x70000000, 100, &layout, 0, 1, 0, on_release, &calls, NULL),
+               TW_ERR_CUDA_UNAVAILABLE, "no NVIDIA driver");
+    EXPECT(atomic_load(&calls) == 1);
+  }
 
   /* The corrupted descriptor of a real import. */
   CHECK(tw_peer_export(producer, small, 0, 100, &layout, 5, 0, NULL, NULL, NULL));

@@ -1,0 +1,116 @@
+//! The result layer over cudarc's raw driver bindings (cudarc's own safe layer does not
+//! cover the IPC and VMM calls).
+//!
+//! cudarc loads libcuda at run time and *panics* when the library or a symbol is missing.
+//! Every call here goes through [`call`]: the library is probed once (`is_culib_present`)
+//! and `cuInit` run once; a machine without a driver gets `Error::CudaUnavailable` with a
+//! clear message, a missing symbol too (the panic is caught), and a failing call gets
+//! `Error::Cuda` naming the call and the CUDA error.
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+static DRIVER: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+
+fn load() -> std::result::Result<(), String> {
+    // SAFETY: probing for the shared library has no preconditions.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no NVIDIA driver on this machine (libcuda.so could not be loaded)".into());
+    }
+    // SAFETY: cuInit has no preconditions; a missing symbol panics and is caught.
+    match catch_unwind(|| unsafe { sys::cuInit(0) }) {
+        Ok(sys::CUresult::CUDA_SUCCESS) => Ok(()),
+        Ok(code) => Err(format!("cuInit failed: {} — no usable GPU", error_name(code))),
+        Err(_) => Err("libcuda.so has no cuInit".into()),
+    }
+}
+
+/// Load the driver once; `CudaUnavailable` if there is none.
+pub fn init() -> Result<()> {
+    DRIVER.get_or_init(load).clone().map_err(Error::CudaUnavailable)
+}
+
+/// True if a CUDA driver loaded and initialised.
+pub fn available() -> bool {
+    init().is_ok()
+}
+
+/// The CUDA error's name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+pub fn error_name(code: sys::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: only called once the library is loaded (cuInit returned); the driver
+    // writes a pointer to a static string or leaves `p` null.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe { sys::cuGetErrorName(code, &mut p) }));
+    if matches!(r, Ok(sys::CUresult::CUDA_SUCCESS)) && !p.is_null() {
+        // SAFETY: the driver returned a NUL-terminated static string.
+        return unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    }
+    format!("{code:?}")
+}
+
+/// Run one raw driver call: the driver must be present, a panic (missing symbol) is
+/// `CudaUnavailable`, a failure is `Error::Cuda { call: what, .. }`.
+pub fn call(what: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+    init()?;
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(sys::CUresult::CUDA_SUCCESS) => Ok(()),
+        Ok(code) => Err(Error::Cuda { call: what, code: code as i32, name: error_name(code) }),
+        Err(_) => Err(Error::CudaUnavailable(format!("the installed driver does not provide {what}"))),
+    }
+}
+
+/// Number of CUDA devices.
+pub fn device_count() -> Result<usize> {
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    call("cuDeviceGetCount", || unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    Ok(n.max(0) as usize)
+}
+
+/// Make sure a context is current on this thread: the caller's (PyTorch's) if it has
+/// one, else `device`'s primary context (retained once per device for the process).
+pub fn ensure_context(device: i32) -> Result<()> {
+    let mut cur: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    call("cuCtxGetCurrent", || unsafe { sys::cuCtxGetCurrent(&mut cur) })?;
+    if !cur.is_null() {
+        return Ok(());
+    }
+    static PRIMARY: OnceLock<parking_lot::Mutex<std::collections::HashMap<i32, usize>>> = OnceLock::new();
+    let mut map = PRIMARY.get_or_init(Default::default).lock();
+    let ctx = match map.get(&device) {
+        Some(&c) => c as sys::CUcontext,
+        None => {
+            let mut dev: sys::CUdevice = 0;
+            // SAFETY: valid out-pointer; the ordinal is checked by the driver.
+            call("cuDeviceGet", || unsafe { sys::cuDeviceGet(&mut dev, device) })?;
+            let mut c: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-pointer and device handle. Retained for the process's
+            // lifetime on purpose (PyTorch shares the primary context).
+            call("cuDevicePrimaryCtxRetain", || unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, dev) })?;
+            map.insert(device, c as usize);
+            c
+        }
+    };
+    // SAFETY: `ctx` is a retained primary context.
+    call("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_every_entry_is_cuda_unavailable() {
+        if available() {
+            eprintln!("a CUDA driver is present: this no-GPU test has nothing to check");
+            return;
+        }
+        for e in [device_count().unwrap_err(), ensure_context(0).unwrap_err(), call("cuInit", || unreachable!()).unwrap_err()] {
+            assert!(matches!(e, Error::CudaUnavailable(_)), "{e}");
+            assert!(e.to_string().contains("no NVIDIA driver"), "{e}");
+        }
+    }
+}

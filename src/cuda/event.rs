@@ -1,0 +1,174 @@
+//! Pooled IPC events: cross-process stream ordering without a device-wide synchronize.
+//!
+//! Per connection the producer creates a pool of events with
+//! `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING` once and exports their handles once.
+//! For each send it records the next slot on its stream after the last write and sends
+//! (slot, sequence); the consumer makes its own stream wait (`cuStreamWaitEvent`) and then
+//! acknowledges the sequence in a shared ack table. A slot is recorded again only once the
+//! consumer has acknowledged its previous sequence: `cuStreamWaitEvent` captures the
+//! event's state when it is called, so after the acknowledgement a new record cannot
+//! change what the consumer's stream waits for.
+//!
+//! The ack table is a sealed memfd the producer creates; a hostile consumer writing it can
+//! only break its own ordering (the producer treats any value as "maybe done" and never
+//! reads anything else from it).
+
+use super::driver::{call, ensure_context};
+use crate::error::{Error, Result};
+use crate::segment::Segment;
+use cudarc::driver::sys;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Events per connection.
+pub const POOL_SIZE: usize = 32;
+
+fn ack_word(seg: &Segment, slot: usize) -> &AtomicU64 {
+    assert!((slot + 1) * 8 <= seg.len());
+    // SAFETY: slot*8+8 ≤ len (checked), 8-aligned in a page-aligned mapping; the words are
+    // only accessed atomically.
+    unsafe { &*seg.as_ptr().add(slot * 8).cast::<AtomicU64>() }
+}
+
+/// The producer's pool.
+pub struct EventPool {
+    device: i32,
+    events: Vec<usize>,
+    handles: Vec<[u8; 64]>,
+    acks: Arc<Segment>,
+    issued: Vec<u64>,
+    next: usize,
+    seq: u64,
+}
+
+// SAFETY: CUevent handles are process-wide driver objects usable from any thread.
+unsafe impl Send for EventPool {}
+
+impl EventPool {
+    /// Create and export `POOL_SIZE` interprocess events on `device`.
+    pub fn new(device: i32) -> Result<EventPool> {
+        ensure_context(device)?;
+        let acks = Arc::new(Segment::create(POOL_SIZE * 8)?);
+        let mut pool = EventPool {
+            device,
+            events: Vec::new(),
+            handles: Vec::new(),
+            acks,
+            issued: vec![0; POOL_SIZE],
+            next: 0,
+            seq: 0,
+        };
+        for _ in 0..POOL_SIZE {
+            let mut ev: sys::CUevent = std::ptr::null_mut();
+            let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+            // SAFETY: valid out-pointer.
+            call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, flags) })?;
+            pool.events.push(ev as usize);
+            let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
+            // SAFETY: valid out-pointer and a live interprocess event.
+            call("cuIpcGetEventHandle", || unsafe { sys::cuIpcGetEventHandle(&mut h, ev) })?;
+            pool.handles.push(h.reserved.map(|c| c as u8));
+        }
+        Ok(pool)
+    }
+
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+    /// Handles to send to the consumer (once per connection).
+    pub fn handles(&self) -> &[[u8; 64]] {
+        &self.handles
+    }
+    /// The ack table to send with them.
+    pub fn acks(&self) -> &Arc<Segment> {
+        &self.acks
+    }
+
+    /// Record the next slot on `stream` (waiting up to `timeout` for the consumer to
+    /// acknowledge that slot's previous use). Returns (slot, sequence).
+    pub fn record(&mut self, stream: usize, timeout: Duration) -> Result<(u32, u64)> {
+        let slot = self.next;
+        let deadline = Instant::now() + timeout;
+        // Acquire: pairs with the consumer's Release store in `RemoteEvents::wait`.
+        while ack_word(&self.acks, slot).load(Ordering::Acquire) < self.issued[slot] {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { what: "the consumer to finish with an IPC event slot", after: timeout });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        self.seq += 1;
+        let ev = self.events[slot] as sys::CUevent;
+        // SAFETY: a live event of ours and the caller's stream handle.
+        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })?;
+        self.issued[slot] = self.seq;
+        self.next = (slot + 1) % POOL_SIZE;
+        Ok((slot as u32, self.seq))
+    }
+}
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        for &e in &self.events {
+            // SAFETY: events we created, destroyed once.
+            let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });
+        }
+    }
+}
+
+/// The consumer's view of the producer's pool.
+pub struct RemoteEvents {
+    events: Vec<usize>,
+    acks: Segment,
+}
+
+// SAFETY: as for `EventPool`.
+unsafe impl Send for RemoteEvents {}
+// SAFETY: `wait` only calls thread-safe driver functions and atomic stores.
+unsafe impl Sync for RemoteEvents {}
+
+impl RemoteEvents {
+    /// Open the producer's event handles (once per connection) and its ack table.
+    pub fn open(device: i32, handles: &[[u8; 64]], acks: Segment) -> Result<RemoteEvents> {
+        if handles.is_empty() || handles.len() > 1024 || acks.len() < handles.len() * 8 {
+            return Err(Error::Protocol(format!(
+                "{} IPC events with a {}-byte ack table",
+                handles.len(),
+                acks.len()
+            )));
+        }
+        ensure_context(device)?;
+        let mut events = Vec::with_capacity(handles.len());
+        for h in handles {
+            let mut ev: sys::CUevent = std::ptr::null_mut();
+            let handle = sys::CUipcEventHandle { reserved: h.map(|b| b as std::ffi::c_char) };
+            // SAFETY: valid out-pointer; a bad handle is an error from the driver.
+            call("cuIpcOpenEventHandle", || unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) })?;
+            events.push(ev as usize);
+        }
+        Ok(RemoteEvents { events, acks })
+    }
+
+    /// Make `stream` wait for the producer's record `seq` in `slot`, then acknowledge it.
+    pub fn wait(&self, slot: u32, seq: u64, stream: usize) -> Result<()> {
+        let ev = *self.events.get(slot as usize).ok_or_else(|| {
+            Error::InvalidDescriptor(format!("IPC event slot {slot} out of range ({} events)", self.events.len()))
+        })?;
+        // SAFETY: an opened IPC event and the caller's stream.
+        call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev as sys::CUevent, 0) })?;
+        // Release: pairs with the producer's Acquire load in `EventPool::record`; the wait
+        // above was enqueued before the slot may be recorded again.
+        ack_word(&self.acks, slot as usize).store(seq, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for RemoteEvents {
+    fn drop(&mut self) {
+        for &e in &self.events {
+            // SAFETY: events opened by cuIpcOpenEventHandle are released with
+            // cuEventDestroy, once.
+            let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Without a CUDA driver, every CUDA entry point fails cleanly with `CudaUnavailable`
+//! (never a panic or abort), and a CUDA descriptor from a peer gives its lease back.
+//! With a driver present, these checks do not apply: the GPU script
+//! (`scripts/gpu_test.sh`) covers that machine.
+
+use bytemuck::Zeroable;
+use std::time::Duration;
+use tensorwire::lease::Exporter;
+use tensorwire::peer::{KIND_CUDA_EVENTS, KIND_TABLE, KIND_TENSOR};
+use tensorwire::{Connection, DType, Error, ExportOptions, Layout, Peer, PeerConfig, StorageKind, StorageRef, TensorDesc};
+
+const T: Option<Duration> = Some(Duration::from_secs(10));
+
+fn no_driver() -> bool {
+    if tensorwire::cuda::available() {
+        eprintln!("a CUDA driver is present: run scripts/gpu_test.sh for the GPU tests");
+        return false;
+    }
+    eprintln!("\n*** GPU tests SKIPPED: no CUDA driver on this machine; checking CudaUnavailable paths only ***\n");
+    true
+}
+
+fn unavailable(e: Error) {
+    assert!(matches!(e, Error::CudaUnavailable(_)), "expected CudaUnavailable, got {e}");
+    assert!(e.to_string().contains("no NVIDIA driver"), "{e}");
+}
+
+#[test]
+fn every_cuda_entry_point_is_cuda_unavailable() {
+    if !no_driver() {
+        return;
+    }
+    use tensorwire::cuda::{event, ipc, vmm};
+    unavailable(tensorwire::cuda::device_count().unwrap_err());
+    unavailable(ipc::export_pointer(0x7000_0000).unwrap_err());
+    unavailable(ipc::cache().open(0, [1; 64]).err().unwrap());
+    unavailable(event::EventPool::new(0).err().unwrap());
+    let acks = tensorwire::Segment::create(4096).unwrap();
+    unavailable(event::RemoteEvents::open(0, &[[0; 64]], acks).err().unwrap());
+    unavailable(vmm::VmmAllocation::create(0, 1 << 20).err().unwrap());
+    let seg = tensorwire::Segment::create(4096).unwrap();
+    let fd = seg.fd().try_clone_to_owned().unwrap();
+    unavailable(vmm::VmmAllocation::import_fd(&fd, 0, 4096).err().unwrap());
+
+    let (a, _b) = Peer::pair(PeerConfig::default()).unwrap();
+    let l = Layout::contiguous(DType::Float32, &[16]).unwrap();
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    struct Flag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let e = a.export_cuda(0x7000_0000, 64, &l, 0, Box::new(Flag(dropped.clone())), ExportOptions::default()).unwrap_err();
+    unavailable(e);
+    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "the owner of a failed export must be dropped");
+    assert_eq!(a.export_stats().live_leases, 0);
+}
+
+#[test]
+fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
+    if !no_driver() {
+        return;
+    }
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let mut table = Exporter::new(16, u64::MAX).unwrap();
+    let mut setup = 16u32.to_le_bytes().to_vec();
+    setup.extend_from_slice(&0u64.to_le_bytes());
+    b.send(KIND_TABLE, &setup, &[table.table().fd()]).unwrap();
+    let _ = b.recv(T).unwrap();
+    let victim = victim.join().unwrap().unwrap();
+
+    // The producer's event pool: the victim cannot open it without a driver.
+    let acks = tensorwire::Segment::create(4096).unwrap();
+    let mut ev = 0i32.to_le_bytes().to_vec();
+    ev.extend_from_slice(&2u32.to_le_bytes());
+    ev.extend_from_slice(&[7u8; 128]);
+    b.send(KIND_CUDA_EVENTS, &ev, &[acks.fd()]).unwrap();
+    unavailable(victim.recv(T).unwrap_err());
+
+    // A CUDA tensor under a live lease: refused, and the lease released.
+    let seg = std::sync::Arc::new(tensorwire::Segment::create(64).unwrap());
+    let (lease, _) = table.grant(Some(&seg), 64, Box::new(()), None).map_err(|(e, _)| e).unwrap();
+    let l = Layout::contiguous(DType::Float16, &[32]).unwrap();
+    let d = TensorDesc::new_cuda(&l, 0, StorageKind::CudaIpc, StorageRef {
+        nbytes: 64,
+        lease_slot: lease.slot,
+        lease_gen: lease.generation,
+        cuda_ipc_handle: [3; 64],
+        ..Zeroable::zeroed()
+    });
+    let mut p = 9u64.to_le_bytes().to_vec();
+    p.extend_from_slice(d.encode());
+    b.send(KIND_TENSOR, &p, &[]).unwrap();
+    let e = victim.recv(T).unwrap_err();
+    assert!(
+        e.to_string().contains("before the producer's IPC events") || matches!(e, Error::CudaUnavailable(_)),
+        "{e}"
+    );
+    let mut owners = Vec::new();
+    table.reap(std::time::Instant::now(), &mut owners);
+    assert_eq!(table.stats().released, 1, "the refused CUDA tensor's lease must be released");
+    // Malformed event messages are protocol errors, not panics.
+    b.send(KIND_CUDA_EVENTS, &[1, 2, 3], &[]).unwrap();
+    assert!(matches!(victim.recv(T).unwrap_err(), Error::Protocol(_)));
+    let mut bad = 0i32.to_le_bytes().to_vec();
+    bad.extend_from_slice(&5000u32.to_le_bytes());
+    b.send(KIND_CUDA_EVENTS, &bad, &[acks.fd()]).unwrap();
+    assert!(victim.recv(T).unwrap_err().to_string().contains("announces 5000 events"));
+}
