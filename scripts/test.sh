@@ -43,6 +43,12 @@ py=$(bash scripts/setup-venv.sh | tail -1)
 cargo clippy -p tensorwire-rpc --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 
+step "libtorch extension: build cpp/ against the tensorwire CMake package, pytest tests/python (two processes, interop, opcheck)"
+py=$(bash scripts/setup-venv.sh | tail -1)
+TENSORWIRE_TORCH_LIB=$(bash cpp/build.sh "$py" | tail -1)
+TENSORWIRE_TORCH_LIB="$TENSORWIRE_TORCH_LIB" PYTHONDONTWRITEBYTECODE=1 \
+  "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee -a "$log"
+
 # --- further test steps go above this line (one block per area) ---
 
 step "benches compile"
@@ -54,7 +60,8 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-5} bash fuzz/run.sh
 step "demo (main job) runs clean"
 cargo run --release --locked -q -- demo --max-size 1048576 | tail -n 1
 
-# One closing line over every cargo test binary and ctest run.
+# One closing line over every cargo test binary, ctest run and pytest run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1); if ($(i) ~ /^ignored/) s += $(i-1) } }
      /tests passed, [0-9]+ tests failed out of/ { for (i = 1; i <= NF; i++) if ($(i) == "out") { t = $(i+2); fl = $(i-3) } ; p += t - fl; f += fl }
+     !/^test result:/ && /[0-9]+ (passed|failed|errors?)/ && / in [0-9.]+s( \([0-9:]+\))?( =+)?$/ { for (i = 2; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^(failed|errors?)/) f += $(i-1); if ($(i) ~ /^skipped/) s += $(i-1) } }
      END { printf "\ntensorwire tests: %d passed, %d failed, %d skipped\n", p, f, s; exit (f > 0) }' "$log"
