@@ -194,7 +194,7 @@ def main():
     for s in sizes:
         tw, mp_, pk = (p50[m][s] for m in ("tensorwire", "torch.mp", "pickle+pipe"))
         print(f"{human(s):>8} | {tw:14.1f} {us(results['tensorwire'][s], 8):8.1f} | {mp_:12.1f} "
-              f"{us(results['torch.mp'][s], 8):8.1f} | {pk:15.1f} | {mp_ / tw:10.1f}x | {pk / tw:9.0f}x")
+              f"{us(results['torch.mp'][s], 8):8.1f} | {pk:15.1f} | {mp_ / tw:10.1f}x | {pk / tw:9.1f}x")
     worst = min(p50["torch.mp"][s] / p50["tensorwire"][s] for s in sizes)
     flat = p50["tensorwire"][sizes[-1]] / p50["tensorwire"][sizes[0]]
     print(f"\ntensorwire vs torch.multiprocessing: >= {worst:.1f}x lower latency at every size "
