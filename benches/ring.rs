@@ -27,10 +27,18 @@ use tensorwire::{Peer, PeerConfig, RingItem, Segment, Wait};
 const ENV: &str = "TW_RING_BENCH";
 const SPIN_FOREVER: u32 = 1 << 28;
 const T: Duration = Duration::from_secs(60);
-const RING_BYTES: usize = 16 << 20;
+fn ring_bytes() -> usize {
+    std::env::var("TW_RING_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(16 << 20)
+}
 
 fn cfg(spin: u32) -> PeerConfig {
-    PeerConfig { ring_bytes: RING_BYTES, ring_spin: spin, ..PeerConfig::default() }
+    PeerConfig { ring_bytes: ring_bytes(), ring_spin: spin, ..PeerConfig::default() }
+}
+
+/// Ring for latency runs: large enough that a message fits one record, small enough that
+/// the records cycle through warm cache lines (as a latency-sensitive user would size it).
+fn latency_cfg(spin: u32, size: usize) -> PeerConfig {
+    PeerConfig { ring_bytes: (4 * size).next_power_of_two().max(64 << 10), ring_spin: spin, ..PeerConfig::default() }
 }
 
 fn main() {
@@ -102,7 +110,8 @@ fn child(mode: &str, fd: OwnedFd) {
         }
         "ring_spin" | "ring_sleep" => {
             let spin = if mode == "ring_spin" { SPIN_FOREVER } else { 0 };
-            let peer = Peer::from_fd(fd, cfg(spin)).unwrap();
+            let size: usize = std::env::var("TW_RING_MSG").unwrap().parse().unwrap();
+            let peer = Peer::from_fd(fd, latency_cfg(spin, size)).unwrap();
             let mut buf = Vec::new();
             loop {
                 match peer.ring_recv_into(&mut buf, Wait { spin, timeout: T }) {
@@ -206,9 +215,11 @@ fn socket_pingpong(size: usize, iters: usize) -> Stats {
 }
 
 fn ring_pingpong(size: usize, iters: usize, spin: bool) -> Stats {
+    // SAFETY: single-threaded at this point of the bench; the child reads it at start.
+    unsafe { std::env::set_var("TW_RING_MSG", size.to_string()) };
     let (mut child, fd) = spawn(if spin { "ring_spin" } else { "ring_sleep" });
     let spin = if spin { SPIN_FOREVER } else { 0 };
-    let peer = Peer::from_fd(fd, cfg(spin)).unwrap();
+    let peer = Peer::from_fd(fd, latency_cfg(spin, size)).unwrap();
     let msg = vec![7u8; size];
     let mut back = Vec::with_capacity(size);
     let w = Wait { spin, timeout: T };
@@ -226,7 +237,7 @@ fn ring_pingpong(size: usize, iters: usize, spin: bool) -> Stats {
 
 /// µs for one 64-byte send + receive within one thread (no waiting, no cache misses).
 fn same_thread_cost(iters: usize) -> f64 {
-    let (a, b) = Peer::pair(cfg(0)).unwrap();
+    let (a, b) = Peer::pair(latency_cfg(0, 64)).unwrap();
     let w = Wait { spin: 0, timeout: T };
     let msg = [7u8; 64];
     let mut buf = Vec::with_capacity(64);
@@ -304,7 +315,7 @@ fn parent(n: impl Fn(usize) -> usize, as_test: bool) {
     println!("64 B spinning / spin floor  = {:.2}x (target <= 3)", ring64.0 / spin.p50);
     println!("64 B sleeping / futex floor = {:.2}x (target <= 1.5)", ring64.1 / futex.p50);
     println!();
-    println!("ring throughput vs single-thread memcpy (same run), {} MiB ring", RING_BYTES >> 20);
+    println!("ring throughput vs single-thread memcpy (same run), {} MiB ring", ring_bytes() >> 20);
     println!("{:<10} {:>12} {:>12} {:>8}", "size", "ring GB/s", "memcpy GB/s", "ratio");
     let sizes: &[usize] = if as_test { &[1 << 20] } else { &[1 << 20, 4 << 20, 16 << 20, 64 << 20] };
     for &size in sizes {
