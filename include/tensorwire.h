@@ -288,6 +288,11 @@ typedef struct {
    */
   uint32_t ring_spin;
   uint32_t reserved;
+  /*
+   While leases are live, how often (µs) released leases are collected and their
+   release callbacks run (also at each export and `tw_peer_reap`).
+   */
+  uint64_t reap_interval_us;
 } tw_peer_config_t;
 
 /*

@@ -31,8 +31,8 @@ pub const KIND_USER: u32 = 4;
 /// count (u32), count x 64-byte event handles; 1 fd: the ack table.
 pub const KIND_CUDA_EVENTS: u32 = 5;
 
-/// How often the reaper looks for a dead peer when nothing else wakes it.
-const REAPER_TICK: Duration = Duration::from_millis(50);
+/// How often the reaper looks for a dead peer when no lease is live.
+const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// Limits and defaults for one connection.
 #[derive(Debug, Clone)]
@@ -60,6 +60,11 @@ pub struct PeerConfig {
     pub max_ring_message: u64,
     /// Polls before a ring wait sleeps in the futex.
     pub ring_spin: u32,
+    /// While leases are live, how often the reaper looks for releases. A consumer's
+    /// release is a compare-and-swap in shared memory that wakes no one (a wake-up per
+    /// release would cost a context switch on the producer); owners are dropped within
+    /// this interval, at the producer's next export, or at once with `reap_now`.
+    pub reap_interval: Duration,
 }
 
 impl Default for PeerConfig {
@@ -76,6 +81,7 @@ impl Default for PeerConfig {
             max_peer_ring_bytes: 1 << 30,
             max_ring_message: 1 << 30,
             ring_spin: 2000,
+            reap_interval: Duration::from_millis(1),
         }
     }
 }
@@ -200,6 +206,11 @@ struct Inner {
     import: ImportTable,
     import_segments: Mutex<HashMap<u64, Arc<Segment>>>,
     stop: AtomicBool,
+    /// Wakes the reaper early (shutdown); private to this process.
+    reaper_wake: parking_lot::Condvar,
+    reaper_lock: Mutex<()>,
+    /// Release-doorbell sequence at the last reap.
+    reaped_seq: std::sync::atomic::AtomicU32,
     ring_tx: Option<Mutex<RingSender>>,
     ring_rx: Option<RingReceiver>,
     /// Our IPC event pool for CUDA exports (created at the first one).
@@ -213,17 +224,21 @@ impl Inner {
         crate::lease::release_doorbell(&self.export_table)
     }
 
-    /// One reaper pass; returns (next deadline, peer gone).
-    fn reap_once(&self) -> (Option<Instant>, bool) {
+    /// One reaper pass; returns (next deadline, peer gone, live leases).
+    fn reap_once(&self) -> (Option<Instant>, bool, u64) {
         let mut dead: Vec<Owner> = Vec::new();
         let gone = self.conn.is_peer_gone();
-        let (next, forget) = {
+        // Relaxed: only a hint of whether anything was released since the last pass; the
+        // slot words themselves carry the Acquire/Release pairing.
+        self.reaped_seq.store(self.release_doorbell().current(), Ordering::Relaxed);
+        let (next, forget, live) = {
             let mut ex = self.exporter.lock();
             if gone || self.stop.load(Ordering::Acquire) {
                 ex.reclaim_all(&mut dead);
-                (None, Vec::new())
+                (None, Vec::new(), 0)
             } else {
-                (ex.reap(Instant::now(), &mut dead), ex.forgettable_segments())
+                let next = ex.reap(Instant::now(), &mut dead);
+                (next, ex.forgettable_segments(), ex.stats().live_leases)
             }
         };
         // Owners run arbitrary drop code (a C callback): never under our locks.
@@ -232,22 +247,32 @@ impl Inner {
             let _g = self.send_lock.lock();
             let _ = self.conn.send(KIND_FORGET, &id.to_le_bytes(), &[]);
         }
-        (next, gone)
+        (next, gone, live)
+    }
+
+    /// Reap if the consumer released anything since the last pass (cheap check).
+    fn reap_if_released(&self) {
+        if self.release_doorbell().current() != self.reaped_seq.load(Ordering::Relaxed) {
+            self.reap_once();
+        }
     }
 }
 
 fn reaper(inner: Arc<Inner>) {
     loop {
-        let seen = inner.release_doorbell().current();
         if inner.stop.load(Ordering::Acquire) {
             return;
         }
-        let (next, gone) = inner.reap_once();
+        let (next, gone, live) = inner.reap_once();
         if gone {
             return;
         }
-        let tick = next.map_or(REAPER_TICK, |d| d.saturating_duration_since(Instant::now()).min(REAPER_TICK));
-        inner.release_doorbell().wait(seen, 0, Some(tick));
+        let tick = if live > 0 { inner.cfg.reap_interval } else { IDLE_TICK };
+        let tick = next.map_or(tick, |d| d.saturating_duration_since(Instant::now()).min(tick));
+        let mut g = inner.reaper_lock.lock();
+        if !inner.stop.load(Ordering::Acquire) {
+            inner.reaper_wake.wait_for(&mut g, tick);
+        }
     }
 }
 
@@ -310,6 +335,9 @@ impl Peer {
             import,
             import_segments: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
+            reaper_wake: parking_lot::Condvar::new(),
+            reaper_lock: Mutex::new(()),
+            reaped_seq: std::sync::atomic::AtomicU32::new(0),
             ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
             cuda_tx: Mutex::new(None),
@@ -378,6 +406,7 @@ impl Peer {
             drop(owner);
             return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
         }
+        self.inner.reap_if_released();
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.map(|w| Instant::now() + w);
         let _send = self.inner.send_lock.lock();
@@ -709,7 +738,10 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
-        self.inner.release_doorbell().ring();
+        {
+            let _g = self.inner.reaper_lock.lock();
+            self.inner.reaper_wake.notify_all();
+        }
         if let Some(t) = self.reaper.take() {
             let _ = t.join();
         }

@@ -945,6 +945,9 @@ impl Inner {
                             st2.cv.notify_all();
                         }
                         Ok(tensorwire::Incoming::Message { .. }) => {}
+                        // Native mode carries CPU tensors only (CUDA over RPC is not mapped
+                        // yet): dropping the import releases its lease at once.
+                        Ok(tensorwire::Incoming::CudaTensor(t)) => drop(t),
                         Err(tensorwire::Error::Timeout { .. }) => {}
                         Err(_) => return,
                     }

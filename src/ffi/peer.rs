@@ -46,6 +46,9 @@ pub struct tw_peer_config_t {
     /// Polls before a ring wait sleeps.
     pub ring_spin: u32,
     pub reserved: u32,
+    /// While leases are live, how often (µs) released leases are collected and their
+    /// release callbacks run (also at each export and `tw_peer_reap`).
+    pub reap_interval_us: u64,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -62,6 +65,7 @@ impl From<&tw_peer_config_t> for PeerConfig {
             max_peer_ring_bytes: c.max_peer_ring_bytes as usize,
             max_ring_message: c.max_ring_message,
             ring_spin: c.ring_spin,
+            reap_interval: Duration::from_micros(c.reap_interval_us.max(1)),
         }
     }
 }
@@ -214,6 +218,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             max_ring_message: d.max_ring_message,
             ring_spin: d.ring_spin,
             reserved: 0,
+            reap_interval_us: d.reap_interval.as_micros() as u64,
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }

@@ -73,6 +73,10 @@ pub struct Exporter {
     entries: Vec<Option<Entry>>,
     gens: Vec<u32>,
     free: Vec<u32>,
+    /// Slots holding a live entry (reaping scans these, not the whole table), and each
+    /// slot's index in it (u32::MAX when not live).
+    live: Vec<u32>,
+    live_pos: Vec<u32>,
     stats: LeaseStats,
     segments: HashMap<u64, SharedSegment>,
     gone: bool,
@@ -114,6 +118,8 @@ impl Exporter {
             entries: (0..capacity).map(|_| None).collect(),
             gens: vec![0; capacity as usize],
             free: (0..capacity).rev().collect(),
+            live: Vec::new(),
+            live_pos: vec![u32::MAX; capacity as usize],
             stats: LeaseStats::default(),
             segments: HashMap::new(),
             gone: false,
@@ -191,6 +197,8 @@ impl Exporter {
             None => (0, false),
         };
         self.entries[slot as usize] = Some(Entry { generation, owner, bytes: nbytes, segment_id: sid, deadline });
+        self.live_pos[slot as usize] = self.live.len() as u32;
+        self.live.push(slot);
         self.stats.live_leases += 1;
         self.stats.live_bytes += nbytes;
         self.stats.granted += 1;
@@ -200,6 +208,12 @@ impl Exporter {
     /// Take entry `slot` out of the private table (the one place an owner leaves it).
     fn take(&mut self, slot: u32) -> Option<Owner> {
         let e = self.entries[slot as usize].take()?;
+        let pos = self.live_pos[slot as usize] as usize;
+        self.live.swap_remove(pos);
+        if let Some(&moved) = self.live.get(pos) {
+            self.live_pos[moved as usize] = pos as u32;
+        }
+        self.live_pos[slot as usize] = u32::MAX;
         self.stats.live_leases -= 1;
         self.stats.live_bytes -= e.bytes;
         if let Some(s) = self.segments.get_mut(&e.segment_id) {
@@ -221,13 +235,18 @@ impl Exporter {
     /// pushed to `out` so the caller drops them outside its lock.
     pub fn reap(&mut self, now: Instant, out: &mut Vec<Owner>) -> Option<Instant> {
         let mut next_deadline: Option<Instant> = None;
-        for s in 0..self.capacity {
-            let Some(e) = &self.entries[s as usize] else { continue };
+        let mut i = 0;
+        while i < self.live.len() {
+            let s = self.live[i];
+            let e = self.entries[s as usize].as_ref().expect("live slots hold entries");
             let (generation, deadline) = (e.generation, e.deadline);
             if slot::reap(self.word(s), generation) {
+                // `take` moves the last live slot into position i: look at i again.
                 out.extend(self.take(s));
                 self.stats.released += 1;
-            } else if let Some(d) = deadline {
+                continue;
+            }
+            if let Some(d) = deadline {
                 if d <= now {
                     // Whatever the word says, the window is over: the owner goes.
                     if slot::expire(self.word(s), generation) == slot::Expiry::WasReleased {
@@ -236,10 +255,11 @@ impl Exporter {
                         self.stats.expired += 1;
                     }
                     out.extend(self.take(s));
-                } else {
-                    next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
+                    continue;
                 }
+                next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
             }
+            i += 1;
         }
         next_deadline
     }
@@ -247,12 +267,11 @@ impl Exporter {
     /// The peer is gone: take back every lease.
     pub fn reclaim_all(&mut self, out: &mut Vec<Owner>) {
         self.gone = true;
-        for s in 0..self.capacity {
-            if let Some(generation) = self.entries[s as usize].as_ref().map(|e| e.generation) {
-                slot::reclaim(self.word(s), generation);
-                out.extend(self.take(s));
-                self.stats.reclaimed += 1;
-            }
+        while let Some(&s) = self.live.last() {
+            let generation = self.entries[s as usize].as_ref().expect("live slots hold entries").generation;
+            slot::reclaim(self.word(s), generation);
+            out.extend(self.take(s));
+            self.stats.reclaimed += 1;
         }
         self.segments.clear();
     }

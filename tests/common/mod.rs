@@ -105,6 +105,7 @@ pub fn child_main() {
                     peer.send_message(&words(&[peer.imported_segments() as u64]), &[]).unwrap();
                 }
                 Incoming::Message { .. } => return,
+                Incoming::CudaTensor(t) => panic!("unexpected CUDA tensor {:?}", t.layout()),
             }
         },
         // Import and keep everything until told to report, then wait to be killed.
@@ -117,6 +118,7 @@ pub fn child_main() {
                         peer.send_message(&words(&[held.len() as u64]), &[]).unwrap();
                         break;
                     }
+                    Incoming::CudaTensor(t) => panic!("unexpected CUDA tensor {:?}", t.layout()),
                 }
             }
             let _ = peer.recv(None);
