@@ -211,6 +211,8 @@ struct Inner {
     reaper_lock: Mutex<()>,
     /// Release-doorbell sequence at the last reap.
     reaped_seq: std::sync::atomic::AtomicU32,
+    /// The reaper is in its long idle sleep (no live lease for a while); an export wakes it.
+    reaper_idle: AtomicBool,
     ring_tx: Option<Mutex<RingSender>>,
     ring_rx: Option<RingReceiver>,
     /// Our IPC event pool for CUDA exports (created at the first one).
@@ -259,6 +261,9 @@ impl Inner {
 }
 
 fn reaper(inner: Arc<Inner>) {
+    // Ticks in a row without a live lease; after QUIET_TICKS the reaper sleeps long.
+    const QUIET_TICKS: u32 = 50;
+    let mut quiet = 0u32;
     loop {
         if inner.stop.load(Ordering::Acquire) {
             return;
@@ -267,11 +272,37 @@ fn reaper(inner: Arc<Inner>) {
         if gone {
             return;
         }
-        let tick = if live > 0 { inner.cfg.reap_interval } else { IDLE_TICK };
-        let tick = next.map_or(tick, |d| d.saturating_duration_since(Instant::now()).min(tick));
+        quiet = if live > 0 { 0 } else { quiet.saturating_add(1) };
         let mut g = inner.reaper_lock.lock();
-        if !inner.stop.load(Ordering::Acquire) {
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if quiet >= QUIET_TICKS {
+            // Idle: announce it, then re-check under the lock an export takes to wake us
+            // (SeqCst store, then the exporter's lock: an export either sees the flag and
+            // notifies — we hold `reaper_lock` until we wait — or granted before our check).
+            inner.reaper_idle.store(true, Ordering::SeqCst);
+            if inner.exporter.lock().stats().live_leases == 0 {
+                inner.reaper_wake.wait_for(&mut g, IDLE_TICK);
+            }
+            inner.reaper_idle.store(false, Ordering::SeqCst);
+            if inner.exporter.lock().stats().live_leases > 0 {
+                quiet = 0;
+            }
+        } else {
+            let tick = next.map_or(inner.cfg.reap_interval, |d| d.saturating_duration_since(Instant::now()).min(inner.cfg.reap_interval));
             inner.reaper_wake.wait_for(&mut g, tick);
+        }
+    }
+}
+
+impl Inner {
+    /// After a grant: wake the reaper if it is in its long idle sleep.
+    fn wake_idle_reaper(&self) {
+        // SeqCst: pairs with the reaper's SeqCst store of the flag before its re-check.
+        if self.reaper_idle.load(Ordering::SeqCst) {
+            let _g = self.reaper_lock.lock();
+            self.reaper_wake.notify_all();
         }
     }
 }
@@ -338,6 +369,7 @@ impl Peer {
             reaper_wake: parking_lot::Condvar::new(),
             reaper_lock: Mutex::new(()),
             reaped_seq: std::sync::atomic::AtomicU32::new(0),
+            reaper_idle: AtomicBool::new(false),
             ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
             cuda_tx: Mutex::new(None),
@@ -442,6 +474,7 @@ impl Peer {
             drop(dead);
             return Err(e);
         }
+        self.inner.wake_idle_reaper();
         Ok(id)
     }
 
@@ -522,6 +555,7 @@ impl Peer {
             drop(dead);
             return Err(e);
         }
+        self.inner.wake_idle_reaper();
         Ok(id)
     }
 
