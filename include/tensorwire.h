@@ -555,6 +555,9 @@ tw_result_e tw_peer_export_cuda(const tw_peer_t *peer,
 /*
  This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
  and how many handles are open now (either may be NULL).
+
+ # Safety
+ Each pointer NULL or writable.
  */
 void tw_cuda_ipc_cache_stats(uint64_t *opens, uint64_t *open_handles);
 

@@ -49,7 +49,7 @@ pub struct tw_layout_t {
 }
 
 impl tw_layout_t {
-    pub(crate) fn to_layout(&self) -> Result<Layout, Error> {
+    pub(crate) fn to_layout(self) -> Result<Layout, Error> {
         let dtype = DType::from_code(self.dtype)
             .ok_or_else(|| Error::InvalidArgument(format!("unknown dtype code {}", self.dtype)))?;
         let nd = self.ndim as usize;

@@ -474,8 +474,11 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
 
 /// This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
 /// and how many handles are open now (either may be NULL).
+///
+/// # Safety
+/// Each pointer NULL or writable.
 #[unsafe(no_mangle)]
-pub extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: *mut u64) {
+pub unsafe extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: *mut u64) {
     quiet((), || {
         let c = crate::cuda::ipc::cache();
         if !opens.is_null() {

@@ -100,6 +100,10 @@ pub trait Region {
     /// # Safety
     /// `at + dst.len() ≤ capacity()`, and the producer must not be writing that range.
     unsafe fn read(&self, at: u64, dst: &mut [u8]);
+    /// Hint that `[at, at + len)` will be read soon (a cache prefetch; no effect on
+    /// correctness). `at + len ≤ capacity()`.
+    fn prefetch(&self, _at: u64, _len: u64) {}
+
     /// Copy `len` bytes from offset `at` to raw (possibly uninitialised) memory.
     ///
     /// # Safety
@@ -339,6 +343,12 @@ impl<'a, R: Region> Consumer<'a, R> {
                 self.read,
                 self.released + self.cap
             )));
+        }
+        if head != self.read {
+            // The header and the first payload line are read one after the other below:
+            // start both transfers now so their latencies overlap.
+            let idx = self.read & (self.cap - 1);
+            self.region.prefetch(idx, (2 * RECORD_ALIGN).min(self.cap - idx).min(head - self.read));
         }
         loop {
             if head == self.read {
