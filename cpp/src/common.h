@@ -49,6 +49,27 @@ at::Tensor new_segment_tensor(at::IntArrayRef sizes, at::ScalarType dtype);
 // Check that torch and tensorwire agree on `dtype` (same number, same element size).
 void check_dtype(at::ScalarType dtype, const char* what);
 
+// The tw_layout_t of a view (ndim and sizes/strides agreement checked, `what` names the op).
+tw_layout_t make_layout(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t storage_offset,
+                        const char* what);
+
+// A tensor of `dtype` viewing `storage` (whose DataPtr names its device) with the given
+// sizes/strides/offset; `key` is the backend's dispatch key (CPU or CUDA).
+at::Tensor over_storage(c10::Storage storage, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                        int64_t storage_offset, c10::DispatchKey key = c10::DispatchKey::CPU);
+
+// The release callback of every export: `ctx` is a heap c10::Storage (the lease's owner).
+void release_storage(void* ctx);
+
+// The layout and dtype of an import, checked against this torch.
+at::ScalarType imported_dtype(const tw_layout_t& l, const char* what);
+
+#ifdef TENSORWIRE_WITH_CUDA
+// cuda.cpp: a CUDA tensor over a CUDA import (ownership of `imp` passes to the tensor, also
+// on failure): the current stream of its device waits for the producer's last write first.
+at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::ScalarType dtype);
+#endif
+
 // Connections and listeners are named by int64 handles in a process-wide registry (a
 // custom-class argument costs ~12 us per call from Python; an int costs nothing). An op
 // holds a shared_ptr while it runs, so `close` never frees a handle under a running op:
@@ -59,7 +80,8 @@ struct Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
   tw_peer_t* const peer;
-  std::mutex recv_mu;  // one receiver at a time, as the C ABI requires
+  std::mutex recv_mu;       // one receiver at a time, as the C ABI requires
+  std::mutex ring_recv_mu;  // one ring receiver at a time
 };
 
 struct Listener {

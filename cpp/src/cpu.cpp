@@ -33,8 +33,6 @@ void check_dtype(at::ScalarType dtype, const char* what) {
               c10::elementSize(dtype), "-byte elements in torch but ", tw, " in tensorwire");
 }
 
-namespace {
-
 tw_layout_t make_layout(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t storage_offset,
                         const char* what) {
   TORCH_CHECK(sizes.size() <= TW_MAX_NDIM, "tensorwire.", what, ": ", sizes.size(),
@@ -52,6 +50,33 @@ tw_layout_t make_layout(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArra
   return l;
 }
 
+void release_storage(void* ctx) {
+  // Runs exactly once, on whichever thread ends the lease (often tensorwire's reaper).
+  // Dropping a c10::Storage never calls into Python for segment storages (their
+  // deleter is segment_deleter) nor for CUDA ones (the caching allocator), and it does
+  // not throw.
+  delete static_cast<c10::Storage*>(ctx);
+}
+
+at::Tensor over_storage(c10::Storage storage, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                        int64_t storage_offset, c10::DispatchKey key) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key),
+                                                    caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
+  return t;
+}
+
+at::ScalarType imported_dtype(const tw_layout_t& l, const char* what) {
+  // The descriptor was validated by tensorwire (known dtype, extent inside the storage).
+  TORCH_CHECK(l.dtype < static_cast<int>(at::ScalarType::NumOptions), "tensorwire.", what, ": dtype number ",
+              int(l.dtype), " is unknown to this torch");
+  auto dtype = static_cast<at::ScalarType>(l.dtype);
+  check_dtype(dtype, what);
+  return dtype;
+}
+
+namespace {
+
 // Bytes the view needs, as tensorwire computes it (overflow, negative values checked).
 uint64_t extent_bytes(const tw_layout_t& l) {
   uint64_t n = 0;
@@ -59,35 +84,25 @@ uint64_t extent_bytes(const tw_layout_t& l) {
   return n;
 }
 
-void release_storage(void* ctx) {
-  // Runs exactly once, on whichever thread ends the lease (often tensorwire's reaper).
-  // Dropping a c10::Storage never calls into Python for segment storages (their
-  // deleter is segment_deleter), and it does not throw.
-  delete static_cast<c10::Storage*>(ctx);
-}
-
 void import_deleter(void* ctx) { tw_imported_free(static_cast<tw_imported_t*>(ctx)); }
 
-at::Tensor over_storage(c10::Storage storage, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
-                        int64_t storage_offset) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                    caffe2::TypeMeta::fromScalarType(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, storage_offset);
-  return t;
-}
+void ring_message_deleter(void* ctx) { tw_ring_message_free(static_cast<tw_ring_message_t*>(ctx)); }
 
-tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms) {
+tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms,
+                        int64_t ring_bytes) {
   TORCH_CHECK(max_leases >= 0 && max_leases <= UINT32_MAX, "tensorwire: max_leases must be in [0, 2^32), got ",
               max_leases);
   TORCH_CHECK(max_lease_bytes >= 0, "tensorwire: max_lease_bytes must be >= 0, got ", max_lease_bytes);
   TORCH_CHECK(window_ms >= 0, "tensorwire: window_ms must be >= 0, got ", window_ms);
   TORCH_CHECK(handshake_timeout_ms >= 0, "tensorwire: handshake_timeout_ms must be >= 0, got ", handshake_timeout_ms);
+  TORCH_CHECK(ring_bytes >= 0, "tensorwire: ring_bytes must be >= 0 (0: the default), got ", ring_bytes);
   tw_peer_config_t c;
   TW_CHECK(tw_peer_config_default(&c));
   if (max_leases) c.max_leases = static_cast<uint32_t>(max_leases);
   if (max_lease_bytes) c.max_lease_bytes = static_cast<uint64_t>(max_lease_bytes);
   if (window_ms) c.default_window_ms = static_cast<uint64_t>(window_ms);
   if (handshake_timeout_ms) c.handshake_timeout_ms = static_cast<uint64_t>(handshake_timeout_ms);
+  if (ring_bytes) c.ring_bytes = static_cast<uint64_t>(ring_bytes);  // checked by tensorwire
   return c;
 }
 
@@ -202,12 +217,19 @@ std::tuple<at::Tensor, int64_t> recv(int64_t conn, int64_t timeout_ms) {
   std::unique_ptr<tw_imported_t, decltype(&tw_imported_free)> guard(imp, &tw_imported_free);
   tw_layout_t l{};
   TW_CHECK(tw_imported_layout(imp, &l));
-  // The descriptor was validated by tensorwire (known dtype, extent inside the storage).
-  TORCH_CHECK(l.dtype < static_cast<int>(at::ScalarType::NumOptions), "tensorwire.recv: dtype number ", int(l.dtype),
-              " is unknown to this torch");
-  auto dtype = static_cast<at::ScalarType>(l.dtype);
-  check_dtype(dtype, "recv");
+  auto dtype = imported_dtype(l, "recv");
   int64_t tag = static_cast<int64_t>(tw_imported_tag(imp));
+  int32_t device = tw_imported_device(imp);
+  if (device >= 0) {
+#ifdef TENSORWIRE_WITH_CUDA
+    return {wrap_cuda_import(guard.release(), l, dtype), tag};
+#else
+    // Only reachable where a driver is present (tensorwire opened the handle).
+    TORCH_CHECK(false, "tensorwire.recv: the peer sent a tensor in the memory of CUDA device ", device,
+                ", but this libtensorwire_torch was built without CUDA (no CUDA toolkit was found at build time); "
+                "rebuild cpp/ where nvcc is installed. The tensor was dropped (its lease released).");
+#endif
+  }
   size_t nbytes = tw_imported_storage_len(imp);
   void* storage_ptr = tw_imported_storage(imp);
   // The deleter releases the lease when the last tensor/view over this storage dies.
@@ -217,6 +239,105 @@ std::tuple<at::Tensor, int64_t> recv(int64_t conn, int64_t timeout_ms) {
                               at::IntArrayRef(l.strides, l.ndim), l.storage_offset);
   return {t, tag};
 }
+
+// --- the ring (bounce buffer): copies through a region registered once per connection ---
+
+void ring_send(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t timeout_ms) {
+  TORCH_CHECK(tensor.defined(), "tensorwire.ring_send: undefined tensor");
+  TORCH_CHECK(tensor.device().is_cpu(), "tensorwire.ring_send: tensor is on ", tensor.device(),
+              "; the ring carries CPU tensors only (the GPU ring is not implemented; use send for CUDA tensors)");
+  TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.ring_send: ", tensor.layout(),
+              " tensors cannot be sent; only strided (dense) ones");
+  check_dtype(tensor.scalar_type(), "ring_send");
+  TORCH_CHECK(tag >= 0, "tensorwire.ring_send: tag must be >= 0, got ", tag);
+  auto live = connection(conn, "ring_send");
+  // The ring carries bytes: a lazy conjugate/negative bit is applied first.
+  at::Tensor src = tensor.is_conj() || tensor.is_neg() ? tensor.resolve_conj().resolve_neg() : tensor;
+  const c10::Storage& storage = src.storage();
+  tw_layout_t l = make_layout(src.scalar_type(), src.sizes(), src.strides(), src.storage_offset(), "ring_send");
+  // tensorwire packs the view (any strides) straight from the storage into the ring.
+  TW_CHECK(tw_peer_ring_send_view(live->peer, static_cast<uint64_t>(tag), storage.data(), storage.nbytes(), &l,
+                                  timeout_ms));
+}
+
+std::tuple<at::Tensor, int64_t> ring_recv(int64_t conn, int64_t timeout_ms) {
+  auto live = connection(conn, "ring_recv");
+  std::lock_guard<std::mutex> one_receiver(live->ring_recv_mu);
+  tw_ring_message_t* msg = nullptr;
+  // Not borrowed: the bytes are this process's private copy (the peer cannot scribble
+  // them), so the tensor can own them without another copy.
+  TW_CHECK(tw_peer_ring_recv(live->peer, timeout_ms, /*borrow=*/false, &msg));
+  std::unique_ptr<tw_ring_message_t, decltype(&tw_ring_message_free)> guard(msg, &tw_ring_message_free);
+  size_t len = 0;
+  const void* data = tw_ring_message_data(msg, &len);
+  const tw_desc_t* desc = tw_ring_message_desc(msg);
+  TORCH_CHECK(desc != nullptr, "tensorwire.ring_recv: expected a tensor, the peer sent ", len,
+              " bytes through the ring (dropped)");
+  TORCH_INTERNAL_ASSERT(!tw_ring_message_is_borrowed(msg));
+  tw_layout_t l{};
+  TW_CHECK(tw_desc_layout(desc, &l));
+  auto dtype = imported_dtype(l, "ring_recv");
+  int64_t tag = static_cast<int64_t>(tw_ring_message_tag(msg));
+  at::IntArrayRef sizes(l.sizes, l.ndim), strides(l.strides, l.ndim);
+  // tensorwire checked that the descriptor is the packed contiguous layout of the bytes.
+  uint64_t need = extent_bytes(l);
+  TORCH_CHECK(need <= len && l.storage_offset == 0, "tensorwire.ring_recv: the descriptor needs ", need,
+              " bytes at offset ", l.storage_offset, ", the message has ", len);
+  auto addr = reinterpret_cast<uintptr_t>(data);
+  if (len == 0 || addr % c10::elementSize(dtype) != 0) {
+    // Nothing to own (an empty tensor), or bytes not aligned for the dtype: a fresh tensor.
+    at::Tensor t = at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
+    if (len) std::memcpy(t.data_ptr(), data, need);
+    return {t, tag};
+  }
+  // The tensor owns the message: its deleter frees it when the last view dies.
+  c10::DataPtr dp(const_cast<void*>(data), guard.release(), &ring_message_deleter, at::Device(at::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), len, std::move(dp), nullptr, false);
+  return {over_storage(std::move(storage), dtype, sizes, strides, 0), tag};
+}
+
+// --- CUDA entry points that need no CUDA headers (the C ABI answers them) ---
+
+bool cuda_built() {
+#ifdef TENSORWIRE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_available() { return cuda_built() && tw_cuda_available(); }
+
+int64_t cuda_device_count() {
+  int32_t n = 0;
+  TW_CHECK(tw_cuda_device_count(&n));  // TW_ERR_CUDA_UNAVAILABLE (with the reason) without a driver
+  return n;
+}
+
+std::vector<int64_t> cuda_ipc_cache_stats() {
+  uint64_t opens = 0, open_handles = 0;
+  tw_cuda_ipc_cache_stats(&opens, &open_handles);
+  return {static_cast<int64_t>(opens), static_cast<int64_t>(open_handles)};
+}
+
+void cuda_ipc_cache_keep_warm(int64_t n) {
+  TORCH_CHECK(n >= 0, "tensorwire.cuda_ipc_cache_keep_warm: n must be >= 0, got ", n);
+  tw_cuda_ipc_cache_keep_warm(static_cast<size_t>(n));
+}
+
+#ifndef TENSORWIRE_WITH_CUDA
+// Built without a CUDA toolkit: a CUDA tensor reaching `send` gets the reason, not the
+// dispatcher's "could not run with arguments from the CUDA backend".
+bool send_cuda_unbuilt(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
+  int32_t n = 0;
+  tw_result_e r = tw_cuda_device_count(&n);
+  TORCH_CHECK(false, "tensorwire.send: tensor is on ", tensor.device(),
+              ", but this libtensorwire_torch was built without CUDA (no CUDA toolkit was found at build time); "
+              "rebuild cpp/ where nvcc is installed",
+              r == TW_OK ? std::string() : std::string("; tensorwire (") + tw_result_name(r) + "): " +
+                                               tw_last_error_message());
+}
+#endif
 
 std::vector<int64_t> stats(int64_t conn) {
   auto live = connection(conn, "stats");
@@ -237,18 +358,18 @@ void set_inheritable(int64_t fd, bool inheritable) {
   TW_CHECK(tw_fd_set_inheritable(static_cast<int>(fd), inheritable));
 }
 
-int64_t from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
-                                       int64_t handshake_timeout_ms) {
+int64_t from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms,
+                int64_t ring_bytes) {
   TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.from_fd: fd ", fd, " is not a valid descriptor");
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes);
   tw_peer_t* p = nullptr;
   TW_CHECK(tw_peer_from_fd(static_cast<int>(fd), &c, &p));
   return register_connection(p);
 }
 
-int64_t connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes,
-                                       int64_t window_ms, int64_t handshake_timeout_ms) {
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
+int64_t connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
+                int64_t handshake_timeout_ms, int64_t ring_bytes) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes);
   std::string p(path);
   tw_peer_t* peer = nullptr;
   TW_CHECK(tw_peer_connect(p.c_str(), &c, &peer));
@@ -262,9 +383,9 @@ int64_t listen(c10::string_view path) {
   return register_listener(l, p);
 }
 
-int64_t accept(int64_t listener_handle, int64_t max_leases,
-                                      int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms) {
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms);
+int64_t accept(int64_t listener_handle, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
+               int64_t handshake_timeout_ms, int64_t ring_bytes) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes);
   auto l = listener(listener_handle, "accept");
   tw_peer_t* p = nullptr;
   TW_CHECK(tw_listener_accept(l->listener, &c, &p));
@@ -311,6 +432,10 @@ TORCH_LIBRARY_IMPL(tensorwire, CPU, m) {
   m.impl("segment_fd", &segment_fd);
 }
 
+#ifndef TENSORWIRE_WITH_CUDA
+TORCH_LIBRARY_IMPL(tensorwire, CUDA, m) { m.impl("send", &send_cuda_unbuilt); }
+#endif
+
 // No tensor arguments: these run on the CompositeExplicitAutograd kernel.
 TORCH_LIBRARY_IMPL(tensorwire, CompositeExplicitAutograd, m) {
   m.impl("empty", &empty);
@@ -327,6 +452,13 @@ TORCH_LIBRARY_IMPL(tensorwire, CompositeExplicitAutograd, m) {
   m.impl("close_listener", &close_listener_op);
   m.impl("peer_pid", &peer_pid);
   m.impl("stats", &stats);
+  m.impl("ring_send", &ring_send);  // any device: a CUDA tensor gets a clear error
+  m.impl("ring_recv", &ring_recv);
+  m.impl("cuda_built", &cuda_built);
+  m.impl("cuda_available", &cuda_available);
+  m.impl("cuda_device_count", &cuda_device_count);
+  m.impl("cuda_ipc_cache_stats", &cuda_ipc_cache_stats);
+  m.impl("cuda_ipc_cache_keep_warm", &cuda_ipc_cache_keep_warm);
 }
 
 }  // namespace tensorwire_torch

@@ -1,6 +1,7 @@
 // The one TORCH_LIBRARY block of torch.ops.tensorwire (every schema), and the registry of
 // connection / listener handles.
-// Implementations live per backend (cpu.cpp: CPU and backend-less ops). Fake
+// Implementations live per backend (cpu.cpp: CPU and backend-less ops; cuda.cpp, compiled
+// only where a CUDA toolkit is found: CUDA send and import). Fake
 // implementations for the ops with known output shapes are in python/tensorwire/_fake.py.
 #include "common.h"
 
@@ -86,13 +87,14 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("is_shared(Tensor self) -> bool");
 
   // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of `socketpair`, e.g. inherited
-  // by a child process). Limits of 0 mean the library's defaults (handshake: 10 s).
+  // by a child process). Limits of 0 mean the library's defaults (handshake: 10 s; ring_bytes: the data area of
+  // the ring this side sends through, a power of two >= 4096, default 4 MiB).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
-  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> int");
-  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> int");
+  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0) -> int");
+  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0) -> int");
   m.def("listen(str path) -> int");
-  m.def("accept(int listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0) -> int");
+  m.def("accept(int listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0) -> int");
   m.def("close(int conn) -> ()");
   m.def("close_listener(int listener) -> ()");
   m.def("peer_pid(int conn) -> int");
@@ -107,6 +109,28 @@ TORCH_LIBRARY(tensorwire, m) {
   // [live_leases, live_bytes, granted, released, expired, reclaimed] of what this side
   // exported to the peer, after processing pending releases and peer death.
   m.def("stats(int conn) -> int[]");
+
+  // The ring (bounce buffer registered once per connection): `ring_send` copies the view
+  // (any strides) packed into the ring, in chunks if it is larger than half the ring,
+  // waiting at most timeout_ms for space (< 0: no limit); CPU tensors only. `ring_recv`
+  // returns the next ring tensor (contiguous, owning a private copy of the bytes: no
+  // further copy) and its tag.
+  m.def("ring_send(int conn, Tensor tensor, int tag=0, int timeout_ms=-1) -> ()");
+  m.def("ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
+
+  // CUDA. `send` of a CUDA tensor exports its storage by IPC handle after the work queued
+  // on the current stream (an IPC event orders the consumer); `recv` of one makes the
+  // current stream wait for that event and returns a tensor on the device, whose lease is
+  // released (after synchronizing that stream) when the last view dies.
+  // cuda_built: this extension was compiled with CUDA; cuda_available: and a driver works.
+  m.def("cuda_built() -> bool");
+  m.def("cuda_available() -> bool");
+  // Number of devices; raises with tensorwire's CudaUnavailable reason without a driver.
+  m.def("cuda_device_count() -> int");
+  // This process's IPC handle cache: [cuIpcOpenMemHandle calls so far, handles open now].
+  m.def("cuda_ipc_cache_stats() -> int[]");
+  // How many unused opened handles stay open (default 16; 0: a handle opened per message).
+  m.def("cuda_ipc_cache_keep_warm(int n) -> ()");
 
   // Interop with PyTorch's own CPU sharing (file_descriptor strategy).
   // A dup of the segment fd behind `self` (close-on-exec; the caller owns it), the

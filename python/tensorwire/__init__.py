@@ -1,4 +1,4 @@
-"""tensorwire for PyTorch: zero-copy CPU tensor sharing between processes.
+"""tensorwire for PyTorch: zero-copy CPU and CUDA tensor sharing between processes.
 
 Loads ``libtensorwire_torch.so`` (``$TENSORWIRE_TORCH_LIB``, else the repo's
 ``build/torch-ext/``; ``cpp/build.sh`` builds it) and wraps ``torch.ops.tensorwire``
@@ -11,10 +11,19 @@ with a small ``torch.multiprocessing``-like API::
     conn.send(t.t())                                    # zero-copy, any strided view
     u = conn.recv()                                     # aliases the peer's memory
 
+    conn.ring_send(torch.randn(64, 64).t())              # copied through the ring, packed
+    u = conn.ring_recv()                                # a private contiguous tensor
+
 A tensor that does not live in a tensorwire segment is copied once on ``send``. The
 receiver's tensor holds a lease on the sender's memory; it is released when the last
-tensor/view over it dies (or when the receiver dies). Errors are ``RuntimeError`` with
-tensorwire's own message.
+tensor/view over it dies (or when the receiver dies). The ring (a bounce buffer set up
+once per connection) copies instead: no lease, any CPU tensor, large ones in chunks.
+
+CUDA tensors (where libtensorwire_torch was built with a CUDA toolkit and a driver
+works: ``cuda_available()``): ``send`` exports the storage by IPC handle, ordered after
+the work queued on the current stream; ``recv`` makes the current stream wait for it and
+returns a tensor on the device (released, after synchronizing that stream, when the last
+view dies). Errors are ``RuntimeError`` with tensorwire's own message.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ import torch
 __all__ = [
     "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
     "empty", "zeros", "to_shared", "is_shared", "send", "recv", "stats",
-    "from_torch_shared", "to_torch_shared", "library_path",
+    "from_torch_shared", "to_torch_shared", "library_path", "cuda_available", "cuda_built",
+    "cuda_device_count", "cuda_ipc_cache_stats", "cuda_ipc_cache_keep_warm",
 ]
 
 
@@ -52,6 +62,7 @@ from . import _fake  # noqa: E402,F401  (fake implementations for torch.compile 
 
 # Bound overloads: calling them skips the overload-packet lookup (~1 us per call).
 _send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
+_ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
 
 _STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
 
@@ -68,8 +79,21 @@ class Connection:
         return _send(self._h, tensor, tag, window_ms)
 
     def recv(self, timeout: float | None = None, with_tag: bool = False):
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        t, tag = _recv(self._h, ms)
+        """The next tensor (CPU, or CUDA on the device the peer's memory is on), aliasing
+        the peer's memory. ``timeout`` in seconds (None: no limit)."""
+        t, tag = _recv(self._h, _ms(timeout))
+        if t.is_cuda:
+            torch.cuda.init()  # PyTorch's Python-side CUDA state (no-op once initialized)
+        return (t, tag) if with_tag else t
+
+    def ring_send(self, tensor: torch.Tensor, tag: int = 0, timeout: float | None = None) -> None:
+        """Copy ``tensor`` (any CPU tensor, any strides) through the ring, packed; waits at
+        most ``timeout`` seconds for ring space (None: no limit)."""
+        _ring_send(self._h, tensor, tag, _ms(timeout))
+
+    def ring_recv(self, timeout: float | None = None, with_tag: bool = False):
+        """The next ring tensor: contiguous, owning its (private) bytes."""
+        t, tag = _ring_recv(self._h, _ms(timeout))
         return (t, tag) if with_tag else t
 
     def stats(self) -> dict:
@@ -113,6 +137,10 @@ class Listener:
             pass
 
 
+def _ms(timeout):
+    return -1 if timeout is None else max(0, int(timeout * 1000))
+
+
 def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
     """Two connected fds: keep the first, hand the second to the child process."""
     a, b = ops.socketpair()
@@ -123,7 +151,8 @@ def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
 
 def from_fd(fd: int, **limits) -> Connection:
     """Handshake over an end of ``socketpair`` (takes ownership of ``fd``). Limits:
-    ``max_leases``, ``max_lease_bytes``, ``window_ms`` (0: library default)."""
+    ``max_leases``, ``max_lease_bytes``, ``window_ms``, ``handshake_timeout_ms``,
+    ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default)."""
     return Connection(ops.from_fd(fd, **limits))
 
 
@@ -163,6 +192,35 @@ def recv(conn: Connection, timeout: float | None = None) -> torch.Tensor:
 
 def stats(conn: Connection) -> dict:
     return conn.stats()
+
+
+def cuda_built() -> bool:
+    """True if libtensorwire_torch was compiled with CUDA (a toolkit was found)."""
+    return ops.cuda_built()
+
+
+def cuda_available() -> bool:
+    """True if CUDA tensors can be sent and received: built with CUDA and a driver works."""
+    return ops.cuda_available()
+
+
+def cuda_device_count() -> int:
+    """CUDA devices tensorwire sees; RuntimeError with the reason (e.g. no NVIDIA driver)
+    where CUDA is unavailable."""
+    return ops.cuda_device_count()
+
+
+def cuda_ipc_cache_stats() -> dict:
+    """This process's IPC handle cache: ``opens`` (cuIpcOpenMemHandle calls so far) and
+    ``open_handles`` (open now)."""
+    opens, open_handles = ops.cuda_ipc_cache_stats()
+    return {"opens": opens, "open_handles": open_handles}
+
+
+def cuda_ipc_cache_keep_warm(n: int) -> None:
+    """How many unused opened handles stay open (default 16); 0 closes a handle as soon
+    as its last import is released (one open per message)."""
+    ops.cuda_ipc_cache_keep_warm(n)
 
 
 def _size(size):

@@ -12,3 +12,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), o
 
 if not os.environ.get("TENSORWIRE_TORCH_LIB") and not (ROOT / "build/torch-ext/libtensorwire_torch.so").exists():
     subprocess.run(["bash", str(ROOT / "cpp/build.sh"), sys.executable], check=True)
+
+
+def pytest_configure(config):
+    # Show skip reasons in the summary (the GPU tests say loudly that they were skipped).
+    if "s" not in config.option.reportchars and "a" not in config.option.reportchars.lower():
+        config.option.reportchars += "s"

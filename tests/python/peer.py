@@ -64,11 +64,46 @@ def views(conn):
     conn.recv(timeout=60)  # wait for the parent to finish
 
 
+def ring_echo(conn):
+    """For each ring tensor: reply through the ring with its metadata, then the tensor
+    itself. Every tensor received is kept until STOP and checked again then (a later
+    message must not reuse an earlier one's bytes)."""
+    kept = []
+    while True:
+        t, tag = conn.ring_recv(timeout=60, with_tag=True)
+        if tag == STOP:
+            break
+        s = t.untyped_storage()
+        # Packed: contiguous, offset 0, the storage is exactly the elements (no extra copy
+        # of a larger buffer), owned by the tensor.
+        meta = torch.tensor([t.element_size(), int(t.is_contiguous()), t.storage_offset(), s.nbytes(),
+                             int(s.data_ptr() == t.data_ptr()), *t.shape, *t.stride()], dtype=torch.int64)
+        conn.ring_send(meta, tag, timeout=60)
+        conn.ring_send(t, tag, timeout=60)
+        kept.append((t, raw(t).clone()))
+    ok = all(torch.equal(raw(t), copy) for t, copy in kept)
+    conn.ring_send(torch.tensor([int(ok), len(kept)]), STOP, timeout=60)
+
+
+def cuda_echo(conn):
+    """For each CUDA tensor: add 1 in place (on the current stream, which waited for the
+    sender's writes), synchronize, reply with a CPU copy. STOP ends it."""
+    while True:
+        t, tag = conn.recv(timeout=60, with_tag=True)
+        if tag == STOP:
+            return
+        assert t.is_cuda, t.device
+        t.add_(1)
+        torch.cuda.current_stream().synchronize()
+        conn.send(t.cpu(), tag)
+        del t
+
+
 def main():
     mode, fd = sys.argv[1], int(sys.argv[2])
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000, ring_bytes=int(os.environ.get("TW_TEST_RING_BYTES", "0")))
     assert conn.peer_pid == os.getppid(), (conn.peer_pid, os.getppid())
-    {"echo": echo, "hold": hold, "views": views}[mode](conn)
+    {"echo": echo, "hold": hold, "views": views, "ring_echo": ring_echo, "cuda_echo": cuda_echo}[mode](conn)
     conn.close()
 
 

@@ -1,0 +1,112 @@
+// CUDA implementations of torch.ops.tensorwire.* — compiled only where CMake finds a CUDA
+// toolkit (TENSORWIRE_WITH_CUDA). Without one, cpu.cpp answers CUDA tensors with a clear
+// error instead.
+//
+// Export: the storage's base pointer and size go to tw_peer_export_cuda with the view's
+// layout and PyTorch's current stream of the tensor's device; tensorwire records an IPC
+// event there, so the consumer sees every write queued before `send` without anyone
+// synchronizing. The lease owns a reference to the storage (the caching allocator does not
+// reuse the block until the consumer released it).
+//
+// Import: the current stream of the device waits for the producer's event (a stream wait,
+// never a device synchronize); the tensor's deleter synchronizes that stream (work queued
+// on it may still read or write the memory: releasing the lease is not "the GPU is done")
+// and then frees the import, which releases the lease.
+#ifndef TENSORWIRE_WITH_CUDA
+#error "cuda.cpp is built only with TENSORWIRE_WITH_CUDA (cpp/CMakeLists.txt adds it when a CUDA toolkit is found)"
+#endif
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "common.h"
+
+namespace tensorwire_torch {
+namespace {
+
+struct CudaImportCtx {
+  tw_imported_t* imp;
+  cudaStream_t stream;  // the stream that waited for the producer (current at import time)
+  int device;
+};
+
+void cuda_import_deleter(void* p) {
+  // A deleter must not throw: raw runtime calls, errors ignored (and cleared, so that a
+  // later kernel-launch check does not report them). At process exit the runtime may be
+  // shutting down; tensorwire's lease is released in any case.
+  auto* c = static_cast<CudaImportCtx*>(p);
+  int prev = -1;
+  bool switched = false;
+  if (cudaGetDevice(&prev) == cudaSuccess && prev != c->device && cudaSetDevice(c->device) == cudaSuccess) {
+    switched = true;
+  }
+  if (cudaStreamSynchronize(c->stream) != cudaSuccess) (void)cudaGetLastError();
+  if (switched) (void)cudaSetDevice(prev);
+  tw_imported_free(c->imp);
+  delete c;
+}
+
+bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
+  TORCH_CHECK(tensor.defined() && tensor.is_cuda(), "tensorwire.send: expected a CUDA tensor");
+  TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.send: ", tensor.layout(),
+              " tensors cannot be shared; only strided (dense) ones");
+  check_dtype(tensor.scalar_type(), "send");
+  TORCH_CHECK(tag >= 0, "tensorwire.send: tag must be >= 0, got ", tag);
+  TORCH_CHECK(window_ms >= 0, "tensorwire.send: window_ms must be >= 0, got ", window_ms);
+  auto live = connection(conn, "send");
+  c10::cuda::CUDAGuard device_guard(tensor.device());
+  bool zero_copy = !tensor.is_conj() && !tensor.is_neg();
+  // A conjugate/negative view would lose its lazy bit on the other side: resolve it (on the
+  // device, on the current stream, ordered before the export's event).
+  at::Tensor src = zero_copy ? tensor : tensor.resolve_conj().resolve_neg();
+  if (src.storage().nbytes() == 0) {
+    // An empty tensor has no allocation to share: export a one-element allocation that the
+    // (empty) view never touches, so the consumer still gets the right device and shape.
+    at::Tensor holder = at::empty({1}, src.options());
+    src = holder.as_strided(src.sizes(), src.strides(), 0);
+    zero_copy = false;
+  }
+  const c10::Storage& storage = src.storage();
+  tw_layout_t l = make_layout(src.scalar_type(), src.sizes(), src.strides(), src.storage_offset(), "send");
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(src.device().index()).stream();
+  // The lease owns a reference to the storage; tw_peer_export_cuda calls release_storage
+  // exactly once (also when it fails, before returning).
+  auto* owner = new c10::Storage(storage);
+  TW_CHECK(tw_peer_export_cuda(live->peer, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(storage.data())),
+                               static_cast<uint64_t>(storage.nbytes()), &l,
+                               static_cast<size_t>(reinterpret_cast<uintptr_t>(stream)), static_cast<uint64_t>(tag),
+                               static_cast<uint64_t>(window_ms), &release_storage, owner, nullptr));
+  return zero_copy;
+}
+
+}  // namespace
+
+at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::ScalarType dtype) {
+  std::unique_ptr<tw_imported_t, decltype(&tw_imported_free)> guard(imp, &tw_imported_free);
+  int32_t device = tw_imported_device(imp);
+  int64_t visible = c10::cuda::device_count();
+  TORCH_CHECK(device >= 0 && device < visible, "tensorwire.recv: the peer sent a tensor of CUDA device ", device,
+              "; this process sees ", visible, " CUDA device(s) (check CUDA_VISIBLE_DEVICES on both sides)");
+  auto index = static_cast<c10::DeviceIndex>(device);
+  c10::cuda::CUDAGuard device_guard(index);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(index).stream();
+  // Work queued on this stream from now on runs after the producer's writes.
+  TW_CHECK(tw_imported_cuda_wait(imp, static_cast<size_t>(reinterpret_cast<uintptr_t>(stream))));
+  auto ctx = std::make_unique<CudaImportCtx>(CudaImportCtx{imp, stream, device});
+  guard.release();  // owned by ctx from here
+  void* storage_ptr = tw_imported_storage(imp);
+  size_t nbytes = tw_imported_storage_len(imp);
+  c10::DataPtr dp(storage_ptr, ctx.release(), &cuda_import_deleter, at::Device(at::kCUDA, index));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return over_storage(std::move(storage), dtype, at::IntArrayRef(l.sizes, l.ndim), at::IntArrayRef(l.strides, l.ndim),
+                      l.storage_offset, c10::DispatchKey::CUDA);
+}
+
+TORCH_LIBRARY_IMPL(tensorwire, CUDA, m) { m.impl("send", &send_cuda); }
+
+}  // namespace tensorwire_torch
