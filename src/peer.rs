@@ -5,7 +5,7 @@ use crate::connection::{Connection, Listener};
 use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
-use crate::lease::{Exporter, ImportTable, LeaseId, LeaseStats, Owner};
+use crate::lease::{Exporter, ImportTable, LeaseId, LeaseStats, Owner, Reclaimed};
 use crate::ring::{RingItem, RingMessage, RingReceiver, RingSender, RingShared, Wait};
 use crate::segment::Segment;
 use bytemuck::Zeroable;
@@ -228,7 +228,7 @@ impl Inner {
 
     /// One reaper pass; returns (next deadline, peer gone, live leases).
     fn reap_once(&self) -> (Option<Instant>, bool, u64) {
-        let mut dead: Vec<Owner> = Vec::new();
+        let mut dead = Reclaimed::default();
         let gone = self.conn.is_peer_gone();
         // Relaxed: only a hint of whether anything was released since the last pass; the
         // slot words themselves carry the Acquire/Release pairing.
@@ -244,7 +244,7 @@ impl Inner {
             }
         };
         // Owners run arbitrary drop code (a C callback): never under our locks.
-        drop(dead);
+        dead.settle(&self.exporter);
         for id in forget {
             let _g = self.send_lock.lock();
             let _ = self.conn.send(KIND_FORGET, &id.to_le_bytes(), &[]);
@@ -462,7 +462,7 @@ impl Peer {
         let fd = t.segment.fd();
         let fds: &[BorrowedFd<'_>] = if first { std::slice::from_ref(&fd) } else { &[] };
         if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fds) {
-            let mut dead = Vec::new();
+            let mut dead = Reclaimed::default();
             {
                 let mut ex = self.inner.exporter.lock();
                 ex.revoke(id, &mut dead);
@@ -471,7 +471,7 @@ impl Peer {
                 }
             }
             drop(_send);
-            drop(dead);
+            dead.settle(&self.inner.exporter);
             return Err(e);
         }
         self.inner.wake_idle_reaper();
@@ -549,10 +549,10 @@ impl Peer {
         payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
         payload[8..].copy_from_slice(desc.encode());
         if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &[]) {
-            let mut dead = Vec::new();
+            let mut dead = Reclaimed::default();
             self.inner.exporter.lock().revoke(id, &mut dead);
             drop(_send);
-            drop(dead);
+            dead.settle(&self.inner.exporter);
             return Err(e);
         }
         self.inner.wake_idle_reaper();

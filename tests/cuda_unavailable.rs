@@ -98,7 +98,7 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
         e.to_string().contains("before the producer's IPC events") || matches!(e, Error::CudaUnavailable(_)),
         "{e}"
     );
-    let mut owners = Vec::new();
+    let mut owners = tensorwire::lease::Reclaimed::default();
     table.reap(std::time::Instant::now(), &mut owners);
     assert_eq!(table.stats().released, 1, "the refused CUDA tensor's lease must be released");
     // Malformed event messages are protocol errors, not panics.

@@ -169,7 +169,7 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     expect_err(&victim, "unknown message kind 99");
 
     // The victim gave back every live lease it refused after the lease check.
-    let mut owners = Vec::new();
+    let mut owners = tensorwire::lease::Reclaimed::default();
     at.table.reap(std::time::Instant::now(), &mut owners);
     assert!(at.table.stats().released >= 7, "{:?}", at.table.stats());
 

@@ -28,6 +28,33 @@ struct TableHeader {
 /// Anything that keeps exported memory alive. Dropping it is the release.
 pub type Owner = Box<dyn Send + 'static>;
 
+/// Owners taken out of the private table, to be dropped outside the exporter's lock.
+/// A lease counts as live in the stats until its owner has actually been dropped:
+/// [`Reclaimed::settle`] drops the owners, then updates the stats.
+#[derive(Default)]
+pub struct Reclaimed {
+    owners: Vec<Owner>,
+    leases: u64,
+    bytes: u64,
+}
+
+impl Reclaimed {
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty() && self.leases == 0
+    }
+
+    /// Drop the owners (the caller holds no lock), then account for them.
+    pub fn settle(self, exporter: &parking_lot::Mutex<Exporter>) {
+        let (leases, bytes) = (self.leases, self.bytes);
+        drop(self.owners);
+        if leases > 0 {
+            let mut ex = exporter.lock();
+            ex.stats.live_leases -= leases;
+            ex.stats.live_bytes -= bytes;
+        }
+    }
+}
+
 /// Names a lease: slot in the table and the generation it was granted with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseId {
@@ -205,35 +232,36 @@ impl Exporter {
         Ok((LeaseId { slot, generation }, first))
     }
 
-    /// Take entry `slot` out of the private table (the one place an owner leaves it).
-    fn take(&mut self, slot: u32) -> Option<Owner> {
-        let e = self.entries[slot as usize].take()?;
+    /// Take entry `slot` out of the private table (the one place an owner leaves it). Its
+    /// stats are settled once the owner has been dropped (`Reclaimed::settle`).
+    fn take(&mut self, slot: u32, out: &mut Reclaimed) {
+        let Some(e) = self.entries[slot as usize].take() else { return };
         let pos = self.live_pos[slot as usize] as usize;
         self.live.swap_remove(pos);
         if let Some(&moved) = self.live.get(pos) {
             self.live_pos[moved as usize] = pos as u32;
         }
         self.live_pos[slot as usize] = u32::MAX;
-        self.stats.live_leases -= 1;
-        self.stats.live_bytes -= e.bytes;
         if let Some(s) = self.segments.get_mut(&e.segment_id) {
             s.leases -= 1;
         }
         self.free.push(slot);
-        Some(e.owner)
+        out.owners.push(e.owner);
+        out.leases += 1;
+        out.bytes += e.bytes;
     }
 
     /// Undo a grant whose descriptor could not be sent.
-    pub fn revoke(&mut self, id: LeaseId, out: &mut Vec<Owner>) {
+    pub fn revoke(&mut self, id: LeaseId, out: &mut Reclaimed) {
         if matches!(&self.entries[id.slot as usize], Some(e) if e.generation == id.generation) {
             slot::reclaim(self.word(id.slot), id.generation);
-            out.extend(self.take(id.slot));
+            self.take(id.slot, out);
         }
     }
 
     /// Collect owners the consumer released and those whose window ran out. Owners are
     /// pushed to `out` so the caller drops them outside its lock.
-    pub fn reap(&mut self, now: Instant, out: &mut Vec<Owner>) -> Option<Instant> {
+    pub fn reap(&mut self, now: Instant, out: &mut Reclaimed) -> Option<Instant> {
         let mut next_deadline: Option<Instant> = None;
         let mut i = 0;
         while i < self.live.len() {
@@ -242,7 +270,7 @@ impl Exporter {
             let (generation, deadline) = (e.generation, e.deadline);
             if slot::reap(self.word(s), generation) {
                 // `take` moves the last live slot into position i: look at i again.
-                out.extend(self.take(s));
+                self.take(s, out);
                 self.stats.released += 1;
                 continue;
             }
@@ -254,7 +282,7 @@ impl Exporter {
                     } else {
                         self.stats.expired += 1;
                     }
-                    out.extend(self.take(s));
+                    self.take(s, out);
                     continue;
                 }
                 next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
@@ -265,12 +293,12 @@ impl Exporter {
     }
 
     /// The peer is gone: take back every lease.
-    pub fn reclaim_all(&mut self, out: &mut Vec<Owner>) {
+    pub fn reclaim_all(&mut self, out: &mut Reclaimed) {
         self.gone = true;
         while let Some(&s) = self.live.last() {
             let generation = self.entries[s as usize].as_ref().expect("live slots hold entries").generation;
             slot::reclaim(self.word(s), generation);
-            out.extend(self.take(s));
+            self.take(s, out);
             self.stats.reclaimed += 1;
         }
         self.segments.clear();
