@@ -26,6 +26,9 @@ use tensorwire::{Peer, PeerConfig, RingItem, Segment, Wait};
 
 const ENV: &str = "TW_RING_BENCH";
 const SPIN_FOREVER: u32 = 1 << 28;
+/// Throughput runs wait like a bulk consumer would: a short spin, then sleep in the
+/// futex — spinning forever on two cores would only steal time from the other side.
+const BULK_SPIN: u32 = 2000;
 const T: Duration = Duration::from_secs(60);
 fn ring_bytes() -> usize {
     std::env::var("TW_RING_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(16 << 20)
@@ -122,10 +125,10 @@ fn child(mode: &str, fd: OwnedFd) {
             }
         }
         "ring_sink" => {
-            let peer = Peer::from_fd(fd, cfg(SPIN_FOREVER)).unwrap();
+            let peer = Peer::from_fd(fd, cfg(BULK_SPIN)).unwrap();
             let mut buf = Vec::new();
             loop {
-                match peer.ring_recv_into(&mut buf, Wait { spin: SPIN_FOREVER, timeout: T }) {
+                match peer.ring_recv_into(&mut buf, Wait { spin: BULK_SPIN, timeout: T }) {
                     Ok((tag, _)) if tag == u64::MAX => peer.send_message(b"done", &[]).unwrap(),
                     Ok(_) => {}
                     Err(e) if e.is_peer_gone() => return,
@@ -256,9 +259,9 @@ fn same_thread_cost(iters: usize) -> f64 {
 /// Bytes/s through the ring for `count` messages of `size` (after one warm-up message).
 fn ring_throughput(size: usize, count: usize) -> f64 {
     let (mut child, fd) = spawn("ring_sink");
-    let peer = Peer::from_fd(fd, cfg(SPIN_FOREVER)).unwrap();
+    let peer = Peer::from_fd(fd, cfg(BULK_SPIN)).unwrap();
     let data: Vec<u8> = (0..size).map(|k| k as u8).collect();
-    let w = Wait { spin: SPIN_FOREVER, timeout: T };
+    let w = Wait { spin: BULK_SPIN, timeout: T };
     let round = |n: usize| {
         let t = Instant::now();
         for i in 0..n {
