@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Per-message cost of sharing a CUDA tensor between two Python processes, same run (GPU
+machine only; scripts/gpu_test.sh runs it):
+
+  tw cached        tensorwire send (IPC export + event on the current stream), recv in
+                   the child (handle from the process's cache, stream wait), the child
+                   drops it (stream sync + lease release) and acks
+  tw open/msg      the same with the child's handle cache at keep_warm(0): every message
+                   opens (cuIpcOpenMemHandle) and closes its handle
+  torch.mp         torch.multiprocessing Queue of the same CUDA tensor, ack over a Queue
+  GPU ring         not implemented in tensorwire (n/a)
+
+Each number is a full round trip (tensor to the child, ack back), median and p90 in
+microseconds, at 4 KiB and 32 MiB. Targets (issue 6): per-message-open / cached >= 20
+(reported), GPU ring 32 MiB / 4 KiB <= 3 (n/a: no GPU ring). Usage:
+
+  PYTHONPATH=python python3 benches/torch_cuda_transfer.py [--iters N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import torch  # noqa: E402
+import torch.multiprocessing as tmp  # noqa: E402
+
+import tensorwire  # noqa: E402
+
+SIZES = [4 << 10, 32 << 20]
+STOP = 1 << 40
+KEEP_WARM = (1 << 40) + 1
+WARMUP = 5
+
+
+def human(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def tw_child(fd):
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    ack = tensorwire.zeros(1)
+    while True:
+        t, tag = conn.recv(with_tag=True)
+        if tag == KEEP_WARM:
+            tensorwire.cuda_ipc_cache_keep_warm(int(t.item()))
+        del t  # CUDA: synchronizes the stream that waited, releases the lease
+        if tag == STOP:
+            break
+        conn.send(ack, tag)
+    s = tensorwire.cuda_ipc_cache_stats()
+    conn.close()
+    print(f"  (child: {s['opens']} cuIpcOpenMemHandle calls in all)", flush=True)
+
+
+def mp_child(q, acks):
+    torch.cuda.init()
+    while True:
+        t = q.get()
+        if t is None:
+            break
+        del t
+        acks.put(1)
+
+
+def timed(n, fn):
+    out = []
+    for i in range(WARMUP + n):
+        t0 = time.perf_counter()
+        fn(i)
+        dt = time.perf_counter() - t0
+        if i >= WARMUP:
+            out.append(dt)
+    return out
+
+
+def bench_tensorwire(iters):
+    parent_fd, child_fd = tensorwire.socketpair()
+    child = subprocess.Popen([sys.executable, __file__, "--child-tw", str(child_fd)], pass_fds=[child_fd])
+    os.close(child_fd)
+    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+
+    def round_trip(t):
+        def go(i):
+            conn.send(t, i)
+            conn.recv()
+        return go
+
+    out = {}
+    for mode, keep in (("tw cached", 16), ("tw open/msg", 0)):
+        conn.send(tensorwire.to_shared(torch.tensor([keep])), KEEP_WARM)
+        conn.recv()
+        for size in SIZES:
+            t = torch.ones(size, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+            out[(mode, size)] = timed(iters, round_trip(t))
+            s = conn.stats()
+            assert s["live_leases"] <= 1, s
+            del t
+            torch.cuda.synchronize()
+    conn.send(tensorwire.zeros(1), STOP)
+    child.wait(120)
+    conn.close()
+    return out
+
+
+def bench_torch_mp(iters):
+    ctx = tmp.get_context("spawn")
+    q, acks = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=mp_child, args=(q, acks))
+    p.start()
+    out = {}
+    for size in SIZES:
+        t = torch.ones(size, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+
+        def go(i):
+            q.put(t)
+            acks.get()
+
+        out[("torch.mp", size)] = timed(iters, go)
+    q.put(None)
+    p.join(120)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--child-tw", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_tw is not None:
+        return tw_child(args.child_tw)
+    if not torch.cuda.is_available():
+        print("GPU bench SKIPPED: no CUDA device")
+        return 2
+
+    res = bench_tensorwire(args.iters)
+    res.update(bench_torch_mp(args.iters))
+    p50 = {k: statistics.median(v) * 1e6 for k, v in res.items()}
+    p90 = {k: statistics.quantiles(v, n=10)[8] * 1e6 for k, v in res.items()}
+
+    print(f"\nCUDA tensor round trip per message (to the child, ack back), microseconds; torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name(0)}, {args.iters} iterations")
+    hdr = f"{'path':<14} | " + " | ".join(f"{human(s) + ' p50':>12} {'p90':>9}" for s in SIZES) + \
+        f" | {human(SIZES[-1])}/{human(SIZES[0])}"
+    print(hdr)
+    print("-" * len(hdr))
+    for mode in ("tw cached", "tw open/msg", "torch.mp"):
+        cells = " | ".join(f"{p50[(mode, s)]:12.1f} {p90[(mode, s)]:9.1f}" for s in SIZES)
+        print(f"{mode:<14} | {cells} | {p50[(mode, SIZES[-1])] / p50[(mode, SIZES[0])]:8.2f}")
+    print(f"{'GPU ring':<14} | " + " | ".join(f"{'n/a':>12} {'':>9}" for _ in SIZES) + " |      n/a")
+    print("\nGPU ring: not implemented in tensorwire (target 32 MiB / 4 KiB <= 3: n/a)")
+    for s in SIZES:
+        r = p50[("tw open/msg", s)] / p50[("tw cached", s)]
+        print(f"per-message open / cached at {human(s)}: {r:.1f}x (issue 6 target >= 20: {'met' if r >= 20 else 'NOT met'})")
+    for s in SIZES:
+        r = p50[("torch.mp", s)] / p50[("tw cached", s)]
+        print(f"torch.multiprocessing / tensorwire cached at {human(s)}: {r:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""GPU tests of the tensorwire torch extension: two real processes sharing CUDA tensors
+through torch.ops.tensorwire (CUDA IPC). Plain Python (pytest is not needed on the GPU
+machine); run by scripts/gpu_test.sh:
+
+    PYTHONPATH=python TENSORWIRE_TORCH_LIB=build/torch-ext/libtensorwire_torch.so python3 tests/gpu/gpu_tests.py [NAME...]
+
+Each test prints PASS or FAIL; the exit status is non-zero if any failed. Without a CUDA
+device every test is reported SKIPPED and the exit status is 2 (never a silent pass).
+
+  dtypes_and_views   every dtype, contiguous and non-contiguous views: the consumer sees
+                     the producer's storage bytes and exact layout (sizes, strides, offset)
+  zero_copy          the consumer's in-place write is seen by the producer (same memory)
+  ordering           a kernel queued right before `send` (after a long GPU sleep), no
+                     synchronize: the consumer still reads its result (IPC event wait)
+  sigkill            leases held by a consumer that is SIGKILLed are reclaimed, and the
+                     storages' reference counts return to what they were
+  handle_cache       sending one tensor many times opens its IPC handle once; with
+                     keep_warm(0) once per message (cuda_ipc_cache_stats in the consumer)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+import torch  # noqa: E402
+
+import tensorwire  # noqa: E402
+
+STOP = 999_999
+SET_KEEP_WARM = 999_998  # control message to the child: payload n
+REPORT = 999_997         # control message: reply with the child's IPC cache stats
+
+DTYPES = [
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+    torch.float64, torch.complex32, torch.complex64, torch.complex128, torch.bool, torch.bfloat16,
+    torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
+    torch.uint16, torch.uint32, torch.uint64,
+]
+if hasattr(torch, "float8_e8m0fnu"):
+    DTYPES.append(torch.float8_e8m0fnu)
+
+
+def storage_bytes(t):
+    """The whole storage of `t` as a uint8 tensor on its device (no dtype-specific kernels)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def meta_of(t):
+    return [t.element_size(), t.storage_offset(), t.untyped_storage().nbytes(), t.get_device(), t.dim(),
+            *t.shape, *t.stride()]
+
+
+def ack(conn, tag, values=(0,)):
+    conn.send(tensorwire.to_shared(torch.tensor(list(values), dtype=torch.int64)), tag)
+
+
+# --- the consumer process ----------------------------------------------------------------
+
+def child_main(mode, fd):
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    while True:
+        t, tag = conn.recv(timeout=120, with_tag=True)
+        if tag == STOP:
+            break
+        if tag == SET_KEEP_WARM:
+            tensorwire.cuda_ipc_cache_keep_warm(int(t.item()))
+            del t
+            ack(conn, tag)
+            continue
+        if tag == REPORT:
+            del t
+            s = tensorwire.cuda_ipc_cache_stats()
+            ack(conn, tag, [s["opens"], s["open_handles"]])
+            continue
+        if mode == "echo":
+            # Flip bit 0 of the view's first byte in the shared memory, then reply with the
+            # layout and a copy of the storage bytes as this process sees them.
+            assert t.is_cuda, t.device
+            s = storage_bytes(t)
+            if t.numel() > 0:
+                off = t.storage_offset() * t.element_size()
+                s[off : off + 1].bitwise_xor_(1)
+            copy = s.cpu()  # synchronizes the current stream: the flip is done
+            meta = meta_of(t)
+            del t, s
+            ack(conn, tag, meta)
+            conn.send(tensorwire.to_shared(copy), tag)
+        elif mode == "scale":
+            t.mul_(2)
+            torch.cuda.current_stream().synchronize()
+            del t
+            ack(conn, tag)
+        elif mode == "minmax":
+            # Read on the current stream (which waited for the producer's event): no sync.
+            lo, hi = t.min().item(), t.max().item()
+            del t
+            conn.send(tensorwire.to_shared(torch.tensor([lo, hi], dtype=torch.float64)), tag)
+        elif mode == "hold":
+            held = [t] + [conn.recv(timeout=120) for _ in range(tag - 1)]
+            ack(conn, tag, [len(held)])
+            while True:
+                time.sleep(60)
+        elif mode == "drop":
+            del t
+            ack(conn, tag)
+        else:
+            raise SystemExit(f"unknown mode {mode}")
+    conn.close()
+
+
+# --- the producer side -------------------------------------------------------------------
+
+class Child:
+    def __init__(self, mode):
+        parent_fd, child_fd = tensorwire.socketpair()
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(child_fd)], pass_fds=[child_fd])
+        os.close(child_fd)
+        self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+
+    def recv(self, tag=None):
+        t, got = self.conn.recv(timeout=120, with_tag=True)
+        if tag is not None:
+            check(got == tag, f"reply tag {got}, expected {tag}")
+        return t
+
+    def control(self, tag, value=0):
+        self.conn.send(tensorwire.to_shared(torch.tensor([value])), tag)
+        return self.recv(tag).tolist()
+
+    def finish(self):
+        self.conn.send(tensorwire.zeros(1), STOP)
+        rc = self.proc.wait(timeout=120)
+        self.conn.close()
+        check(rc == 0, f"child exited with {rc}")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+
+
+class Failed(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failed(what)
+
+
+def wait_stats(conn, pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        s = conn.stats()
+        if pred(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.005)
+
+
+def random_cuda(shape, dtype):
+    t = torch.empty(shape, dtype=dtype, device="cuda")
+    s = storage_bytes(t)
+    s.copy_(torch.randint(0, 2 if dtype == torch.bool else 256, s.shape, dtype=torch.uint8))
+    return t
+
+
+def views_of(base):
+    return {
+        "contiguous": base,
+        "transposed": base.t(),
+        "slice": base[1::2, 3:],
+        "expand": base[2:3, :5].expand(4, 5),
+        "scalar": base[1, 2],
+        "empty view": base[:, 8:],
+    }
+
+
+def test_dtypes_and_views():
+    c = Child("echo")
+    try:
+        tag = 0
+        for dtype in DTYPES:
+            base = random_cuda((6, 8), dtype)
+            for name, t in views_of(base).items():
+                tag += 1
+                what = f"{dtype} {name}"
+                before = storage_bytes(t).cpu()
+                expected = before.clone()
+                if t.numel() > 0:
+                    expected[t.storage_offset() * t.element_size()] ^= 1
+                check(c.conn.send(t, tag) is True, f"{what}: send was not zero-copy")
+                meta = c.recv(tag).tolist()
+                copy = c.recv(tag)
+                check(meta == meta_of(t), f"{what}: consumer saw layout {meta}, sent {meta_of(t)}")
+                check(torch.equal(copy, expected), f"{what}: consumer's storage bytes differ from the producer's")
+                after = storage_bytes(t).cpu()
+                check(torch.equal(after, expected), f"{what}: the consumer's write is not in the producer's memory")
+                s = wait_stats(c.conn, lambda s: s["live_leases"] == 0)
+                check(s["live_leases"] == 0 and s["live_bytes"] == 0, f"{what}: lease not released: {s}")
+        # A tensor with no storage bytes at all still arrives (on the device, with its shape).
+        tag += 1
+        e = torch.empty(0, 3, device="cuda")
+        check(c.conn.send(e, tag) is False, "empty tensor: expected a (non-zero-copy) holder export")
+        meta = c.recv(tag).tolist()
+        c.recv(tag)
+        check(meta[3] == e.get_device() and meta[4:] == [2, 0, 3, *e.stride()], f"empty tensor: {meta}")
+        s = wait_stats(c.conn, lambda s: s["live_leases"] == 0)
+        check(s["granted"] == s["released"] == tag, f"stats {s}")
+        c.finish()
+        return f"{len(DTYPES)} dtypes x {len(views_of(torch.empty(6, 8)))} views + empty"
+    finally:
+        c.kill()
+
+
+def test_zero_copy():
+    c = Child("scale")
+    try:
+        t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        v = t[7::3]
+        expected = t.clone()
+        expected[7::3] *= 2
+        c.conn.send(v, 1)
+        c.recv(1)
+        check(torch.equal(t, expected), "the consumer's in-place mul_ is not visible to the producer")
+        c.finish()
+    finally:
+        c.kill()
+
+
+def sleep_cycles_for(ms):
+    """GPU clock cycles that torch.cuda._sleep needs to keep the stream busy for `ms`."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = 10_000_000
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return int(n * ms / max(start.elapsed_time(end), 1e-3))
+
+
+def test_ordering():
+    c = Child("minmax")
+    try:
+        cycles = sleep_cycles_for(200)
+        t = torch.zeros(8 << 20, device="cuda")  # 32 MiB
+        for i in range(1, 6):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cycles)  # the stream is busy ~200 ms ...
+            t.fill_(float(i))          # ... then writes i, queued before the send
+            c.conn.send(t, i)          # no synchronize: the IPC event orders the consumer
+            busy = not torch.cuda.current_stream().query()
+            check(busy, "the fill finished before send returned: sleep too short to prove ordering")
+            lo, hi = c.recv(i).tolist()
+            check(lo == hi == float(i), f"round {i}: consumer read min {lo}, max {hi}; expected {float(i)}")
+        c.finish()
+    finally:
+        c.kill()
+
+
+def test_sigkill():
+    c = Child("hold")
+    try:
+        n = 20
+        tensors = [torch.randn(256, 256, device="cuda") for _ in range(n)]
+        uses = [torch._C._storage_Use_Count(t.untyped_storage()._cdata) for t in tensors]
+        for i, t in enumerate(tensors):
+            c.conn.send(t[i % 7:], n)  # tag n: the child holds n tensors
+        check(c.recv(n).tolist() == [n], "child did not hold the tensors")
+        s = c.conn.stats()
+        check(s["live_leases"] == n and s["live_bytes"] == n * 256 * 256 * 4, f"before kill: {s}")
+        check([torch._C._storage_Use_Count(t.untyped_storage()._cdata) for t in tensors] == [u + 1 for u in uses],
+              "each lease should own one reference to its storage")
+        os.kill(c.proc.pid, signal.SIGKILL)
+        c.proc.wait()
+        s = wait_stats(c.conn, lambda s: s["live_leases"] == 0)
+        check(s["live_leases"] == 0 and s["live_bytes"] == 0 and s["reclaimed"] == n, f"after kill: {s}")
+        check([torch._C._storage_Use_Count(t.untyped_storage()._cdata) for t in tensors] == uses,
+              "storage references not dropped after reclaim")
+        try:
+            c.conn.send(tensors[0])
+            check(False, "send to a dead peer succeeded")
+        except RuntimeError as e:
+            check("TW_ERR_PEER_GONE" in str(e), f"unexpected error: {e}")
+    finally:
+        c.kill()
+
+
+def test_handle_cache():
+    c = Child("drop")
+    try:
+        t = torch.ones(1 << 20, device="cuda")
+        opens0, _ = c.control(REPORT)
+        k = 50
+        for i in range(k):
+            c.conn.send(t, i + 1)
+            c.recv(i + 1)
+        opens, open_handles = c.control(REPORT)
+        check(opens - opens0 == 1, f"cached: {opens - opens0} cuIpcOpenMemHandle calls for {k} messages, expected 1")
+        check(open_handles >= 1, f"cached: the handle should stay open (warm), {open_handles} open")
+        # keep_warm(0) takes effect at the next release: the first message below still finds
+        # the warm handle, its release closes it, and every later message opens it again.
+        c.control(SET_KEEP_WARM, 0)
+        for i in range(k):
+            c.conn.send(t, i + 1)
+            c.recv(i + 1)
+        opens2, open_handles = c.control(REPORT)
+        check(opens2 - opens == k - 1, f"keep_warm(0): {opens2 - opens} opens for {k} messages, expected {k - 1}")
+        check(open_handles == 0, f"keep_warm(0): {open_handles} handle(s) still open")
+        c.finish()
+        return f"cached: 1 open for {k} messages; keep_warm(0): {k - 1} opens for the next {k}"
+    finally:
+        c.kill()
+
+
+TESTS = {
+    "dtypes_and_views": test_dtypes_and_views,
+    "zero_copy": test_zero_copy,
+    "ordering": test_ordering,
+    "sigkill": test_sigkill,
+    "handle_cache": test_handle_cache,
+}
+
+
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--child":
+        return child_main(sys.argv[2], int(sys.argv[3]))
+    names = sys.argv[1:] or list(TESTS)
+    if not torch.cuda.is_available():
+        for name in names:
+            print(f"SKIPPED {name}: no CUDA device")
+        print("GPU tests SKIPPED: no CUDA device")
+        return 2
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, tensorwire CUDA built: "
+          f"{tensorwire.cuda_built()}, available: {tensorwire.cuda_available()}", flush=True)
+    failed = 0
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            note = TESTS[name]()
+            print(f"PASS {name} ({time.perf_counter() - t0:.1f} s){': ' + note if note else ''}", flush=True)
+        except Exception as e:  # noqa: BLE001  (report every failure, go on)
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+    print(f"gpu tests: {len(names) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
