@@ -3,6 +3,9 @@
 
   tensorwire   torch.ops.tensorwire send/recv of a tensor that lives in a segment
                (zero-copy export under a lease; the receiver drops it, releasing the lease)
+  tw ring      torch.ops.tensorwire ring_send/ring_recv of a plain tensor: copied into
+               the connection's ring and out into the receiver's own tensor; the ack
+               comes back through the other ring (4 KiB and 1 MiB only)
   torch.mp     torch.multiprocessing Queue, file_descriptor strategy, pre-shared tensor
   pickle+pipe  the tensor's bytes pickled through a multiprocessing pipe (copied)
 
@@ -35,6 +38,7 @@ import torch.multiprocessing as tmp  # noqa: E402
 import tensorwire  # noqa: E402
 
 SIZES = [4 << 10, 1 << 20, 64 << 20, 1 << 30]
+RING_SIZES = [4 << 10, 1 << 20]
 STOP = 1 << 40
 WARMUP = 3
 
@@ -57,6 +61,18 @@ def tw_child(fd):
         if tag == STOP:
             break
         conn.send(ack, tag)
+    conn.close()
+
+
+def ring_child(fd):
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    ack = torch.zeros(1)
+    while True:
+        t, tag = conn.ring_recv(with_tag=True)
+        del t
+        if tag == STOP:
+            break
+        conn.ring_send(ack, tag)
     conn.close()
 
 
@@ -117,6 +133,30 @@ def bench_tensorwire(sizes, base_iters):
     return out
 
 
+def bench_ring(sizes, base_iters):
+    parent_fd, child_fd = tensorwire.socketpair()
+    child = subprocess.Popen([sys.executable, __file__, "--child-ring", str(child_fd)], pass_fds=[child_fd])
+    os.close(child_fd)
+    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    out = {}
+    for size in sizes:
+        t = torch.ones(size, dtype=torch.uint8)
+        times = []
+        for i in range(WARMUP + base_iters):
+            t0 = time.perf_counter()
+            conn.ring_send(t, i)
+            ack = conn.ring_recv()
+            del ack
+            dt = time.perf_counter() - t0
+            if i >= WARMUP:
+                times.append(dt)
+        out[size] = times
+    conn.ring_send(torch.zeros(1), STOP)
+    child.wait(60)
+    conn.close()
+    return out
+
+
 def bench_torch_mp(sizes, base_iters):
     tmp.set_sharing_strategy("file_descriptor")
     ctx = tmp.get_context("spawn")
@@ -171,12 +211,17 @@ def main():
     ap.add_argument("--png", default=str(ROOT / "build" / "torch_transfer.png"))
     ap.add_argument("--max-size", type=int, default=1 << 30)
     ap.add_argument("--child-tw", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-ring", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_tw is not None:
         return tw_child(args.child_tw)
+    if args.child_ring is not None:
+        return ring_child(args.child_ring)
 
     sizes = [s for s in SIZES if s <= args.max_size]
     started = time.perf_counter()
+    ring_sizes = [s for s in RING_SIZES if s in sizes]
+    ring = bench_ring(ring_sizes, args.iters)
     results = {
         "tensorwire": bench_tensorwire(sizes, args.iters),
         "torch.mp": bench_torch_mp(sizes, args.iters),
@@ -187,20 +232,21 @@ def main():
 
     print(f"\nround trip per transfer (tensor to the child, ack back), microseconds; torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs")
-    hdr = f"{'size':>8} | {'tensorwire p50':>14} {'p90':>8} | {'torch.mp p50':>12} {'p90':>8} | " \
-          f"{'pickle+pipe p50':>15} | {'torch.mp/tw':>11} | {'pickle/tw':>10}"
+    hdr = f"{'size':>8} | {'tensorwire p50':>14} {'p90':>8} | {'tw ring p50':>11} {'p90':>8} | " \
+          f"{'torch.mp p50':>12} {'p90':>8} | {'pickle+pipe p50':>15} | {'torch.mp/tw':>11} | {'pickle/tw':>10}"
     print(hdr)
     print("-" * len(hdr))
     for s in sizes:
         tw, mp_, pk = (p50[m][s] for m in ("tensorwire", "torch.mp", "pickle+pipe"))
-        print(f"{human(s):>8} | {tw:14.1f} {us(results['tensorwire'][s], 8):8.1f} | {mp_:12.1f} "
+        rg = f"{statistics.median(ring[s]) * 1e6:11.1f} {us(ring[s], 8):8.1f}" if s in ring else f"{'-':>11} {'-':>8}"
+        print(f"{human(s):>8} | {tw:14.1f} {us(results['tensorwire'][s], 8):8.1f} | {rg} | {mp_:12.1f} "
               f"{us(results['torch.mp'][s], 8):8.1f} | {pk:15.1f} | {mp_ / tw:10.1f}x | {pk / tw:9.1f}x")
     worst = min(p50["torch.mp"][s] / p50["tensorwire"][s] for s in sizes)
     flat = p50["tensorwire"][sizes[-1]] / p50["tensorwire"][sizes[0]]
     print(f"\ntensorwire vs torch.multiprocessing: >= {worst:.1f}x lower latency at every size "
           f"(target >= 20x: {'met' if worst >= 20 else 'NOT met'})")
     print(f"tensorwire {human(sizes[-1])} / {human(sizes[0])} latency ratio: {flat:.2f} (flat in size)")
-    print(f"iterations: tensorwire/torch.mp {args.iters} per size; pickle+pipe "
+    print(f"iterations: tensorwire/tw ring/torch.mp {args.iters} per size; pickle+pipe "
           + ", ".join(f"{human(s)}: {len(results['pickle+pipe'][s])}" for s in sizes))
 
     import matplotlib
@@ -211,6 +257,8 @@ def main():
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for m, style in (("tensorwire", "o-"), ("torch.mp", "s-"), ("pickle+pipe", "^-")):
         ax.plot(sizes, [p50[m][s] for s in sizes], style, label=m)
+    if ring_sizes:
+        ax.plot(ring_sizes, [statistics.median(ring[s]) * 1e6 for s in ring_sizes], "d-", label="tw ring (copy)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(sizes, [human(s) for s in sizes])
