@@ -240,6 +240,8 @@ def test_zero_copy():
 
 def sleep_cycles_for(ms):
     """GPU clock cycles that torch.cuda._sleep needs to keep the stream busy for `ms`."""
+    torch.cuda._sleep(1000)  # load the kernel first (lazy module loading would inflate the timing)
+    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     n = 10_000_000
     start.record()
