@@ -211,6 +211,10 @@ struct Inner {
     reaper_lock: Mutex<()>,
     /// Release-doorbell sequence at the last reap.
     reaped_seq: std::sync::atomic::AtomicU32,
+    /// Serialises reap passes, owner drops included, so `reap_now` returns only once
+    /// every release it can see is settled. Re-entrant: a release callback may call back
+    /// into this peer on the same thread.
+    reap_lock: parking_lot::ReentrantMutex<()>,
     /// The reaper is in its long idle sleep (no live lease for a while); an export wakes it.
     reaper_idle: AtomicBool,
     ring_tx: Option<Mutex<RingSender>>,
@@ -228,6 +232,7 @@ impl Inner {
 
     /// One reaper pass; returns (next deadline, peer gone, live leases).
     fn reap_once(&self) -> (Option<Instant>, bool, u64) {
+        let _pass = self.reap_lock.lock();
         let mut dead = Reclaimed::default();
         let gone = self.conn.is_peer_gone();
         // Relaxed: only a hint of whether anything was released since the last pass; the
@@ -255,7 +260,10 @@ impl Inner {
     /// Reap if the consumer released anything since the last pass (cheap check).
     fn reap_if_released(&self) {
         if self.release_doorbell().current() != self.reaped_seq.load(Ordering::Relaxed) {
-            self.reap_once();
+            // Only if no pass is running: the export path never waits on one.
+            if let Some(_pass) = self.reap_lock.try_lock() {
+                self.reap_once();
+            }
         }
     }
 }
@@ -369,6 +377,7 @@ impl Peer {
             reaper_wake: parking_lot::Condvar::new(),
             reaper_lock: Mutex::new(()),
             reaped_seq: std::sync::atomic::AtomicU32::new(0),
+            reap_lock: parking_lot::ReentrantMutex::new(()),
             reaper_idle: AtomicBool::new(false),
             ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
