@@ -69,33 +69,58 @@ pub fn device_count() -> Result<usize> {
     Ok(n.max(0) as usize)
 }
 
-/// Make sure a context is current on this thread: the caller's (PyTorch's) if it has
-/// one, else `device`'s primary context (retained once per device for the process).
-pub fn ensure_context(device: i32) -> Result<()> {
+/// Keeps `device`'s context current for a scope; pops a pushed context on drop.
+pub struct ContextGuard {
+    pushed: bool,
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut old: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops the context `ensure_context` pushed on this thread.
+            let _ = call("cuCtxPopCurrent", || unsafe { sys::cuCtxPopCurrent_v2(&mut old) });
+        }
+    }
+}
+
+fn primary_context(device: i32) -> Result<sys::CUcontext> {
+    static PRIMARY: OnceLock<parking_lot::Mutex<std::collections::HashMap<i32, usize>>> = OnceLock::new();
+    let mut map = PRIMARY.get_or_init(Default::default).lock();
+    if let Some(&c) = map.get(&device) {
+        return Ok(c as sys::CUcontext);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out-pointer; the ordinal is checked by the driver.
+    call("cuDeviceGet", || unsafe { sys::cuDeviceGet(&mut dev, device) })?;
+    let mut c: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and device handle. Retained for the process's lifetime on
+    // purpose (PyTorch's runtime shares the primary context).
+    call("cuDevicePrimaryCtxRetain", || unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, dev) })?;
+    map.insert(device, c as usize);
+    Ok(c)
+}
+
+/// Make a context of `device` current on this thread for the guard's lifetime: the
+/// caller's current context if it belongs to `device` (PyTorch's), else `device`'s
+/// primary context, pushed and popped again when the guard drops — so a caller whose
+/// current device is another GPU is left as it was.
+pub fn ensure_context(device: i32) -> Result<ContextGuard> {
     let mut cur: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     call("cuCtxGetCurrent", || unsafe { sys::cuCtxGetCurrent(&mut cur) })?;
     if !cur.is_null() {
-        return Ok(());
-    }
-    static PRIMARY: OnceLock<parking_lot::Mutex<std::collections::HashMap<i32, usize>>> = OnceLock::new();
-    let mut map = PRIMARY.get_or_init(Default::default).lock();
-    let ctx = match map.get(&device) {
-        Some(&c) => c as sys::CUcontext,
-        None => {
-            let mut dev: sys::CUdevice = 0;
-            // SAFETY: valid out-pointer; the ordinal is checked by the driver.
-            call("cuDeviceGet", || unsafe { sys::cuDeviceGet(&mut dev, device) })?;
-            let mut c: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: valid out-pointer and device handle. Retained for the process's
-            // lifetime on purpose (PyTorch shares the primary context).
-            call("cuDevicePrimaryCtxRetain", || unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, dev) })?;
-            map.insert(device, c as usize);
-            c
+        let mut dev: sys::CUdevice = -1;
+        // SAFETY: valid out-pointer; a context is current.
+        call("cuCtxGetDevice", || unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+        if dev == device {
+            return Ok(ContextGuard { pushed: false });
         }
-    };
-    // SAFETY: `ctx` is a retained primary context.
-    call("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) })
+    }
+    let ctx = primary_context(device)?;
+    // SAFETY: `ctx` is a retained primary context; popped by the guard.
+    call("cuCtxPushCurrent", || unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+    Ok(ContextGuard { pushed: true })
 }
 
 #[cfg(test)]
@@ -108,7 +133,7 @@ mod tests {
             eprintln!("a CUDA driver is present: this no-GPU test has nothing to check");
             return;
         }
-        for e in [device_count().unwrap_err(), ensure_context(0).unwrap_err(), call("cuInit", || unreachable!()).unwrap_err()] {
+        for e in [device_count().unwrap_err(), ensure_context(0).err().unwrap(), call("cuInit", || unreachable!()).unwrap_err()] {
             assert!(matches!(e, Error::CudaUnavailable(_)), "{e}");
             assert!(e.to_string().contains("no NVIDIA driver"), "{e}");
         }

@@ -48,7 +48,7 @@ unsafe impl Send for EventPool {}
 impl EventPool {
     /// Create and export `POOL_SIZE` interprocess events on `device`.
     pub fn new(device: i32) -> Result<EventPool> {
-        ensure_context(device)?;
+        let _ctx = ensure_context(device)?;
         let acks = Arc::new(Segment::create(POOL_SIZE * 8)?);
         let mut pool = EventPool {
             device,
@@ -137,7 +137,7 @@ impl RemoteEvents {
                 acks.len()
             )));
         }
-        ensure_context(device)?;
+        let _ctx = ensure_context(device)?;
         let mut events = Vec::with_capacity(handles.len());
         for h in handles {
             let mut ev: sys::CUevent = std::ptr::null_mut();

@@ -38,7 +38,7 @@ pub fn export_pointer(dptr: u64) -> Result<IpcExport> {
             dptr,
         )
     })?;
-    ensure_context(device)?;
+    let _ctx = ensure_context(device)?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: valid out-pointers.
     call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) })?;
@@ -114,7 +114,7 @@ impl HandleCache {
             e.last_use = now;
             return Ok(IpcMapping { key, base: e.base, size: e.size });
         }
-        ensure_context(device)?;
+        let _ctx = ensure_context(device)?;
         let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the handle bytes came from the peer and are checked by
@@ -139,6 +139,11 @@ impl HandleCache {
         if let Some(e) = map.get_mut(key) {
             e.refs -= 1;
         }
+        self.trim(&mut map);
+    }
+
+    /// Close the least recently used idle handles beyond `keep_warm`.
+    fn trim(&self, map: &mut HashMap<Key, Entry>) {
         // Keep at most `keep_warm` unused handles open; close the least recently used.
         let keep = self.keep_warm.load(Ordering::Relaxed) as usize;
         let mut idle: Vec<(u64, Key)> = map.iter().filter(|(_, e)| e.refs == 0).map(|(k, e)| (e.last_use, *k)).collect();
@@ -146,6 +151,7 @@ impl HandleCache {
             idle.sort();
             for (_, k) in idle.iter().take(idle.len() - keep) {
                 if let Some(e) = map.remove(k) {
+                    let _ctx = ensure_context(k.0);
                     // SAFETY: the base came from cuIpcOpenMemHandle and has no users left.
                     let _ = call("cuIpcCloseMemHandle", || unsafe { sys::cuIpcCloseMemHandle(e.base) });
                 }
@@ -156,6 +162,7 @@ impl HandleCache {
     /// Keep at most `n` unused handles open (0: close each when its last import goes).
     pub fn set_keep_warm(&self, n: usize) {
         self.keep_warm.store(n as u64, Ordering::Relaxed);
+        self.trim(&mut self.map.lock());
     }
 
     /// How many times this process called `cuIpcOpenMemHandle`.

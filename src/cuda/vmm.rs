@@ -29,7 +29,7 @@ pub struct VmmAllocation {
 impl VmmAllocation {
     /// Allocate at least `size` bytes on `device` (rounded up to the granularity).
     pub fn create(device: i32, size: u64) -> Result<VmmAllocation> {
-        ensure_context(device)?;
+        let _ctx = ensure_context(device)?;
         let p = prop(device);
         let mut gran: usize = 0;
         // SAFETY: valid out-pointer and property struct.
@@ -94,7 +94,7 @@ impl VmmAllocation {
         if size == 0 || size > 1 << 44 {
             return Err(Error::InvalidDescriptor(format!("VMM allocation of {size} bytes")));
         }
-        ensure_context(device)?;
+        let _ctx = ensure_context(device)?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: for the POSIX-fd type the OS handle is the fd value itself, passed as a
         // pointer-sized integer; the driver dups what it needs.
