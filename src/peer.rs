@@ -646,7 +646,8 @@ impl Peer {
         })();
         match opened {
             Ok((mapping, events)) => {
-                Ok(CudaImported { inner: self.inner.clone(), mapping, events, desc, tag, lease, released: false })
+                let held = HeldLease { inner: self.inner.clone(), lease, released: false };
+                Ok(CudaImported { held, mapping, events, desc, tag })
             }
             Err(e) => {
                 let _ = self.inner.import.release(lease);
@@ -678,7 +679,7 @@ impl Peer {
         // owner is not held for nothing.
         let resolved = self.resolve_segment(&desc, msg.fds.pop());
         match resolved {
-            Ok(segment) => Ok(Imported { inner: self.inner.clone(), segment, desc, tag, lease, released: false }),
+            Ok(segment) => Ok(Imported { held: HeldLease { inner: self.inner.clone(), lease, released: false }, segment, desc, tag }),
             Err(e) => {
                 let _ = self.inner.import.release(lease);
                 Err(e)
@@ -800,12 +801,35 @@ impl Drop for Peer {
 /// A tensor imported from the peer: a view over the peer's shared memory, valid until
 /// released (or dropped, which releases).
 pub struct Imported {
-    inner: Arc<Inner>,
+    held: HeldLease,
     segment: Arc<Segment>,
     desc: TensorDesc,
     tag: u64,
+}
+
+/// The consumer's side of one lease: released once, explicitly or on drop.
+struct HeldLease {
+    inner: Arc<Inner>,
     lease: LeaseId,
     released: bool,
+}
+
+impl HeldLease {
+    fn release(&mut self) -> Result<()> {
+        self.released = true;
+        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
+            return Err(Error::peer_gone("the connection ended before the lease was released"));
+        }
+        self.inner.import.release(self.lease)
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release();
+        }
+    }
 }
 
 impl Imported {
@@ -820,7 +844,7 @@ impl Imported {
         self.tag
     }
     pub fn lease(&self) -> LeaseId {
-        self.lease
+        self.held.lease
     }
     pub fn storage_nbytes(&self) -> usize {
         self.desc.storage.nbytes as usize
@@ -860,23 +884,7 @@ impl Imported {
     /// Give the lease back. `Err(PeerGone)` if the producer is gone (nothing is left to
     /// release then); `Err(StaleLease)` if its window ran out first.
     pub fn release(mut self) -> Result<()> {
-        self.released = true;
-        self.release_inner()
-    }
-
-    fn release_inner(&mut self) -> Result<()> {
-        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
-            return Err(Error::peer_gone("the connection ended before the lease was released"));
-        }
-        self.inner.import.release(self.lease)
-    }
-}
-
-impl Drop for Imported {
-    fn drop(&mut self) {
-        if !self.released {
-            let _ = self.release_inner();
-        }
+        self.held.release()
     }
 }
 
@@ -884,13 +892,11 @@ impl Drop for Imported {
 /// handle cache, valid until released (or dropped, which releases). Before touching it on
 /// a stream, call [`CudaImported::wait_on`] with that stream.
 pub struct CudaImported {
-    inner: Arc<Inner>,
+    held: HeldLease,
     mapping: crate::cuda::ipc::IpcMapping,
     events: Arc<crate::cuda::event::RemoteEvents>,
     desc: TensorDesc,
     tag: u64,
-    lease: LeaseId,
-    released: bool,
 }
 
 impl CudaImported {
@@ -926,21 +932,6 @@ impl CudaImported {
     /// Give the lease back (after the work reading it has been enqueued and, if the
     /// producer may reuse the memory at once, completed).
     pub fn release(mut self) -> Result<()> {
-        self.released = true;
-        self.release_inner()
-    }
-    fn release_inner(&mut self) -> Result<()> {
-        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
-            return Err(Error::peer_gone("the connection ended before the lease was released"));
-        }
-        self.inner.import.release(self.lease)
-    }
-}
-
-impl Drop for CudaImported {
-    fn drop(&mut self) {
-        if !self.released {
-            let _ = self.release_inner();
-        }
+        self.held.release()
     }
 }

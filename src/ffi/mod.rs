@@ -168,6 +168,19 @@ pub(crate) fn quiet<T>(default: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(default)
 }
 
+/// Free a handle made by `Box::into_raw`; NULL is a no-op.
+///
+/// # Safety
+/// `p` is NULL or a live handle of type `T` that is not used afterwards.
+pub(crate) unsafe fn free_handle<T>(p: *mut T) {
+    quiet((), || {
+        if !p.is_null() {
+            // SAFETY: per the contract, a live handle from Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    })
+}
+
 /// `ptr` as a shared reference, or `Fail::Null(name)`.
 ///
 /// # Safety

@@ -350,12 +350,8 @@ pub unsafe extern "C" fn tw_listener_accept(
 /// NULL or a live handle, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_listener_free(listener: *mut tw_listener_t) {
-    quiet((), || {
-        if !listener.is_null() {
-            // SAFETY: live handle from Box::into_raw, freed once.
-            drop(unsafe { Box::from_raw(listener) });
-        }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { super::free_handle(listener) }
 }
 
 /// End the connection and free the handle. Every lease this side granted ends (release
@@ -366,12 +362,8 @@ pub unsafe extern "C" fn tw_listener_free(listener: *mut tw_listener_t) {
 /// NULL or a live handle, not used afterwards (nor concurrently).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_peer_free(peer: *mut tw_peer_t) {
-    quiet((), || {
-        if !peer.is_null() {
-            // SAFETY: live handle from Box::into_raw, freed once.
-            drop(unsafe { Box::from_raw(peer) });
-        }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { super::free_handle(peer) }
 }
 
 /// The peer's pid as verified by the kernel (-1 if `peer` is NULL).
@@ -757,12 +749,8 @@ pub unsafe extern "C" fn tw_imported_release(imp: *mut tw_imported_t) -> tw_resu
 /// NULL or a live handle, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_imported_free(imp: *mut tw_imported_t) {
-    quiet((), || {
-        if !imp.is_null() {
-            // SAFETY: live handle from Box::into_raw, freed once.
-            drop(unsafe { Box::from_raw(imp) });
-        }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { super::free_handle(imp) }
 }
 
 /// The message's payload; its length goes to `*len` (if `len` is not NULL).
@@ -812,11 +800,7 @@ pub unsafe extern "C" fn tw_message_take_fd(msg: *mut tw_message_t, index: usize
 /// NULL or a live handle, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_message_free(msg: *mut tw_message_t) {
-    quiet((), || {
-        if !msg.is_null() {
-            // SAFETY: live handle from Box::into_raw, freed once.
-            drop(unsafe { Box::from_raw(msg) });
-        }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { super::free_handle(msg) }
 }
 

@@ -162,11 +162,7 @@ pub unsafe extern "C" fn tw_ring_message_is_borrowed(msg: *const tw_ring_message
 /// NULL or a live handle, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_ring_message_free(msg: *mut tw_ring_message_t) {
-    quiet((), || {
-        if !msg.is_null() {
-            // SAFETY: live handle from Box::into_raw, freed once.
-            drop(unsafe { Box::from_raw(msg) });
-        }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { super::free_handle(msg) }
 }
 

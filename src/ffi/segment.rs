@@ -130,12 +130,8 @@ pub unsafe extern "C" fn tw_segment_open_named(name: *const c_char, min_len: usi
 /// `seg` must be NULL or a handle from a `tw_segment_*` constructor, not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_segment_free(seg: *mut tw_segment_t) {
-    quiet((), || {
-        if !seg.is_null() {
-            // SAFETY: a live handle created by Box::into_raw, freed once.
-            drop(unsafe { Box::from_raw(seg) });
-        }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { super::free_handle(seg) }
 }
 
 /// Base address of the mapping (NULL if `seg` is NULL).

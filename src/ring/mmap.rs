@@ -532,23 +532,24 @@ impl RecvState {
         self.region_base as *const u8
     }
 
+    /// The next record, or an error that leaves the ring broken for good.
+    fn next_record(&mut self) -> Result<Option<Record>> {
+        if let Some(m) = &self.broken {
+            return Err(Error::Protocol(format!("ring broken: {m}")));
+        }
+        self.consumer.try_pop().map_err(|e| {
+            let e = ring_err(e);
+            self.broken.get_or_insert(e.to_string());
+            e
+        })
+    }
+
     /// Like `poll`, but the message's bytes land in `buf` (reusing its capacity): a
     /// single-record message is copied straight from the ring and released at once (no
     /// message object); a chunked one is reassembled into `buf`'s allocation.
     fn poll_into(&mut self, buf: &mut Vec<u8>, desc: &mut Option<TensorDesc>) -> Result<Option<u64>> {
-        if let Some(m) = &self.broken {
-            return Err(Error::Protocol(format!("ring broken: {m}")));
-        }
         loop {
-            let rec = match self.consumer.try_pop() {
-                Ok(Some(r)) => r,
-                Ok(None) => return Ok(None),
-                Err(e) => {
-                    let e = ring_err(e);
-                    self.broken.get_or_insert(e.to_string());
-                    return Err(e);
-                }
-            };
+            let Some(rec) = self.next_record()? else { return Ok(None) };
             let h = rec.header;
             if h.flags == FLAG_FIRST | FLAG_LAST && self.assembly.is_none() && h.data_len == h.total_len && h.total_len <= self.max_message {
                 let r = self.decode_desc_into(&rec, desc).and_then(|()| {
@@ -583,19 +584,8 @@ impl RecvState {
 
     /// Pop and process records until a message completes or none is published.
     fn poll(&mut self, borrow: bool, me: &Arc<Mutex<RecvState>>) -> Result<Option<RingMessage>> {
-        if let Some(m) = &self.broken {
-            return Err(Error::Protocol(format!("ring broken: {m}")));
-        }
         loop {
-            let rec = match self.consumer.try_pop() {
-                Ok(Some(r)) => r,
-                Ok(None) => return Ok(None),
-                Err(e) => {
-                    let e = ring_err(e);
-                    self.broken.get_or_insert(e.to_string());
-                    return Err(e);
-                }
-            };
+            let Some(rec) = self.next_record()? else { return Ok(None) };
             if let Some(m) = self.process(rec, borrow, Some(me))? {
                 return Ok(Some(m));
             }
