@@ -99,6 +99,17 @@ def pickle_child(r, w):
 
 # --- parent --------------------------------------------------------------------------
 
+def warm_up(round_trip, seconds=1.0):
+    """Run round trips for a while before measuring: two fresh processes often start on
+    one core (the scheduler places a wakee next to its waker) until load balancing
+    separates them, which would otherwise inflate whichever size is measured first."""
+    end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < end:
+        round_trip(i)
+        i += 1
+
+
 def iters_for(size, base, copying):
     if not copying:
         return base
@@ -110,6 +121,9 @@ def bench_tensorwire(sizes, base_iters):
     child = subprocess.Popen([sys.executable, __file__, "--child-tw", str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
     conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    small = tensorwire.zeros(1024, dtype=torch.uint8)
+    warm_up(lambda i: (conn.send(small, i), conn.recv()))
+    del small
     out = {}
     for size in sizes:
         t = tensorwire.empty(size, dtype=torch.uint8)
@@ -138,6 +152,8 @@ def bench_ring(sizes, base_iters):
     child = subprocess.Popen([sys.executable, __file__, "--child-ring", str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
     conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    small = torch.ones(1024, dtype=torch.uint8)
+    warm_up(lambda i: (conn.ring_send(small, i), conn.ring_recv()))
     out = {}
     for size in sizes:
         t = torch.ones(size, dtype=torch.uint8)
@@ -163,6 +179,9 @@ def bench_torch_mp(sizes, base_iters):
     q, acks = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=mp_child, args=(q, acks))
     p.start()
+    small = torch.ones(1024, dtype=torch.uint8).share_memory_()
+    warm_up(lambda i: (q.put(small), acks.get()))
+    del small
     out = {}
     for size in sizes:
         t = torch.ones(size, dtype=torch.uint8).share_memory_()
