@@ -700,6 +700,16 @@ int32_t tw_imported_device(const tw_imported_t *imp);
 tw_result_e tw_imported_cuda_wait(const tw_imported_t *imp, size_t stream);
 
 /*
+ Release the lease once the work enqueued so far on `stream` has completed, without
+ blocking (a CUDA import: an event is recorded on the stream and the lease released
+ when it is reached; a CPU import is released now), and free the handle either way.
+
+ # Safety
+ `imp` a live handle, not used afterwards; `stream` valid for the import's device.
+ */
+tw_result_e tw_imported_release_after(tw_imported_t *imp, size_t stream);
+
+/*
  Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
  if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
 

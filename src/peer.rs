@@ -223,6 +223,9 @@ struct Inner {
     cuda_tx: Mutex<Option<crate::cuda::event::EventPool>>,
     /// The peer's event pool, opened when it sends it.
     cuda_rx: Mutex<Option<Arc<crate::cuda::event::RemoteEvents>>>,
+    /// CUDA imports released "after the stream's work": released by the reaper once
+    /// their mark completes (`CudaImported::release_after`).
+    deferred: Mutex<Vec<(crate::cuda::event::StreamMark, CudaImported)>>,
 }
 
 impl Inner {
@@ -254,7 +257,27 @@ impl Inner {
             let _g = self.send_lock.lock();
             let _ = self.conn.send(KIND_FORGET, &id.to_le_bytes(), &[]);
         }
-        (next, gone, live)
+        let waiting = self.release_finished_imports(gone || self.stop.load(Ordering::Acquire));
+        (next, gone, live + waiting)
+    }
+
+    /// Release deferred CUDA imports whose stream work completed (all of them if `all`);
+    /// returns how many still wait.
+    fn release_finished_imports(&self, all: bool) -> u64 {
+        let finished: Vec<_> = {
+            let mut d = self.deferred.lock();
+            if d.is_empty() {
+                return 0;
+            }
+            // A mark that cannot be queried (device error) releases too: holding the
+            // lease forever would only leak the producer's memory.
+            let (done, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(m, _)| all || m.done().unwrap_or(true));
+            *d = wait;
+            done
+        };
+        let waiting = self.deferred.lock().len() as u64;
+        drop(finished);
+        waiting
     }
 
     /// Reap if the consumer released anything since the last pass (cheap check).
@@ -383,6 +406,7 @@ impl Peer {
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
             cuda_tx: Mutex::new(None),
             cuda_rx: Mutex::new(None),
+            deferred: Mutex::new(Vec::new()),
         });
         let r = inner.clone();
         let reaper = std::thread::Builder::new()
@@ -795,6 +819,9 @@ impl Drop for Peer {
         unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.inner.conn.socket()), libc::SHUT_RDWR) };
         self.inner.reap_once();
         self.inner.import_segments.lock().clear();
+        // Deferred CUDA imports hold `inner` (a cycle): release them with the connection.
+        let deferred = std::mem::take(&mut *self.inner.deferred.lock());
+        drop(deferred);
     }
 }
 
@@ -929,6 +956,17 @@ impl CudaImported {
     pub fn wait_on(&self, stream: usize) -> Result<()> {
         self.events.wait(self.desc.storage.event_slot, self.desc.storage.event_seq, stream)
     }
+    /// Give the lease back once everything enqueued on `stream` so far has completed —
+    /// without blocking: a mark is recorded on the stream and the connection's reaper
+    /// releases the lease (and closes the mapping if unused) when the mark is reached.
+    pub fn release_after(self, stream: usize) -> Result<()> {
+        let mark = crate::cuda::event::StreamMark::record(self.device(), stream)?;
+        let inner = self.held.inner.clone();
+        inner.deferred.lock().push((mark, self));
+        inner.wake_idle_reaper();
+        Ok(())
+    }
+
     /// Give the lease back (after the work reading it has been enqueued and, if the
     /// producer may reuse the memory at once, completed).
     pub fn release(mut self) -> Result<()> {

@@ -9,9 +9,8 @@
 // reuse the block until the consumer released it).
 //
 // Import: the current stream of the device waits for the producer's event (a stream wait,
-// never a device synchronize); the tensor's deleter synchronizes that stream (work queued
-// on it may still read or write the memory: releasing the lease is not "the GPU is done")
-// and then frees the import, which releases the lease.
+// never a device synchronize); when the tensor dies, the lease is released once the work
+// queued on that stream has completed (tw_imported_release_after: an event, no blocking).
 #ifndef TENSORWIRE_WITH_CUDA
 #error "cuda.cpp is built only with TENSORWIRE_WITH_CUDA (cpp/CMakeLists.txt adds it when a CUDA toolkit is found)"
 #endif
@@ -35,18 +34,12 @@ struct CudaImportCtx {
 };
 
 void cuda_import_deleter(void* p) {
-  // A deleter must not throw: raw runtime calls, errors ignored (and cleared, so that a
-  // later kernel-launch check does not report them). At process exit the runtime may be
-  // shutting down; tensorwire's lease is released in any case.
+  // A deleter must not throw. Non-blocking: tensorwire records an event on the stream
+  // that waited for the producer and releases the lease once the work queued there so far
+  // has completed (polled by its reaper) — no stream synchronize here. If the event cannot
+  // be recorded, the lease is released at once; the handle is consumed either way.
   auto* c = static_cast<CudaImportCtx*>(p);
-  int prev = -1;
-  bool switched = false;
-  if (cudaGetDevice(&prev) == cudaSuccess && prev != c->device && cudaSetDevice(c->device) == cudaSuccess) {
-    switched = true;
-  }
-  if (cudaStreamSynchronize(c->stream) != cudaSuccess) (void)cudaGetLastError();
-  if (switched) (void)cudaSetDevice(prev);
-  tw_imported_free(c->imp);
+  (void)tw_imported_release_after(c->imp, reinterpret_cast<uintptr_t>(c->stream));
   delete c;
 }
 

@@ -172,3 +172,48 @@ impl Drop for RemoteEvents {
         }
     }
 }
+
+/// A private (non-IPC) event recorded on a stream: "everything enqueued on the stream so
+/// far has finished" once [`StreamMark::done`] says so. Used to release an import's lease
+/// only after the consumer's GPU work that reads it has completed, without blocking.
+pub struct StreamMark {
+    ev: usize,
+}
+
+// SAFETY: CUevent handles are process-wide driver objects usable from any thread.
+unsafe impl Send for StreamMark {}
+
+impl StreamMark {
+    /// Record a mark on `stream` of `device`.
+    pub fn record(device: i32, stream: usize) -> Result<StreamMark> {
+        let _ctx = ensure_context(device)?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+        let mark = StreamMark { ev: ev as usize };
+        // SAFETY: a live event of ours and the caller's stream.
+        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })?;
+        Ok(mark)
+    }
+
+    /// True once the work before the mark has completed (never blocks).
+    pub fn done(&self) -> Result<bool> {
+        let mut ready = true;
+        // SAFETY: a live event of ours.
+        let r = call("cuEventQuery", || match unsafe { sys::cuEventQuery(self.ev as sys::CUevent) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => {
+                ready = false;
+                sys::CUresult::CUDA_SUCCESS
+            }
+            other => other,
+        });
+        r.map(|()| ready)
+    }
+}
+
+impl Drop for StreamMark {
+    fn drop(&mut self) {
+        // SAFETY: an event we created, destroyed once.
+        let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(self.ev as sys::CUevent) });
+    }
+}

@@ -727,6 +727,25 @@ pub unsafe extern "C" fn tw_imported_cuda_wait(imp: *const tw_imported_t, stream
     })
 }
 
+/// Release the lease once the work enqueued so far on `stream` has completed, without
+/// blocking (a CUDA import: an event is recorded on the stream and the lease released
+/// when it is reached; a CPU import is released now), and free the handle either way.
+///
+/// # Safety
+/// `imp` a live handle, not used afterwards; `stream` valid for the import's device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_release_after(imp: *mut tw_imported_t, stream: usize) -> tw_result_e {
+    guard("tw_imported_release_after", || {
+        need(imp, "imp")?;
+        // SAFETY: live handle from Box::into_raw, consumed once.
+        let b = unsafe { Box::from_raw(imp) };
+        Ok(match b.inner {
+            AnyImport::Cuda(c) => c.release_after(stream)?,
+            cpu => cpu.release()?,
+        })
+    })
+}
+
 /// Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
 /// if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
 ///
