@@ -739,10 +739,11 @@ pub unsafe extern "C" fn tw_imported_release_after(imp: *mut tw_imported_t, stre
         need(imp, "imp")?;
         // SAFETY: live handle from Box::into_raw, consumed once.
         let b = unsafe { Box::from_raw(imp) };
-        Ok(match b.inner {
+        match b.inner {
             AnyImport::Cuda(c) => c.release_after(stream)?,
             cpu => cpu.release()?,
-        })
+        }
+        Ok(())
     })
 }
 
