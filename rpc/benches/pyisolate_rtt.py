@@ -1,7 +1,8 @@
 """pyisolate's own round trip: AsyncRPC client <-> AsyncRPC server over
 JSONSocketTransport on a Unix socket (two processes), calling add(1, 2).
 
-    python pyisolate_rtt.py [N]      # prints one JSON line: p50_us, mean_us, calls_per_s
+    python pyisolate_rtt.py [N]      # prints one JSON line: p50_us, p90_us, mean_us,
+                                     # calls_per_s, lat_us (every sample, µs)
 """
 import asyncio
 import json
@@ -46,9 +47,12 @@ async def client(path, n):
     total = time.perf_counter() - t0
     assert r == 3
     rpc.shutdown()
+    lat_us = [x * 1e6 for x in lat]
     return {
-        "p50_us": statistics.median(lat) * 1e6,
-        "mean_us": total / n * 1e6,
+        "p50_us": statistics.median(lat_us),
+        "p90_us": sorted(lat_us)[int((n - 1) * 0.9)],
+        "mean_us": statistics.fmean(lat_us),
+        "lat_us": [round(x, 3) for x in lat_us],
         "calls_per_s": n / total,
         "n": n,
     }

@@ -3,11 +3,20 @@
 //! Threads: one reader thread per connection reads frames, matches responses to pending
 //! calls by `call_id`, and dispatches requests — inline handlers on itself, the rest on an
 //! elastic worker pool (grows when every worker is busy, e.g. blocked in a nested call, up
-//! to `max_workers`; beyond that requests are answered "busy"). Callers block on a
-//! per-call slot (a short spin, then a condvar) until the response, their timeout, a
-//! cancel, or the connection's end — on peer death every pending call fails with
-//! `PeerGone`. A call made on the reader thread itself (from an inline handler) reads the
-//! connection while it waits, so re-entrant calls never deadlock.
+//! to `max_workers`; beyond that requests are answered "busy").
+//!
+//! Reading is leader/follower: the read side of the socket (the `reader` lock) belongs to
+//! whoever holds it. A caller waiting for a response takes it if it is free and reads the
+//! socket itself — its own response then needs no thread hand-off — dispatching every
+//! other frame on the way (responses to their waiters, requests to the pool). A caller
+//! that finds it taken follows: a short spin, then a condvar on its per-call slot, until
+//! its response, its timeout, a cancel, the connection's end, or the lead is offered to it
+//! (a leader stepping down wakes one follower). The reader thread watches the socket
+//! without holding the lock, so a caller can always take it; while callers keep leading it
+//! steps back (for [`RpcConfig::reader_yield`] at a time) instead of waking for every frame they read.
+//! Any thread that waits — the reader thread inside an inline handler, a worker inside a
+//! sync handler — can lead, so re-entrant calls never deadlock. On peer death every
+//! pending call fails with `PeerGone`.
 //!
 //! Ids: each side numbers its own requests from 0; responses carry the request's id; the
 //! two directions never mix. `parent_call_id` is set automatically on calls made while a
@@ -50,6 +59,13 @@ pub struct RpcConfig {
     pub max_workers: usize,
     /// How long a caller spins before sleeping on its response.
     pub spin: Duration,
+    /// How long the reader thread stays off the socket once a waiting caller has been
+    /// reading it (callers that keep calling read their own responses and dispatch
+    /// whatever else arrives; the reader thread then wakes about once per this period
+    /// instead of once per frame — on a loaded machine those wakes cost the callers).
+    /// The price: a request from the peer that arrives while none of our calls is waiting
+    /// may wait up to this long. Zero: the reader thread never steps back.
+    pub reader_yield: Duration,
     /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
     pub accept_fs_tensors: bool,
     /// Strategy for the `TensorRef`s we send.
@@ -72,6 +88,7 @@ impl Default for RpcConfig {
             send_timeout: Duration::from_secs(30),
             max_workers: 64,
             spin: Duration::from_micros(50),
+            reader_yield: Duration::from_millis(1),
             accept_fs_tensors: true,
             fs_strategy: FsStrategy::Borrowed,
             fs_keep: Duration::from_secs(10),
@@ -146,8 +163,19 @@ pub(crate) struct Inner {
     id: u64,
     registry: Registry,
     writer: Mutex<Stream>,
+    /// The read side of the socket: whoever holds this lock reads (the leader).
     reader: Mutex<ReaderState>,
-    reader_thread: Mutex<Option<std::thread::ThreadId>>,
+    /// A dup of the socket the reader thread polls without holding `reader`.
+    watch: Stream,
+    /// Bumped each time a waiting caller takes the lead.
+    lead_epoch: AtomicU64,
+    /// Callers waiting for a response while someone else leads (offered the lead in turn).
+    followers: Mutex<Vec<Arc<Slot>>>,
+    /// The reader thread sleeps here while callers lead.
+    idle: Mutex<()>,
+    idle_cv: Condvar,
+    /// fds that arrived on the socket, waiting for the message that claims them.
+    fds: Mutex<VecDeque<OwnedFd>>,
     callbacks: Mutex<HashMap<String, crate::service::SyncHandler>>,
     pending: Mutex<HashMap<i64, Arc<Slot>>>,
     next_id: AtomicI64,
@@ -171,8 +199,12 @@ struct ReaderState {
     stream: Stream,
     decoder: FrameDecoder,
     buf: Vec<u8>,
-    fds: VecDeque<OwnedFd>,
 }
+
+/// Longest a leading caller blocks in `poll` before re-checking its slot (a cancel from
+/// another thread is seen within this), and longest a follower sleeps before re-trying the
+/// lead (a safety net: a stepping-down leader wakes a follower).
+const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 static ENDPOINT_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -262,39 +294,7 @@ impl PendingCall {
     /// Wait at most `timeout` (`None`: until the response or the connection ends).
     pub fn wait_timeout(self, timeout: Option<Duration>) -> Result<Value> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let on_reader = *self.inner.reader_thread.lock() == Some(std::thread::current().id());
-        if on_reader {
-            // We are the reader (an inline handler calling out): read until our answer.
-            while !self.slot.done.load(Ordering::Acquire) {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    break;
-                }
-                match self.inner.read_frame(deadline) {
-                    Ok(Some(f)) => self.inner.handle_frame(&f, false),
-                    Ok(None) => {}
-                    Err(e) => self.inner.shutdown_now(e),
-                }
-            }
-        } else {
-            let spin_until = Instant::now() + self.inner.cfg.spin;
-            while !self.slot.done.load(Ordering::Acquire) && Instant::now() < spin_until {
-                std::hint::spin_loop();
-            }
-            let mut g = self.slot.result.lock();
-            while g.is_none() {
-                match deadline {
-                    None => self.slot.cv.wait(&mut g),
-                    Some(d) => {
-                        if self.slot.cv.wait_until(&mut g, d).timed_out() && g.is_none() {
-                            break;
-                        }
-                    }
-                }
-            }
-            if let Some(r) = g.take() {
-                return r;
-            }
-        }
+        self.inner.wait_slot(&self.slot, deadline);
         let taken = self.slot.result.lock().take();
         match taken {
             Some(r) => r,
@@ -313,6 +313,7 @@ impl Endpoint {
         stream.set_write_timeout(Some(cfg.send_timeout))?;
         let is_unix = stream.is_unix();
         let rstream = stream.try_clone()?;
+        let watch = stream.try_clone()?;
         let inner = Arc::new(Inner {
             id: ENDPOINT_IDS.fetch_add(1, Ordering::Relaxed),
             registry,
@@ -321,9 +322,13 @@ impl Endpoint {
                 stream: rstream,
                 decoder: FrameDecoder::new(cfg.max_frame),
                 buf: vec![0u8; 64 * 1024],
-                fds: VecDeque::new(),
             }),
-            reader_thread: Mutex::new(None),
+            watch,
+            lead_epoch: AtomicU64::new(0),
+            followers: Mutex::new(Vec::new()),
+            idle: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            fds: Mutex::new(VecDeque::new()),
             callbacks: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(0),
@@ -344,11 +349,10 @@ impl Endpoint {
             cfg,
         });
         let weak = Arc::downgrade(&inner);
-        let t = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("tensorwire-rpc-reader".into())
             .spawn(move || reader_loop(weak))
             .map_err(|e| RpcError::io("spawning the reader thread", e))?;
-        *inner.reader_thread.lock() = Some(t.thread().id());
         Ok(Endpoint { keep: Some(Arc::new(Handle { inner: inner.clone() })), inner })
     }
 
@@ -555,18 +559,50 @@ impl Endpoint {
 }
 
 fn reader_loop(weak: std::sync::Weak<Inner>) {
+    let mut seen_epoch = 0;
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        if inner.closed.load(Ordering::Acquire) {
+        if inner.is_closed() {
             return;
         }
-        match inner.read_frame(None) {
-            Ok(Some(f)) => inner.handle_frame(&f, true),
+        let epoch = inner.lead_epoch.load(Ordering::Acquire);
+        if epoch != seen_epoch && !inner.cfg.reader_yield.is_zero() {
+            // Callers have been reading their own responses: stay off the socket a while
+            // (they dispatch whatever else arrives) rather than wake for each frame —
+            // unless callers are waiting with no one leading for them.
+            seen_epoch = epoch;
+            if !inner.followers.lock().is_empty() {
+                continue;
+            }
+            let mut g = inner.idle.lock();
+            if !inner.is_closed() {
+                inner.idle_cv.wait_for(&mut g, inner.cfg.reader_yield);
+            }
+            continue;
+        }
+        // Whatever is already there (or buffered in the decoder), without blocking. The
+        // lock is only contended while a caller leads; it is handed to us when that
+        // caller steps down.
+        let r = {
+            let mut rs = inner.reader.lock();
+            inner.read_frame_locked(&mut rs, Some(Instant::now()))
+        };
+        match r {
+            Ok(Some(f)) => {
+                inner.handle_frame(&f, true);
+                continue;
+            }
             Ok(None) => {}
             Err(e) => {
                 inner.shutdown_now(e);
                 return;
             }
+        }
+        // Nothing buffered: wait for the socket without holding the read side, so that a
+        // caller that starts waiting can take it. (EOF and shutdown wake this too.)
+        if let Err(e) = tensorwire::sys::poll_events(&[(inner.watch.fd(), libc::POLLIN)], None) {
+            inner.shutdown_now(e.into());
+            return;
         }
     }
 }
@@ -576,10 +612,92 @@ impl Inner {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Read the next whole frame (owned). `Ok(None)` when `deadline` passed first.
-    fn read_frame(&self, deadline: Option<Instant>) -> Result<Option<Vec<u8>>> {
-        let mut guard = self.reader.lock();
-        let rs = &mut *guard;
+    /// Wait until `slot` is done, `deadline` passes, or the connection ends, leading the
+    /// read side whenever it is free (see the module docs).
+    fn wait_slot(self: &Arc<Self>, slot: &Arc<Slot>, deadline: Option<Instant>) {
+        let spin_until = Instant::now() + self.cfg.spin;
+        loop {
+            if slot.done.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
+            if let Some(rs) = self.reader.try_lock() {
+                self.lead(rs, slot, deadline, spin_until);
+                return;
+            }
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.follow(slot, deadline);
+        }
+    }
+
+    /// Read and dispatch frames until `slot` is done (or the deadline or the end), then
+    /// step down.
+    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, slot: &Arc<Slot>, deadline: Option<Instant>, spin_until: Instant) {
+        self.lead_epoch.fetch_add(1, Ordering::AcqRel);
+        loop {
+            if slot.done.load(Ordering::Acquire) {
+                break;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            // Spin phase: check the socket without sleeping; then sleep in poll, in
+            // slices so that a cancel from another thread is noticed.
+            let until = if now < spin_until {
+                now
+            } else {
+                let s = now + WAIT_SLICE;
+                deadline.map_or(s, |d| d.min(s))
+            };
+            match self.read_frame_locked(&mut rs, Some(until)) {
+                // Responses complete their slots; requests go to the pool (never inline
+                // here: this thread must get back to its own caller). Nothing in
+                // `handle_frame` takes the `reader` lock.
+                Ok(Some(f)) => self.handle_frame(&f, false),
+                Ok(None) => std::hint::spin_loop(),
+                Err(e) => {
+                    self.shutdown_now(e);
+                    break;
+                }
+            }
+        }
+        drop(rs);
+        // Offer the lead to one follower (it re-checks its slot, then tries the lock).
+        // Taking its result lock orders this after its registration check (see `follow`).
+        let next = self.followers.lock().first().cloned();
+        if let Some(s) = next {
+            let _g = s.result.lock();
+            s.cv.notify_all();
+        }
+    }
+
+    /// Someone else leads: sleep until our slot is done, the lead is offered to us, the
+    /// deadline, or a slice passes.
+    fn follow(&self, slot: &Arc<Slot>, deadline: Option<Instant>) {
+        let mut g = slot.result.lock();
+        self.followers.lock().push(slot.clone());
+        // A leader steps down by unlocking `reader`, then offering (under our result lock,
+        // which we hold) to the first follower: if it is already unlocked, retry now;
+        // otherwise its offer comes after our wait has begun.
+        if g.is_none() && self.reader.is_locked() && !self.is_closed() {
+            let s = Instant::now() + WAIT_SLICE;
+            let until = deadline.map_or(s, |d| d.min(s));
+            let _ = slot.cv.wait_until(&mut g, until);
+        }
+        drop(g);
+        let mut f = self.followers.lock();
+        if let Some(i) = f.iter().position(|x| Arc::ptr_eq(x, slot)) {
+            f.swap_remove(i);
+        }
+    }
+
+    /// Next whole frame (owned), reading the socket as needed; the caller holds the read
+    /// side. `deadline`: `None` blocks; a passed deadline still checks the socket once.
+    /// `Ok(None)` when nothing whole arrived by then.
+    fn read_frame_locked(&self, rs: &mut ReaderState, deadline: Option<Instant>) -> Result<Option<Vec<u8>>> {
         loop {
             if let Some(f) = rs.decoder.next_frame()? {
                 return Ok(Some(f.to_vec()));
@@ -587,23 +705,24 @@ impl Inner {
             if self.is_closed() {
                 return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
             }
-            if let Some(d) = deadline {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let ready = tensorwire::sys::poll_events(&[(rs.stream.fd(), libc::POLLIN)], left)?;
+            if ready[0] == 0 {
+                if left.is_some() {
                     return Ok(None);
                 }
-                let ready = tensorwire::sys::poll_readable(&[rs.stream.fd()], Some(left))?;
-                if !ready[0] {
-                    continue;
-                }
+                continue;
             }
             let mut fds = Vec::new();
             let n = rs.stream.read_some(&mut rs.buf, &mut fds)?;
-            for fd in fds {
-                // At most a few fds may wait for the message that claims them; more is
-                // abuse and they are closed.
-                if rs.fds.len() < 4 {
-                    rs.fds.push_back(fd);
+            if !fds.is_empty() {
+                let mut q = self.fds.lock();
+                for fd in fds {
+                    // At most a few fds may wait for the message that claims them; more is
+                    // abuse and they are closed.
+                    if q.len() < 4 {
+                        q.push_back(fd);
+                    }
                 }
             }
             if n == 0 {
@@ -620,7 +739,7 @@ impl Inner {
     }
 
     fn take_fd(&self) -> Option<OwnedFd> {
-        self.reader.lock().fds.pop_front()
+        self.fds.lock().pop_front()
     }
 
     fn write_frame(&self, payload: &[u8]) -> Result<()> {
@@ -740,6 +859,11 @@ impl Inner {
         self.writer.lock().shutdown();
         self.callbacks.lock().clear();
         self.keeper.lock().clear();
+        self.fds.lock().clear();
+        {
+            let _g = self.idle.lock();
+            self.idle_cv.notify_all();
+        }
         if let Some(n) = self.native.lock().take() {
             n.cv.notify_all();
         }
