@@ -8,7 +8,7 @@
 //! direction's ring / socket / word). "Spinning" = both sides poll before sleeping with a
 //! budget far longer than a round trip; "sleeping" = spin budget 0, straight to FUTEX_WAIT.
 //! Messages are copied out on receive (`ring_recv_into`, buffer reused), as the socket's
-//! bytes are copied out by `read`.
+//! bytes are copied out by `read`. Parent and child are pinned to CPUs 0 and 1.
 //!
 //! Targets (DESIGN.md) at 64 B: spinning ≤ 3x the spin floor, sleeping ≤ 1.5x the futex
 //! floor; throughput for 1–64 MiB ≥ 70% of memcpy.
@@ -44,8 +44,24 @@ fn latency_cfg(spin: u32, size: usize) -> PeerConfig {
     PeerConfig { ring_bytes: (4 * size).next_power_of_two().max(64 << 10), ring_spin: spin, ..PeerConfig::default() }
 }
 
+/// Pin this process to `cpu` (when the machine has at least two), so every ping-pong —
+/// baselines and ring alike — runs parent on CPU 0 and child on CPU 1 instead of starting
+/// co-scheduled on one core (the scheduler places a woken child next to its waker).
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET and sched_setaffinity only touch it.
+    unsafe {
+        if libc::sysconf(libc::_SC_NPROCESSORS_ONLN) < 2 {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn main() {
     if let Ok(spec) = std::env::var(ENV) {
+        pin(1);
         let (mode, fd) = spec.split_once(':').expect("mode:fd");
         // SAFETY: the inherited fd number our parent passed.
         child(mode, unsafe { OwnedFd::from_raw_fd(fd.parse().unwrap()) });
@@ -56,6 +72,7 @@ fn main() {
     let as_test = !std::env::args().any(|a| a == "--bench");
     let scale = if as_test { 0.01 } else if quick { 0.2 } else { 1.0 };
     let n = |full: usize| ((full as f64 * scale) as usize).max(20);
+    pin(0);
     parent(n, as_test);
 }
 
