@@ -293,6 +293,10 @@ typedef struct {
    release callbacks run (also at each export and `tw_peer_reap`).
    */
   uint64_t reap_interval_us;
+  /*
+   How long (µs) a receive polls before sleeping (0: sleep at once).
+   */
+  uint64_t recv_spin_us;
 } tw_peer_config_t;
 
 /*

@@ -65,6 +65,9 @@ pub struct PeerConfig {
     /// release would cost a context switch on the producer); owners are dropped within
     /// this interval, at the producer's next export, or at once with `reap_now`.
     pub reap_interval: Duration,
+    /// How long a receive polls the socket before sleeping (0: sleep at once). A reply
+    /// within it avoids a wake-up, which on some machines costs tens of µs.
+    pub recv_spin: Duration,
 }
 
 impl Default for PeerConfig {
@@ -82,6 +85,7 @@ impl Default for PeerConfig {
             max_ring_message: 1 << 30,
             ring_spin: 2000,
             reap_interval: Duration::from_millis(1),
+            recv_spin: Duration::from_micros(50),
         }
     }
 }
@@ -353,7 +357,8 @@ impl std::fmt::Debug for Peer {
 
 impl Peer {
     /// Set up leases over a handshaken connection. Both ends call this.
-    pub fn new(conn: Connection, cfg: PeerConfig) -> Result<Peer> {
+    pub fn new(mut conn: Connection, cfg: PeerConfig) -> Result<Peer> {
+        conn.set_recv_spin(cfg.recv_spin);
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
         let export_table = exporter.table().clone();
         let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };

@@ -49,6 +49,8 @@ pub struct tw_peer_config_t {
     /// While leases are live, how often (µs) released leases are collected and their
     /// release callbacks run (also at each export and `tw_peer_reap`).
     pub reap_interval_us: u64,
+    /// How long (µs) a receive polls before sleeping (0: sleep at once).
+    pub recv_spin_us: u64,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -66,6 +68,7 @@ impl From<&tw_peer_config_t> for PeerConfig {
             max_ring_message: c.max_ring_message,
             ring_spin: c.ring_spin,
             reap_interval: Duration::from_micros(c.reap_interval_us.max(1)),
+            recv_spin: Duration::from_micros(c.recv_spin_us),
         }
     }
 }
@@ -219,6 +222,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             ring_spin: d.ring_spin,
             reserved: 0,
             reap_interval_us: d.reap_interval.as_micros() as u64,
+            recv_spin_us: d.recv_spin.as_micros() as u64,
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }
