@@ -632,6 +632,22 @@ impl Peer {
         }
     }
 
+    /// The lease a received descriptor names must be live. If it is not because the
+    /// producer has gone (closing ends every lease it granted, also those still in
+    /// flight), say that: `PeerGone`, not a stale lease.
+    fn check_live(&self, lease: LeaseId) -> Result<()> {
+        self.inner.import.check_live(lease).map_err(|e| {
+            if self.inner.conn.is_peer_gone() {
+                Error::peer_gone(format!(
+                    "process {} closed the connection; the lease of this tensor ended with it",
+                    self.peer_pid()
+                ))
+            } else {
+                e
+            }
+        })
+    }
+
     fn open_cuda_events(&self, mut msg: crate::connection::Message) -> Result<()> {
         let p = &msg.payload;
         if p.len() < 8 || msg.fds.len() != 1 {
@@ -664,7 +680,7 @@ impl Peer {
         let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
         let desc = TensorDesc::decode(&msg.payload[8..])?;
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
-        self.inner.import.check_live(lease)?;
+        self.check_live(lease)?;
         let opened = (|| {
             let events = self.inner.cuda_rx.lock().clone().ok_or_else(|| {
                 Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into())
@@ -703,7 +719,7 @@ impl Peer {
             )));
         }
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
-        self.inner.import.check_live(lease)?;
+        self.check_live(lease)?;
         // From here the lease is live: give it back on any failure so the producer's
         // owner is not held for nothing.
         let resolved = self.resolve_segment(&desc, msg.fds.pop());

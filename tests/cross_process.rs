@@ -176,3 +176,13 @@ fn listener_client_entry() {
     peer.export(&t, ExportOptions::default()).unwrap();
     wait_until("release", || peer.export_stats().released == 1);
 }
+
+#[test]
+fn a_tensor_in_flight_when_the_producer_closes_is_peer_gone_not_stale() {
+    let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+    let t = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[64]).unwrap()).unwrap();
+    a.export(&t, ExportOptions::default()).unwrap();
+    drop(a); // closing ends every lease it granted, the one in flight too
+    let err = b.recv(T).unwrap_err();
+    assert!(err.is_peer_gone() && err.to_string().contains("ended with it"), "{err}");
+}
