@@ -209,6 +209,9 @@ struct Inner {
     send_lock: Mutex<()>,
     import: ImportTable,
     import_segments: Mutex<HashMap<u64, Arc<Segment>>>,
+    /// Set once by `Peer::drop` (Release); the reaper and imports read it (Acquire) so
+    /// they see the shutdown and stop using the connection. Nothing else is published
+    /// through it.
     stop: AtomicBool,
     /// Wakes the reaper early (shutdown); private to this process.
     reaper_wake: parking_lot::Condvar,
