@@ -668,20 +668,29 @@ impl Peer {
         Ok(())
     }
 
-    fn import(&self, msg: crate::connection::Message) -> Result<Incoming> {
-        let is_cuda = msg.payload.len() == 8 + DESC_SIZE && msg.payload[8 + 10] == StorageKind::CudaIpc as u8;
-        if is_cuda {
-            return self.import_cuda(msg).map(Incoming::CudaTensor);
-        }
-        self.import_cpu(msg).map(Incoming::Tensor)
-    }
-
-    fn import_cuda(&self, msg: crate::connection::Message) -> Result<CudaImported> {
-        if !msg.fds.is_empty() {
-            return Err(Error::Protocol("a CUDA tensor message carried fds".into()));
+    /// Check the message's shape, copy and validate its descriptor once, then take the
+    /// path its storage kind names.
+    fn import(&self, mut msg: crate::connection::Message) -> Result<Incoming> {
+        if msg.payload.len() != 8 + DESC_SIZE || msg.fds.len() > 1 {
+            return Err(Error::Protocol(format!(
+                "tensor message has {} bytes and {} fds, expected {} bytes and at most 1 fd",
+                msg.payload.len(),
+                msg.fds.len(),
+                8 + DESC_SIZE
+            )));
         }
         let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
         let desc = TensorDesc::decode(&msg.payload[8..])?;
+        let fd = msg.fds.pop();
+        match desc.kind() {
+            Some(StorageKind::Segment) => self.import_cpu(tag, desc, fd).map(Incoming::Tensor),
+            Some(StorageKind::CudaIpc) if fd.is_none() => self.import_cuda(tag, desc).map(Incoming::CudaTensor),
+            Some(StorageKind::CudaIpc) => Err(Error::Protocol("a CUDA tensor message carried an fd".into())),
+            k => Err(Error::InvalidDescriptor(format!("storage kind {k:?} cannot arrive as a leased tensor"))),
+        }
+    }
+
+    fn import_cuda(&self, tag: u64, desc: TensorDesc) -> Result<CudaImported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
         self.check_live(lease)?;
         let opened = (|| {
@@ -704,28 +713,12 @@ impl Peer {
         }
     }
 
-    fn import_cpu(&self, mut msg: crate::connection::Message) -> Result<Imported> {
-        if msg.payload.len() != 8 + DESC_SIZE || msg.fds.len() > 1 {
-            return Err(Error::Protocol(format!(
-                "tensor message has {} bytes and {} fds, expected {} bytes and at most 1 fd",
-                msg.payload.len(),
-                msg.fds.len(),
-                8 + DESC_SIZE
-            )));
-        }
-        let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
-        let desc = TensorDesc::decode(&msg.payload[8..])?;
-        if desc.kind() != Some(StorageKind::Segment) {
-            return Err(Error::InvalidDescriptor(format!(
-                "storage kind {:?} cannot arrive as a leased tensor",
-                desc.kind()
-            )));
-        }
+    fn import_cpu(&self, tag: u64, desc: TensorDesc, fd: Option<OwnedFd>) -> Result<Imported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
         self.check_live(lease)?;
         // From here the lease is live: give it back on any failure so the producer's
         // owner is not held for nothing.
-        let resolved = self.resolve_segment(&desc, msg.fds.pop());
+        let resolved = self.resolve_segment(&desc, fd);
         match resolved {
             Ok(segment) => Ok(Imported { held: HeldLease { inner: self.inner.clone(), lease, released: false }, segment, desc, tag }),
             Err(e) => {
