@@ -78,8 +78,11 @@ failed=()
 for t in "${targets[@]}"; do
     [[ "$t" == desc_decode ]] && seed_desc_decode
     mkdir -p "corpus/$t"
+    # Inputs that once crashed (tracked in regressions/<target>/) run first, every time.
+    extra=()
+    [[ -d "regressions/$t" ]] && extra=("regressions/$t")
     echo "== fuzzing $t for ${secs}s (sanitizer: $sanitizer)" >&2
-    if ! cargo fuzz run -s "$sanitizer" "$t" "corpus/$t" -- \
+    if ! cargo fuzz run -s "$sanitizer" "$t" "corpus/$t" "${extra[@]}" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1; then
         failed+=("$t")
     fi

@@ -466,7 +466,10 @@ impl<'l> PackCursor<'l> {
             } else {
                 let n = ((inner_len - self.inner) as usize).min((dst.len() - w) / es);
                 let src = base.wrapping_add((row + self.inner * inner_stride) as usize * es);
-                let step = inner_stride as usize * es;
+                // Wrapping: a size-1 dim may carry any stride (validation ignores it, as
+                // (size - 1) * stride = 0); the step is only used for k < n, and when n > 1
+                // (n - 1) * step lies inside the validated extent, so it cannot wrap then.
+                let step = (inner_stride as usize).wrapping_mul(es);
                 let out = dst[w..w + n * es].as_mut_ptr();
                 // SAFETY: elements row + (inner+k)*stride for k < n are inside the extent
                 // (inner + n ≤ the dim's size), and `out` has room for n elements.
@@ -758,6 +761,19 @@ mod tests {
                 }
                 assert_eq!(got, want, "{l:?} in pieces of {piece}");
             }
+        }
+    }
+
+    #[test]
+    fn size_one_dims_with_huge_strides_pack_without_overflow() {
+        // Fuzzer finding: a valid view whose size-1 inner dim has an enormous stride.
+        let storage = [5u8, 6, 7, 8];
+        for dt in [DType::UInt8, DType::Float32] {
+            let l = Layout::strided(dt, &[1, 1], &[1, i64::MAX], 0).unwrap();
+            let mut out = Vec::new();
+            // SAFETY: the view's extent is one element (≤ 4 bytes of `storage`).
+            unsafe { l.gather(storage.as_ptr(), &mut out) }.unwrap();
+            assert_eq!(out, storage[..dt.size()]);
         }
     }
 
