@@ -361,9 +361,9 @@ fn parent(args: &[String]) -> Result<(), Fail> {
         );
     }
     println!("\ntransfer: lease = export until the consumer has imported (zero-copy, any size);");
+    println!("          ring  = copy in + copy out through the {} KiB bounce buffer (views packed).", PeerConfig::default().ring_bytes >> 10);
     println!("release:  consumer's release until the producer's owner is dropped (a release wakes no");
     println!("          one; the producer collects within PeerConfig::reap_interval = {:?}).", PeerConfig::default().reap_interval);
-    println!("          ring  = copy in + copy out through the {} KiB bounce buffer (views packed).", PeerConfig::default().ring_bytes >> 10);
     if !all_ok {
         return Err("some transfers failed verification".into());
     }
