@@ -26,6 +26,18 @@
 #define POOL_SIZE 32
 
 /*
+ Most slots per ring.
+ */
+#define MAX_SLOTS 1024
+
+/*
+ Smallest and largest slot.
+ */
+#define MIN_SLOT_BYTES 4096
+
+#define MAX_SLOT_BYTES (1 << 32)
+
+/*
  Most dimensions of a view.
  */
 #define TW_MAX_NDIM 16
@@ -35,6 +47,12 @@
  count (u32), count x 64-byte event handles; 1 fd: the ack table.
  */
 #define KIND_CUDA_EVENTS 5
+
+/*
+ Setup, right after `KIND_TABLE` when its flags say so: this side's GPU bounce ring
+ (`cuda::ring::RingSetup`); 2 fds: control segment, descriptor ring.
+ */
+#define KIND_CUDA_RING 6
 
 /*
  Result of every fallible tensorwire C function. Numbers are stable; each area has
@@ -184,7 +202,8 @@ typedef struct {
  */
 typedef struct {
   /*
-   The producer's id for the segment (CPU) on this connection.
+   The producer's id for the segment (CPU) on this connection; for CudaVmm, the size
+   of the exported allocation (its fd does not carry it).
    */
   uint64_t segment_id;
   /*
@@ -297,6 +316,20 @@ typedef struct {
    How long (µs) a receive polls before sleeping (0: sleep at once).
    */
   uint64_t recv_spin_us;
+  /*
+   Device of this side's GPU bounce ring (-1: no GPU ring). With one, creating the
+   peer needs a CUDA driver.
+   */
+  int32_t cuda_ring_device;
+  /*
+   Slots in the GPU ring's arena.
+   */
+  uint32_t cuda_ring_slots;
+  /*
+   Bytes per GPU ring slot (a multiple of 256, at least 4096); larger tensors go
+   through in chunks.
+   */
+  uint64_t cuda_ring_slot_bytes;
 } tw_peer_config_t;
 
 /*
@@ -345,6 +378,67 @@ const char *tw_result_name(tw_result_e r);
  The library version ("MAJOR.MINOR.PATCH", from Cargo.toml).
  */
 const char *tw_version(void);
+
+/*
+ Copy the contiguous CUDA tensor `layout` at device address `src` through this side's
+ GPU ring (`tw_peer_config_t::cuda_ring_device` ≥ 0), ordered after the work already
+ enqueued on `stream` (a CUstream; 0: the legacy default stream) — the copies are
+ enqueued there, nothing synchronizes. Larger than a slot: in chunks. Waits for free
+ slots at most `timeout_ms` (negative: no limit).
+
+ # Safety
+ `peer` live, `layout` readable; `src` device memory of the ring's device holding the
+ layout's packed bytes, valid until the copies on `stream` ran; `stream` a valid
+ stream of that device.
+ */
+tw_result_e tw_peer_cuda_ring_send(const tw_peer_t *peer,
+                                   uint64_t src,
+                                   const tw_layout_t *layout,
+                                   size_t stream,
+                                   uint64_t tag,
+                                   int64_t timeout_ms);
+
+/*
+ Wait (at most `timeout_ms`; negative: no limit) for the next message in the peer's GPU
+ ring and describe it: tag, contiguous layout, device and byte count (outputs may be
+ NULL except `layout`). Then call `tw_peer_cuda_ring_recv_finish` with memory of that
+ size on that device, or `tw_peer_cuda_ring_discard`. Calling this again first
+ describes the same message.
+
+ # Safety
+ `peer` live; outputs NULL or writable (`layout` writable).
+ */
+tw_result_e tw_peer_cuda_ring_recv(const tw_peer_t *peer,
+                                   int64_t timeout_ms,
+                                   uint64_t *out_tag,
+                                   tw_layout_t *layout,
+                                   int32_t *out_device,
+                                   uint64_t *out_nbytes);
+
+/*
+ Copy the message `tw_peer_cuda_ring_recv` described into `capacity` bytes of device
+ memory at `dst` on `stream` (ordered after the producer's writes by a stream wait;
+ nothing synchronizes) and free its ring slots. Waits for later chunks at most
+ `timeout_ms`. A failure part-way breaks the ring (the error says why).
+
+ # Safety
+ `peer` live; `dst` device memory of the ring's device, writable for `capacity` bytes,
+ valid until the copies on `stream` ran; `stream` a valid stream of that device.
+ */
+tw_result_e tw_peer_cuda_ring_recv_finish(const tw_peer_t *peer,
+                                          uint64_t dst,
+                                          uint64_t capacity,
+                                          size_t stream,
+                                          int64_t timeout_ms);
+
+/*
+ Drop the message `tw_peer_cuda_ring_recv` described without copying it (no-op if none
+ is pending).
+
+ # Safety
+ `peer` live.
+ */
+tw_result_e tw_peer_cuda_ring_discard(const tw_peer_t *peer, int64_t timeout_ms);
 
 /*
  Bytes per element of `dtype` (a `c10::ScalarType` number); 0 if unsupported.

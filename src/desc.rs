@@ -510,7 +510,8 @@ impl<'l> PackCursor<'l> {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct StorageRef {
-    /// The producer's id for the segment (CPU) on this connection.
+    /// The producer's id for the segment (CPU) on this connection; for CudaVmm, the size
+    /// of the exported allocation (its fd does not carry it).
     pub segment_id: u64,
     /// Byte offset of the storage's first byte in the segment / allocation.
     pub base_offset: u64,

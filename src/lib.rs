@@ -23,6 +23,7 @@ pub mod error;
 pub mod lease;
 pub mod sync;
 pub mod doorbell;
+pub mod credits;
 
 #[cfg(not(loom))]
 pub mod connection;

@@ -11,7 +11,7 @@ use crate::segment::Segment;
 use bytemuck::Zeroable;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,6 +30,20 @@ pub const KIND_USER: u32 = 4;
 /// The producer's CUDA IPC event pool (once, before its first CUDA export): device (i32),
 /// count (u32), count x 64-byte event handles; 1 fd: the ack table.
 pub const KIND_CUDA_EVENTS: u32 = 5;
+/// Setup, right after `KIND_TABLE` when its flags say so: this side's GPU bounce ring
+/// (`cuda::ring::RingSetup`); 2 fds: control segment, descriptor ring.
+pub const KIND_CUDA_RING: u32 = 6;
+/// `KIND_TABLE` flag: a `KIND_CUDA_RING` message follows.
+const SETUP_HAS_CUDA_RING: u32 = 1;
+
+/// The `KIND_TABLE` payload: lease table capacity, ring data bytes (0: no ring), flags
+/// (a GPU ring setup follows). Public for tools and tests that speak the wire protocol.
+pub fn setup_payload(table_capacity: u32, ring_bytes: u64, cuda_ring: bool) -> Vec<u8> {
+    let mut p = table_capacity.to_le_bytes().to_vec();
+    p.extend_from_slice(&ring_bytes.to_le_bytes());
+    p.extend_from_slice(&(if cuda_ring { SETUP_HAS_CUDA_RING } else { 0 }).to_le_bytes());
+    p
+}
 
 /// How often the reaper looks for a dead peer when no lease is live.
 const IDLE_TICK: Duration = Duration::from_millis(50);
@@ -68,6 +82,9 @@ pub struct PeerConfig {
     /// How long a receive polls the socket before sleeping (0: sleep at once). A reply
     /// within it avoids a wake-up, which on some machines costs tens of µs.
     pub recv_spin: Duration,
+    /// A GPU bounce ring for this side's CUDA sends (`None`: none). Creating the peer
+    /// then needs a CUDA driver; the other side opens the ring at setup.
+    pub cuda_ring: Option<crate::cuda::ring::CudaRingConfig>,
 }
 
 impl Default for PeerConfig {
@@ -86,6 +103,7 @@ impl Default for PeerConfig {
             ring_spin: 2000,
             reap_interval: Duration::from_millis(1),
             recv_spin: Duration::from_micros(50),
+            cuda_ring: None,
         }
     }
 }
@@ -233,6 +251,10 @@ struct Inner {
     /// CUDA imports released "after the stream's work": released by the reaper once
     /// their mark completes (`CudaImported::release_after`).
     deferred: Mutex<Vec<(crate::cuda::event::StreamMark, CudaImported)>>,
+    /// Our GPU bounce ring (sending side), if configured.
+    cuda_ring_tx: Option<Mutex<crate::cuda::ring::CudaRingSender>>,
+    /// The peer's GPU bounce ring, if it offered one: opened, or why it could not be.
+    cuda_ring_rx: Option<std::result::Result<crate::cuda::ring::CudaRingReceiver, String>>,
 }
 
 impl Inner {
@@ -365,17 +387,21 @@ impl Peer {
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
         let export_table = exporter.table().clone();
         let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };
-        let mut setup = exporter.capacity().to_le_bytes().to_vec();
-        setup.extend_from_slice(&(cfg.ring_bytes as u64).to_le_bytes());
+        let cuda_tx = cfg.cuda_ring.map(crate::cuda::ring::CudaRingSender::create).transpose()?;
+        let setup = setup_payload(exporter.capacity(), cfg.ring_bytes as u64, cuda_tx.is_some());
         let mut fds = vec![export_table.fd()];
         if let Some(r) = &tx_ring {
             fds.push(r.segment().fd());
         }
         conn.send(KIND_TABLE, &setup, &fds)?;
+        if let Some(tx) = &cuda_tx {
+            let (payload, fds) = tx.setup();
+            conn.send(KIND_CUDA_RING, &payload, &fds)?;
+        }
         let msg = conn.recv(Some(cfg.handshake_timeout))?;
-        if msg.kind != KIND_TABLE || msg.payload.len() != 12 || msg.fds.is_empty() || msg.fds.len() > 2 {
+        if msg.kind != KIND_TABLE || msg.payload.len() != 16 || msg.fds.is_empty() || msg.fds.len() > 2 {
             return Err(Error::Protocol(format!(
-                "expected the peer's setup (kind {KIND_TABLE}, 12 bytes, lease table fd + optional ring fd), got kind {} with {} bytes and {} fds",
+                "expected the peer's setup (kind {KIND_TABLE}, 16 bytes, lease table fd + optional ring fd), got kind {} with {} bytes and {} fds",
                 msg.kind,
                 msg.payload.len(),
                 msg.fds.len()
@@ -383,6 +409,10 @@ impl Peer {
         }
         let cap = u32::from_le_bytes(msg.payload[..4].try_into().unwrap());
         let ring_bytes = u64::from_le_bytes(msg.payload[4..12].try_into().unwrap());
+        let flags = u32::from_le_bytes(msg.payload[12..16].try_into().unwrap());
+        if flags & !SETUP_HAS_CUDA_RING != 0 {
+            return Err(Error::Protocol(format!("unknown setup flags {flags:#x}")));
+        }
         let mut fds = msg.fds.into_iter();
         let import = ImportTable::open(fds.next().expect("checked"), cap, cfg.max_peer_table_capacity)?;
         let rx_ring = match (ring_bytes, fds.next()) {
@@ -395,6 +425,7 @@ impl Peer {
                 )));
             }
         };
+        let cuda_rx = if flags & SETUP_HAS_CUDA_RING != 0 { Some(Self::open_cuda_ring(&conn, &cfg)?) } else { None };
         let max_ring_message = cfg.max_ring_message;
         let inner = Arc::new(Inner {
             conn,
@@ -415,6 +446,8 @@ impl Peer {
             cuda_tx: Mutex::new(None),
             cuda_rx: Mutex::new(None),
             deferred: Mutex::new(Vec::new()),
+            cuda_ring_tx: cuda_tx.map(Mutex::new),
+            cuda_ring_rx: cuda_rx,
         });
         let r = inner.clone();
         let reaper = std::thread::Builder::new()
@@ -424,8 +457,47 @@ impl Peer {
         Ok(Peer { inner, reaper: Some(reaper) })
     }
 
+    /// Receive the peer's GPU ring setup and open it. A malformed setup fails the
+    /// connection; a ring this side cannot open (no CUDA here) is refused in its control
+    /// segment, so the producer's sends fail with a clear error, and remembered for ours.
+    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig) -> Result<std::result::Result<crate::cuda::ring::CudaRingReceiver, String>> {
+        use crate::cuda::ring::{CudaRingReceiver, RingSetup};
+        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        if msg.kind != KIND_CUDA_RING || msg.fds.len() != 2 {
+            return Err(Error::Protocol(format!(
+                "expected the peer's GPU ring setup (kind {KIND_CUDA_RING}, 2 fds), got kind {} with {} fds",
+                msg.kind,
+                msg.fds.len()
+            )));
+        }
+        let setup = RingSetup::decode(&msg.payload)?;
+        let mut fds = msg.fds.into_iter();
+        let ctrl = CudaRingReceiver::map_control(&setup, fds.next().expect("checked"))?;
+        let desc_ring = fds.next().expect("checked");
+        match CudaRingReceiver::open(setup, ctrl.clone(), desc_ring, cfg.max_peer_ring_bytes, cfg.max_ring_message) {
+            Ok(rx) => Ok(Ok(rx)),
+            Err(e) => {
+                CudaRingReceiver::refuse(&ctrl);
+                Ok(Err(e.to_string()))
+            }
+        }
+    }
+
+    /// A GPU ring asked for: its shape must be valid and a driver present — checked before
+    /// the handshake, so the caller learns at once instead of the peer timing out.
+    fn check_cuda_ring(cfg: &PeerConfig) -> Result<()> {
+        match &cfg.cuda_ring {
+            Some(r) => {
+                r.check()?;
+                crate::cuda::driver::init()
+            }
+            None => Ok(()),
+        }
+    }
+
     /// A connected pair in this process (tests, in-process use).
     pub fn pair(cfg: PeerConfig) -> Result<(Peer, Peer)> {
+        Self::check_cuda_ring(&cfg)?;
         let (a, b) = Connection::pair()?;
         let c2 = cfg.clone();
         let t = std::thread::spawn(move || Peer::new(b, c2));
@@ -436,6 +508,7 @@ impl Peer {
 
     /// From an inherited (or otherwise obtained) SEQPACKET socket fd.
     pub fn from_fd(fd: OwnedFd, cfg: PeerConfig) -> Result<Peer> {
+        Self::check_cuda_ring(&cfg)?;
         let conn = Connection::establish_with(fd, cfg.handshake_timeout, cfg.max_message)?;
         Peer::new(conn, cfg)
     }
@@ -448,6 +521,7 @@ impl Peer {
 
     /// Accept one connection from `listener`.
     pub fn accept(listener: &Listener, cfg: PeerConfig) -> Result<Peer> {
+        Self::check_cuda_ring(&cfg)?;
         let conn = listener.accept(cfg.handshake_timeout)?;
         Peer::new(conn, cfg)
     }
@@ -523,6 +597,11 @@ impl Peer {
     /// viewed as `layout`, under a lease holding `owner` (e.g. a c10 storage). The last
     /// write must have been enqueued on `stream`: an IPC event recorded there after it is
     /// what the consumer's stream will wait for. One device per connection.
+    ///
+    /// `cudaMalloc` memory goes by legacy IPC handle (opened once per process through the
+    /// handle cache); VMM memory (`cuMemCreate` with the POSIX-fd handle type, e.g.
+    /// PyTorch's expandable segments) by the fd of its physical allocation, passed with
+    /// SCM_RIGHTS and mapped by the consumer for each import.
     pub fn export_cuda(
         &self,
         dptr: u64,
@@ -540,7 +619,13 @@ impl Peer {
         if need > nbytes {
             return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
         }
-        let exp = ipc::export_pointer(dptr)?;
+        // Legacy IPC for cudaMalloc memory; an fd for VMM memory (expandable segments).
+        let (exp, vmm_fd) = if crate::cuda::driver::is_legacy_ipc_capable(dptr)? {
+            (ipc::export_pointer(dptr)?, None)
+        } else {
+            let v = crate::cuda::vmm::export_pointer(dptr, nbytes)?;
+            (ipc::IpcExport { device: v.device, handle: [0; 64], alloc_size: v.alloc_size, offset: v.offset }, Some(v.fd))
+        };
         ipc::check_range(exp.offset, nbytes, exp.alloc_size).map_err(|_| {
             Error::InvalidArgument(format!(
                 "{nbytes} bytes at offset {} pass the end of a {}-byte CUDA allocation",
@@ -576,6 +661,8 @@ impl Peer {
             e
         })?;
         let storage = StorageRef {
+            // For VMM: the allocation's size (the fd does not carry it).
+            segment_id: if vmm_fd.is_some() { exp.alloc_size } else { 0 },
             base_offset: exp.offset,
             nbytes,
             lease_slot: id.slot,
@@ -585,11 +672,13 @@ impl Peer {
             event_seq: seq,
             ..Zeroable::zeroed()
         };
-        let desc = TensorDesc::new_cuda(layout, device, StorageKind::CudaIpc, storage);
+        let kind = if vmm_fd.is_some() { StorageKind::CudaVmm } else { StorageKind::CudaIpc };
+        let desc = TensorDesc::new_cuda(layout, device, kind, storage);
         let mut payload = [0u8; 8 + DESC_SIZE];
         payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
         payload[8..].copy_from_slice(desc.encode());
-        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &[]) {
+        let fds: Vec<BorrowedFd<'_>> = vmm_fd.iter().map(|f| f.as_fd()).collect();
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &fds) {
             let mut dead = Reclaimed::default();
             self.inner.exporter.lock().revoke(id, &mut dead);
             drop(_send);
@@ -684,20 +773,27 @@ impl Peer {
         let fd = msg.fds.pop();
         match desc.kind() {
             Some(StorageKind::Segment) => self.import_cpu(tag, desc, fd).map(Incoming::Tensor),
-            Some(StorageKind::CudaIpc) if fd.is_none() => self.import_cuda(tag, desc).map(Incoming::CudaTensor),
-            Some(StorageKind::CudaIpc) => Err(Error::Protocol("a CUDA tensor message carried an fd".into())),
+            Some(StorageKind::CudaIpc) if fd.is_none() => self.import_cuda(tag, desc, None).map(Incoming::CudaTensor),
+            Some(StorageKind::CudaIpc) => Err(Error::Protocol("a CUDA IPC tensor message carried an fd".into())),
+            Some(StorageKind::CudaVmm) if fd.is_some() => self.import_cuda(tag, desc, fd).map(Incoming::CudaTensor),
+            Some(StorageKind::CudaVmm) => Err(Error::Protocol("a CUDA VMM tensor message carried no fd".into())),
             k => Err(Error::InvalidDescriptor(format!("storage kind {k:?} cannot arrive as a leased tensor"))),
         }
     }
 
-    fn import_cuda(&self, tag: u64, desc: TensorDesc) -> Result<CudaImported> {
+    fn import_cuda(&self, tag: u64, desc: TensorDesc, vmm_fd: Option<OwnedFd>) -> Result<CudaImported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
         self.check_live(lease)?;
         let opened = (|| {
             let events = self.inner.cuda_rx.lock().clone().ok_or_else(|| {
                 Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into())
             })?;
-            let mapping = crate::cuda::ipc::cache().open(i32::from(desc.device_index), desc.storage.cuda_ipc_handle)?;
+            let device = i32::from(desc.device_index);
+            let mapping = match vmm_fd {
+                // Mapped per message (a VMM fd has no cheap identity to cache by).
+                Some(fd) => CudaMemory::Vmm(crate::cuda::vmm::VmmAllocation::import_fd(&fd, device, desc.storage.segment_id)?),
+                None => CudaMemory::Ipc(crate::cuda::ipc::cache().open(device, desc.storage.cuda_ipc_handle)?),
+            };
             crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
             Ok((mapping, events))
         })();
@@ -814,6 +910,50 @@ impl Peer {
         rx.recv_many(max.max(1), borrow, wait, &|| conn.is_peer_gone())
     }
 
+    fn cuda_ring_rx(&self) -> Result<&crate::cuda::ring::CudaRingReceiver> {
+        match &self.inner.cuda_ring_rx {
+            Some(Ok(rx)) => Ok(rx),
+            Some(Err(m)) => Err(Error::CudaUnavailable(format!("the peer's GPU ring could not be opened here: {m}"))),
+            None => Err(Error::InvalidArgument(
+                "the peer offered no GPU ring (its PeerConfig::cuda_ring was None)".into(),
+            )),
+        }
+    }
+
+    /// Copy a CUDA tensor through this side's GPU bounce ring: `layout` (contiguous)
+    /// describes `layout.packed_bytes()` bytes at device address `src`; the copies are
+    /// enqueued on `stream` after the work already there (no synchronize). Waits for free
+    /// slots at most `timeout`.
+    pub fn cuda_ring_send(&self, src: u64, layout: &Layout, stream: usize, tag: u64, timeout: Option<Duration>) -> Result<()> {
+        let tx = self.inner.cuda_ring_tx.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("this connection has no GPU ring to send through (PeerConfig::cuda_ring was None)".into())
+        })?;
+        let conn = &self.inner.conn;
+        tx.lock().send(src, layout, stream, tag, self.ring_wait(timeout, None), &|| conn.is_peer_gone())
+    }
+
+    /// Wait for the next message in the peer's GPU ring: its tag and descriptor (a
+    /// contiguous layout on the ring's device). Then `cuda_ring_recv_finish` (copy it
+    /// out) or `cuda_ring_discard`. Calling again first returns the same message.
+    pub fn cuda_ring_recv(&self, timeout: Option<Duration>) -> Result<(u64, TensorDesc)> {
+        let conn = &self.inner.conn;
+        self.cuda_ring_rx()?.begin(self.ring_wait(timeout, None), &|| conn.is_peer_gone())
+    }
+
+    /// Copy the message `cuda_ring_recv` returned into `capacity` bytes of device memory
+    /// at `dst`, on `stream` (ordered after the producer's writes; no synchronize), and
+    /// free its slots. Waits for its later chunks at most `timeout`.
+    pub fn cuda_ring_recv_finish(&self, dst: u64, capacity: u64, stream: usize, timeout: Option<Duration>) -> Result<()> {
+        let conn = &self.inner.conn;
+        self.cuda_ring_rx()?.finish(dst, capacity, stream, self.ring_wait(timeout, None), &|| conn.is_peer_gone())
+    }
+
+    /// Drop the message `cuda_ring_recv` returned without copying it.
+    pub fn cuda_ring_discard(&self, timeout: Option<Duration>) -> Result<()> {
+        let conn = &self.inner.conn;
+        self.cuda_ring_rx()?.discard(self.ring_wait(timeout, None), &|| conn.is_peer_gone())
+    }
+
     /// Number of the peer's segments mapped here.
     pub fn imported_segments(&self) -> usize {
         self.inner.import_segments.lock().len()
@@ -822,6 +962,11 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
+        if let Some(tx) = &self.inner.cuda_ring_tx {
+            // The peer may still be copying out of our arena: let it finish (bounded).
+            let conn = &self.inner.conn;
+            tx.lock().drain(Duration::from_secs(1), &|| conn.is_peer_gone());
+        }
         self.inner.stop.store(true, Ordering::Release);
         {
             let _g = self.inner.reaper_lock.lock();
@@ -937,10 +1082,38 @@ impl Imported {
 /// a stream, call [`CudaImported::wait_on`] with that stream.
 pub struct CudaImported {
     held: HeldLease,
-    mapping: crate::cuda::ipc::IpcMapping,
+    mapping: CudaMemory,
     events: Arc<crate::cuda::event::RemoteEvents>,
     desc: TensorDesc,
     tag: u64,
+}
+
+/// The memory behind a CUDA import: an IPC handle opened through the process's cache, or
+/// a VMM allocation mapped from the producer's fd.
+enum CudaMemory {
+    Ipc(crate::cuda::ipc::IpcMapping),
+    Vmm(crate::cuda::vmm::VmmAllocation),
+}
+
+impl CudaMemory {
+    fn base(&self) -> u64 {
+        match self {
+            CudaMemory::Ipc(m) => m.base(),
+            CudaMemory::Vmm(a) => a.ptr(),
+        }
+    }
+    fn size(&self) -> u64 {
+        match self {
+            CudaMemory::Ipc(m) => m.size(),
+            CudaMemory::Vmm(a) => a.size(),
+        }
+    }
+    fn device(&self) -> i32 {
+        match self {
+            CudaMemory::Ipc(m) => m.device(),
+            CudaMemory::Vmm(a) => a.device(),
+        }
+    }
 }
 
 impl CudaImported {

@@ -30,7 +30,7 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     if !no_driver() {
         return;
     }
-    use tensorwire::cuda::{event, ipc, vmm};
+    use tensorwire::cuda::{event, ipc, ring, vmm};
     unavailable(tensorwire::cuda::device_count().unwrap_err());
     unavailable(ipc::export_pointer(0x7000_0000).unwrap_err());
     unavailable(ipc::cache().open(0, [1; 64]).err().unwrap());
@@ -41,6 +41,10 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     let seg = tensorwire::Segment::create(4096).unwrap();
     let fd = seg.fd().try_clone_to_owned().unwrap();
     unavailable(vmm::VmmAllocation::import_fd(&fd, 0, 4096).err().unwrap());
+    unavailable(vmm::export_pointer(0x7000_0000, 64).unwrap_err());
+    unavailable(ring::CudaRingSender::create(ring::CudaRingConfig::default()).err().unwrap());
+    let with_ring = PeerConfig { cuda_ring: Some(ring::CudaRingConfig::default()), ..PeerConfig::default() };
+    unavailable(Peer::pair(with_ring).unwrap_err());
 
     let (a, _b) = Peer::pair(PeerConfig::default()).unwrap();
     let l = Layout::contiguous(DType::Float32, &[16]).unwrap();
@@ -55,6 +59,12 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     unavailable(e);
     assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "the owner of a failed export must be dropped");
     assert_eq!(a.export_stats().live_leases, 0);
+
+    // No GPU ring configured on either side: clear errors naming the setting.
+    let e = a.cuda_ring_send(0x7000_0000, &l, 0, 1, T).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("cuda_ring"), "{e}");
+    let e = a.cuda_ring_recv(T).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("offered no GPU ring"), "{e}");
 }
 
 #[test]
@@ -65,8 +75,7 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let mut table = Exporter::new(16, u64::MAX).unwrap();
-    let mut setup = 16u32.to_le_bytes().to_vec();
-    setup.extend_from_slice(&0u64.to_le_bytes());
+    let setup = tensorwire::peer::setup_payload(16, 0, false);
     b.send(KIND_TABLE, &setup, &[table.table().fd()]).unwrap();
     let _ = b.recv(T).unwrap();
     let victim = victim.join().unwrap().unwrap();
@@ -108,4 +117,94 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     bad.extend_from_slice(&5000u32.to_le_bytes());
     b.send(KIND_CUDA_EVENTS, &bad, &[acks.fd()]).unwrap();
     assert!(victim.recv(T).unwrap_err().to_string().contains("announces 5000 events"));
+}
+
+/// A producer that offers a GPU ring to a consumer without CUDA: the connection still
+/// comes up (CPU traffic works), the consumer refuses the ring in the shared control
+/// block — so the producer's sends fail with a clear error instead of timing out — and
+/// the consumer's GPU ring receives say why.
+#[test]
+fn a_gpu_ring_offered_to_a_machine_without_cuda_is_refused_cleanly() {
+    if !no_driver() {
+        return;
+    }
+    use tensorwire::cuda::ring::{CudaRingConfig, RingSetup};
+    use tensorwire::peer::KIND_CUDA_RING;
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let table = Exporter::new(16, u64::MAX).unwrap();
+    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, true), &[table.table().fd()]).unwrap();
+    let cfg = CudaRingConfig { device: 0, slots: 2, slot_bytes: 4096 };
+    let setup = RingSetup { cfg, arena: [9; 64], desc_ring_bytes: 65536, written: vec![[4; 64]; 2] };
+    let ctrl = tensorwire::Segment::create(4096).unwrap();
+    let descs = tensorwire::ring::RingShared::create(65536).unwrap();
+    b.send(KIND_CUDA_RING, &setup.encode(), &[ctrl.fd(), descs.segment().fd()]).unwrap();
+    let _ = b.recv(T).unwrap();
+    let victim = victim.join().unwrap().expect("a refused GPU ring must not fail the connection");
+
+    let mut state = [0u8; 4];
+    ctrl.read_at(128, &mut state).unwrap();
+    assert_eq!(u32::from_le_bytes(state), 2, "the consumer must mark the ring refused in the control block");
+    let e = victim.cuda_ring_recv(T).unwrap_err();
+    assert!(matches!(e, Error::CudaUnavailable(_)) && e.to_string().contains("could not be opened here"), "{e}");
+    b.send(tensorwire::peer::KIND_USER, b"still here", &[]).unwrap();
+    match victim.recv(T).unwrap() {
+        tensorwire::Incoming::Message { payload, .. } => assert_eq!(payload, b"still here"),
+        other => panic!("expected the user message, got {other:?}"),
+    }
+}
+
+/// CUDA VMM tensors (fd-shared allocations): refused with CudaUnavailable here and the
+/// lease given back; a VMM descriptor without its fd, or an IPC one with an fd, is a
+/// protocol error.
+#[test]
+fn vmm_tensors_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
+    if !no_driver() {
+        return;
+    }
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let mut table = Exporter::new(16, u64::MAX).unwrap();
+    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, false), &[table.table().fd()]).unwrap();
+    let _ = b.recv(T).unwrap();
+    let victim = victim.join().unwrap().unwrap();
+    let acks = tensorwire::Segment::create(4096).unwrap();
+    let mut ev = 0i32.to_le_bytes().to_vec();
+    ev.extend_from_slice(&1u32.to_le_bytes());
+    ev.extend_from_slice(&[7u8; 64]);
+
+    let seg = std::sync::Arc::new(tensorwire::Segment::create(64).unwrap());
+    let l = Layout::contiguous(DType::Float16, &[32]).unwrap();
+    let fake_fd = tensorwire::Segment::create(4096).unwrap();
+    let mut released = 0;
+    for (kind, with_fd, want) in [
+        (StorageKind::CudaVmm, true, "unavailable"),
+        (StorageKind::CudaVmm, false, "carried no fd"),
+        (StorageKind::CudaIpc, true, "carried an fd"),
+    ] {
+        let (lease, _) = table.grant(Some(&seg), 64, Box::new(()), None).map_err(|(e, _)| e).unwrap();
+        let d = TensorDesc::new_cuda(&l, 0, kind, StorageRef {
+            segment_id: 2 << 20,
+            nbytes: 64,
+            lease_slot: lease.slot,
+            lease_gen: lease.generation,
+            ..Zeroable::zeroed()
+        });
+        let mut p = 9u64.to_le_bytes().to_vec();
+        p.extend_from_slice(d.encode());
+        let fds: Vec<_> = if with_fd { vec![fake_fd.fd()] } else { vec![] };
+        b.send(KIND_TENSOR, &p, &fds).unwrap();
+        let e = victim.recv(T).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(want) || msg.contains("before the producer's IPC events"), "{kind:?} fd={with_fd}: {e}");
+        if want == "unavailable" {
+            // Also once the (unopenable) events were announced.
+            b.send(KIND_CUDA_EVENTS, &ev, &[acks.fd()]).unwrap();
+            unavailable(victim.recv(T).unwrap_err());
+            let mut owners = tensorwire::lease::Reclaimed::default();
+            table.reap(std::time::Instant::now(), &mut owners);
+            released += 1;
+            assert_eq!(table.stats().released, released, "the refused VMM tensor's lease must be released");
+        }
+    }
 }

@@ -37,9 +37,7 @@ fn setup() -> (Peer, Attacker) {
 
 /// The setup payload: lease-table capacity, then the ring size (0: no ring).
 fn setup_msg(capacity: u32, ring_bytes: u64) -> Vec<u8> {
-    let mut p = capacity.to_le_bytes().to_vec();
-    p.extend_from_slice(&ring_bytes.to_le_bytes());
-    p
+    tensorwire::peer::setup_payload(capacity, ring_bytes, false)
 }
 
 fn sealed(len: usize, seals: i32) -> OwnedFd {
@@ -264,6 +262,50 @@ fn hostile_table_at_setup_is_refused() {
         let err = victim.join().unwrap().unwrap_err();
         assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
     }
+}
+
+/// Malformed GPU ring setups fail the connection with a protocol error naming what was
+/// wrong (checked before any CUDA call, so this runs with or without a GPU).
+#[test]
+fn hostile_gpu_ring_setup_is_refused() {
+    use tensorwire::cuda::ring::{CudaRingConfig, RingSetup};
+    use tensorwire::peer::{KIND_CUDA_RING, KIND_USER};
+    let good = RingSetup {
+        cfg: CudaRingConfig { device: 0, slots: 2, slot_bytes: 4096 },
+        arena: [1; 64],
+        desc_ring_bytes: 65536,
+        written: vec![[2; 64]; 2],
+    };
+    let mut zero_slots = good.encode();
+    zero_slots[4..8].copy_from_slice(&0u32.to_le_bytes());
+    let short = good.encode()[..100].to_vec();
+    let table = Exporter::new(16, u64::MAX).unwrap();
+    let ctrl = sealed(4096, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
+    let small_ctrl = sealed(64, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
+    let descs = tensorwire::ring::RingShared::create(65536).unwrap();
+    let cases: Vec<(u32, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>, &str)> = vec![
+        (KIND_CUDA_RING, zero_slots, vec![ctrl.as_fd(), descs.segment().fd()], "GPU ring of 0 slots"),
+        (KIND_CUDA_RING, short, vec![ctrl.as_fd(), descs.segment().fd()], "100 bytes for 2 slots"),
+        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd()], "2 fds"),
+        (KIND_USER, b"hello".to_vec(), vec![], "expected the peer's GPU ring setup"),
+        (KIND_CUDA_RING, good.encode(), vec![small_ctrl.as_fd(), descs.segment().fd()], "segment too small"),
+    ];
+    for (kind, payload, fds, needle) in cases {
+        let (a, b) = Connection::pair().unwrap();
+        let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+        b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, true), &[table.table().fd()]).unwrap();
+        b.send(kind, &payload, &fds).unwrap();
+        let err = victim.join().unwrap().unwrap_err();
+        assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
+    }
+    // Unknown setup flags.
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let mut p = tensorwire::peer::setup_payload(16, 0, false);
+    p[12] = 0x80;
+    b.send(KIND_TABLE, &p, &[table.table().fd()]).unwrap();
+    let err = victim.join().unwrap().unwrap_err();
+    assert!(err.to_string().contains("unknown setup flags 0x80"), "{err}");
 }
 
 #[test]

@@ -565,3 +565,64 @@ fn lease_stale_generation_after_regrant() {
         assert_eq!(drops2.load(Ordering::Relaxed), 1);
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// Slot credits (the GPU bounce ring's slot reuse, `credits`)
+// ---------------------------------------------------------------------------------------
+
+/// A producer makes `USES` uses of 2 slots; a consumer takes each use (announced through
+/// `head`, which stands for the descriptor ring modelled in `tests/loom_ring.rs`), reads its
+/// slot and frees it. The producer must not write a slot before the consumer's read of the
+/// slot's previous use happened-before (a data race on the slot otherwise), the consumer
+/// sees each use's write, and a producer asleep for credit is always woken (deadlock
+/// otherwise). Seen to fail with `free` storing Relaxed (race), with `poll` loading
+/// Relaxed (race), with `poll` allowing `slots + 1` uses in flight (race / wrong value),
+/// and with `free` not ringing (deadlock).
+fn credits_reuse(spin: u32) {
+    use tensorwire::credits::Credits;
+    const USES: u64 = 3;
+    model(Some(3), move || {
+        let freed = Arc::new(AtomicU64::new(0));
+        let bell = fresh_words();
+        let head = Arc::new(AtomicU64::new(0));
+        let slots = Arc::new([UnsafeCell::new(u64::MAX), UnsafeCell::new(u64::MAX)]);
+
+        let consumer = {
+            let (freed, bell, head, slots) = (freed.clone(), bell.clone(), head.clone(), slots.clone());
+            thread::spawn(move || {
+                let c = Credits::new(&freed, &bell, 2);
+                for seq in 0..USES {
+                    // Acquire: pairs with the producer's Release store of `head`.
+                    while head.load(Ordering::Acquire) <= seq {
+                        thread::yield_now();
+                    }
+                    // SAFETY: the producer wrote this slot before publishing `head`, and
+                    // writes it again only after our `free` below (what is checked).
+                    slots[(seq % 2) as usize].with(|p| assert_eq!(unsafe { *p }, seq, "consumer read a stale slot"));
+                    c.free(seq);
+                }
+            })
+        };
+
+        let c = Credits::new(&freed, &bell, 2);
+        let long = std::time::Duration::from_secs(3600);
+        for seq in 0..USES {
+            c.wait(seq, spin, long, long, &|| false).expect("credit");
+            // SAFETY: the credit says the consumer's last read of this slot happened-before.
+            slots[(seq % 2) as usize].with_mut(|p| unsafe { *p = seq });
+            // Release: pairs with the consumer's Acquire load of `head`.
+            head.store(seq + 1, Ordering::Release);
+        }
+        consumer.join().unwrap();
+    });
+}
+
+#[test]
+fn credits_reuse_spin0() {
+    credits_reuse(0);
+}
+
+#[test]
+fn credits_reuse_spin1() {
+    credits_reuse(1);
+}

@@ -46,8 +46,7 @@ fn setup(victim_cfg: PeerConfig) -> (Peer, Attacker) {
     let victim = std::thread::spawn(move || Peer::new(a, victim_cfg));
     let table = Exporter::new(16, u64::MAX).unwrap();
     let ring = RingShared::create(CAP as usize).unwrap();
-    let mut setup = 16u32.to_le_bytes().to_vec();
-    setup.extend_from_slice(&CAP.to_le_bytes());
+    let setup = tensorwire::peer::setup_payload(16, CAP, false);
     b.send(KIND_TABLE, &setup, &[table.table().fd(), ring.segment().fd()]).unwrap();
     let m = b.recv(T).unwrap();
     let victim_ring = m.fds.into_iter().nth(1).map(|fd| Arc::new(Segment::from_fd(fd, DATA_OFFSET).unwrap()));
@@ -178,8 +177,7 @@ fn child_entry() {
     let conn = Connection::establish(fd, Duration::from_secs(10)).unwrap();
     let table = Exporter::new(16, u64::MAX).unwrap();
     let ring = RingShared::create(CAP as usize).unwrap();
-    let mut setup = 16u32.to_le_bytes().to_vec();
-    setup.extend_from_slice(&CAP.to_le_bytes());
+    let setup = tensorwire::peer::setup_payload(16, CAP, false);
     conn.send(KIND_TABLE, &setup, &[table.table().fd(), ring.segment().fd()]).unwrap();
     let _ = conn.recv(T).unwrap();
     let seg = ring.segment();

@@ -64,6 +64,12 @@ void release_storage(void* ctx);
 // The layout and dtype of an import, checked against this torch.
 at::ScalarType imported_dtype(const tw_layout_t& l, const char* what);
 
+// The GPU ring's receive: cuda.cpp with CUDA; without, cpu.cpp answers with the
+// library's error (no ring, no driver) or says the extension lacks CUDA.
+std::tuple<at::Tensor, int64_t> cuda_ring_recv(int64_t conn, int64_t timeout_ms);
+// `ring_send` of a (strided) CUDA tensor: through the GPU ring, or the build's reason.
+void ring_send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t timeout_ms);
+
 #ifdef TENSORWIRE_WITH_CUDA
 // cuda.cpp: a CUDA tensor over a CUDA import (ownership of `imp` passes to the tensor, also
 // on failure): the current stream of its device waits for the producer's last write first.
@@ -82,6 +88,7 @@ struct Connection {
   tw_peer_t* const peer;
   std::mutex recv_mu;       // one receiver at a time, as the C ABI requires
   std::mutex ring_recv_mu;  // one ring receiver at a time
+  std::mutex cuda_ring_recv_mu;  // one GPU ring receiver at a time (recv + finish are one step)
 };
 
 struct Listener {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -89,7 +90,8 @@ void import_deleter(void* ctx) { tw_imported_free(static_cast<tw_imported_t*>(ct
 void ring_message_deleter(void* ctx) { tw_ring_message_free(static_cast<tw_ring_message_t*>(ctx)); }
 
 tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms,
-                        int64_t ring_bytes) {
+                        int64_t ring_bytes, int64_t cuda_ring_device, int64_t cuda_ring_slot_bytes,
+                        int64_t cuda_ring_slots) {
   TORCH_CHECK(max_leases >= 0 && max_leases <= UINT32_MAX, "tensorwire: max_leases must be in [0, 2^32), got ",
               max_leases);
   TORCH_CHECK(max_lease_bytes >= 0, "tensorwire: max_lease_bytes must be >= 0, got ", max_lease_bytes);
@@ -103,6 +105,14 @@ tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t win
   if (window_ms) c.default_window_ms = static_cast<uint64_t>(window_ms);
   if (handshake_timeout_ms) c.handshake_timeout_ms = static_cast<uint64_t>(handshake_timeout_ms);
   if (ring_bytes) c.ring_bytes = static_cast<uint64_t>(ring_bytes);  // checked by tensorwire
+  TORCH_CHECK(cuda_ring_device >= -1 && cuda_ring_device <= 255,
+              "tensorwire: cuda_ring_device must be -1 (no GPU ring) or a device index, got ", cuda_ring_device);
+  TORCH_CHECK(cuda_ring_slot_bytes >= 0 && cuda_ring_slots >= 0 && cuda_ring_slots <= UINT32_MAX,
+              "tensorwire: cuda_ring_slot_bytes and cuda_ring_slots must be >= 0 (0: the default), got ",
+              cuda_ring_slot_bytes, " and ", cuda_ring_slots);
+  c.cuda_ring_device = static_cast<int32_t>(cuda_ring_device);
+  if (cuda_ring_slot_bytes) c.cuda_ring_slot_bytes = static_cast<uint64_t>(cuda_ring_slot_bytes);  // checked
+  if (cuda_ring_slots) c.cuda_ring_slots = static_cast<uint32_t>(cuda_ring_slots);
   return c;
 }
 
@@ -244,8 +254,9 @@ std::tuple<at::Tensor, int64_t> recv(int64_t conn, int64_t timeout_ms) {
 
 void ring_send(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t timeout_ms) {
   TORCH_CHECK(tensor.defined(), "tensorwire.ring_send: undefined tensor");
-  TORCH_CHECK(tensor.device().is_cpu(), "tensorwire.ring_send: tensor is on ", tensor.device(),
-              "; the ring carries CPU tensors only (the GPU ring is not implemented; use send for CUDA tensors)");
+  if (tensor.is_cuda() && tensor.layout() == at::kStrided) return ring_send_cuda(conn, tensor, tag, timeout_ms);
+  TORCH_CHECK(tensor.device().is_cpu() || tensor.is_cuda(), "tensorwire.ring_send: tensor is on ", tensor.device(),
+              "; the rings carry CPU tensors (CPU ring) and CUDA tensors (GPU ring)");
   TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.ring_send: ", tensor.layout(),
               " tensors cannot be sent; only strided (dense) ones");
   check_dtype(tensor.scalar_type(), "ring_send");
@@ -328,15 +339,19 @@ void cuda_ipc_cache_keep_warm(int64_t n) {
 #ifndef TENSORWIRE_WITH_CUDA
 // Built without a CUDA toolkit: a CUDA tensor reaching `send` gets the reason, not the
 // dispatcher's "could not run with arguments from the CUDA backend".
-bool send_cuda_unbuilt(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
+[[noreturn]] void cuda_unbuilt(const char* op, const at::Tensor& tensor) {
   int32_t n = 0;
   tw_result_e r = tw_cuda_device_count(&n);
-  TORCH_CHECK(false, "tensorwire.send: tensor is on ", tensor.device(),
+  TORCH_CHECK(false, "tensorwire.", op, ": tensor is on ", tensor.device(),
               ", but this libtensorwire_torch was built without CUDA (no CUDA toolkit was found at build time); "
               "rebuild cpp/ where nvcc is installed",
               r == TW_OK ? std::string() : std::string("; tensorwire (") + tw_result_name(r) + "): " +
                                                tw_last_error_message());
+  std::abort();  // unreachable: TORCH_CHECK(false) throws
 }
+
+bool send_cuda_unbuilt(int64_t, const at::Tensor& tensor, int64_t, int64_t) { cuda_unbuilt("send", tensor); }
+
 #endif
 
 std::vector<int64_t> stats(int64_t conn) {
@@ -359,17 +374,20 @@ void set_inheritable(int64_t fd, bool inheritable) {
 }
 
 int64_t from_fd(int64_t fd, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms, int64_t handshake_timeout_ms,
-                int64_t ring_bytes) {
+                int64_t ring_bytes, int64_t cuda_ring_device, int64_t cuda_ring_slot_bytes, int64_t cuda_ring_slots) {
   TORCH_CHECK(fd >= 0 && fd <= INT32_MAX, "tensorwire.from_fd: fd ", fd, " is not a valid descriptor");
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes);
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes,
+                              cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots);
   tw_peer_t* p = nullptr;
   TW_CHECK(tw_peer_from_fd(static_cast<int>(fd), &c, &p));
   return register_connection(p);
 }
 
 int64_t connect(c10::string_view path, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
-                int64_t handshake_timeout_ms, int64_t ring_bytes) {
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes);
+                int64_t handshake_timeout_ms, int64_t ring_bytes, int64_t cuda_ring_device, int64_t cuda_ring_slot_bytes,
+                int64_t cuda_ring_slots) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes,
+                              cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots);
   std::string p(path);
   tw_peer_t* peer = nullptr;
   TW_CHECK(tw_peer_connect(p.c_str(), &c, &peer));
@@ -384,8 +402,10 @@ int64_t listen(c10::string_view path) {
 }
 
 int64_t accept(int64_t listener_handle, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
-               int64_t handshake_timeout_ms, int64_t ring_bytes) {
-  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes);
+               int64_t handshake_timeout_ms, int64_t ring_bytes, int64_t cuda_ring_device, int64_t cuda_ring_slot_bytes,
+               int64_t cuda_ring_slots) {
+  tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes,
+                              cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots);
   auto l = listener(listener_handle, "accept");
   tw_peer_t* p = nullptr;
   TW_CHECK(tw_listener_accept(l->listener, &c, &p));
@@ -425,6 +445,22 @@ at::Tensor from_torch_fd(int64_t fd, int64_t nbytes, at::ScalarType dtype, at::I
 
 }  // namespace
 
+#ifndef TENSORWIRE_WITH_CUDA
+void ring_send_cuda(int64_t, const at::Tensor& tensor, int64_t, int64_t) { cuda_unbuilt("ring_send", tensor); }
+
+std::tuple<at::Tensor, int64_t> cuda_ring_recv(int64_t conn, int64_t timeout_ms) {
+  auto live = connection(conn, "cuda_ring_recv");
+  std::lock_guard<std::mutex> one_receiver(live->cuda_ring_recv_mu);
+  uint64_t tag = 0;
+  tw_layout_t l{};
+  // The library's reason (no GPU ring offered, no driver here) comes first.
+  TW_CHECK(tw_peer_cuda_ring_recv(live->peer, timeout_ms, &tag, &l, nullptr, nullptr));
+  (void)tw_peer_cuda_ring_discard(live->peer, timeout_ms);
+  TORCH_CHECK(false, "tensorwire.cuda_ring_recv: this libtensorwire_torch was built without CUDA (no CUDA toolkit "
+              "was found at build time); the message (tag ", tag, ") was dropped");
+}
+#endif
+
 TORCH_LIBRARY_IMPL(tensorwire, CPU, m) {
   m.impl("to_shared", &to_shared);
   m.impl("is_shared", &is_shared);
@@ -433,7 +469,9 @@ TORCH_LIBRARY_IMPL(tensorwire, CPU, m) {
 }
 
 #ifndef TENSORWIRE_WITH_CUDA
-TORCH_LIBRARY_IMPL(tensorwire, CUDA, m) { m.impl("send", &send_cuda_unbuilt); }
+TORCH_LIBRARY_IMPL(tensorwire, CUDA, m) {
+  m.impl("send", &send_cuda_unbuilt);
+}
 #endif
 
 // No tensor arguments: these run on the CompositeExplicitAutograd kernel.
@@ -452,8 +490,9 @@ TORCH_LIBRARY_IMPL(tensorwire, CompositeExplicitAutograd, m) {
   m.impl("close_listener", &close_listener_op);
   m.impl("peer_pid", &peer_pid);
   m.impl("stats", &stats);
-  m.impl("ring_send", &ring_send);  // any device: a CUDA tensor gets a clear error
+  m.impl("ring_send", &ring_send);  // any device: CUDA tensors go to the GPU ring
   m.impl("ring_recv", &ring_recv);
+  m.impl("cuda_ring_recv", &cuda_ring_recv);
   m.impl("cuda_built", &cuda_built);
   m.impl("cuda_available", &cuda_available);
   m.impl("cuda_device_count", &cuda_device_count);

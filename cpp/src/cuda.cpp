@@ -8,6 +8,8 @@
 // synchronizing. The lease owns a reference to the storage (the caching allocator does not
 // reuse the block until the consumer released it).
 //
+// The GPU ring (ring_send of a CUDA tensor, cuda_ring_recv): see the functions below.
+//
 // Import: the current stream of the device waits for the producer's event (a stream wait,
 // never a device synchronize); when the tensor dies, the lease is released once the work
 // queued on that stream has completed (tw_imported_release_after: an event, no blocking).
@@ -76,7 +78,57 @@ bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t wind
   return zero_copy;
 }
 
+// The GPU ring: `tensor` is packed on the current stream (a no-op if contiguous) and
+// copied through the connection's device arena there; nothing synchronizes. The packed
+// source is used by work on the current stream only, so the caching allocator's stream
+// semantics keep it valid until the copies ran.
 }  // namespace
+
+void ring_send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t timeout_ms) {
+  TORCH_CHECK(tensor.defined() && tensor.is_cuda(), "tensorwire.ring_send: expected a CUDA tensor");
+  TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.ring_send: ", tensor.layout(),
+              " tensors cannot be sent; only strided (dense) ones");
+  check_dtype(tensor.scalar_type(), "ring_send");
+  TORCH_CHECK(tag >= 0, "tensorwire.ring_send: tag must be >= 0, got ", tag);
+  auto live = connection(conn, "ring_send");
+  c10::cuda::CUDAGuard device_guard(tensor.device());
+  at::Tensor src = tensor.resolve_conj().resolve_neg().contiguous();
+  // Contiguous (size-1 dims may carry any stride, which tensorwire accepts as well).
+  tw_layout_t l = make_layout(src.scalar_type(), src.sizes(), src.strides(), 0, "ring_send");
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(src.device().index()).stream();
+  TW_CHECK(tw_peer_cuda_ring_send(live->peer, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(src.data_ptr())), &l,
+                                  static_cast<size_t>(reinterpret_cast<uintptr_t>(stream)),
+                                  static_cast<uint64_t>(tag), timeout_ms));
+}
+
+std::tuple<at::Tensor, int64_t> cuda_ring_recv(int64_t conn, int64_t timeout_ms) {
+  auto live = connection(conn, "cuda_ring_recv");
+  std::lock_guard<std::mutex> one_receiver(live->cuda_ring_recv_mu);
+  uint64_t tag = 0, nbytes = 0;
+  int32_t device = -1;
+  tw_layout_t l{};
+  TW_CHECK(tw_peer_cuda_ring_recv(live->peer, timeout_ms, &tag, &l, &device, &nbytes));
+  try {
+    auto dtype = imported_dtype(l, "cuda_ring_recv");
+    int64_t visible = c10::cuda::device_count();
+    TORCH_CHECK(device >= 0 && device < visible, "tensorwire.cuda_ring_recv: the peer's GPU ring is on CUDA device ",
+                device, "; this process sees ", visible, " CUDA device(s) (check CUDA_VISIBLE_DEVICES on both sides)");
+    auto index = static_cast<c10::DeviceIndex>(device);
+    c10::cuda::CUDAGuard device_guard(index);
+    at::Tensor out = at::empty(at::IntArrayRef(l.sizes, l.ndim), at::TensorOptions().dtype(dtype).device(at::kCUDA, index));
+    TORCH_CHECK(static_cast<uint64_t>(out.nbytes()) == nbytes, "tensorwire.cuda_ring_recv: ", nbytes,
+                " bytes do not make a ", out.sizes(), " tensor of ", dtype);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(index).stream();
+    TW_CHECK(tw_peer_cuda_ring_recv_finish(live->peer, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(out.data_ptr())),
+                                           nbytes, static_cast<size_t>(reinterpret_cast<uintptr_t>(stream)), timeout_ms));
+    return {out, static_cast<int64_t>(tag)};
+  } catch (...) {
+    // Free the message's slots (a no-op if finish consumed or broke it) so the producer
+    // is not left waiting for them.
+    (void)tw_peer_cuda_ring_discard(live->peer, timeout_ms);
+    throw;
+  }
+}
 
 at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::ScalarType dtype) {
   std::unique_ptr<tw_imported_t, decltype(&tw_imported_free)> guard(imp, &tw_imported_free);

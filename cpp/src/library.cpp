@@ -88,13 +88,14 @@ TORCH_LIBRARY(tensorwire, m) {
 
   // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of `socketpair`, e.g. inherited
   // by a child process). Limits of 0 mean the library's defaults (handshake: 10 s; ring_bytes: the data area of
-  // the ring this side sends through, a power of two >= 4096, default 4 MiB).
+  // the ring this side sends through, a power of two >= 4096, default 4 MiB). cuda_ring_device >= 0 gives this
+  // side a GPU bounce ring on that device for its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
-  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0) -> int");
-  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0) -> int");
+  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
+  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
   m.def("listen(str path) -> int");
-  m.def("accept(int listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0) -> int");
+  m.def("accept(int listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
   m.def("close(int conn) -> ()");
   m.def("close_listener(int listener) -> ()");
   m.def("peer_pid(int conn) -> int");
@@ -112,11 +113,16 @@ TORCH_LIBRARY(tensorwire, m) {
 
   // The ring (bounce buffer registered once per connection): `ring_send` copies the view
   // (any strides) packed into the ring, in chunks if it is larger than half the ring,
-  // waiting at most timeout_ms for space (< 0: no limit); CPU tensors only. `ring_recv`
-  // returns the next ring tensor (contiguous, owning a private copy of the bytes: no
-  // further copy) and its tag.
+  // waiting at most timeout_ms for space (< 0: no limit). `ring_recv` returns the next ring
+  // tensor (contiguous, owning a private copy of the bytes: no further copy) and its tag.
+  // A CUDA tensor goes through the GPU ring (connection opened with cuda_ring_device):
+  // packed on the current stream, copied into the device arena there (no synchronize,
+  // no handle opened), in chunks if larger than a slot; `cuda_ring_recv` returns it as a
+  // fresh contiguous tensor on the ring's device, copied out on the current stream after
+  // a stream wait for the producer.
   m.def("ring_send(int conn, Tensor tensor, int tag=0, int timeout_ms=-1) -> ()");
   m.def("ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
+  m.def("cuda_ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
 
   // CUDA. `send` of a CUDA tensor exports its storage by IPC handle after the work queued
   // on the current stream (an IPC event orders the consumer); `recv` of one makes the

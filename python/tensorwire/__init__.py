@@ -22,8 +22,12 @@ once per connection) copies instead: no lease, any CPU tensor, large ones in chu
 CUDA tensors (where libtensorwire_torch was built with a CUDA toolkit and a driver
 works: ``cuda_available()``): ``send`` exports the storage by IPC handle, ordered after
 the work queued on the current stream; ``recv`` makes the current stream wait for it and
-returns a tensor on the device (released, after synchronizing that stream, when the last
-view dies). Errors are ``RuntimeError`` with tensorwire's own message.
+returns a tensor on the device (released, once the work queued on that stream completed,
+when the last view dies). ``ring_send`` of a CUDA tensor copies it through the
+connection's GPU bounce ring (open the connection with ``cuda_ring_device=<index>`` on the
+sending side): device-to-device copies on the current stream, no handle opened per
+message; the peer takes it with ``cuda_ring_recv()``. Errors are ``RuntimeError`` with
+tensorwire's own message.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from . import _fake  # noqa: E402,F401  (fake implementations for torch.compile 
 # Bound overloads: calling them skips the overload-packet lookup (~1 us per call).
 _send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
 _ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
+_cuda_ring_recv = ops.cuda_ring_recv.default
 
 _STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
 
@@ -87,9 +92,18 @@ class Connection:
         return (t, tag) if with_tag else t
 
     def ring_send(self, tensor: torch.Tensor, tag: int = 0, timeout: float | None = None) -> None:
-        """Copy ``tensor`` (any CPU tensor, any strides) through the ring, packed; waits at
-        most ``timeout`` seconds for ring space (None: no limit)."""
+        """Copy ``tensor`` (any strides) through the ring, packed; waits at most ``timeout``
+        seconds for ring space (None: no limit). A CPU tensor takes the CPU ring (the peer's
+        ``ring_recv``), a CUDA tensor the GPU ring (the peer's ``cuda_ring_recv``)."""
         _ring_send(self._h, tensor, tag, _ms(timeout))
+
+    def cuda_ring_recv(self, timeout: float | None = None, with_tag: bool = False):
+        """The next tensor from the peer's GPU ring: a fresh contiguous CUDA tensor, filled
+        on the current stream after it waited for the peer's copy (no synchronize)."""
+        t, tag = _cuda_ring_recv(self._h, _ms(timeout))
+        if t.is_cuda:
+            torch.cuda.init()
+        return (t, tag) if with_tag else t
 
     def ring_recv(self, timeout: float | None = None, with_tag: bool = False):
         """The next ring tensor: contiguous, owning its (private) bytes."""
@@ -152,7 +166,9 @@ def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
 def from_fd(fd: int, **limits) -> Connection:
     """Handshake over an end of ``socketpair`` (takes ownership of ``fd``). Limits:
     ``max_leases``, ``max_lease_bytes``, ``window_ms``, ``handshake_timeout_ms``,
-    ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default)."""
+    ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default);
+    ``cuda_ring_device`` (>= 0: a GPU bounce ring on that device for this side's CUDA
+    ``ring_send``s; needs a driver), ``cuda_ring_slot_bytes``, ``cuda_ring_slots``."""
     return Connection(ops.from_fd(fd, **limits))
 
 

@@ -123,6 +123,82 @@ pub fn ensure_context(device: i32) -> Result<ContextGuard> {
     Ok(ContextGuard { pushed: true })
 }
 
+/// The device ordinal a device pointer belongs to.
+pub fn pointer_device(dptr: u64) -> Result<i32> {
+    let mut device: std::ffi::c_int = -1;
+    // SAFETY: the attribute writes one int to `device`; a pointer the driver does not know
+    // is an error, not UB.
+    call("cuPointerGetAttribute(DEVICE_ORDINAL)", || unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut device as *mut std::ffi::c_int).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            dptr,
+        )
+    })?;
+    Ok(device)
+}
+
+/// True if `dptr` lies in memory legacy IPC (`cuIpcGetMemHandle`) can share — false for
+/// VMM (`cuMemCreate`) memory such as PyTorch's expandable segments.
+pub fn is_legacy_ipc_capable(dptr: u64) -> Result<bool> {
+    let mut capable: std::ffi::c_int = 0;
+    // SAFETY: the attribute writes one int to `capable`.
+    call("cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)", || unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut capable as *mut std::ffi::c_int).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            dptr,
+        )
+    })?;
+    Ok(capable != 0)
+}
+
+/// Enqueue a device-to-device copy of `n` bytes on `stream` (a context of the devices
+/// must be current).
+pub fn memcpy_dtod_async(dst: u64, src: u64, n: u64, stream: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller checked that both ranges lie inside live device allocations; the
+    // copy is ordered on the caller's stream.
+    call("cuMemcpyDtoDAsync", || unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, n as usize, stream as sys::CUstream) })
+}
+
+/// Device memory from `cuMemAlloc` (legacy-IPC shareable), freed on drop.
+pub struct DeviceBuffer {
+    device: i32,
+    ptr: u64,
+    size: u64,
+}
+
+impl DeviceBuffer {
+    /// Allocate `size` bytes on `device`.
+    pub fn alloc(device: i32, size: u64) -> Result<DeviceBuffer> {
+        let _ctx = ensure_context(device)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        call("cuMemAlloc", || unsafe { sys::cuMemAlloc_v2(&mut ptr, size.max(1) as usize) })?;
+        Ok(DeviceBuffer { device, ptr, size })
+    }
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let _ctx = ensure_context(self.device);
+        // SAFETY: memory we allocated, freed once.
+        let _ = call("cuMemFree", || unsafe { sys::cuMemFree_v2(self.ptr) });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

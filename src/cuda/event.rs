@@ -31,46 +31,129 @@ fn ack_word(seg: &Segment, slot: usize) -> &AtomicU64 {
     unsafe { &*seg.as_ptr().add(slot * 8).cast::<AtomicU64>() }
 }
 
+/// Interprocess events (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here
+/// with handles to export, or opened from a peer's handles. Destroyed on drop (an opened
+/// IPC event is released with `cuEventDestroy` as well). The caller keeps a context of the
+/// events' device current around every call.
+pub struct IpcEventSet {
+    events: Vec<usize>,
+    handles: Vec<[u8; 64]>,
+}
+
+// SAFETY: CUevent handles are process-wide driver objects usable from any thread.
+unsafe impl Send for IpcEventSet {}
+// SAFETY: every method only passes the handles to thread-safe driver calls.
+unsafe impl Sync for IpcEventSet {}
+
+impl IpcEventSet {
+    /// Create `n` interprocess events in the current context.
+    pub fn create(n: usize) -> Result<IpcEventSet> {
+        let mut set = IpcEventSet { events: Vec::with_capacity(n), handles: Vec::with_capacity(n) };
+        let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        for _ in 0..n {
+            let mut ev: sys::CUevent = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, flags) })?;
+            set.events.push(ev as usize);
+            let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
+            // SAFETY: valid out-pointer and a live interprocess event.
+            call("cuIpcGetEventHandle", || unsafe { sys::cuIpcGetEventHandle(&mut h, ev) })?;
+            set.handles.push(h.reserved.map(|c| c as u8));
+        }
+        Ok(set)
+    }
+
+    /// Open a peer's event handles in the current context (the driver rejects a handle
+    /// that names no live interprocess event).
+    pub fn open(handles: &[[u8; 64]]) -> Result<IpcEventSet> {
+        let mut set = IpcEventSet { events: Vec::with_capacity(handles.len()), handles: handles.to_vec() };
+        for h in handles {
+            let mut ev: sys::CUevent = std::ptr::null_mut();
+            let handle = sys::CUipcEventHandle { reserved: h.map(|b| b as std::ffi::c_char) };
+            // SAFETY: valid out-pointer; a bad handle is an error from the driver.
+            call("cuIpcOpenEventHandle", || unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) })?;
+            set.events.push(ev as usize);
+        }
+        Ok(set)
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+    /// The exportable handles (of created events; of opened ones, what was opened).
+    pub fn handles(&self) -> &[[u8; 64]] {
+        &self.handles
+    }
+
+    fn event(&self, i: usize) -> Result<sys::CUevent> {
+        self.events.get(i).map(|&e| e as sys::CUevent).ok_or_else(|| {
+            Error::InvalidDescriptor(format!("IPC event slot {i} out of range ({} events)", self.events.len()))
+        })
+    }
+
+    /// Record event `i` on `stream`.
+    pub fn record(&self, i: usize, stream: usize) -> Result<()> {
+        let ev = self.event(i)?;
+        // SAFETY: a live event of this set and the caller's stream handle.
+        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })
+    }
+
+    /// Make `stream` wait for event `i`'s most recent record (a stream wait, never a
+    /// device-wide synchronize).
+    pub fn wait(&self, stream: usize, i: usize) -> Result<()> {
+        let ev = self.event(i)?;
+        // SAFETY: a live event of this set and the caller's stream handle.
+        call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev, 0) })
+    }
+}
+
+impl IpcEventSet {
+    /// True once the work before event `i`'s most recent record has completed (never
+    /// blocks; an event never recorded counts as complete).
+    pub fn query(&self, i: usize) -> Result<bool> {
+        let ev = self.event(i)?;
+        let mut ready = true;
+        // SAFETY: a live event of this set.
+        call("cuEventQuery", || match unsafe { sys::cuEventQuery(ev) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => {
+                ready = false;
+                sys::CUresult::CUDA_SUCCESS
+            }
+            other => other,
+        })?;
+        Ok(ready)
+    }
+}
+
+impl Drop for IpcEventSet {
+    fn drop(&mut self) {
+        for &e in &self.events {
+            // SAFETY: events created or opened by this set, destroyed once.
+            let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });
+        }
+    }
+}
+
 /// The producer's pool.
 pub struct EventPool {
     device: i32,
-    events: Vec<usize>,
-    handles: Vec<[u8; 64]>,
+    events: IpcEventSet,
     acks: Arc<Segment>,
     issued: Vec<u64>,
     next: usize,
     seq: u64,
 }
 
-// SAFETY: CUevent handles are process-wide driver objects usable from any thread.
-unsafe impl Send for EventPool {}
-
 impl EventPool {
     /// Create and export `POOL_SIZE` interprocess events on `device`.
     pub fn new(device: i32) -> Result<EventPool> {
         let _ctx = ensure_context(device)?;
         let acks = Arc::new(Segment::create(POOL_SIZE * 8)?);
-        let mut pool = EventPool {
-            device,
-            events: Vec::new(),
-            handles: Vec::new(),
-            acks,
-            issued: vec![0; POOL_SIZE],
-            next: 0,
-            seq: 0,
-        };
-        for _ in 0..POOL_SIZE {
-            let mut ev: sys::CUevent = std::ptr::null_mut();
-            let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-            // SAFETY: valid out-pointer.
-            call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, flags) })?;
-            pool.events.push(ev as usize);
-            let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
-            // SAFETY: valid out-pointer and a live interprocess event.
-            call("cuIpcGetEventHandle", || unsafe { sys::cuIpcGetEventHandle(&mut h, ev) })?;
-            pool.handles.push(h.reserved.map(|c| c as u8));
-        }
-        Ok(pool)
+        let events = IpcEventSet::create(POOL_SIZE)?;
+        Ok(EventPool { device, events, acks, issued: vec![0; POOL_SIZE], next: 0, seq: 0 })
     }
 
     pub fn device(&self) -> i32 {
@@ -78,7 +161,7 @@ impl EventPool {
     }
     /// Handles to send to the consumer (once per connection).
     pub fn handles(&self) -> &[[u8; 64]] {
-        &self.handles
+        self.events.handles()
     }
     /// The ack table to send with them.
     pub fn acks(&self) -> &Arc<Segment> {
@@ -98,34 +181,20 @@ impl EventPool {
             std::thread::sleep(Duration::from_micros(20));
         }
         self.seq += 1;
-        let ev = self.events[slot] as sys::CUevent;
-        // SAFETY: a live event of ours and the caller's stream handle.
-        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })?;
+        let _ctx = ensure_context(self.device)?;
+        self.events.record(slot, stream)?;
         self.issued[slot] = self.seq;
         self.next = (slot + 1) % POOL_SIZE;
         Ok((slot as u32, self.seq))
     }
 }
 
-impl Drop for EventPool {
-    fn drop(&mut self) {
-        for &e in &self.events {
-            // SAFETY: events we created, destroyed once.
-            let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });
-        }
-    }
-}
-
 /// The consumer's view of the producer's pool.
 pub struct RemoteEvents {
-    events: Vec<usize>,
+    device: i32,
+    events: IpcEventSet,
     acks: Segment,
 }
-
-// SAFETY: as for `EventPool`.
-unsafe impl Send for RemoteEvents {}
-// SAFETY: `wait` only calls thread-safe driver functions and atomic stores.
-unsafe impl Sync for RemoteEvents {}
 
 impl RemoteEvents {
     /// Open the producer's event handles (once per connection) and its ack table.
@@ -138,38 +207,17 @@ impl RemoteEvents {
             )));
         }
         let _ctx = ensure_context(device)?;
-        let mut events = Vec::with_capacity(handles.len());
-        for h in handles {
-            let mut ev: sys::CUevent = std::ptr::null_mut();
-            let handle = sys::CUipcEventHandle { reserved: h.map(|b| b as std::ffi::c_char) };
-            // SAFETY: valid out-pointer; a bad handle is an error from the driver.
-            call("cuIpcOpenEventHandle", || unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) })?;
-            events.push(ev as usize);
-        }
-        Ok(RemoteEvents { events, acks })
+        Ok(RemoteEvents { device, events: IpcEventSet::open(handles)?, acks })
     }
 
     /// Make `stream` wait for the producer's record `seq` in `slot`, then acknowledge it.
     pub fn wait(&self, slot: u32, seq: u64, stream: usize) -> Result<()> {
-        let ev = *self.events.get(slot as usize).ok_or_else(|| {
-            Error::InvalidDescriptor(format!("IPC event slot {slot} out of range ({} events)", self.events.len()))
-        })?;
-        // SAFETY: an opened IPC event and the caller's stream.
-        call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev as sys::CUevent, 0) })?;
+        let _ctx = ensure_context(self.device)?;
+        self.events.wait(stream, slot as usize)?;
         // Release: pairs with the producer's Acquire load in `EventPool::record`; the wait
         // above was enqueued before the slot may be recorded again.
         ack_word(&self.acks, slot as usize).store(seq, Ordering::Release);
         Ok(())
-    }
-}
-
-impl Drop for RemoteEvents {
-    fn drop(&mut self) {
-        for &e in &self.events {
-            // SAFETY: events opened by cuIpcOpenEventHandle are released with
-            // cuEventDestroy, once.
-            let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });
-        }
     }
 }
 

@@ -29,15 +29,7 @@ pub struct IpcExport {
 
 /// Export `dptr` (any pointer into a `cudaMalloc`/`cuMemAlloc` allocation).
 pub fn export_pointer(dptr: u64) -> Result<IpcExport> {
-    let mut device: std::ffi::c_int = -1;
-    // SAFETY: the attribute writes one int to `device`.
-    call("cuPointerGetAttribute(DEVICE_ORDINAL)", || unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut device as *mut std::ffi::c_int).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            dptr,
-        )
-    })?;
+    let device = super::driver::pointer_device(dptr)?;
     let _ctx = ensure_context(device)?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: valid out-pointers.

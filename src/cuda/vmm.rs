@@ -18,6 +18,61 @@ fn prop(device: i32) -> sys::CUmemAllocationProp {
     p
 }
 
+/// What a producer sends for a pointer into VMM memory: the fd of the physical
+/// allocation that backs it (with SCM_RIGHTS), its size and the pointer's offset in it.
+#[derive(Debug)]
+pub struct VmmExport {
+    pub device: i32,
+    pub fd: OwnedFd,
+    pub alloc_size: u64,
+    pub offset: u64,
+}
+
+/// Export the VMM allocation that backs `nbytes` at `dptr` (memory from `cuMemCreate`
+/// with the POSIX-fd handle type, mapped in this process — PyTorch's expandable segments
+/// with IPC enabled). A range that crosses into another physical allocation (an
+/// expandable segment maps many side by side) cannot be shared as one: an error says so.
+pub fn export_pointer(dptr: u64, nbytes: u64) -> Result<VmmExport> {
+    let device = super::driver::pointer_device(dptr)?;
+    let _ctx = ensure_context(device)?;
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out-pointers. For VMM memory the driver reports the physical
+    // allocation mapped at `dptr`, not the whole reserved range.
+    call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) })?;
+    let offset = dptr - base;
+    if offset.checked_add(nbytes).is_none_or(|end| end > size as u64) {
+        return Err(Error::InvalidArgument(format!(
+            "{nbytes} bytes at offset {offset} cross the end of the {size}-byte VMM allocation that backs them \
+             (an expandable segment maps many allocations side by side): send it through the GPU ring instead"
+        )));
+    }
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out-pointer; `base` is mapped (it came from the driver).
+    call("cuMemRetainAllocationHandle", || unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut std::ffi::c_void) })?;
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for the POSIX-fd handle type the driver writes an int to the pointer.
+    let exported = call("cuMemExportToShareableHandle", || unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    });
+    // SAFETY: drops the reference cuMemRetainAllocationHandle took (the mapping keeps
+    // the allocation alive).
+    let _ = call("cuMemRelease", || unsafe { sys::cuMemRelease(handle) });
+    exported.map_err(|e| match e {
+        Error::Cuda { name, .. } => Error::InvalidArgument(format!(
+            "this VMM memory cannot be shared by fd ({name}): it was created without the POSIX-fd handle type"
+        )),
+        other => other,
+    })?;
+    // SAFETY: a fresh fd from the driver, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(VmmExport { device, fd, alloc_size: size as u64, offset })
+}
+
 /// A mapped VMM allocation (created here or imported from a peer's fd).
 pub struct VmmAllocation {
     device: i32,

@@ -9,12 +9,14 @@
 
 #![allow(non_camel_case_types)]
 
+mod cuda_ring;
 mod desc;
 mod doorbell;
 mod peer;
 mod ring;
 mod segment;
 
+pub use cuda_ring::*;
 pub use desc::*;
 pub use doorbell::*;
 pub use peer::*;

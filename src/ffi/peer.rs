@@ -51,6 +51,14 @@ pub struct tw_peer_config_t {
     pub reap_interval_us: u64,
     /// How long (µs) a receive polls before sleeping (0: sleep at once).
     pub recv_spin_us: u64,
+    /// Device of this side's GPU bounce ring (-1: no GPU ring). With one, creating the
+    /// peer needs a CUDA driver.
+    pub cuda_ring_device: i32,
+    /// Slots in the GPU ring's arena.
+    pub cuda_ring_slots: u32,
+    /// Bytes per GPU ring slot (a multiple of 256, at least 4096); larger tensors go
+    /// through in chunks.
+    pub cuda_ring_slot_bytes: u64,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -69,6 +77,11 @@ impl From<&tw_peer_config_t> for PeerConfig {
             ring_spin: c.ring_spin,
             reap_interval: Duration::from_micros(c.reap_interval_us.max(1)),
             recv_spin: Duration::from_micros(c.recv_spin_us),
+            cuda_ring: (c.cuda_ring_device >= 0).then_some(crate::cuda::ring::CudaRingConfig {
+                device: c.cuda_ring_device,
+                slots: c.cuda_ring_slots,
+                slot_bytes: c.cuda_ring_slot_bytes,
+            }),
         }
     }
 }
@@ -223,6 +236,9 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             reserved: 0,
             reap_interval_us: d.reap_interval.as_micros() as u64,
             recv_spin_us: d.recv_spin.as_micros() as u64,
+            cuda_ring_device: -1,
+            cuda_ring_slots: crate::cuda::ring::CudaRingConfig::default().slots,
+            cuda_ring_slot_bytes: crate::cuda::ring::CudaRingConfig::default().slot_bytes,
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }

@@ -88,7 +88,29 @@ int main(void) {
     EXPECT_ERR(tw_peer_export_cuda(producer, 0x70000000, 100, &layout, 0, 1, 0, on_release, &calls, NULL),
                TW_ERR_CUDA_UNAVAILABLE, "no NVIDIA driver");
     EXPECT(atomic_load(&calls) == 1);
+    /* A GPU ring needs a driver on the side that owns it. */
+    tw_peer_config_t cfg;
+    CHECK(tw_peer_config_default(&cfg));
+    EXPECT(cfg.cuda_ring_device == -1 && cfg.cuda_ring_slots > 0 && cfg.cuda_ring_slot_bytes >= 4096);
+    cfg.cuda_ring_device = 0;
+    int c1, c2;
+    CHECK(tw_socketpair(&c1, &c2));
+    tw_peer_t *ringed = NULL;
+    EXPECT_ERR(tw_peer_from_fd(c1, &cfg, &ringed), TW_ERR_CUDA_UNAVAILABLE, "no NVIDIA driver");
+    EXPECT(ringed == NULL);
+    close(c2);
   }
+  /* No GPU ring on this connection: clear errors that name the setting. */
+  EXPECT_ERR(tw_peer_cuda_ring_send(producer, 0x70000000, &layout, 0, 1, 100), TW_ERR_INVALID_ARGUMENT, "cuda_ring");
+  uint64_t ring_tag = 77;
+  tw_layout_t ring_layout;
+  EXPECT_ERR(tw_peer_cuda_ring_recv(consumer, 100, &ring_tag, &ring_layout, NULL, NULL), TW_ERR_INVALID_ARGUMENT,
+             "offered no GPU ring");
+  EXPECT(ring_tag == 77);
+  EXPECT_ERR(tw_peer_cuda_ring_recv(consumer, 100, NULL, NULL, NULL, NULL), TW_ERR_NULL_ARGUMENT, "`layout`");
+  EXPECT_ERR(tw_peer_cuda_ring_recv_finish(consumer, 0x70000000, 100, 0, 100), TW_ERR_INVALID_ARGUMENT,
+             "offered no GPU ring");
+  EXPECT_ERR(tw_peer_cuda_ring_discard(NULL, 100), TW_ERR_NULL_ARGUMENT, "`peer`");
 
   /* The corrupted descriptor of a real import. */
   CHECK(tw_peer_export(producer, small, 0, 100, &layout, 5, 0, NULL, NULL, NULL));

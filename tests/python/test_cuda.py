@@ -19,10 +19,10 @@ GPU_SKIP = "GPU tests SKIPPED: no CUDA device (run scripts/gpu_test.sh on a GPU 
 
 def test_ops_are_registered_for_every_cuda_entry_point():
     for op in ("cuda_built", "cuda_available", "cuda_device_count", "cuda_ipc_cache_stats",
-               "cuda_ipc_cache_keep_warm"):
+               "cuda_ipc_cache_keep_warm", "cuda_ring_recv"):
         assert hasattr(tensorwire.ops, op), op
     # A CUDA tensor reaching `send` always has a kernel: the real one (built with CUDA) or
-    # the one that explains the build has no CUDA.
+    # the one that explains the build has no CUDA (`ring_send` takes any device).
     assert "CUDA: registered at" in torch._C._dispatch_dump("tensorwire::send")
 
 
@@ -40,13 +40,36 @@ def test_cuda_unavailable_without_a_driver():
         tensorwire.cuda_ipc_cache_keep_warm(-1)
 
 
-@pytest.mark.skipif(HAVE_GPU, reason="a CUDA device is present")
-def test_ring_refuses_non_cpu_tensors_by_device():
-    # No CUDA tensor can exist here; the meta device takes the same path (device check
-    # before anything else).
-    with pytest.raises(RuntimeError, match=r"tensor is on meta; the ring carries CPU tensors only \(the GPU ring "
-                                           r"is not implemented"):
+def test_ring_refuses_tensors_of_other_devices():
+    # The device check comes before anything else (the connection handle is not looked at).
+    with pytest.raises(RuntimeError, match=r"tensor is on meta; the rings carry CPU tensors \(CPU ring\) and CUDA "
+                                           r"tensors \(GPU ring\)"):
         tensorwire.ops.ring_send(1, torch.empty(3, device="meta"))
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a CUDA device is present")
+def test_gpu_ring_without_a_driver_or_without_a_ring():
+    # Asking for a GPU ring needs a driver on this side: the connection is refused at once.
+    a, b = tensorwire.socketpair(inheritable_child=False)
+    with pytest.raises(RuntimeError, match=r"TW_ERR_CUDA_UNAVAILABLE.*no NVIDIA driver"):
+        tensorwire.from_fd(a, cuda_ring_device=0)
+    os.close(b)
+    with pytest.raises(RuntimeError, match="cuda_ring_device must be -1 .* got -2"):
+        tensorwire.ops.from_fd(99, cuda_ring_device=-2)
+    # A connection without GPU rings: receiving from one says the peer offered none.
+    a, b = tensorwire.socketpair(inheritable_child=False)
+    import threading
+    other = {}
+    th = threading.Thread(target=lambda: other.setdefault("c", tensorwire.from_fd(b)))
+    th.start()
+    conn = tensorwire.from_fd(a)
+    th.join()
+    try:
+        with pytest.raises(RuntimeError, match=r"TW_ERR_INVALID_ARGUMENT.*offered no GPU ring"):
+            conn.cuda_ring_recv(timeout=0.1)
+    finally:
+        conn.close()
+        other["c"].close()
 
 
 def test_cuda_available_with_a_gpu():

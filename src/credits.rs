@@ -1,0 +1,151 @@
+//! Slot credits: a producer reuses one of `slots` fixed slots only after the consumer said
+//! it is done with the slot's previous use.
+//!
+//! The producer numbers its uses 0, 1, 2, …; use `seq` takes slot `seq % slots`. The
+//! consumer, done with use `seq`, stores `freed = seq + 1` (uses are freed in order) and
+//! rings a doorbell; the producer may start use `seq` once `seq − freed < slots`. Used by
+//! the GPU bounce ring (`cuda::ring`), where "done" means the consumer's copy-out and the
+//! event that orders the slot's next copy-in are enqueued.
+//!
+//! `freed` lives in memory a hostile consumer can write. The producer reads it as a claim
+//! and checks it: a value past what was issued breaks the ring; a value that never
+//! advances only makes waits time out. Modelled in `tests/loom.rs` (`credits_*`).
+
+use crate::doorbell::{Doorbell, DoorbellWords};
+use crate::sync::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Why a producer may not use its next slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreditError {
+    /// `freed` claims uses the producer never issued (hostile or corrupt consumer).
+    Corrupt { freed: u64, issued: u64 },
+    /// The consumer freed nothing for the whole timeout.
+    Timeout,
+    /// `gone()` said the consumer went away.
+    Gone,
+}
+
+/// A view of the credit words in shared memory.
+#[derive(Clone, Copy)]
+pub struct Credits<'a> {
+    freed: &'a AtomicU64,
+    bell: Doorbell<'a>,
+    slots: u64,
+}
+
+impl<'a> Credits<'a> {
+    pub fn new(freed: &'a AtomicU64, bell: &'a DoorbellWords, slots: u64) -> Self {
+        Credits { freed, bell: Doorbell::new(bell), slots: slots.max(1) }
+    }
+
+    /// Producer: may use `seq` (the next use; `seq` uses were issued before it) start now?
+    pub fn poll(&self, seq: u64) -> Result<bool, CreditError> {
+        // Acquire: pairs with the Release store in `free`; everything the consumer did
+        // before freeing (enqueueing its copy-out and its release event) happens-before
+        // the producer reuses the slot.
+        let freed = self.freed.load(Ordering::Acquire);
+        if freed > seq {
+            return Err(CreditError::Corrupt { freed, issued: seq });
+        }
+        Ok(seq - freed < self.slots)
+    }
+
+    /// Producer: wait until use `seq` may start: spin `spin` polls, then sleep on the
+    /// doorbell in slices of at most `slice` (checking `gone` between them), at most
+    /// `timeout` in all.
+    pub fn wait(
+        &self,
+        seq: u64,
+        spin: u32,
+        timeout: Duration,
+        slice: Duration,
+        gone: &dyn Fn() -> bool,
+    ) -> Result<(), CreditError> {
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let seen = self.bell.current();
+            if self.poll(seq)? {
+                return Ok(());
+            }
+            if self.bell.spin(seen, spin) {
+                continue;
+            }
+            let now = Instant::now();
+            let end = *deadline.get_or_insert(now + timeout);
+            if now >= end {
+                return Err(CreditError::Timeout);
+            }
+            if gone() {
+                return Err(CreditError::Gone);
+            }
+            self.bell.wait(seen, 0, Some((end - now).min(slice)));
+        }
+    }
+
+    /// Consumer: use `seq` is done with (uses are freed in order).
+    pub fn free(&self, seq: u64) {
+        // Release: pairs with the producer's Acquire load in `poll`.
+        self.freed.store(seq + 1, Ordering::Release);
+        self.bell.ring();
+    }
+
+    /// What the consumer has freed so far (a claim, when read by the producer).
+    pub fn freed(&self) -> u64 {
+        // Acquire: as in `poll`.
+        self.freed.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn words() -> (AtomicU64, DoorbellWords) {
+        (AtomicU64::new(0), DoorbellWords::default())
+    }
+
+    #[test]
+    fn slots_are_reused_only_after_free() {
+        let (freed, bell) = words();
+        let c = Credits::new(&freed, &bell, 2);
+        assert_eq!(c.poll(0), Ok(true));
+        assert_eq!(c.poll(1), Ok(true));
+        assert_eq!(c.poll(2), Ok(false), "use 2 reuses slot 0, which use 0 still holds");
+        c.free(0);
+        assert_eq!(c.poll(2), Ok(true));
+        assert_eq!(c.poll(3), Ok(false));
+    }
+
+    #[test]
+    fn a_claim_past_what_was_issued_is_corrupt() {
+        let (freed, bell) = words();
+        let c = Credits::new(&freed, &bell, 4);
+        freed.store(9, Ordering::Relaxed);
+        assert_eq!(c.poll(3), Err(CreditError::Corrupt { freed: 9, issued: 3 }));
+        let slice = Duration::from_millis(1);
+        assert_eq!(c.wait(3, 0, Duration::from_secs(5), slice, &|| false), Err(CreditError::Corrupt { freed: 9, issued: 3 }));
+    }
+
+    #[test]
+    fn waits_end_at_the_timeout_or_when_the_consumer_is_gone() {
+        let (freed, bell) = words();
+        let c = Credits::new(&freed, &bell, 1);
+        let slice = Duration::from_millis(2);
+        assert_eq!(c.wait(1, 10, Duration::from_millis(20), slice, &|| false), Err(CreditError::Timeout));
+        assert_eq!(c.wait(1, 10, Duration::from_secs(60), slice, &|| true), Err(CreditError::Gone));
+    }
+
+    #[test]
+    fn a_free_on_another_thread_wakes_the_waiting_producer() {
+        let (freed, bell) = words();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                Credits::new(&freed, &bell, 1).free(0);
+            });
+            let c = Credits::new(&freed, &bell, 1);
+            assert_eq!(c.wait(1, 0, Duration::from_secs(60), Duration::from_secs(60), &|| false), Ok(()));
+        });
+    }
+}
