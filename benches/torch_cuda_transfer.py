@@ -8,11 +8,14 @@ machine only; scripts/gpu_test.sh runs it):
   tw open/msg      the same with the child's handle cache at keep_warm(0): every message
                    opens (cuIpcOpenMemHandle) and closes its handle
   torch.mp         torch.multiprocessing Queue of the same CUDA tensor, ack over a Queue
-  GPU ring         not implemented in tensorwire (n/a)
+  GPU ring         tensorwire ring_send of the tensor through the connection's GPU bounce
+                   ring (DtoD copy into the arena + IPC event), cuda_ring_recv in the child
+                   (stream wait + DtoD copy out into a fresh tensor), the child synchronizes
+                   its stream (the copy is complete) and acks
 
 Each number is a full round trip (tensor to the child, ack back), median and p90 in
-microseconds, at 4 KiB and 32 MiB. Targets (issue 6): per-message-open / cached >= 20
-(reported), GPU ring 32 MiB / 4 KiB <= 3 (n/a: no GPU ring). Usage:
+microseconds, at 4 KiB and 32 MiB. Targets (issue 6): GPU ring 32 MiB / 4 KiB <= 3;
+per-message-open / GPU ring >= 20 (also reported: per-message-open / cached). Usage:
 
   PYTHONPATH=python python3 benches/torch_cuda_transfer.py [--iters N]
 """
@@ -38,6 +41,7 @@ import tensorwire  # noqa: E402
 SIZES = [4 << 10, 32 << 20]
 STOP = 1 << 40
 KEEP_WARM = (1 << 40) + 1
+RING = (1 << 40) + 2  # payload n: the next n messages come through the GPU ring
 WARMUP = 5
 
 
@@ -52,6 +56,13 @@ def tw_child(fd):
         t, tag = conn.recv(with_tag=True)
         if tag == KEEP_WARM:
             tensorwire.cuda_ipc_cache_keep_warm(int(t.item()))
+        if tag == RING:
+            for _ in range(int(t.item())):
+                u, utag = conn.cuda_ring_recv(with_tag=True)
+                torch.cuda.current_stream().synchronize()  # the copy out has completed
+                del u
+                conn.send(ack, utag)
+            continue
         del t  # CUDA: synchronizes the stream that waited, releases the lease
         if tag == STOP:
             break
@@ -86,7 +97,7 @@ def bench_tensorwire(iters):
     parent_fd, child_fd = tensorwire.socketpair()
     child = subprocess.Popen([sys.executable, __file__, "--child-tw", str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, cuda_ring_device=0)
 
     def round_trip(t):
         def go(i):
@@ -106,6 +117,16 @@ def bench_tensorwire(iters):
             assert s["live_leases"] <= 1, s
             del t
             torch.cuda.synchronize()
+    for size in SIZES:
+        t = torch.ones(size, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        conn.send(tensorwire.to_shared(torch.tensor([WARMUP + iters])), RING)
+
+        def ring_go(i, t=t):
+            conn.ring_send(t, i)
+            conn.recv()
+
+        out[("GPU ring", size)] = timed(iters, ring_go)
     conn.send(tensorwire.zeros(1), STOP)
     child.wait(120)
     conn.close()
@@ -154,14 +175,17 @@ def main():
         f" | {human(SIZES[-1])}/{human(SIZES[0])}"
     print(hdr)
     print("-" * len(hdr))
-    for mode in ("tw cached", "tw open/msg", "torch.mp"):
+    for mode in ("GPU ring", "tw cached", "tw open/msg", "torch.mp"):
         cells = " | ".join(f"{p50[(mode, s)]:12.1f} {p90[(mode, s)]:9.1f}" for s in SIZES)
         print(f"{mode:<14} | {cells} | {p50[(mode, SIZES[-1])] / p50[(mode, SIZES[0])]:8.2f}")
-    print(f"{'GPU ring':<14} | " + " | ".join(f"{'n/a':>12} {'':>9}" for _ in SIZES) + " |      n/a")
-    print("\nGPU ring: not implemented in tensorwire (target 32 MiB / 4 KiB <= 3: n/a)")
+    r = p50[("GPU ring", SIZES[-1])] / p50[("GPU ring", SIZES[0])]
+    print(f"\nGPU ring {human(SIZES[-1])} / {human(SIZES[0])}: {r:.2f} (issue 6 target <= 3: {'met' if r <= 3 else 'NOT met'})")
+    for s in SIZES:
+        r = p50[("tw open/msg", s)] / p50[("GPU ring", s)]
+        print(f"per-message open / GPU ring at {human(s)}: {r:.1f}x (issue 6 target >= 20: {'met' if r >= 20 else 'NOT met'})")
     for s in SIZES:
         r = p50[("tw open/msg", s)] / p50[("tw cached", s)]
-        print(f"per-message open / cached at {human(s)}: {r:.1f}x (issue 6 target >= 20: {'met' if r >= 20 else 'NOT met'})")
+        print(f"per-message open / cached at {human(s)}: {r:.1f}x")
     for s in SIZES:
         r = p50[("torch.mp", s)] / p50[("tw cached", s)]
         print(f"torch.multiprocessing / tensorwire cached at {human(s)}: {r:.1f}x")

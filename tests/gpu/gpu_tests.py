@@ -17,6 +17,13 @@ device every test is reported SKIPPED and the exit status is 2 (never a silent p
                      storages' reference counts return to what they were
   handle_cache       sending one tensor many times opens its IPC handle once; with
                      keep_warm(0) once per message (cuda_ipc_cache_stats in the consumer)
+  gpu_ring           the GPU bounce ring (ring_send / cuda_ring_recv, 64 KiB slots): every
+                     dtype and view arrives as the packed bytes of the view; a 3 MiB tensor
+                     goes through in 48 chunks (the 4 slots wrap 12 times); ordering by a
+                     GPU sleep + fill right before ring_send, no synchronize
+  vmm                a producer whose allocator uses expandable segments (VMM memory, which
+                     legacy IPC cannot share): send exports by fd, the consumer reads the
+                     values and its in-place write is seen by the producer (zero-copy)
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ import tensorwire  # noqa: E402
 STOP = 999_999
 SET_KEEP_WARM = 999_998  # control message to the child: payload n
 REPORT = 999_997         # control message: reply with the child's IPC cache stats
+RING_ECHO = 999_996      # control message: payload n: echo the next n GPU ring messages
+RING_MINMAX = 999_995    # control message: payload n: min/max of the next n GPU ring messages
 
 DTYPES = [
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
@@ -82,6 +91,18 @@ def child_main(mode, fd):
             s = tensorwire.cuda_ipc_cache_stats()
             ack(conn, tag, [s["opens"], s["open_handles"]])
             continue
+        if tag in (RING_ECHO, RING_MINMAX):
+            for _ in range(int(t.item())):
+                u, utag = conn.cuda_ring_recv(timeout=120, with_tag=True)
+                if tag == RING_MINMAX:
+                    # Read on the current stream (it waited for the producer's event): no sync.
+                    lo, hi = u.min().item(), u.max().item()
+                    conn.send(tensorwire.to_shared(torch.tensor([lo, hi], dtype=torch.float64)), utag)
+                else:
+                    ack(conn, utag, [u.element_size(), *u.shape, *u.stride(), int(u.is_cuda)])
+                    conn.send(tensorwire.to_shared(storage_bytes(u).cpu()), utag)
+            del t
+            continue
         if mode == "echo":
             # Flip bit 0 of the view's first byte in the shared memory, then reply with the
             # layout and a copy of the storage bytes as this process sees them.
@@ -113,6 +134,13 @@ def child_main(mode, fd):
         elif mode == "drop":
             del t
             ack(conn, tag)
+        elif mode == "vmm_check":
+            # The producer's values arrived; write -1 into its memory and report.
+            ok = bool(torch.equal(t.cpu(), torch.arange(t.numel(), dtype=t.dtype) * 3))
+            t[0] = -1
+            torch.cuda.current_stream().synchronize()
+            del t
+            ack(conn, tag, [int(ok)])
         else:
             raise SystemExit(f"unknown mode {mode}")
     conn.close()
@@ -121,11 +149,11 @@ def child_main(mode, fd):
 # --- the producer side -------------------------------------------------------------------
 
 class Child:
-    def __init__(self, mode):
+    def __init__(self, mode, **limits):
         parent_fd, child_fd = tensorwire.socketpair()
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(child_fd)], pass_fds=[child_fd])
         os.close(child_fd)
-        self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+        self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, **limits)
 
     def recv(self, tag=None):
         t, got = self.conn.recv(timeout=120, with_tag=True)
@@ -325,18 +353,92 @@ def test_handle_cache():
         c.kill()
 
 
+RING_LIMITS = dict(cuda_ring_device=0, cuda_ring_slot_bytes=64 << 10, cuda_ring_slots=4)
+
+
+def test_gpu_ring():
+    c = Child("drop", **RING_LIMITS)
+    try:
+        cases = []
+        for dtype in DTYPES:
+            base = random_cuda((6, 8), dtype)
+            cases += [(f"{dtype} {name}", t) for name, t in views_of(base).items()]
+        cases.append(("3 MiB in 48 chunks", random_cuda((3 << 20,), torch.uint8)))
+        c.conn.send(tensorwire.to_shared(torch.tensor([len(cases)])), RING_ECHO)
+        for tag, (what, t) in enumerate(cases, 1):
+            c.conn.ring_send(t, tag)  # no synchronize
+            packed = t.clone(memory_format=torch.contiguous_format)  # a storage of exactly the view's bytes
+            meta = c.recv(tag).tolist()
+            got = c.recv(tag)
+            want = [t.element_size(), *t.shape, *packed.stride(), 1]
+            check(meta == want, f"{what}: consumer got layout {meta}, expected {want}")
+            check(torch.equal(got, storage_bytes(packed).cpu()), f"{what}: consumer's bytes differ from the packed view")
+        cycles = sleep_cycles_for(200)
+        t = torch.zeros(8 << 20, device="cuda")  # 32 MiB: 512 chunks through 4 slots
+        c.conn.send(tensorwire.to_shared(torch.tensor([3])), RING_MINMAX)
+        for i in range(1, 4):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cycles)
+            t.fill_(float(i))
+            c.conn.ring_send(t, i)  # returns once the last chunk is queued; no synchronize
+            lo, hi = c.recv(i).tolist()
+            check(lo == hi == float(i), f"ordering round {i}: consumer read min {lo}, max {hi}")
+        c.finish()
+        return f"{len(cases)} tensors echoed, 3 ordering rounds of 32 MiB"
+    finally:
+        c.kill()
+
+
+def test_vmm():
+    # The producer is the child (its allocator must be configured before CUDA starts).
+    parent_fd, child_fd = tensorwire.socketpair()
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    proc = subprocess.Popen([sys.executable, __file__, "--vmm-producer", str(child_fd)], pass_fds=[child_fd], env=env)
+    os.close(child_fd)
+    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    try:
+        t, tag = conn.recv(timeout=120, with_tag=True)
+        check(t.is_cuda and t.numel() == 1 << 18, f"got {t.device} {t.shape}")
+        check(torch.equal(t.cpu(), torch.arange(1 << 18, dtype=torch.float32) * 3), "values differ")
+        t[0] = -1
+        torch.cuda.synchronize()
+        del t
+        ack(conn, tag)
+        verdict = conn.recv(timeout=120).tolist()
+        check(verdict == [1], f"producer did not see the consumer's write: {verdict}")
+        check(proc.wait(timeout=120) == 0, "producer failed")
+        return "expandable-segments tensor shared by fd, zero-copy"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        conn.close()
+
+
+def vmm_producer(fd):
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    t = torch.arange(1 << 18, dtype=torch.float32, device="cuda") * 3  # 1 MiB, expandable segment
+    conn.send(t, 1)
+    conn.recv(timeout=120)  # the consumer wrote and released
+    ack(conn, 2, [int(t[0].item() == -1)])
+    conn.close()
+
+
 TESTS = {
     "dtypes_and_views": test_dtypes_and_views,
     "zero_copy": test_zero_copy,
     "ordering": test_ordering,
     "sigkill": test_sigkill,
     "handle_cache": test_handle_cache,
+    "gpu_ring": test_gpu_ring,
+    "vmm": test_vmm,
 }
 
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "--child":
         return child_main(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) >= 2 and sys.argv[1] == "--vmm-producer":
+        return vmm_producer(int(sys.argv[2]))
     names = sys.argv[1:] or list(TESTS)
     if not torch.cuda.is_available():
         for name in names:
