@@ -31,6 +31,20 @@ fn ack_word(seg: &Segment, slot: usize) -> &AtomicU64 {
     unsafe { &*seg.as_ptr().add(slot * 8).cast::<AtomicU64>() }
 }
 
+/// True once the work before `ev`'s most recent record has completed (never blocks).
+fn query_event(ev: sys::CUevent) -> Result<bool> {
+    let mut ready = true;
+    // SAFETY: the callers pass a live event they own or opened.
+    call("cuEventQuery", || match unsafe { sys::cuEventQuery(ev) } {
+        sys::CUresult::CUDA_ERROR_NOT_READY => {
+            ready = false;
+            sys::CUresult::CUDA_SUCCESS
+        }
+        other => other,
+    })?;
+    Ok(ready)
+}
+
 /// Interprocess events (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here
 /// with handles to export, or opened from a peer's handles. Destroyed on drop (an opened
 /// IPC event is released with `cuEventDestroy` as well). The caller keeps a context of the
@@ -114,17 +128,7 @@ impl IpcEventSet {
     /// True once the work before event `i`'s most recent record has completed (never
     /// blocks; an event never recorded counts as complete).
     pub fn query(&self, i: usize) -> Result<bool> {
-        let ev = self.event(i)?;
-        let mut ready = true;
-        // SAFETY: a live event of this set.
-        call("cuEventQuery", || match unsafe { sys::cuEventQuery(ev) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => {
-                ready = false;
-                sys::CUresult::CUDA_SUCCESS
-            }
-            other => other,
-        })?;
-        Ok(ready)
+        query_event(self.event(i)?)
     }
 }
 
@@ -246,16 +250,7 @@ impl StreamMark {
 
     /// True once the work before the mark has completed (never blocks).
     pub fn done(&self) -> Result<bool> {
-        let mut ready = true;
-        // SAFETY: a live event of ours.
-        let r = call("cuEventQuery", || match unsafe { sys::cuEventQuery(self.ev as sys::CUevent) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => {
-                ready = false;
-                sys::CUresult::CUDA_SUCCESS
-            }
-            other => other,
-        });
-        r.map(|()| ready)
+        query_event(self.ev as sys::CUevent)
     }
 }
 
