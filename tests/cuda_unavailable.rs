@@ -25,6 +25,17 @@ fn unavailable(e: Error) {
     assert!(e.to_string().contains("no NVIDIA driver"), "{e}");
 }
 
+/// A victim `Peer` (default config) set up against a hand-driven attacker end: the
+/// attacker sends its lease table (and, with `gpu_ring`, what `then` sends next).
+fn victim_with(table: &Exporter, gpu_ring: bool, then: impl FnOnce(&Connection)) -> (Peer, Connection) {
+    let (a, b) = Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, gpu_ring), &[table.table().fd()]).unwrap();
+    then(&b);
+    let _ = b.recv(T).unwrap();
+    (victim.join().unwrap().expect("victim setup"), b)
+}
+
 #[test]
 fn every_cuda_entry_point_is_cuda_unavailable() {
     if !no_driver() {
@@ -72,13 +83,8 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     if !no_driver() {
         return;
     }
-    let (a, b) = Connection::pair().unwrap();
-    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let mut table = Exporter::new(16, u64::MAX).unwrap();
-    let setup = tensorwire::peer::setup_payload(16, 0, false);
-    b.send(KIND_TABLE, &setup, &[table.table().fd()]).unwrap();
-    let _ = b.recv(T).unwrap();
-    let victim = victim.join().unwrap().unwrap();
+    let (victim, b) = victim_with(&table, false, |_| {});
 
     // The producer's event pool: the victim cannot open it without a driver.
     let acks = tensorwire::Segment::create(4096).unwrap();
@@ -130,17 +136,15 @@ fn a_gpu_ring_offered_to_a_machine_without_cuda_is_refused_cleanly() {
     }
     use tensorwire::cuda::ring::{CudaRingConfig, RingSetup};
     use tensorwire::peer::KIND_CUDA_RING;
-    let (a, b) = Connection::pair().unwrap();
-    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let table = Exporter::new(16, u64::MAX).unwrap();
-    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, true), &[table.table().fd()]).unwrap();
     let cfg = CudaRingConfig { device: 0, slots: 2, slot_bytes: 4096 };
     let setup = RingSetup { cfg, arena: [9; 64], desc_ring_bytes: 65536, written: vec![[4; 64]; 2] };
     let ctrl = tensorwire::Segment::create(4096).unwrap();
     let descs = tensorwire::ring::RingShared::create(65536).unwrap();
-    b.send(KIND_CUDA_RING, &setup.encode(), &[ctrl.fd(), descs.segment().fd()]).unwrap();
-    let _ = b.recv(T).unwrap();
-    let victim = victim.join().unwrap().expect("a refused GPU ring must not fail the connection");
+    // A refused GPU ring must not fail the connection.
+    let (victim, b) = victim_with(&table, true, |b| {
+        b.send(KIND_CUDA_RING, &setup.encode(), &[ctrl.fd(), descs.segment().fd()]).unwrap();
+    });
 
     let mut state = [0u8; 4];
     ctrl.read_at(128, &mut state).unwrap();
@@ -162,12 +166,8 @@ fn vmm_tensors_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     if !no_driver() {
         return;
     }
-    let (a, b) = Connection::pair().unwrap();
-    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let mut table = Exporter::new(16, u64::MAX).unwrap();
-    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, false), &[table.table().fd()]).unwrap();
-    let _ = b.recv(T).unwrap();
-    let victim = victim.join().unwrap().unwrap();
+    let (victim, b) = victim_with(&table, false, |_| {});
     let acks = tensorwire::Segment::create(4096).unwrap();
     let mut ev = 0i32.to_le_bytes().to_vec();
     ev.extend_from_slice(&1u32.to_le_bytes());
