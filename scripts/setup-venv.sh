@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's Python venv at .venv with the pinned test stack:
 # PyTorch from PyPI (CPU use; the wheel is a CUDA build and runs without a GPU), pytest,
-# and pyisolate for the RPC interop tests. Uses uv (installed into .tools/ on first run).
+# pyisolate for the RPC interop tests, and the CUDA headers the torch wheel's own CUDA
+# wheels lack (nvidia-cuda-crt) so cpp/src/cuda.cpp can be compile-checked without a GPU. Uses uv (installed into .tools/ on first run).
 # Prints the venv's python path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 TORCH_VERSION=2.15.0
 PYISOLATE_VERSION=0.10.2
-stamp=".venv/.tensorwire-stack-torch${TORCH_VERSION}-pyisolate${PYISOLATE_VERSION}"
+CUDA_CRT_VERSION=13.2.86
+stamp=".venv/.tensorwire-stack-torch${TORCH_VERSION}-pyisolate${PYISOLATE_VERSION}-crt${CUDA_CRT_VERSION}"
 if [ ! -f "$stamp" ]; then
   if [ ! -x .tools/uv/bin/uv ]; then
     python3 -m pip install -q --target .tools/uv uv >&2
@@ -16,7 +18,8 @@ if [ ! -f "$stamp" ]; then
   uv() { PYTHONPATH="$root/.tools/uv" python3 -m uv "$@"; }
   export UV_CACHE_DIR="${UV_CACHE_DIR:-$root/.tools/uv-cache}"
   [ -x .venv/bin/python ] || uv venv -q --python python3 .venv >&2
-  uv pip install -q --python "$root/.venv/bin/python" "torch==${TORCH_VERSION}" "pyisolate==${PYISOLATE_VERSION}" pytest numpy matplotlib >&2
+  uv pip install -q --python "$root/.venv/bin/python" "torch==${TORCH_VERSION}" "pyisolate==${PYISOLATE_VERSION}" \
+    "nvidia-cuda-crt==${CUDA_CRT_VERSION}" pytest numpy matplotlib >&2
   touch "$stamp"
 fi
 echo "$root/.venv/bin/python"

@@ -49,6 +49,12 @@ TENSORWIRE_TORCH_LIB=$(bash cpp/build.sh "$py" | tail -1)
 TENSORWIRE_TORCH_LIB="$TENSORWIRE_TORCH_LIB" PYTHONDONTWRITEBYTECODE=1 \
   "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee -a "$log"
 
+step "torch CUDA glue: cpp/src/cuda.cpp compiles against torch's and the CUDA wheels' headers (syntax only; the GPU runs it: scripts/gpu_test.sh)"
+sp=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"${CXX:-g++}" -std=c++20 -fsyntax-only -DTENSORWIRE_WITH_CUDA -I include -I "$sp/torch/include" \
+  -I "$sp/torch/include/torch/csrc/api/include" -I "$sp/nvidia/cu13/include" cpp/src/cuda.cpp
+echo "cuda.cpp: compiles"
+
 # --- further test steps go above this line (one block per area) ---
 
 step "benches compile"
