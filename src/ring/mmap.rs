@@ -70,6 +70,22 @@ impl Region for MmapRegion {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (at, len);
     }
+    fn prefetch_write(&self, at: u64, len: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut off = at & !63;
+            while off < at + len {
+                // SAFETY: PREFETCHW never faults or changes memory (it executes as a NOP
+                // on CPUs without it); the address is inside the mapped data area anyway.
+                unsafe {
+                    std::arch::asm!("prefetchw [{p}]", p = in(reg) self.base.add(off as usize), options(nostack, preserves_flags, readonly))
+                };
+                off += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (at, len);
+    }
     unsafe fn read_raw(&self, at: u64, dst: *mut u8, len: usize) {
         // SAFETY: as for `read`; the caller guarantees `dst` is writable for `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst, len) }
@@ -267,14 +283,21 @@ impl RingSender {
                     }
                 };
                 loop {
-                    let seen = self.producer.doorbells().space_bell.current();
                     if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill).map_err(ring_err)? {
                         break;
                     }
                     // Full: let the consumer see what we have, then wait for space — spin
-                    // first, then (with the clock and a liveness check) sleep.
+                    // first, then (with the clock and a liveness check) sleep. The space
+                    // doorbell lives on the consumer's cache line: read it only here, when
+                    // short of space, never on the fast path (that would pull the line over
+                    // once per message). Read it before trying again, so a release between
+                    // the failed try and the read is not missed.
                     self.producer.publish();
                     let bell = self.producer.doorbells().space_bell;
+                    let seen = bell.current();
+                    if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill).map_err(ring_err)? {
+                        break;
+                    }
                     if bell.spin(seen, wait.spin) {
                         continue;
                     }
