@@ -610,8 +610,13 @@ impl RecvState {
                         .map_err(|_| Error::InvalidArgument(format!("cannot allocate {n} bytes for a ring message")))?;
                     Ok(Some(h.tag))
                 });
-                self.pending.push_back((rec.end, false));
-                self.finish(rec.end);
+                if self.pending.is_empty() {
+                    // Nothing older is held: release at once (no bookkeeping).
+                    self.consumer.release_to(rec.end);
+                } else {
+                    self.pending.push_back((rec.end, false));
+                    self.finish(rec.end);
+                }
                 return r;
             }
             // Anything else (chunks, or a single record the checks above would refuse):
