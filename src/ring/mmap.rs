@@ -31,7 +31,7 @@ pub const MAX_RING_BYTES: usize = 1 << 34;
 /// Largest data part of a record of a chunked message (one larger than a record). Small
 /// enough that copy-in and copy-out overlap (many chunks in flight, each handed over
 /// within the waiting side's spin budget), large enough that per-chunk costs vanish.
-pub const CHUNK_BYTES: u64 = 1 << 20;
+const CHUNK_BYTES: u64 = 1 << 20;
 /// How long one sleep lasts before the peer's liveness is checked again.
 const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 

@@ -8,7 +8,7 @@
 //!
 //! **Large tensors go through in chunks.** A record holds at most half the data area; a
 //! message larger than that is split into consecutive records (FIRST … LAST) of at most
-//! [`CHUNK_BYTES`] data each (so that copy-in and copy-out overlap), which the consumer
+//! 1 MiB of data each (so that copy-in and copy-out overlap), which the consumer
 //! reassembles into an owned buffer. Such a message can only be received as a
 //! copy; borrowing works for messages that fit one record. (For zero-copy of large
 //! tensors, export them under a lease instead: `Peer::export`.)
