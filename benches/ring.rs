@@ -14,6 +14,7 @@
 //! floor; throughput for 1–64 MiB ≥ 70% of memcpy.
 //!
 //!   cargo bench --bench ring            (full)      cargo bench --bench ring -- --quick
+//!   cargo bench --bench ring -- [--quick] latency    (or throughput: that half only)
 //!
 //! The bench re-executes itself as the child (`TW_RING_BENCH=<mode>:<fd>`).
 
@@ -311,6 +312,20 @@ fn memcpy_bw(size: usize, count: usize) -> f64 {
 }
 
 fn parent(n: impl Fn(usize) -> usize, as_test: bool) {
+    // `-- latency` / `-- throughput`: run only that half (both by default).
+    let only = |what: &str| {
+        let other = if what == "latency" { "throughput" } else { "latency" };
+        !std::env::args().any(|a| a == other)
+    };
+    if only("latency") {
+        latency(&n);
+    }
+    if only("throughput") {
+        throughput(&n, as_test);
+    }
+}
+
+fn latency(n: &impl Fn(usize) -> usize) {
     let spin = bare_pingpong("spin", n(200_000));
     let futex = bare_pingpong("futex", n(20_000));
     println!("ring latency, one-way (µs), two processes; baselines from this run");
@@ -335,6 +350,9 @@ fn parent(n: impl Fn(usize) -> usize, as_test: bool) {
     println!("64 B spinning / spin floor  = {:.2}x (target <= 3)", ring64.0 / spin.p50);
     println!("64 B sleeping / futex floor = {:.2}x (target <= 1.5)", ring64.1 / futex.p50);
     println!();
+}
+
+fn throughput(n: &impl Fn(usize) -> usize, as_test: bool) {
     println!("ring throughput vs single-thread memcpy (same run), {} MiB ring", ring_bytes() >> 20);
     println!("{:<10} {:>12} {:>12} {:>8}", "size", "ring GB/s", "memcpy GB/s", "ratio");
     let sizes: &[usize] = if as_test { &[1 << 20] } else { &[1 << 20, 4 << 20, 16 << 20, 64 << 20] };

@@ -74,20 +74,25 @@ fn ring_publish_consume_wrap_and_wake() {
         let producer = loom::thread::spawn(move || {
             let mut p = Producer::new(ctrl(&s2), Cells(s2.clone()));
             for (m, &len) in LENS.iter().enumerate() {
+                let mut fill = |dst: &mut [u8]| {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = byte(m, k);
+                    }
+                };
+                // As `RingSender::send_many`: try first; only when short of space read the
+                // space doorbell, try again, then wait for it to change.
                 loop {
-                    let seen = ctrl(&s2).space_bell.current();
-                    let mut fill = |dst: &mut [u8]| {
-                        for (k, d) in dst.iter_mut().enumerate() {
-                            *d = byte(m, k);
-                        }
-                    };
                     if p.try_push(FLAG_FIRST | FLAG_LAST, m as u64, len, &[], len, &mut fill).unwrap() {
-                        p.publish();
                         break;
                     }
                     p.publish();
+                    let seen = ctrl(&s2).space_bell.current();
+                    if p.try_push(FLAG_FIRST | FLAG_LAST, m as u64, len, &[], len, &mut fill).unwrap() {
+                        break;
+                    }
                     ctrl(&s2).space_bell.wait(seen, 0, None);
                 }
+                p.publish();
             }
         });
         let mut c = Consumer::new(ctrl(&shared), Cells(shared.clone()));

@@ -7,13 +7,17 @@
 //! in the control block, every wait bounded.
 //!
 //! **Large tensors go through in chunks.** A record holds at most half the data area; a
-//! message larger than that is split into consecutive records (FIRST … LAST) that the
-//! consumer reassembles into an owned buffer. Such a message can only be received as a
+//! message larger than that is split into consecutive records (FIRST … LAST) of at most
+//! 1 MiB of data each (so that copy-in and copy-out overlap), which the consumer
+//! reassembles into an owned buffer. Such a message can only be received as a
 //! copy; borrowing works for messages that fit one record. (For zero-copy of large
 //! tensors, export them under a lease instead: `Peer::export`.)
 //!
 //! Segment layout: a 64-byte header (magic, version, capacity), then `head`, `tail` and
-//! the two doorbells each on its own cache line, then the data area at offset 4096.
+//! the two doorbells each on its own cache line, then the data area at offset 4096. The
+//! whole segment is faulted in when the ring is created (and when a peer's ring of up to
+//! 64 MiB is opened): it is registered once and reused, so page faults belong to setup,
+//! not to the first lap of messages.
 
 pub mod spsc;
 

@@ -103,6 +103,9 @@ pub trait Region {
     /// Hint that `[at, at + len)` will be read soon (a cache prefetch; no effect on
     /// correctness). `at + len ≤ capacity()`.
     fn prefetch(&self, _at: u64, _len: u64) {}
+    /// Hint that `[at, at + len)` will be written soon (a prefetch for ownership; no
+    /// effect on correctness). `at + len ≤ capacity()`.
+    fn prefetch_write(&self, _at: u64, _len: u64) {}
 
     /// Copy `len` bytes from offset `at` to raw (possibly uninitialised) memory.
     ///
@@ -283,6 +286,16 @@ impl<'a, R: Region> Producer<'a, R> {
             self.ctrl.head.store(self.head, Ordering::Release);
             self.ctrl.data_bell.ring();
             self.unpublished = false;
+            // The next record goes at `head`: take ownership of its first lines now, off
+            // the critical path (they were last read by the consumer, a lap ago), so the
+            // next send's stores, and with them its head store, commit without waiting
+            // for that transfer. Only where the space is known free (no bouncing of lines
+            // the consumer still reads).
+            let idx = self.head & (self.cap - 1);
+            let len = (2 * RECORD_ALIGN).min(self.cap - idx);
+            if self.cap - (self.head - self.tail_seen) >= len {
+                self.region.prefetch_write(idx, len);
+            }
         }
     }
 }
