@@ -63,7 +63,7 @@ def tw_child(fd):
                 del u
                 conn.send(ack, utag)
             continue
-        del t  # CUDA: synchronizes the stream that waited, releases the lease
+        del t  # CUDA: the lease is released once the consumer's queued work completes (event, no synchronize)
         if tag == STOP:
             break
         conn.send(ack, tag)

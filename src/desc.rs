@@ -242,12 +242,13 @@ impl Layout {
 
     /// Row-major contiguous (size-1 dims may have any stride, as in PyTorch).
     pub fn is_contiguous(&self) -> bool {
+        // An empty view touches no memory, whatever its strides (as in PyTorch).
+        if (0..self.ndim()).any(|i| self.sizes[i] <= 0) {
+            return true;
+        }
         let mut expect: u64 = 1;
         for i in (0..self.ndim()).rev() {
-            let (size, stride) = (self.sizes[i].max(0) as u64, self.strides[i]);
-            if size == 0 {
-                return true;
-            }
+            let (size, stride) = (self.sizes[i] as u64, self.strides[i]);
             if size != 1 && u64::try_from(stride) != Ok(expect) {
                 return false;
             }
@@ -707,6 +708,9 @@ mod tests {
         assert_eq!(t.sizes(), &[6, 4]);
         assert_eq!(t.strides(), &[1, 6]);
         assert!(!t.is_contiguous());
+        // An empty view is contiguous whatever its strides (PyTorch agrees).
+        assert!(Layout::strided(DType::Float32, &[0, 3], &[1, 5], 0).unwrap().is_contiguous());
+        assert!(!Layout::strided(DType::Float32, &[2, 3], &[1, 5], 0).unwrap().is_contiguous());
         let s = base.slice(1, 1, 5, 2).unwrap();
         assert_eq!((s.sizes(), s.strides(), s.storage_offset), (&[4i64, 2][..], &[6i64, 2][..], 1));
         assert_eq!(s.extent_elements().unwrap(), 1 + 3 * 6 + 2 + 1);

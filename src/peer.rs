@@ -620,7 +620,13 @@ impl Peer {
             return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
         }
         // Legacy IPC for cudaMalloc memory; an fd for VMM memory (expandable segments).
-        let (exp, vmm_fd) = if crate::cuda::driver::is_legacy_ipc_capable(dptr)? {
+        // A driver too old to know the attribute answers with an error: legacy IPC then,
+        // as before the attribute existed.
+        let legacy = match crate::cuda::driver::is_legacy_ipc_capable(dptr) {
+            Err(Error::Cuda { .. }) => true,
+            r => r?,
+        };
+        let (exp, vmm_fd) = if legacy {
             (ipc::export_pointer(dptr)?, None)
         } else {
             let v = crate::cuda::vmm::export_pointer(dptr, nbytes)?;

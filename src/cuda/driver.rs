@@ -123,6 +123,15 @@ pub fn ensure_context(device: i32) -> Result<ContextGuard> {
     Ok(ContextGuard { pushed: true })
 }
 
+/// The device of the context current on this thread (`CudaUnavailable`/`Cuda` errors
+/// as usual; a thread with no current context is an error from the driver).
+pub fn current_device() -> Result<i32> {
+    let mut dev: sys::CUdevice = -1;
+    // SAFETY: valid out-pointer.
+    call("cuCtxGetDevice", || unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    Ok(dev)
+}
+
 /// The device ordinal a device pointer belongs to.
 pub fn pointer_device(dptr: u64) -> Result<i32> {
     let mut device: std::ffi::c_int = -1;

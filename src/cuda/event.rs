@@ -13,7 +13,7 @@
 //! only break its own ordering (the producer treats any value as "maybe done" and never
 //! reads anything else from it).
 
-use super::driver::{call, ensure_context};
+use super::driver::{call, current_device, ensure_context};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 use cudarc::driver::sys;
@@ -47,9 +47,10 @@ fn query_event(ev: sys::CUevent) -> Result<bool> {
 
 /// Interprocess events (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here
 /// with handles to export, or opened from a peer's handles. Destroyed on drop (an opened
-/// IPC event is released with `cuEventDestroy` as well). The caller keeps a context of the
-/// events' device current around every call.
+/// IPC event is released with `cuEventDestroy` as well, in a context of the events'
+/// device). The caller keeps a context of that device current around every other call.
 pub struct IpcEventSet {
+    device: i32,
     events: Vec<usize>,
     handles: Vec<[u8; 64]>,
 }
@@ -62,7 +63,7 @@ unsafe impl Sync for IpcEventSet {}
 impl IpcEventSet {
     /// Create `n` interprocess events in the current context.
     pub fn create(n: usize) -> Result<IpcEventSet> {
-        let mut set = IpcEventSet { events: Vec::with_capacity(n), handles: Vec::with_capacity(n) };
+        let mut set = IpcEventSet { device: current_device()?, events: Vec::with_capacity(n), handles: Vec::with_capacity(n) };
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         for _ in 0..n {
             let mut ev: sys::CUevent = std::ptr::null_mut();
@@ -80,7 +81,7 @@ impl IpcEventSet {
     /// Open a peer's event handles in the current context (the driver rejects a handle
     /// that names no live interprocess event).
     pub fn open(handles: &[[u8; 64]]) -> Result<IpcEventSet> {
-        let mut set = IpcEventSet { events: Vec::with_capacity(handles.len()), handles: handles.to_vec() };
+        let mut set = IpcEventSet { device: current_device()?, events: Vec::with_capacity(handles.len()), handles: handles.to_vec() };
         for h in handles {
             let mut ev: sys::CUevent = std::ptr::null_mut();
             let handle = sys::CUipcEventHandle { reserved: h.map(|b| b as std::ffi::c_char) };
@@ -134,6 +135,9 @@ impl IpcEventSet {
 
 impl Drop for IpcEventSet {
     fn drop(&mut self) {
+        // The set may be dropped on a thread whose current context is another device's, or
+        // none.
+        let _ctx = ensure_context(self.device);
         for &e in &self.events {
             // SAFETY: events created or opened by this set, destroyed once.
             let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });

@@ -318,12 +318,17 @@ impl CudaRingSender {
         (s.encode(), [self.ctrl.seg.fd(), self.descs_seg.fd()])
     }
 
+    /// True once the consumer reported it cannot open the ring.
+    fn refused(&self) -> bool {
+        // Acquire: pairs with the consumer's Release store in `CudaRingReceiver::refuse`.
+        self.ctrl.state().load(Ordering::Acquire) == STATE_REFUSED
+    }
+
     fn check_usable(&self) -> Result<()> {
         if let Some(m) = &self.broken {
             return Err(Error::Protocol(format!("GPU ring broken earlier: {m}")));
         }
-        // Acquire: pairs with the consumer's Release store of its state.
-        if self.ctrl.state().load(Ordering::Acquire) == STATE_REFUSED {
+        if self.refused() {
             return Err(Error::CudaUnavailable(
                 "the peer could not open this connection's GPU ring (no usable CUDA device there)".into(),
             ));
@@ -350,7 +355,11 @@ impl CudaRingSender {
 
     /// Copy `layout.packed_bytes()` contiguous bytes at device address `src` through the
     /// ring, ordered after the work enqueued on `stream` so far (the copies are enqueued
-    /// there). `layout` must be contiguous. Waits for free slots as `wait` says.
+    /// there). `layout` must be contiguous. Waits for free slots as `wait` says: one
+    /// deadline for the whole message. A timeout before the first chunk leaves the ring
+    /// usable; one part-way through a message breaks it (the consumer holds a partial
+    /// message that nothing can complete in order) — size `slots` and timeouts so that a
+    /// live consumer keeps up.
     pub fn send(&mut self, src: u64, layout: &Layout, stream: usize, tag: u64, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
         self.check_usable()?;
         if !layout.is_contiguous() {
@@ -377,7 +386,10 @@ impl CudaRingSender {
             StorageRef { nbytes: total, ..Zeroable::zeroed() },
         );
         let chunks = total.div_ceil(self.cfg.slot_bytes).max(1);
+        let deadline = Instant::now().checked_add(wait.timeout);
         for i in 0..chunks {
+            let left = deadline.map_or(wait.timeout, |d| d.saturating_duration_since(Instant::now()));
+            let chunk_wait = Wait { timeout: left, ..wait };
             let offset = i * self.cfg.slot_bytes;
             let len = (total - offset).min(self.cfg.slot_bytes);
             let mut flags = if i == 0 { FLAG_FIRST } else { 0 };
@@ -385,7 +397,11 @@ impl CudaRingSender {
                 flags |= FLAG_LAST;
             }
             let chunk = Chunk { flags, seq: self.seq, offset, len, total };
-            if let Err(e) = self.send_chunk(chunk, src, stream, tag, (i == 0).then_some(&desc), wait, gone) {
+            if let Err(e) = self.send_chunk(chunk, src, stream, tag, (i == 0).then_some(&desc), chunk_wait, gone) {
+                let e = match e {
+                    Error::Timeout { what, .. } => Error::Timeout { what, after: wait.timeout },
+                    e => e,
+                };
                 if i > 0 || matches!(e, Error::Protocol(_)) {
                     // The consumer holds part of a message (or the peer broke the ring):
                     // nothing more can go through in order.
@@ -409,15 +425,22 @@ impl CudaRingSender {
         gone: &dyn Fn() -> bool,
     ) -> Result<()> {
         let slots = self.cfg.slots as u64;
-        self.ctrl
-            .credits(self.cfg.slots)
-            .wait(c.seq, wait.spin, wait.timeout, LIVENESS_SLICE, gone)
-            .map_err(|e| credit_err(e, wait.timeout))?;
+        // A consumer that refuses the ring never frees a slot: stop waiting then too.
+        let waited = self.ctrl.credits(self.cfg.slots).wait(c.seq, wait.spin, wait.timeout, LIVENESS_SLICE, &|| {
+            gone() || self.refused()
+        });
+        if let Err(e) = waited {
+            self.check_usable()?;
+            return Err(credit_err(e, wait.timeout));
+        }
         self.check_usable()?;
         let slot = (c.seq % slots) as usize;
         if c.seq >= slots {
-            // Reuse: the copy-in waits for the consumer's copy-out of the previous use.
+            // Reuse: the copy-in waits for the consumer's copy-out of the previous use...
             self.read_events()?.wait(stream, slot)?;
+            // ...and for our own copy-in of it, which may have run on another stream and
+            // which no copy-out ordered (a discarded message records no read).
+            self.written.wait(stream, slot)?;
         }
         let dst = self.arena.ptr() + slot as u64 * self.cfg.slot_bytes;
         memcpy_dtod_async(dst, src + c.offset, c.len, stream)?;
@@ -430,20 +453,28 @@ impl CudaRingSender {
 
     /// Wait (at most `timeout`, or until `gone`) for the consumer to have freed every chunk
     /// sent and for its copies out of the arena to complete, so the arena can be freed.
+    /// A consumer that is gone copies nothing any more (its context died with it).
     pub fn drain(&mut self, timeout: Duration, gone: &dyn Fn() -> bool) {
         let deadline = Instant::now() + timeout;
         let credits = self.ctrl.credits(self.cfg.slots);
         while credits.freed() < self.seq {
-            if Instant::now() >= deadline || gone() {
+            if Instant::now() >= deadline || gone() || self.refused() {
                 return;
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        if let (Ok(_ctx), Some(read)) = (ensure_context(self.cfg.device), &self.read) {
-            for i in 0..read.len() {
-                while matches!(read.query(i), Ok(false)) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
+        if self.seq == 0 || gone() {
+            return;
+        }
+        let Ok(_ctx) = ensure_context(self.cfg.device) else { return };
+        // Fewer chunks than slots were sent: the read events were never needed until now.
+        if self.read_events().is_err() {
+            return;
+        }
+        let Some(read) = &self.read else { return };
+        for i in 0..read.len() {
+            while matches!(read.query(i), Ok(false)) && Instant::now() < deadline && !gone() {
+                std::thread::sleep(Duration::from_micros(200));
             }
         }
     }
@@ -653,9 +684,20 @@ impl CudaRingReceiver {
                 )));
             }
         }
+        if gone() {
+            // Its arena went with its context: copying out of it now would fault here.
+            return Err(Error::peer_gone("the producer went away before its GPU ring message was copied out"));
+        }
         st.pending = None;
-        let r = self.consume(&mut st, &p, Some((dst, stream)), wait, gone);
-        r.map_err(|e| Self::cut_off(&mut st, e))
+        match self.consume(&mut st, &p, Some((dst, stream)), wait, gone) {
+            Ok(()) => Ok(()),
+            // Nothing freed yet (e.g. a bad stream): the message stays pending, the ring usable.
+            Err((e, false)) => {
+                st.pending = Some(p);
+                Err(e)
+            }
+            Err((e, true)) => Err(Self::cut_off(&mut st, e)),
+        }
     }
 
     /// Free the pending message's slots without copying it.
@@ -663,26 +705,61 @@ impl CudaRingReceiver {
         let mut st = self.state.lock();
         let Some(p) = st.pending.take() else { return Ok(()) };
         let r = self.consume(&mut st, &p, None, wait, gone);
-        r.map_err(|e| Self::cut_off(&mut st, e))
+        r.map_err(|(e, _)| Self::cut_off(&mut st, e))
     }
 
-    fn consume(&self, st: &mut RecvState, p: &Pending, copy: Option<(u64, usize)>, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    /// Copy (if `copy` names a destination and stream) and free every chunk of `p`. On
+    /// failure, also says whether any chunk was freed (after which the message cannot be
+    /// taken up again).
+    fn consume(
+        &self,
+        st: &mut RecvState,
+        p: &Pending,
+        copy: Option<(u64, usize)>,
+        wait: Wait,
+        gone: &dyn Fn() -> bool,
+    ) -> std::result::Result<(), (Error, bool)> {
         let credits = self.ctrl.credits(self.cfg.slots);
+        let deadline = Instant::now().checked_add(wait.timeout);
         let mut c = p.first;
         loop {
+            let progressed = c.seq != p.first.seq;
             let slot = (c.seq % self.cfg.slots as u64) as usize;
             if let Some((dst, stream)) = copy {
-                self.written.wait(stream, slot)?;
                 let src = self.arena.base() + slot as u64 * self.cfg.slot_bytes;
-                memcpy_dtod_async(dst + c.offset, src, c.len, stream)?;
-                self.read.record(slot, stream)?;
+                self.written
+                    .wait(stream, slot)
+                    .and_then(|()| memcpy_dtod_async(dst + c.offset, src, c.len, stream))
+                    .and_then(|()| self.read.record(slot, stream))
+                    .map_err(|e| (e, progressed))?;
             }
             credits.free(c.seq);
             if c.flags & FLAG_LAST != 0 {
                 return Ok(());
             }
-            let (_, next, _) = self.next_chunk(st, Some(p), c.offset + c.len, wait, gone)?;
+            let left = deadline.map_or(wait.timeout, |d| d.saturating_duration_since(Instant::now()));
+            let (_, next, _) = self
+                .next_chunk(st, Some(p), c.offset + c.len, Wait { timeout: left, ..wait }, gone)
+                .map_err(|e| match e {
+                    Error::Timeout { what, .. } => (Error::Timeout { what, after: wait.timeout }, true),
+                    e => (e, true),
+                })?;
             c = next;
+        }
+    }
+}
+
+impl Drop for CudaRingReceiver {
+    fn drop(&mut self) {
+        // Copies out of the arena may still be running on the callers' streams; the arena
+        // mapping (closed when the last import of its handle goes) must outlive them.
+        // Bounded, and never a device-wide synchronize.
+        let Ok(_ctx) = ensure_context(self.cfg.device) else { return };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        for i in 0..self.read.len() {
+            while matches!(self.read.query(i), Ok(false)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(200));
+            }
         }
     }
 }

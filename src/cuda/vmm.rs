@@ -176,6 +176,7 @@ impl VmmAllocation {
 
 impl Drop for VmmAllocation {
     fn drop(&mut self) {
+        let _ctx = super::driver::ensure_context(self.device);
         // SAFETY: undo map, reserve and create, once each, in reverse order.
         let _ = call("cuMemUnmap", || unsafe { sys::cuMemUnmap(self.ptr, self.size as usize) });
         // SAFETY: as above.
