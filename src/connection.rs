@@ -69,7 +69,7 @@ impl Connection {
         hello.extend_from_slice(&(max_message as u32).to_le_bytes());
         send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true)?;
 
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let ready = sys::poll_readable(&[sock.as_fd()], Some(timeout))?;
         if !ready[0] {
             return Err(Error::Timeout { what: "the peer's hello", after: timeout });
@@ -192,7 +192,7 @@ impl Connection {
         let spin = timeout.map_or(self.recv_spin, |t| t.min(self.recv_spin));
         let mut ready = vec![false];
         if !spin.is_zero() {
-            let end = Instant::now() + spin;
+            let end = crate::deadline::after(spin);
             loop {
                 ready = sys::poll_readable(&wait[..1], Some(Duration::ZERO))?;
                 if ready[0] || Instant::now() >= end {

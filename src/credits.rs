@@ -72,7 +72,7 @@ impl<'a> Credits<'a> {
                 continue;
             }
             let now = Instant::now();
-            let end = *deadline.get_or_insert(now + timeout);
+            let end = *deadline.get_or_insert_with(|| crate::deadline::after(timeout));
             if now >= end {
                 return Err(CreditError::Timeout);
             }

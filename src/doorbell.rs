@@ -70,7 +70,7 @@ impl<'a> Doorbell<'a> {
         if self.spin(seen, spin) {
             return true;
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(crate::deadline::after);
         // SeqCst: the waiter half of the Dekker pair with `ring`.
         self.words.waiters.fetch_add(1, Ordering::SeqCst);
         let changed = loop {

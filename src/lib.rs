@@ -24,6 +24,7 @@ pub mod lease;
 pub mod sync;
 pub mod doorbell;
 pub mod credits;
+pub(crate) mod deadline;
 
 #[cfg(not(loom))]
 pub mod connection;

@@ -555,7 +555,7 @@ impl Peer {
         }
         self.inner.reap_if_released();
         let window = opts.window.or(self.inner.cfg.default_window);
-        let deadline = window.map(|w| Instant::now() + w);
+        let deadline = window.map(crate::deadline::after);
         let _send = self.inner.send_lock.lock();
         let granted = self.inner.exporter.lock().grant(Some(&t.segment), t.nbytes as u64, owner, deadline);
         let (id, first) = granted.map_err(|(e, owner)| {
@@ -620,10 +620,10 @@ impl Peer {
             return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
         }
         // Legacy IPC for cudaMalloc memory; an fd for VMM memory (expandable segments).
-        // A driver too old to know the attribute answers with an error: legacy IPC then,
-        // as before the attribute existed.
+        // A driver too old to know the attribute answers CUDA_ERROR_INVALID_VALUE: legacy
+        // IPC then, as before the attribute existed.
         let legacy = match crate::cuda::driver::is_legacy_ipc_capable(dptr) {
-            Err(Error::Cuda { .. }) => true,
+            Err(Error::Cuda { name, .. }) if name == "CUDA_ERROR_INVALID_VALUE" => true,
             r => r?,
         };
         let (exp, vmm_fd) = if legacy {
@@ -661,7 +661,7 @@ impl Peer {
         }
         let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
         let window = opts.window.or(self.inner.cfg.default_window);
-        let deadline = window.map(|w| Instant::now() + w);
+        let deadline = window.map(crate::deadline::after);
         let (id, _) = self.inner.exporter.lock().grant(None, nbytes, owner, deadline).map_err(|(e, owner)| {
             drop(owner);
             e
@@ -703,7 +703,7 @@ impl Peer {
     /// Receive the next tensor or user message (`timeout` per call; `None` waits until
     /// something arrives or the peer dies).
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Incoming> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(crate::deadline::after);
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let msg = self.inner.conn.recv(left)?;

@@ -180,7 +180,7 @@ impl EventPool {
     /// acknowledge that slot's previous use). Returns (slot, sequence).
     pub fn record(&mut self, stream: usize, timeout: Duration) -> Result<(u32, u64)> {
         let slot = self.next;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         // Acquire: pairs with the consumer's Release store in `RemoteEvents::wait`.
         while ack_word(&self.acks, slot).load(Ordering::Acquire) < self.issued[slot] {
             if Instant::now() >= deadline {
@@ -233,6 +233,7 @@ impl RemoteEvents {
 /// far has finished" once [`StreamMark::done`] says so. Used to release an import's lease
 /// only after the consumer's GPU work that reads it has completed, without blocking.
 pub struct StreamMark {
+    device: i32,
     ev: usize,
 }
 
@@ -246,20 +247,23 @@ impl StreamMark {
         let mut ev: sys::CUevent = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
-        let mark = StreamMark { ev: ev as usize };
+        let mark = StreamMark { device, ev: ev as usize };
         // SAFETY: a live event of ours and the caller's stream.
         call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })?;
         Ok(mark)
     }
 
-    /// True once the work before the mark has completed (never blocks).
+    /// True once the work before the mark has completed (never blocks). Callable from any
+    /// thread (the reaper's has no current context of its own).
     pub fn done(&self) -> Result<bool> {
+        let _ctx = ensure_context(self.device)?;
         query_event(self.ev as sys::CUevent)
     }
 }
 
 impl Drop for StreamMark {
     fn drop(&mut self) {
+        let _ctx = ensure_context(self.device);
         // SAFETY: an event we created, destroyed once.
         let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(self.ev as sys::CUevent) });
     }

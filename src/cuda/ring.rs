@@ -76,9 +76,11 @@ const FREED_OFF: usize = 0;
 const BELL_OFF: usize = 64;
 const STATE_OFF: usize = 128;
 const HANDLES_OFF: usize = 256;
-/// Consumer state: 0 not yet opened; opened, read events published; could not open.
+/// Consumer state: 0 not yet opened; opened, read events published; could not open;
+/// broken (it found a bad record or lost a message part-way and frees nothing more).
 const STATE_READY: u32 = 1;
 const STATE_REFUSED: u32 = 2;
+const STATE_BROKEN: u32 = 3;
 
 fn ctrl_bytes(slots: u32) -> usize {
     HANDLES_OFF + slots as usize * 64
@@ -318,15 +320,23 @@ impl CudaRingSender {
         (s.encode(), [self.ctrl.seg.fd(), self.descs_seg.fd()])
     }
 
-    /// True once the consumer reported it cannot open the ring.
+    /// True once the consumer reported that it cannot open the ring or that it broke: it
+    /// frees no slot any more.
     fn refused(&self) -> bool {
-        // Acquire: pairs with the consumer's Release store in `CudaRingReceiver::refuse`.
-        self.ctrl.state().load(Ordering::Acquire) == STATE_REFUSED
+        // Acquire: pairs with the consumer's Release stores in `CudaRingReceiver::refuse`
+        // and `CudaRingReceiver::mark_broken`.
+        matches!(self.ctrl.state().load(Ordering::Acquire), STATE_REFUSED | STATE_BROKEN)
     }
 
     fn check_usable(&self) -> Result<()> {
         if let Some(m) = &self.broken {
             return Err(Error::Protocol(format!("GPU ring broken earlier: {m}")));
+        }
+        // Acquire: as in `refused`.
+        if self.ctrl.state().load(Ordering::Acquire) == STATE_BROKEN {
+            return Err(Error::Protocol(
+                "GPU ring broken: the consumer reported it (a bad record, or a message cut off part-way)".into(),
+            ));
         }
         if self.refused() {
             return Err(Error::CudaUnavailable(
@@ -339,8 +349,9 @@ impl CudaRingSender {
     /// Open the consumer's read events (published once in the control segment).
     fn read_events(&mut self) -> Result<&IpcEventSet> {
         if self.read.is_none() {
-            // Acquire: pairs with the consumer's Release store after writing the handles.
-            if self.ctrl.state().load(Ordering::Acquire) != STATE_READY {
+            // Acquire: pairs with the consumer's Release store of READY after writing the
+            // handles (BROKEN comes only after READY).
+            if !matches!(self.ctrl.state().load(Ordering::Acquire), STATE_READY | STATE_BROKEN) {
                 return Err(Error::Protocol(
                     "GPU ring broken: the consumer freed slots before publishing its events".into(),
                 ));
@@ -386,9 +397,9 @@ impl CudaRingSender {
             StorageRef { nbytes: total, ..Zeroable::zeroed() },
         );
         let chunks = total.div_ceil(self.cfg.slot_bytes).max(1);
-        let deadline = Instant::now().checked_add(wait.timeout);
+        let deadline = crate::deadline::after(wait.timeout);
         for i in 0..chunks {
-            let left = deadline.map_or(wait.timeout, |d| d.saturating_duration_since(Instant::now()));
+            let left = deadline.saturating_duration_since(Instant::now());
             let chunk_wait = Wait { timeout: left, ..wait };
             let offset = i * self.cfg.slot_bytes;
             let len = (total - offset).min(self.cfg.slot_bytes);
@@ -436,12 +447,14 @@ impl CudaRingSender {
         self.check_usable()?;
         let slot = (c.seq % slots) as usize;
         if c.seq >= slots {
-            // Reuse: the copy-in waits for the consumer's copy-out of the previous use...
+            // Reuse: the copy-in waits for the consumer's copy-out of the previous use.
             self.read_events()?.wait(stream, slot)?;
-            // ...and for our own copy-in of it, which may have run on another stream and
-            // which no copy-out ordered (a discarded message records no read).
-            self.written.wait(stream, slot)?;
         }
+        // And for our own last copy into the slot, which may have run on another stream and
+        // which no copy-out ordered: a discarded message records no read, and a chunk whose
+        // record could not be pushed (timeout) is copied again under the same sequence
+        // number. Waiting on a never-recorded event is a no-op.
+        self.written.wait(stream, slot)?;
         let dst = self.arena.ptr() + slot as u64 * self.cfg.slot_bytes;
         memcpy_dtod_async(dst, src + c.offset, c.len, stream)?;
         self.written.record(slot, stream)?;
@@ -455,15 +468,18 @@ impl CudaRingSender {
     /// sent and for its copies out of the arena to complete, so the arena can be freed.
     /// A consumer that is gone copies nothing any more (its context died with it).
     pub fn drain(&mut self, timeout: Duration, gone: &dyn Fn() -> bool) {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let credits = self.ctrl.credits(self.cfg.slots);
-        while credits.freed() < self.seq {
-            if Instant::now() >= deadline || gone() || self.refused() {
+        // A consumer that broke frees nothing more, but may still be copying out of
+        // earlier chunks: stop counting credits, still wait for its read events below.
+        while credits.freed() < self.seq && !self.refused() {
+            if Instant::now() >= deadline || gone() {
                 return;
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        if self.seq == 0 || gone() {
+        // Acquire: as in `refused`. A consumer that refused never opened the arena.
+        if self.seq == 0 || gone() || self.ctrl.state().load(Ordering::Acquire) == STATE_REFUSED {
             return;
         }
         let Ok(_ctx) = ensure_context(self.cfg.device) else { return };
@@ -629,16 +645,24 @@ impl CudaRingReceiver {
         Ok((tag, c, desc))
     }
 
-    fn fail(st: &mut RecvState, e: Error) -> Error {
+    /// Break the ring for good, and tell the producer, which would otherwise wait for
+    /// credits that never come.
+    fn mark_broken(&self, st: &mut RecvState, why: String) {
+        st.broken.get_or_insert(why);
+        // Release: pairs with the producer's Acquire loads in `refused`/`check_usable`.
+        self.ctrl.state().store(STATE_BROKEN, Ordering::Release);
+    }
+
+    fn fail(&self, st: &mut RecvState, e: Error) -> Error {
         if matches!(e, Error::Protocol(_) | Error::InvalidDescriptor(_) | Error::Cuda { .. }) {
-            st.broken.get_or_insert_with(|| e.to_string());
+            self.mark_broken(st, e.to_string());
         }
         e
     }
 
     /// A message failed part-way: the rest of its chunks cannot be matched any more.
-    fn cut_off(st: &mut RecvState, e: Error) -> Error {
-        st.broken.get_or_insert_with(|| format!("a message was cut off: {e}"));
+    fn cut_off(&self, st: &mut RecvState, e: Error) -> Error {
+        self.mark_broken(st, format!("a message was cut off: {e}"));
         e
     }
 
@@ -658,7 +682,7 @@ impl CudaRingReceiver {
                 Ok((tag, desc))
             }
             Ok(_) => unreachable!("a first chunk always carries its descriptor (checked in decode)"),
-            Err(e) => Err(Self::fail(&mut st, e)),
+            Err(e) => Err(self.fail(&mut st, e)),
         }
     }
 
@@ -696,7 +720,7 @@ impl CudaRingReceiver {
                 st.pending = Some(p);
                 Err(e)
             }
-            Err((e, true)) => Err(Self::cut_off(&mut st, e)),
+            Err((e, true)) => Err(self.cut_off(&mut st, e)),
         }
     }
 
@@ -705,7 +729,7 @@ impl CudaRingReceiver {
         let mut st = self.state.lock();
         let Some(p) = st.pending.take() else { return Ok(()) };
         let r = self.consume(&mut st, &p, None, wait, gone);
-        r.map_err(|(e, _)| Self::cut_off(&mut st, e))
+        r.map_err(|(e, _)| self.cut_off(&mut st, e))
     }
 
     /// Copy (if `copy` names a destination and stream) and free every chunk of `p`. On
@@ -720,7 +744,7 @@ impl CudaRingReceiver {
         gone: &dyn Fn() -> bool,
     ) -> std::result::Result<(), (Error, bool)> {
         let credits = self.ctrl.credits(self.cfg.slots);
-        let deadline = Instant::now().checked_add(wait.timeout);
+        let deadline = crate::deadline::after(wait.timeout);
         let mut c = p.first;
         loop {
             let progressed = c.seq != p.first.seq;
@@ -730,14 +754,16 @@ impl CudaRingReceiver {
                 self.written
                     .wait(stream, slot)
                     .and_then(|()| memcpy_dtod_async(dst + c.offset, src, c.len, stream))
-                    .and_then(|()| self.read.record(slot, stream))
                     .map_err(|e| (e, progressed))?;
+                // A copy is queued from here on: if no read event covers it, the slot must
+                // never be freed (reused under it), so the ring breaks.
+                self.read.record(slot, stream).map_err(|e| (e, true))?;
             }
             credits.free(c.seq);
             if c.flags & FLAG_LAST != 0 {
                 return Ok(());
             }
-            let left = deadline.map_or(wait.timeout, |d| d.saturating_duration_since(Instant::now()));
+            let left = deadline.saturating_duration_since(Instant::now());
             let (_, next, _) = self
                 .next_chunk(st, Some(p), c.offset + c.len, Wait { timeout: left, ..wait }, gone)
                 .map_err(|e| match e {

@@ -329,7 +329,7 @@ impl RingSender {
                         continue;
                     }
                     let now = Instant::now();
-                    let end = *deadline.get_or_insert(now + wait.timeout);
+                    let end = *deadline.get_or_insert_with(|| crate::deadline::after(wait.timeout));
                     if now >= end {
                         return Err(Error::Timeout { what: "space in the ring (the consumer is not draining it)", after: wait.timeout });
                     }

@@ -378,8 +378,10 @@ def test_gpu_ring():
             want = [t.element_size(), *t.shape, *packed.stride(), 1]
             check(meta == want, f"{what}: consumer got layout {meta}, expected {want}")
             check(torch.equal(got, storage_bytes(packed).cpu()), f"{what}: consumer's bytes differ from the packed view")
-        cycles = sleep_cycles_for(200)
-        t = torch.zeros(8 << 20, device="cuda")  # 32 MiB: 512 chunks through 4 slots
+        cycles = sleep_cycles_for(1000)
+        # 4 MiB: 64 chunks through 4 slots, ~4 stream operations each — well inside what a
+        # stream queues without blocking the host, so ring_send returns while the sleep runs.
+        t = torch.zeros(1 << 20, device="cuda")
         c.conn.send(tensorwire.to_shared(torch.tensor([3])), RING_MINMAX)
         for i in range(1, 4):
             torch.cuda.synchronize()
@@ -391,7 +393,7 @@ def test_gpu_ring():
             lo, hi = c.recv(i).tolist()
             check(lo == hi == float(i), f"ordering round {i}: consumer read min {lo}, max {hi}")
         c.finish()
-        return f"{len(cases)} tensors echoed, 3 ordering rounds of 32 MiB"
+        return f"{len(cases)} tensors echoed, 3 ordering rounds of 4 MiB in 64 chunks"
     finally:
         c.kill()
 
