@@ -78,6 +78,14 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("offered no GPU ring"), "{e}");
 }
 
+/// A producer's event-pool announcement: device 0, `n` (made-up) event handles.
+fn event_pool_message(n: u32) -> Vec<u8> {
+    let mut ev = 0i32.to_le_bytes().to_vec();
+    ev.extend_from_slice(&n.to_le_bytes());
+    ev.extend_from_slice(&vec![7u8; 64 * n as usize]);
+    ev
+}
+
 #[test]
 fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     if !no_driver() {
@@ -88,10 +96,7 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
 
     // The producer's event pool: the victim cannot open it without a driver.
     let acks = tensorwire::Segment::create(4096).unwrap();
-    let mut ev = 0i32.to_le_bytes().to_vec();
-    ev.extend_from_slice(&2u32.to_le_bytes());
-    ev.extend_from_slice(&[7u8; 128]);
-    b.send(KIND_CUDA_EVENTS, &ev, &[acks.fd()]).unwrap();
+    b.send(KIND_CUDA_EVENTS, &event_pool_message(2), &[acks.fd()]).unwrap();
     unavailable(victim.recv(T).unwrap_err());
 
     // A CUDA tensor under a live lease: refused, and the lease released.
@@ -169,9 +174,7 @@ fn vmm_tensors_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     let mut table = Exporter::new(16, u64::MAX).unwrap();
     let (victim, b) = victim_with(&table, false, |_| {});
     let acks = tensorwire::Segment::create(4096).unwrap();
-    let mut ev = 0i32.to_le_bytes().to_vec();
-    ev.extend_from_slice(&1u32.to_le_bytes());
-    ev.extend_from_slice(&[7u8; 64]);
+    let ev = event_pool_message(1);
 
     let seg = std::sync::Arc::new(tensorwire::Segment::create(64).unwrap());
     let l = Layout::contiguous(DType::Float16, &[32]).unwrap();

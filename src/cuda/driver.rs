@@ -134,32 +134,23 @@ pub fn current_device() -> Result<i32> {
 
 /// The device ordinal a device pointer belongs to.
 pub fn pointer_device(dptr: u64) -> Result<i32> {
-    let mut device: std::ffi::c_int = -1;
-    // SAFETY: the attribute writes one int to `device`; a pointer the driver does not know
-    // is an error, not UB.
-    call("cuPointerGetAttribute(DEVICE_ORDINAL)", || unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut device as *mut std::ffi::c_int).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            dptr,
-        )
-    })?;
-    Ok(device)
+    int_pointer_attribute(dptr, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuPointerGetAttribute(DEVICE_ORDINAL)")
 }
 
 /// True if `dptr` lies in memory legacy IPC (`cuIpcGetMemHandle`) can share — false for
 /// VMM (`cuMemCreate`) memory such as PyTorch's expandable segments.
 pub fn is_legacy_ipc_capable(dptr: u64) -> Result<bool> {
-    let mut capable: std::ffi::c_int = 0;
-    // SAFETY: the attribute writes one int to `capable`.
-    call("cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)", || unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut capable as *mut std::ffi::c_int).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-            dptr,
-        )
-    })?;
-    Ok(capable != 0)
+    let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE;
+    Ok(int_pointer_attribute(dptr, attr, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)")? != 0)
+}
+
+/// A pointer attribute whose value is one `int`.
+fn int_pointer_attribute(dptr: u64, attr: sys::CUpointer_attribute, what: &'static str) -> Result<i32> {
+    let mut value: std::ffi::c_int = -1;
+    // SAFETY: the callers pass attributes whose value is one int, written to `value`; a
+    // pointer the driver does not know is an error, not UB.
+    call(what, || unsafe { sys::cuPointerGetAttribute((&mut value as *mut std::ffi::c_int).cast(), attr, dptr) })?;
+    Ok(value)
 }
 
 /// Enqueue a device-to-device copy of `n` bytes on `stream` (a context of the devices
