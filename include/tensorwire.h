@@ -660,8 +660,10 @@ tw_result_e tw_peer_export_cuda(const tw_peer_t *peer,
 void tw_cuda_ipc_cache_stats(uint64_t *opens, uint64_t *open_handles);
 
 /*
- How many unused opened IPC handles the cache keeps open (default 16); 0 closes each
- handle as soon as its last import is released (a handle opened per message).
+ How many unused opened IPC handles the cache keeps open (default 0: each handle closes
+ as soon as its last import is released). An opt-in: only for producers that keep
+ exported memory allocated — CUDA calls an exporter's `cuMemFree` before the importer
+ closed the handle undefined behaviour.
  */
 void tw_cuda_ipc_cache_keep_warm(size_t n);
 

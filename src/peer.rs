@@ -290,22 +290,31 @@ impl Inner {
         (next, gone, live + waiting)
     }
 
-    /// Release deferred CUDA imports whose stream work completed (all of them if `all`);
-    /// returns how many still wait.
+    /// Release deferred CUDA imports whose stream work completed; with `all` (the peer is
+    /// gone or we are closing) release the rest's leases too, but keep their mappings
+    /// until their work completes ([`linger`]). Returns how many still wait.
     fn release_finished_imports(&self, all: bool) -> u64 {
-        let finished: Vec<_> = {
+        collect_lingering();
+        let (finished, unfinished): (Vec<_>, Vec<_>) = {
             let mut d = self.deferred.lock();
             if d.is_empty() {
                 return 0;
             }
             // A mark that cannot be queried (device error) releases too: holding the
             // lease forever would only leak the producer's memory.
-            let (done, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(m, _)| all || m.done().unwrap_or(true));
-            *d = wait;
-            done
+            let (done, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(m, _)| m.done().unwrap_or(true));
+            if all {
+                (done, wait)
+            } else {
+                *d = wait;
+                (done, Vec::new())
+            }
         };
         let waiting = self.deferred.lock().len() as u64;
         drop(finished);
+        for (mark, imp) in unfinished {
+            imp.linger(mark);
+        }
         waiting
     }
 
@@ -662,10 +671,16 @@ impl Peer {
         let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.map(crate::deadline::after);
-        let (id, _) = self.inner.exporter.lock().grant(None, nbytes, owner, deadline).map_err(|(e, owner)| {
-            drop(owner);
-            e
-        })?;
+        let granted = self.inner.exporter.lock().grant(None, nbytes, owner, deadline);
+        let id = match granted {
+            Ok((id, _)) => id,
+            Err((e, owner)) => {
+                // No message names the record: give its event slot back.
+                pool.cancel(slot, seq);
+                drop(owner);
+                return Err(e);
+            }
+        };
         let storage = StorageRef {
             // For VMM: the allocation's size (the fd does not carry it).
             segment_id: if vmm_fd.is_some() { exp.alloc_size } else { 0 },
@@ -685,6 +700,7 @@ impl Peer {
         payload[8..].copy_from_slice(desc.encode());
         let fds: Vec<BorrowedFd<'_>> = vmm_fd.iter().map(|f| f.as_fd()).collect();
         if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &fds) {
+            pool.cancel(slot, seq);
             let mut dead = Reclaimed::default();
             self.inner.exporter.lock().revoke(id, &mut dead);
             drop(_send);
@@ -789,11 +805,14 @@ impl Peer {
 
     fn import_cuda(&self, tag: u64, desc: TensorDesc, vmm_fd: Option<OwnedFd>) -> Result<CudaImported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
+        // Claim the producer's event record first: whatever fails below, the claim's drop
+        // acknowledges the record, so the producer's event slot is not left waiting.
+        let claim = self.inner.cuda_rx.lock().clone()
+            .ok_or_else(|| Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into()))
+            .and_then(|events| events.claim(desc.storage.event_slot, desc.storage.event_seq));
         self.check_live(lease)?;
         let opened = (|| {
-            let events = self.inner.cuda_rx.lock().clone().ok_or_else(|| {
-                Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into())
-            })?;
+            let claim = claim?;
             let device = i32::from(desc.device_index);
             let mapping = match vmm_fd {
                 // Mapped per message (a VMM fd has no cheap identity to cache by).
@@ -801,12 +820,12 @@ impl Peer {
                 None => CudaMemory::Ipc(crate::cuda::ipc::cache().open(device, desc.storage.cuda_ipc_handle)?),
             };
             crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
-            Ok((mapping, events))
+            Ok((mapping, claim))
         })();
         match opened {
-            Ok((mapping, events)) => {
+            Ok((mapping, claim)) => {
                 let held = HeldLease { inner: self.inner.clone(), lease, released: false };
-                Ok(CudaImported { held, mapping, events, desc, tag })
+                Ok(CudaImported { held, mapping, claim, desc, tag })
             }
             Err(e) => {
                 let _ = self.inner.import.release(lease);
@@ -1089,7 +1108,7 @@ impl Imported {
 pub struct CudaImported {
     held: HeldLease,
     mapping: CudaMemory,
-    events: Arc<crate::cuda::event::RemoteEvents>,
+    claim: crate::cuda::event::EventClaim,
     desc: TensorDesc,
     tag: u64,
 }
@@ -1148,9 +1167,11 @@ impl CudaImported {
         self.desc.storage.nbytes
     }
     /// Make `stream` wait for the producer's last write (its IPC event): stream order,
-    /// never a device-wide synchronize. Call once, before the first use on `stream`.
+    /// never a device-wide synchronize. Call before the first use on `stream`. The first
+    /// call waits on the producer's event and hands its slot back; a later call (another
+    /// stream) waits on a private event recorded on the first stream after its wait.
     pub fn wait_on(&self, stream: usize) -> Result<()> {
-        self.events.wait(self.desc.storage.event_slot, self.desc.storage.event_seq, stream)
+        self.claim.wait_on(stream)
     }
     /// Give the lease back once everything enqueued on `stream` so far has completed —
     /// without blocking: a mark is recorded on the stream and the connection's reaper
@@ -1168,4 +1189,33 @@ impl CudaImported {
     pub fn release(mut self) -> Result<()> {
         self.held.release()
     }
+
+    /// Release the lease now but keep the mapping until `mark` is reached: GPU work still
+    /// reading it must not find it unmapped (a fault there poisons this process's context).
+    fn linger(self, mark: crate::cuda::event::StreamMark) {
+        let CudaImported { held, mapping, claim, .. } = self;
+        drop(claim);
+        drop(held);
+        LINGERING.lock().push((mark, mapping));
+    }
+}
+
+/// Mappings of released CUDA imports whose readers on the GPU had not finished when their
+/// connection closed: unmapped by [`collect_lingering`] once their marks are reached (at
+/// every reaper pass of any connection of this process).
+static LINGERING: Mutex<Vec<(crate::cuda::event::StreamMark, CudaMemory)>> = Mutex::new(Vec::new());
+
+/// Unmap lingering mappings whose marks were reached (or can no longer be queried).
+fn collect_lingering() {
+    let done: Vec<_> = {
+        let mut l = LINGERING.lock();
+        if l.is_empty() {
+            return;
+        }
+        let (done, wait): (Vec<_>, Vec<_>) = l.drain(..).partition(|(m, _)| m.done().unwrap_or(true));
+        *l = wait;
+        done
+    };
+    // Unmapped outside the lock (driver calls).
+    drop(done);
 }

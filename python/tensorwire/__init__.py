@@ -234,8 +234,10 @@ def cuda_ipc_cache_stats() -> dict:
 
 
 def cuda_ipc_cache_keep_warm(n: int) -> None:
-    """How many unused opened handles stay open (default 16); 0 closes a handle as soon
-    as its last import is released (one open per message)."""
+    """How many unused opened handles stay open (default 0: a handle closes as soon as
+    its last import is released). An opt-in, for producers that keep exported memory
+    allocated (no ``torch.cuda.empty_cache()`` there): CUDA calls freeing exported memory
+    while an importer still has its handle open undefined behaviour."""
     ops.cuda_ipc_cache_keep_warm(n)
 
 

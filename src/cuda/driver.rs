@@ -134,19 +134,20 @@ pub fn current_device() -> Result<i32> {
 
 /// The device ordinal a device pointer belongs to.
 pub fn pointer_device(dptr: u64) -> Result<i32> {
-    int_pointer_attribute(dptr, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuPointerGetAttribute(DEVICE_ORDINAL)")
+    int_pointer_attribute(dptr, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuPointerGetAttribute(DEVICE_ORDINAL)", -1)
 }
 
 /// True if `dptr` lies in memory legacy IPC (`cuIpcGetMemHandle`) can share — false for
 /// VMM (`cuMemCreate`) memory such as PyTorch's expandable segments.
 pub fn is_legacy_ipc_capable(dptr: u64) -> Result<bool> {
     let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE;
-    Ok(int_pointer_attribute(dptr, attr, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)")? != 0)
+    // Starts at 0: the driver documents a boolean and may write fewer than 4 bytes.
+    Ok(int_pointer_attribute(dptr, attr, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)", 0)? != 0)
 }
 
-/// A pointer attribute whose value is one `int`.
-fn int_pointer_attribute(dptr: u64, attr: sys::CUpointer_attribute, what: &'static str) -> Result<i32> {
-    let mut value: std::ffi::c_int = -1;
+/// A pointer attribute whose value is one `int` (or a narrower boolean), starting from `init`.
+fn int_pointer_attribute(dptr: u64, attr: sys::CUpointer_attribute, what: &'static str, init: i32) -> Result<i32> {
+    let mut value: std::ffi::c_int = init;
     // SAFETY: the callers pass attributes whose value is one int, written to `value`; a
     // pointer the driver does not know is an error, not UB.
     call(what, || unsafe { sys::cuPointerGetAttribute((&mut value as *mut std::ffi::c_int).cast(), attr, dptr) })?;

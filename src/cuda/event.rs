@@ -9,6 +9,13 @@
 //! event's state when it is called, so after the acknowledgement a new record cannot
 //! change what the consumer's stream waits for.
 //!
+//! Every record is acknowledged exactly once, or given back: an import that fails, or is
+//! dropped without a wait, acknowledges its record ([`EventClaim`]'s drop); an export whose
+//! message never went out cancels its record ([`EventPool::cancel`]). Otherwise one lost
+//! acknowledgement would stall every export once the pool wrapped around to its slot. An
+//! import waits on the producer's event once; further streams wait on a private event
+//! recorded after that wait (the slot may be recorded again by then).
+//!
 //! The ack table is a sealed memfd the producer creates; a hostile consumer writing it can
 //! only break its own ordering (the producer treats any value as "maybe done" and never
 //! reads anything else from it).
@@ -145,14 +152,64 @@ impl Drop for IpcEventSet {
     }
 }
 
-/// The producer's pool.
-pub struct EventPool {
-    device: i32,
-    events: IpcEventSet,
+/// The producer's bookkeeping of its pool, apart from the driver (so it is tested without a
+/// GPU): the sequence each slot was last issued with, the next slot, and the consumer's
+/// ack table. A slot may be recorded again once the consumer acknowledged its last issue.
+struct Ledger {
     acks: Arc<Segment>,
     issued: Vec<u64>,
     next: usize,
     seq: u64,
+}
+
+impl Ledger {
+    fn new(acks: Arc<Segment>, slots: usize) -> Ledger {
+        Ledger { acks, issued: vec![0; slots], next: 0, seq: 0 }
+    }
+
+    /// Is the next slot free (its last issue acknowledged)?
+    fn next_free(&self) -> bool {
+        // Acquire: pairs with the consumer's Release store in `RemoteEvents::ack`: its
+        // stream wait on the slot's last record was enqueued before it acknowledged.
+        ack_word(&self.acks, self.next).load(Ordering::Acquire) >= self.issued[self.next]
+    }
+
+    /// Wait (at most `timeout`) until the next slot is free; returns it.
+    fn reserve(&self, timeout: Duration) -> Result<usize> {
+        let deadline = crate::deadline::after(timeout);
+        while !self.next_free() {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { what: "the consumer to finish with an IPC event slot", after: timeout });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(self.next)
+    }
+
+    /// The reserved slot was recorded: issue it under the next sequence number.
+    fn issue(&mut self, slot: usize) -> u64 {
+        self.seq += 1;
+        self.issued[slot] = self.seq;
+        self.next = (slot + 1) % self.issued.len();
+        self.seq
+    }
+
+    /// The record issued as (`slot`, `seq`) will never reach the consumer (the export
+    /// failed before its message went out): nobody will wait on it or acknowledge it, so
+    /// the slot is free again at once (its previous issue was acknowledged before it was
+    /// reserved).
+    fn cancel(&mut self, slot: usize, seq: u64) {
+        if self.issued.get(slot) == Some(&seq) {
+            self.issued[slot] = 0;
+        }
+    }
+}
+
+/// The producer's pool.
+pub struct EventPool {
+    device: i32,
+    events: IpcEventSet,
+    ledger: Ledger,
 }
 
 impl EventPool {
@@ -161,7 +218,7 @@ impl EventPool {
         let _ctx = ensure_context(device)?;
         let acks = Arc::new(Segment::create(POOL_SIZE * 8)?);
         let events = IpcEventSet::create(POOL_SIZE)?;
-        Ok(EventPool { device, events, acks, issued: vec![0; POOL_SIZE], next: 0, seq: 0 })
+        Ok(EventPool { device, events, ledger: Ledger::new(acks, POOL_SIZE) })
     }
 
     pub fn device(&self) -> i32 {
@@ -173,27 +230,24 @@ impl EventPool {
     }
     /// The ack table to send with them.
     pub fn acks(&self) -> &Arc<Segment> {
-        &self.acks
+        &self.ledger.acks
     }
 
     /// Record the next slot on `stream` (waiting up to `timeout` for the consumer to
-    /// acknowledge that slot's previous use). Returns (slot, sequence).
+    /// acknowledge that slot's previous use). Returns (slot, sequence). If the record
+    /// never reaches the consumer, the caller must [`cancel`](EventPool::cancel) it.
     pub fn record(&mut self, stream: usize, timeout: Duration) -> Result<(u32, u64)> {
-        let slot = self.next;
-        let deadline = crate::deadline::after(timeout);
-        // Acquire: pairs with the consumer's Release store in `RemoteEvents::wait`.
-        while ack_word(&self.acks, slot).load(Ordering::Acquire) < self.issued[slot] {
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout { what: "the consumer to finish with an IPC event slot", after: timeout });
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
-        self.seq += 1;
+        let slot = self.ledger.reserve(timeout)?;
         let _ctx = ensure_context(self.device)?;
         self.events.record(slot, stream)?;
-        self.issued[slot] = self.seq;
-        self.next = (slot + 1) % POOL_SIZE;
-        Ok((slot as u32, self.seq))
+        Ok((slot as u32, self.ledger.issue(slot)))
+    }
+
+    /// Give back a record whose message was never sent (a refused lease, a failed send):
+    /// otherwise its slot would wait for an acknowledgement that never comes, and every
+    /// export would time out once the pool wrapped around to it.
+    pub fn cancel(&mut self, slot: u32, seq: u64) {
+        self.ledger.cancel(slot as usize, seq);
     }
 }
 
@@ -218,14 +272,76 @@ impl RemoteEvents {
         Ok(RemoteEvents { device, events: IpcEventSet::open(handles)?, acks })
     }
 
-    /// Make `stream` wait for the producer's record `seq` in `slot`, then acknowledge it.
-    pub fn wait(&self, slot: u32, seq: u64, stream: usize) -> Result<()> {
-        let _ctx = ensure_context(self.device)?;
-        self.events.wait(stream, slot as usize)?;
-        // Release: pairs with the producer's Acquire load in `EventPool::record`; the wait
-        // above was enqueued before the slot may be recorded again.
+    /// Claim the producer's record `seq` in `slot` (named by a descriptor): it is waited on
+    /// at most once and acknowledged exactly once, also when it is never waited on.
+    pub fn claim(self: &Arc<Self>, slot: u32, seq: u64) -> Result<EventClaim> {
+        if slot as usize >= self.events.len() {
+            return Err(Error::InvalidDescriptor(format!(
+                "IPC event slot {slot} out of range ({} events)",
+                self.events.len()
+            )));
+        }
+        Ok(EventClaim { events: self.clone(), slot, seq, state: parking_lot::Mutex::new(ClaimState::Open) })
+    }
+
+    /// Tell the producer we will never wait on record `seq` of `slot` again (`slot` checked
+    /// by `claim`).
+    fn ack(&self, slot: u32, seq: u64) {
+        // Release: pairs with the producer's Acquire load in `Ledger::next_free`; a stream
+        // wait on the record, if any, was enqueued before, so a later record of the slot
+        // cannot change what that wait captured.
         ack_word(&self.acks, slot as usize).store(seq, Ordering::Release);
-        Ok(())
+    }
+}
+
+enum ClaimState {
+    /// Not waited on yet.
+    Open,
+    /// Waited on and acknowledged; the mark recorded on the first stream right after its
+    /// wait orders any further stream (None if that first wait or the mark failed).
+    Waited(Option<StreamMark>),
+}
+
+/// The consumer's claim on one record of the producer's pool (one import). The first
+/// [`wait_on`](EventClaim::wait_on) makes a stream wait for the producer's record and then
+/// acknowledges it; after that the producer may record the slot again, so a second stream
+/// waits on a private mark recorded on the first one instead. Dropped without a wait, the
+/// claim acknowledges the record, so the producer's slot never jams.
+pub struct EventClaim {
+    events: Arc<RemoteEvents>,
+    slot: u32,
+    seq: u64,
+    state: parking_lot::Mutex<ClaimState>,
+}
+
+impl EventClaim {
+    /// Make `stream` wait for the producer's write (a stream wait, never a device-wide
+    /// synchronize).
+    pub fn wait_on(&self, stream: usize) -> Result<()> {
+        let mut st = self.state.lock();
+        match &*st {
+            ClaimState::Waited(Some(mark)) => mark.order(stream),
+            ClaimState::Waited(None) => Err(Error::InvalidArgument(
+                "this CUDA import's first stream wait failed; it cannot order another stream".into(),
+            )),
+            ClaimState::Open => {
+                let device = self.events.device;
+                let waited = ensure_context(device).and_then(|_ctx| self.events.events.wait(stream, self.slot as usize));
+                // Acknowledged whatever happened: this claim never waits on the record again.
+                self.events.ack(self.slot, self.seq);
+                let mark = waited.as_ref().ok().and_then(|()| StreamMark::record(device, stream).ok());
+                *st = ClaimState::Waited(mark);
+                waited
+            }
+        }
+    }
+}
+
+impl Drop for EventClaim {
+    fn drop(&mut self) {
+        if matches!(*self.state.get_mut(), ClaimState::Open) {
+            self.events.ack(self.slot, self.seq);
+        }
     }
 }
 
@@ -259,6 +375,13 @@ impl StreamMark {
         let _ctx = ensure_context(self.device)?;
         query_event(self.ev as sys::CUevent)
     }
+
+    /// Make `stream` (of the mark's device) wait for the mark.
+    pub fn order(&self, stream: usize) -> Result<()> {
+        let _ctx = ensure_context(self.device)?;
+        // SAFETY: a live event of ours and the caller's stream.
+        call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, self.ev as sys::CUevent, 0) })
+    }
 }
 
 impl Drop for StreamMark {
@@ -266,5 +389,44 @@ impl Drop for StreamMark {
         let _ctx = ensure_context(self.device);
         // SAFETY: an event we created, destroyed once.
         let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(self.ev as sys::CUevent) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(acks: &Segment, slot: usize, seq: u64) {
+        ack_word(acks, slot).store(seq, Ordering::Release);
+    }
+
+    #[test]
+    fn a_slot_waits_for_its_acknowledgement_and_a_cancelled_issue_frees_it() {
+        let acks = Arc::new(Segment::create(2 * 8).unwrap());
+        let mut l = Ledger::new(acks.clone(), 2);
+        let short = Duration::from_millis(5);
+        let s0 = l.reserve(short).unwrap();
+        assert_eq!((s0, l.issue(s0)), (0, 1));
+        let s1 = l.reserve(short).unwrap();
+        assert_eq!((s1, l.issue(s1)), (1, 2));
+        // Slot 0 again: its issue 1 is not acknowledged yet.
+        let e = l.reserve(short).unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        ack(&acks, 0, 1);
+        assert_eq!(l.reserve(short).unwrap(), 0);
+        assert_eq!(l.issue(0), 3);
+        // Issue 3's message never went out: cancelling it frees slot 0 without an ack...
+        ack(&acks, 1, 2);
+        assert_eq!(l.reserve(short).unwrap(), 1);
+        assert_eq!(l.issue(1), 4);
+        l.cancel(0, 3);
+        assert_eq!(l.reserve(short).unwrap(), 0, "a cancelled issue must not jam its slot");
+        // ...but a cancel naming an older issue of the slot changes nothing.
+        assert_eq!(l.issue(0), 5);
+        l.cancel(0, 3);
+        ack(&acks, 1, 4);
+        assert_eq!(l.reserve(short).unwrap(), 1);
+        assert_eq!(l.issue(1), 6);
+        assert!(matches!(l.reserve(short), Err(Error::Timeout { .. })), "slot 0's issue 5 is still unacknowledged");
     }
 }

@@ -4,8 +4,14 @@
 //! `cuIpcGetMemHandle` names a whole allocation, so the export records the view's offset
 //! from the allocation base (`cuMemGetAddressRange`). Opening a handle costs about a
 //! millisecond and older drivers allow one open per process, so every import goes through
-//! [`HandleCache`]: each (device, handle) is opened once, ref-counted by live imports,
-//! kept open a while when unused (LRU, `keep_warm` entries) and closed after that.
+//! [`HandleCache`]: each (device, handle) is opened once while any import of it lives,
+//! ref-counted by live imports, and closed when the last one goes.
+//!
+//! Keeping unused handles open (`set_keep_warm(n)`, LRU) is an opt-in: CUDA documents
+//! that an exporter freeing the memory (`cuMemFree`) while an importer still has the
+//! handle open is undefined behaviour, and a producer's allocator may free a block once
+//! its lease ended (PyTorch's `empty_cache`). Turn it on only with producers that keep
+//! their exported blocks allocated (PyTorch's caching allocator, without `empty_cache`).
 
 use super::driver::{call, ensure_context};
 use crate::error::{Error, Result};
@@ -45,6 +51,8 @@ struct Entry {
     size: u64,
     refs: usize,
     last_use: u64,
+    /// May stay open unused (`keep_warm`); false once opened through `open_unwarmed`.
+    warm_ok: bool,
 }
 
 type Key = (i32, [u8; 64]);
@@ -89,7 +97,7 @@ pub fn cache() -> &'static HandleCache {
     static CACHE: OnceLock<HandleCache> = OnceLock::new();
     CACHE.get_or_init(|| HandleCache {
         map: Mutex::new(HashMap::new()),
-        keep_warm: AtomicU64::new(16),
+        keep_warm: AtomicU64::new(0),
         clock: AtomicU64::new(0),
         opens: AtomicU64::new(0),
     })
@@ -98,12 +106,26 @@ pub fn cache() -> &'static HandleCache {
 impl HandleCache {
     /// Open (or reuse) the allocation behind `handle` on `device`.
     pub fn open(&self, device: i32, handle: [u8; 64]) -> Result<IpcMapping> {
+        self.open_with(device, handle, true)
+    }
+
+    /// Like `open`, but the handle is closed as soon as its last import goes, whatever
+    /// `keep_warm` says (for memory the exporter frees on its own schedule, e.g. a GPU
+    /// ring's arena).
+    pub fn open_unwarmed(&self, device: i32, handle: [u8; 64]) -> Result<IpcMapping> {
+        self.open_with(device, handle, false)
+    }
+
+    fn open_with(&self, device: i32, handle: [u8; 64], warm_ok: bool) -> Result<IpcMapping> {
         let key = (device, handle);
+        // Relaxed: a process-private LRU clock; only its order of values matters, and the
+        // map's mutex orders the entries it stamps.
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let mut map = self.map.lock();
         if let Some(e) = map.get_mut(&key) {
             e.refs += 1;
             e.last_use = now;
+            e.warm_ok &= warm_ok;
             return Ok(IpcMapping { key, base: e.base, size: e.size });
         }
         let _ctx = ensure_context(device)?;
@@ -114,6 +136,7 @@ impl HandleCache {
         call("cuIpcOpenMemHandle", || unsafe {
             sys::cuIpcOpenMemHandle_v2(&mut base, h, sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32)
         })?;
+        // Relaxed: a statistics counter, read on its own.
         self.opens.fetch_add(1, Ordering::Relaxed);
         let (mut b2, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; `base` was just mapped.
@@ -122,7 +145,7 @@ impl HandleCache {
             let _ = call("cuIpcCloseMemHandle", || unsafe { sys::cuIpcCloseMemHandle(base) });
             return Err(e);
         }
-        map.insert(key, Entry { base, size: size as u64, refs: 1, last_use: now });
+        map.insert(key, Entry { base, size: size as u64, refs: 1, last_use: now, warm_ok });
         Ok(IpcMapping { key, base, size: size as u64 })
     }
 
@@ -134,14 +157,20 @@ impl HandleCache {
         self.trim(&mut map);
     }
 
-    /// Close the least recently used idle handles beyond `keep_warm`.
+    /// Close idle handles that may not stay warm, and the least recently used idle ones
+    /// beyond `keep_warm`.
     fn trim(&self, map: &mut HashMap<Key, Entry>) {
-        // Keep at most `keep_warm` unused handles open; close the least recently used.
+        // Relaxed: a setting read under the map's mutex; a racing `set_keep_warm` trims
+        // again itself.
         let keep = self.keep_warm.load(Ordering::Relaxed) as usize;
-        let mut idle: Vec<(u64, Key)> = map.iter().filter(|(_, e)| e.refs == 0).map(|(k, e)| (e.last_use, *k)).collect();
-        if idle.len() > keep {
+        let mut idle: Vec<(bool, u64, Key)> =
+            map.iter().filter(|(_, e)| e.refs == 0).map(|(k, e)| (e.warm_ok, e.last_use, *k)).collect();
+        let warm = idle.iter().filter(|(ok, ..)| *ok).count();
+        let close = idle.len() - warm.min(keep);
+        if close > 0 {
+            // Not-warmable first (false < true), then oldest first.
             idle.sort();
-            for (_, k) in idle.iter().take(idle.len() - keep) {
+            for (_, _, k) in idle.iter().take(close) {
                 if let Some(e) = map.remove(k) {
                     let _ctx = ensure_context(k.0);
                     // SAFETY: the base came from cuIpcOpenMemHandle and has no users left.
@@ -151,14 +180,17 @@ impl HandleCache {
         }
     }
 
-    /// Keep at most `n` unused handles open (0: close each when its last import goes).
+    /// Keep at most `n` unused handles open (0, the default: close each when its last
+    /// import goes). See the module's note before raising it.
     pub fn set_keep_warm(&self, n: usize) {
+        // Relaxed: a setting; `trim` below and every later release read it under the map's mutex.
         self.keep_warm.store(n as u64, Ordering::Relaxed);
         self.trim(&mut self.map.lock());
     }
 
     /// How many times this process called `cuIpcOpenMemHandle`.
     pub fn opens(&self) -> u64 {
+        // Relaxed: a statistics counter.
         self.opens.load(Ordering::Relaxed)
     }
 
@@ -176,5 +208,49 @@ pub fn check_range(offset: u64, nbytes: u64, size: u64) -> Result<()> {
         _ => Err(Error::InvalidDescriptor(format!(
             "CUDA allocation too small: descriptor needs {nbytes} bytes at offset {offset}, allocation has {size}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_with(entries: &[(u8, usize, u64, bool)], keep: u64) -> HandleCache {
+        let c = HandleCache {
+            map: Mutex::new(HashMap::new()),
+            keep_warm: AtomicU64::new(keep),
+            clock: AtomicU64::new(0),
+            opens: AtomicU64::new(0),
+        };
+        for &(id, refs, last_use, warm_ok) in entries {
+            c.map.lock().insert((0, [id; 64]), Entry { base: 0, size: 0, refs, last_use, warm_ok });
+        }
+        c
+    }
+
+    fn open_ids(c: &HandleCache) -> Vec<u8> {
+        let mut v: Vec<u8> = c.map.lock().keys().map(|k| k.1[0]).collect();
+        v.sort();
+        v
+    }
+
+    // No driver is needed: closing a handle without one fails quietly, and the entry goes
+    // either way (which is what these tests look at).
+    #[test]
+    fn idle_handles_close_unless_kept_warm_least_recently_used_first() {
+        // (id, refs, last_use, warm_ok)
+        let entries = [(1, 0, 5, true), (2, 0, 1, true), (3, 1, 0, true), (4, 0, 9, true), (5, 0, 7, false)];
+        let c = cache_with(&entries, 0);
+        c.trim(&mut c.map.lock());
+        assert_eq!(open_ids(&c), [3], "keep_warm 0: only the handle in use stays open");
+
+        let c = cache_with(&entries, 2);
+        c.trim(&mut c.map.lock());
+        assert_eq!(open_ids(&c), [1, 3, 4], "keep_warm 2: the two most recently used warmable idle handles stay");
+
+        let c = cache_with(&entries, 16);
+        c.trim(&mut c.map.lock());
+        assert_eq!(open_ids(&c), [1, 2, 3, 4], "an unwarmable idle handle (a ring arena) closes whatever keep_warm says");
+        assert_eq!(c.stats(), (4, 1));
     }
 }

@@ -77,10 +77,13 @@ const BELL_OFF: usize = 64;
 const STATE_OFF: usize = 128;
 const HANDLES_OFF: usize = 256;
 /// Consumer state: 0 not yet opened; opened, read events published; could not open;
-/// broken (it found a bad record or lost a message part-way and frees nothing more).
+/// broken (it found a bad record or lost a message part-way and frees nothing more);
+/// closed (its copies out finished, or it stopped waiting for them; it is about to destroy
+/// its read events and close the arena: the producer must not touch those events again).
 const STATE_READY: u32 = 1;
 const STATE_REFUSED: u32 = 2;
 const STATE_BROKEN: u32 = 3;
+const STATE_CLOSED: u32 = 4;
 
 fn ctrl_bytes(slots: u32) -> usize {
     HANDLES_OFF + slots as usize * 64
@@ -320,12 +323,12 @@ impl CudaRingSender {
         (s.encode(), [self.ctrl.seg.fd(), self.descs_seg.fd()])
     }
 
-    /// True once the consumer reported that it cannot open the ring or that it broke: it
-    /// frees no slot any more.
+    /// True once the consumer reported that it cannot open the ring, that it broke, or that
+    /// it closed: it frees no slot any more.
     fn refused(&self) -> bool {
-        // Acquire: pairs with the consumer's Release stores in `CudaRingReceiver::refuse`
-        // and `CudaRingReceiver::mark_broken`.
-        matches!(self.ctrl.state().load(Ordering::Acquire), STATE_REFUSED | STATE_BROKEN)
+        // Acquire: pairs with the consumer's Release stores in `CudaRingReceiver::refuse`,
+        // `mark_broken` and its drop (CLOSED).
+        matches!(self.ctrl.state().load(Ordering::Acquire), STATE_REFUSED | STATE_BROKEN | STATE_CLOSED)
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -333,10 +336,15 @@ impl CudaRingSender {
             return Err(Error::Protocol(format!("GPU ring broken earlier: {m}")));
         }
         // Acquire: as in `refused`.
-        if self.ctrl.state().load(Ordering::Acquire) == STATE_BROKEN {
-            return Err(Error::Protocol(
-                "GPU ring broken: the consumer reported it (a bad record, or a message cut off part-way)".into(),
-            ));
+        match self.ctrl.state().load(Ordering::Acquire) {
+            STATE_BROKEN => {
+                return Err(Error::Protocol(
+                    "GPU ring broken: the consumer reported it (a bad record, or a message cut off part-way)".into(),
+                ));
+            }
+            // Its read events are destroyed: waiting on them now would be undefined.
+            STATE_CLOSED => return Err(Error::peer_gone("the consumer closed its end of the GPU ring")),
+            _ => {}
         }
         if self.refused() {
             return Err(Error::CudaUnavailable(
@@ -457,7 +465,12 @@ impl CudaRingSender {
         self.written.wait(stream, slot)?;
         let dst = self.arena.ptr() + slot as u64 * self.cfg.slot_bytes;
         memcpy_dtod_async(dst, src + c.offset, c.len, stream)?;
-        self.written.record(slot, stream)?;
+        if let Err(e) = self.written.record(slot, stream) {
+            // A copy into the slot is queued that no event covers: a later copy (another
+            // stream) could race it, so nothing more may go through.
+            self.broken.get_or_insert_with(|| format!("recording the slot's event after a copy failed: {e}"));
+            return Err(e);
+        }
         let rec = c.encode(desc);
         self.descs.send_many(&[RingItem::bytes(tag, &rec)], wait, gone)?;
         self.seq += 1;
@@ -478,8 +491,9 @@ impl CudaRingSender {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        // Acquire: as in `refused`. A consumer that refused never opened the arena.
-        if self.seq == 0 || gone() || self.ctrl.state().load(Ordering::Acquire) == STATE_REFUSED {
+        // Acquire: as in `refused`. A consumer that refused never opened the arena; one that
+        // closed finished (or gave up on) its copies and destroys its read events.
+        if self.seq == 0 || gone() || matches!(self.ctrl.state().load(Ordering::Acquire), STATE_REFUSED | STATE_CLOSED) {
             return;
         }
         let Ok(_ctx) = ensure_context(self.cfg.device) else { return };
@@ -610,7 +624,9 @@ impl CudaRingReceiver {
         let descs = RingReceiver::new(RingShared::open(desc_ring, setup.desc_ring_bytes, max_desc_ring)?, 64 << 10);
         super::driver::init()?;
         let _ctx = ensure_context(cfg.device)?;
-        let arena = ipc::cache().open(cfg.device, setup.arena)?;
+        // Never kept warm in the handle cache: the producer frees the arena when its sender
+        // goes, and a handle still open then is undefined behaviour.
+        let arena = ipc::cache().open_unwarmed(cfg.device, setup.arena)?;
         ipc::check_range(0, cfg.arena_bytes(), arena.size())
             .map_err(|_| Error::Protocol(format!("GPU ring arena of {} bytes is smaller than {} slots of {}", arena.size(), cfg.slots, cfg.slot_bytes)))?;
         let written = IpcEventSet::open(&setup.written)?;
@@ -780,13 +796,18 @@ impl Drop for CudaRingReceiver {
         // Copies out of the arena may still be running on the callers' streams; the arena
         // mapping (closed when the last import of its handle goes) must outlive them.
         // Bounded, and never a device-wide synchronize.
-        let Ok(_ctx) = ensure_context(self.cfg.device) else { return };
-        let deadline = Instant::now() + Duration::from_secs(1);
-        for i in 0..self.read.len() {
-            while matches!(self.read.query(i), Ok(false)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_micros(200));
+        if let Ok(_ctx) = ensure_context(self.cfg.device) {
+            let deadline = Instant::now() + Duration::from_secs(1);
+            for i in 0..self.read.len() {
+                while matches!(self.read.query(i), Ok(false)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
             }
         }
+        // Before the fields drop (read events destroyed, arena closed): the producer must
+        // not wait on our read events any more. Release: pairs with the producer's Acquire
+        // loads in `refused`/`check_usable`/`drain`.
+        self.ctrl.state().store(STATE_CLOSED, Ordering::Release);
     }
 }
 

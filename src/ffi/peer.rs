@@ -504,8 +504,10 @@ pub unsafe extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: 
     })
 }
 
-/// How many unused opened IPC handles the cache keeps open (default 16); 0 closes each
-/// handle as soon as its last import is released (a handle opened per message).
+/// How many unused opened IPC handles the cache keeps open (default 0: each handle closes
+/// as soon as its last import is released). An opt-in: only for producers that keep
+/// exported memory allocated — CUDA calls an exporter's `cuMemFree` before the importer
+/// closed the handle undefined behaviour.
 #[unsafe(no_mangle)]
 pub extern "C" fn tw_cuda_ipc_cache_keep_warm(n: usize) {
     quiet((), || crate::cuda::ipc::cache().set_keep_warm(n))
