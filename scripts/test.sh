@@ -14,6 +14,16 @@ trap 'rm -f "$log"' EXIT
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Disk: the whole run needs about 10 GiB here (PyTorch's CUDA wheels are ~5.5 GiB of it).
+# Say so up front: a full disk otherwise shows up as a confusing failure half-way through.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+echo "disk: $((free_kib / 1048576)) GiB free under $root"
+if [ "${free_kib:-0}" -lt $((10 * 1048576)) ]; then
+  echo "WARNING: less than 10 GiB free; the PyTorch install (about 5.5 GiB) may fail with 'No space left on device'" >&2
+fi
+# No incremental artefacts: a one-shot build does not reuse them (saves ~350 MiB).
+export CARGO_INCREMENTAL=0
+
 step "build (debug, all targets)"
 cargo build --all-targets --locked 2>&1 | tail -n 3
 
@@ -28,6 +38,7 @@ cargo test --locked 2>&1 | tee -a "$log"
 
 step "loom models (--cfg loom)"
 RUSTFLAGS="--cfg loom" cargo test --release --locked --test loom --test loom_ring --target-dir target-loom 2>&1 | tee -a "$log"
+if [ "${CI:-}" = true ]; then rm -rf target-loom; fi   # only this step uses it (~0.5 GiB); kept for local reruns
 
 step "C ABI: CMake build, C tests under valgrind (ctest), install + find_package consumer"
 if ! command -v cmake >/dev/null; then
