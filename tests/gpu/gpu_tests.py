@@ -15,15 +15,23 @@ device every test is reported SKIPPED and the exit status is 2 (never a silent p
                      synchronize: the consumer still reads its result (IPC event wait)
   sigkill            leases held by a consumer that is SIGKILLed are reclaimed, and the
                      storages' reference counts return to what they were
-  handle_cache       sending one tensor many times opens its IPC handle once; with
-                     keep_warm(0) once per message (cuda_ipc_cache_stats in the consumer)
+  handle_cache       the consumer's IPC handle cache (cuda_ipc_cache_stats; each release
+                     flushed by a stream synchronize + stats()): at keep_warm(16) one tensor
+                     sent many times opens its handle once; at keep_warm(0) (the default)
+                     once per message, leaving no handle open; and even at keep_warm(0) a
+                     message of an allocation whose import is still alive reuses its handle
   gpu_ring           the GPU bounce ring (ring_send / cuda_ring_recv, 64 KiB slots): every
                      dtype and view arrives as the packed bytes of the view; a 3 MiB tensor
                      goes through in 48 chunks (the 4 slots wrap 12 times); ordering by a
-                     GPU sleep + fill right before ring_send, no synchronize
+                     GPU sleep + fill right before ring_send, no synchronize; the consumer
+                     opens one IPC handle (the arena, at connection setup), none per message
   vmm                a producer whose allocator uses expandable segments (VMM memory, which
                      legacy IPC cannot share): send exports by fd, the consumer reads the
-                     values and its in-place write is seen by the producer (zero-copy)
+                     values and its in-place write is seen by the producer (zero-copy), and
+                     its IPC handle cache opened nothing (not legacy IPC by accident)
+
+A test that cannot run on this machine prints a line starting with "SKIPPED <name>:"
+(scripts/gpu_test.sh greps for those).
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ REPORT = 999_997         # control message: reply with the child's IPC cache sta
 RING_ECHO = 999_996      # control message: payload n: echo the next n GPU ring messages
 RING_MINMAX = 999_995    # control message: payload n: min/max of the next n GPU ring messages
 VMM_NO_FD = 999_994      # from the VMM producer: its allocator's memory cannot be exported by fd
+HOLD = 999_993           # control message to the child: keep the next tensor alive (until DROP_HELD)
+DROP_HELD = 999_992      # control message: drop the held tensors and flush their release
 
 DTYPES = [
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
@@ -76,8 +86,19 @@ def ack(conn, tag, values=(0,)):
 
 # --- the consumer process ----------------------------------------------------------------
 
+def flush_releases(conn):
+    """Release this process's dropped CUDA imports now: their deleters recorded a mark on
+    the current stream (released by the reaper once reached); after a synchronize the
+    marks are reached, and stats() runs a reap pass that releases them (and closes their
+    IPC handles if the cache does not keep them)."""
+    torch.cuda.current_stream().synchronize()
+    conn.stats()
+
+
 def child_main(mode, fd):
     conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    held = []  # tensors kept alive on HOLD
+    hold_next = False
     while True:
         t, tag = conn.recv(timeout=120, with_tag=True)
         if tag == STOP:
@@ -91,6 +112,23 @@ def child_main(mode, fd):
             del t
             s = tensorwire.cuda_ipc_cache_stats()
             ack(conn, tag, [s["opens"], s["open_handles"]])
+            continue
+        if tag == HOLD:
+            del t
+            hold_next = True
+            ack(conn, tag)
+            continue
+        if tag == DROP_HELD:
+            del t
+            held.clear()
+            flush_releases(conn)
+            ack(conn, tag)
+            continue
+        if hold_next:
+            hold_next = False
+            held.append(t)
+            del t
+            ack(conn, tag)
             continue
         if tag in (RING_ECHO, RING_MINMAX):
             for _ in range(int(t.item())):
@@ -134,6 +172,7 @@ def child_main(mode, fd):
                 time.sleep(60)
         elif mode == "drop":
             del t
+            flush_releases(conn)  # released (and its handle closed if not kept warm) before the ack
             ack(conn, tag)
         elif mode == "vmm_check":
             # The producer's values arrived; write -1 into its memory and report.
@@ -332,28 +371,62 @@ def test_sigkill():
 
 
 def test_handle_cache():
-    c = Child("drop")
+    c = Child("drop")  # the child drops each tensor and flushes its release before acking
     try:
-        t = torch.ones(1 << 20, device="cuda")
-        opens0, _ = c.control(REPORT)
+        t = torch.ones(1 << 20, device="cuda")  # 4 MiB: one allocation, one IPC handle
         k = 50
-        for i in range(k):
-            c.conn.send(t, i + 1)
-            c.recv(i + 1)
-        opens, open_handles = c.control(REPORT)
-        check(opens - opens0 == 1, f"cached: {opens - opens0} cuIpcOpenMemHandle calls for {k} messages, expected 1")
-        check(open_handles >= 1, f"cached: the handle should stay open (warm), {open_handles} open")
-        # keep_warm(0) takes effect at the next release: the first message below still finds
-        # the warm handle, its release closes it, and every later message opens it again.
+
+        def send_k():
+            for i in range(k):
+                c.conn.send(t, i + 1)
+                c.recv(i + 1)
+
+        # keep_warm(16): the handle stays open between messages, opened once for all k.
+        c.control(SET_KEEP_WARM, 16)
+        opens0, _ = c.control(REPORT)
+        send_k()
+        opens1, open_handles = c.control(REPORT)
+        check(opens1 - opens0 == 1,
+              f"keep_warm(16): {opens1 - opens0} cuIpcOpenMemHandle calls for {k} messages of one tensor, expected 1")
+        check(open_handles == 1,
+              f"keep_warm(16): {open_handles} handle(s) open after the releases, expected 1 (kept warm)")
+
+        # keep_warm(0) (the default; set explicitly): setting it closes the idle warm
+        # handle at once, and every message opens the handle and its release closes it.
         c.control(SET_KEEP_WARM, 0)
-        for i in range(k):
-            c.conn.send(t, i + 1)
-            c.recv(i + 1)
         opens2, open_handles = c.control(REPORT)
-        check(opens2 - opens == k - 1, f"keep_warm(0): {opens2 - opens} opens for {k} messages, expected {k - 1}")
-        check(open_handles == 0, f"keep_warm(0): {open_handles} handle(s) still open")
+        check(open_handles == 0, f"keep_warm(0): {open_handles} idle handle(s) still open right after setting it")
+        send_k()
+        opens3, open_handles = c.control(REPORT)
+        check(opens3 - opens2 == k, f"keep_warm(0): {opens3 - opens2} opens for {k} messages, expected {k}")
+        check(open_handles == 0, f"keep_warm(0): {open_handles} handle(s) still open after every import was released")
+
+        # Ref-counted even at keep_warm(0): while one import of the allocation is alive, a
+        # second message of it reuses the open handle.
+        c.control(HOLD)
+        c.conn.send(t, 1)       # held by the child
+        c.recv(1)
+        opens4, open_handles = c.control(REPORT)
+        check(opens4 - opens3 == 1 and open_handles == 1,
+              f"held import: {opens4 - opens3} open(s), {open_handles} handle(s) open; expected 1 and 1")
+        c.conn.send(t[1:], 2)   # another view of the same allocation, dropped (and flushed)
+        c.recv(2)
+        opens5, open_handles = c.control(REPORT)
+        check(opens5 == opens4,
+              f"keep_warm(0), import alive: a second message of the allocation opened {opens5 - opens4} handle(s), "
+              "expected 0 (reuse of the open handle)")
+        check(open_handles == 1, f"keep_warm(0), import alive: {open_handles} handle(s) open after the second "
+              "message's release, expected 1 (the held import's)")
+        c.control(DROP_HELD)
+        opens6, open_handles = c.control(REPORT)
+        check(open_handles == 0 and opens6 == opens5,
+              f"keep_warm(0): after the held import's release {open_handles} handle(s) open (expected 0), "
+              f"{opens6 - opens5} new open(s) (expected 0)")
+        s = wait_stats(c.conn, lambda s: s["live_leases"] == 0)
+        check(s["live_leases"] == 0 and s["granted"] == s["released"], f"producer's leases not all released: {s}")
         c.finish()
-        return f"cached: 1 open for {k} messages; keep_warm(0): {k - 1} opens for the next {k}"
+        return (f"keep_warm(16): 1 open for {k} messages; keep_warm(0): {k} opens for {k} messages, 0 left open; "
+                "a message while an import lives: 0 opens")
     finally:
         c.kill()
 
@@ -369,6 +442,12 @@ def test_gpu_ring():
             base = random_cuda((6, 8), dtype)
             cases += [(f"{dtype} {name}", t) for name, t in views_of(base).items()]
         cases.append(("3 MiB in 48 chunks", random_cuda((3 << 20,), torch.uint8)))
+        # The consumer opened the producer's arena once, at connection setup (the
+        # handshake has completed when the child answers).
+        opens0, open_handles0 = c.control(REPORT)
+        check(opens0 == 1 and open_handles0 == 1,
+              f"consumer after connection setup: {opens0} cuIpcOpenMemHandle call(s), {open_handles0} handle(s) open; "
+              "expected 1 and 1 (the ring's arena)")
         c.conn.send(tensorwire.to_shared(torch.tensor([len(cases)])), RING_ECHO)
         for tag, (what, t) in enumerate(cases, 1):
             c.conn.ring_send(t, tag)  # no synchronize
@@ -392,8 +471,16 @@ def test_gpu_ring():
             check(busy, "the fill finished before ring_send returned: sleep too short to prove ordering")
             lo, hi = c.recv(i).tolist()
             check(lo == hi == float(i), f"ordering round {i}: consumer read min {lo}, max {hi}")
+        opens1, open_handles1 = c.control(REPORT)
+        n = len(cases) + 3
+        check(opens1 == opens0,
+              f"consumer: {opens1 - opens0} cuIpcOpenMemHandle call(s) during {n} GPU ring messages, expected 0 "
+              "(the arena is opened once, at connection setup)")
+        check(open_handles1 == open_handles0, f"consumer: {open_handles1} handle(s) open after the ring traffic, "
+              f"{open_handles0} before")
         c.finish()
-        return f"{len(cases)} tensors echoed, 3 ordering rounds of 4 MiB in 64 chunks"
+        return (f"{len(cases)} tensors echoed, 3 ordering rounds of 4 MiB in 64 chunks; consumer opens: "
+                f"{opens0} at setup, +{opens1 - opens0} over {n} messages")
     finally:
         c.kill()
 
@@ -401,11 +488,15 @@ def test_gpu_ring():
 def test_vmm():
     # The producer is the child (its allocator must be configured before CUDA starts).
     parent_fd, child_fd = tensorwire.socketpair()
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    # Both names (PYTORCH_ALLOC_CONF is the newer one; scripts/gpu_test.sh sets both to
+    # expandable_segments:False for everything else).
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+               PYTORCH_ALLOC_CONF="expandable_segments:True")
     proc = subprocess.Popen([sys.executable, __file__, "--vmm-producer", str(child_fd)], pass_fds=[child_fd], env=env)
     os.close(child_fd)
     conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
     try:
+        opens0 = tensorwire.cuda_ipc_cache_stats()["opens"]
         t, tag = conn.recv(timeout=120, with_tag=True)
         if tag == VMM_NO_FD:
             proc.wait(timeout=120)
@@ -416,11 +507,17 @@ def test_vmm():
         t[0] = -1
         torch.cuda.synchronize()
         del t
+        flush_releases(conn)
+        opens1 = tensorwire.cuda_ipc_cache_stats()["opens"]
+        # VMM memory is mapped from the allocation's fd and never touches the IPC handle
+        # cache: an open here means the tensor came through legacy IPC (not VMM memory).
+        check(opens1 == opens0, f"the import opened {opens1 - opens0} IPC handle(s): it came through legacy "
+              "cudaIpc, not a VMM export by fd (is the producer's allocator using expandable segments?)")
         ack(conn, tag)
         verdict = conn.recv(timeout=120).tolist()
         check(verdict == [1], f"producer did not see the consumer's write: {verdict}")
         check(proc.wait(timeout=120) == 0, "producer failed")
-        return "expandable-segments tensor shared by fd, zero-copy"
+        return "expandable-segments tensor shared by fd (no IPC handle opened), zero-copy"
     finally:
         if proc.poll() is None:
             proc.kill()
