@@ -157,13 +157,15 @@ def bench_tensorwire(iters):
     for size in SIZES:
         t = torch.ones(size, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
+        # Before RING: from then on the child reads the GPU ring, not the socket, until it
+        # has received all WARMUP + iters messages (a REPORT sent later would wait forever).
+        before = child_opens()
         conn.send(tensorwire.to_shared(torch.tensor([WARMUP + iters])), RING)
 
         def ring_go(i, t=t):
             conn.ring_send(t, i)
             conn.recv()
 
-        before = child_opens()
         out[("GPU ring", size)] = timed(iters, ring_go)
         opens[("GPU ring", size)] = child_opens() - before
     conn.send(tensorwire.zeros(1), STOP)

@@ -338,7 +338,8 @@ fn reaper(inner: Arc<Inner>) {
             return;
         }
         let (next, gone, live) = inner.reap_once();
-        if gone {
+        // A gone peer's reaper stays while CUDA mappings linger (its pass collects them).
+        if gone && LINGERING.lock().is_empty() {
             return;
         }
         quiet = if live > 0 { 0 } else { quiet.saturating_add(1) };
@@ -649,8 +650,8 @@ impl Peer {
         })?;
         let device = u8::try_from(exp.device).map_err(|_| Error::InvalidArgument(format!("device {} out of range", exp.device)))?;
         let _send = self.inner.send_lock.lock();
-        let mut pool = self.inner.cuda_tx.lock();
-        if pool.is_none() {
+        let mut pool_guard = self.inner.cuda_tx.lock();
+        if pool_guard.is_none() {
             let p = EventPool::new(exp.device)?;
             let mut payload = exp.device.to_le_bytes().to_vec();
             payload.extend_from_slice(&(p.handles().len() as u32).to_le_bytes());
@@ -658,9 +659,9 @@ impl Peer {
                 payload.extend_from_slice(h);
             }
             self.inner.conn.send(KIND_CUDA_EVENTS, &payload, &[p.acks().fd()])?;
-            *pool = Some(p);
+            *pool_guard = Some(p);
         }
-        let pool = pool.as_mut().expect("created above");
+        let pool = pool_guard.as_mut().expect("created above");
         if pool.device() != exp.device {
             return Err(Error::InvalidArgument(format!(
                 "this connection exports CUDA memory of device {}; device {} needs its own connection",
@@ -677,6 +678,9 @@ impl Peer {
             Err((e, owner)) => {
                 // No message names the record: give its event slot back.
                 pool.cancel(slot, seq);
+                // Owners run arbitrary drop code (a C callback): never under our locks.
+                drop(pool_guard);
+                drop(_send);
                 drop(owner);
                 return Err(e);
             }
@@ -703,6 +707,7 @@ impl Peer {
             pool.cancel(slot, seq);
             let mut dead = Reclaimed::default();
             self.inner.exporter.lock().revoke(id, &mut dead);
+            drop(pool_guard);
             drop(_send);
             dead.settle(&self.inner.exporter);
             return Err(e);
@@ -775,8 +780,14 @@ impl Peer {
         let handles: Vec<[u8; 64]> = p[8..].chunks(64).map(|c| c.try_into().unwrap()).collect();
         let acks = Segment::from_fd(msg.fds.pop().expect("checked"), n * 8)?;
         let ev = crate::cuda::event::RemoteEvents::open(device, &handles, acks)?;
+        // Kept even when the events cannot be opened here: its ack table still hands the
+        // producer's event slots back as our imports fail, so its exports do not jam.
+        let unusable = ev.usable().err().map(|why| format!("the producer's IPC events could not be opened here: {why}"));
         *self.inner.cuda_rx.lock() = Some(Arc::new(ev));
-        Ok(())
+        match unusable {
+            Some(m) => Err(Error::CudaUnavailable(m)),
+            None => Ok(()),
+        }
     }
 
     /// Check the message's shape, copy and validate its descriptor once, then take the
@@ -1006,9 +1017,15 @@ impl Drop for Peer {
         unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.inner.conn.socket()), libc::SHUT_RDWR) };
         self.inner.reap_once();
         self.inner.import_segments.lock().clear();
-        // Deferred CUDA imports hold `inner` (a cycle): release them with the connection.
-        let deferred = std::mem::take(&mut *self.inner.deferred.lock());
-        drop(deferred);
+        // Deferred CUDA imports hold `inner` (a cycle): release them with the connection
+        // (`stop` is set, so `release_after` defers nothing more); mappings whose readers
+        // are still running linger until they finish — waited for here, bounded, since
+        // this connection's reaper no longer collects them.
+        self.inner.release_finished_imports(true);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !collect_lingering() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -1179,7 +1196,17 @@ impl CudaImported {
     pub fn release_after(self, stream: usize) -> Result<()> {
         let mark = crate::cuda::event::StreamMark::record(self.device(), stream)?;
         let inner = self.held.inner.clone();
-        inner.deferred.lock().push((mark, self));
+        let mut deferred = inner.deferred.lock();
+        // Checked under the lock `Peer::drop`'s last pass takes: after that pass nobody
+        // would release a deferred import (and it would keep `inner` alive for good).
+        // Acquire: pairs with the Release store of `stop` in `Peer::drop`.
+        if inner.stop.load(Ordering::Acquire) || inner.conn.is_peer_gone() {
+            drop(deferred);
+            self.linger(mark);
+            return Ok(());
+        }
+        deferred.push((mark, self));
+        drop(deferred);
         inner.wake_idle_reaper();
         Ok(())
     }
@@ -1206,11 +1233,12 @@ impl CudaImported {
 static LINGERING: Mutex<Vec<(crate::cuda::event::StreamMark, CudaMemory)>> = Mutex::new(Vec::new());
 
 /// Unmap lingering mappings whose marks were reached (or can no longer be queried).
-fn collect_lingering() {
+/// True when none lingers any more.
+fn collect_lingering() -> bool {
     let done: Vec<_> = {
         let mut l = LINGERING.lock();
         if l.is_empty() {
-            return;
+            return true;
         }
         let (done, wait): (Vec<_>, Vec<_>) = l.drain(..).partition(|(m, _)| m.done().unwrap_or(true));
         *l = wait;
@@ -1218,4 +1246,5 @@ fn collect_lingering() {
     };
     // Unmapped outside the lock (driver calls).
     drop(done);
+    LINGERING.lock().is_empty()
 }

@@ -46,8 +46,26 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     unavailable(ipc::export_pointer(0x7000_0000).unwrap_err());
     unavailable(ipc::cache().open(0, [1; 64]).err().unwrap());
     unavailable(event::EventPool::new(0).err().unwrap());
+    // The producer's events cannot be opened here: an ack-only view, so imports that fail
+    // still hand the producer's event slots back (else its pool would jam).
     let acks = tensorwire::Segment::create(4096).unwrap();
-    unavailable(event::RemoteEvents::open(0, &[[0; 64]], acks).err().unwrap());
+    let producer_view = tensorwire::Segment::from_fd(acks.fd().try_clone_to_owned().unwrap(), 16).unwrap();
+    let events = std::sync::Arc::new(event::RemoteEvents::open(0, &[[0; 64], [0; 64]], acks).unwrap());
+    assert!(events.usable().unwrap_err().contains("no NVIDIA driver"), "{:?}", events.usable());
+    let e = events.claim(2, 1).err().unwrap();
+    assert!(matches!(e, Error::InvalidDescriptor(_)) && e.to_string().contains("slot 2 out of range (2 events)"), "{e}");
+    let claim = events.claim(1, 7).unwrap();
+    unavailable(claim.wait_on(0).unwrap_err());
+    let ack = |slot: usize| {
+        let mut w = [0u8; 8];
+        producer_view.read_at(slot * 8, &mut w).unwrap();
+        u64::from_le_bytes(w)
+    };
+    assert_eq!(ack(1), 0, "a wait that was not enqueued must not acknowledge");
+    drop(claim);
+    assert_eq!(ack(1), 7, "a claim dropped without a wait acknowledges its record");
+    let e = event::RemoteEvents::open(0, &[[0; 64]; 3], tensorwire::Segment::create(16).unwrap()).err().unwrap();
+    assert!(matches!(e, Error::Protocol(_)), "an ack table too small for the events is refused: {e}");
     unavailable(vmm::VmmAllocation::create(0, 1 << 20).err().unwrap());
     let seg = tensorwire::Segment::create(4096).unwrap();
     let fd = seg.fd().try_clone_to_owned().unwrap();

@@ -52,6 +52,12 @@ fn query_event(ev: sys::CUevent) -> Result<bool> {
     Ok(ready)
 }
 
+/// Make `stream` wait for `ev`'s most recent record (a context of their device current).
+fn stream_wait(stream: usize, ev: sys::CUevent) -> Result<()> {
+    // SAFETY: the callers pass a live event they own or opened and their stream handle.
+    call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev, 0) })
+}
+
 /// Interprocess events (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here
 /// with handles to export, or opened from a peer's handles. Destroyed on drop (an opened
 /// IPC event is released with `cuEventDestroy` as well, in a context of the events'
@@ -126,9 +132,7 @@ impl IpcEventSet {
     /// Make `stream` wait for event `i`'s most recent record (a stream wait, never a
     /// device-wide synchronize).
     pub fn wait(&self, stream: usize, i: usize) -> Result<()> {
-        let ev = self.event(i)?;
-        // SAFETY: a live event of this set and the caller's stream handle.
-        call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev, 0) })
+        stream_wait(stream, self.event(i)?)
     }
 }
 
@@ -254,12 +258,18 @@ impl EventPool {
 /// The consumer's view of the producer's pool.
 pub struct RemoteEvents {
     device: i32,
-    events: IpcEventSet,
+    /// How many events the producer announced (the ack table holds as many words).
+    count: usize,
+    /// The opened events, or why they could not be opened here: the table still takes
+    /// acknowledgements then, so the producer's slots do not jam.
+    events: std::result::Result<IpcEventSet, String>,
     acks: Segment,
 }
 
 impl RemoteEvents {
-    /// Open the producer's event handles (once per connection) and its ack table.
+    /// Open the producer's event handles (once per connection) and its ack table. A
+    /// malformed announcement is an error; events this process cannot open (no usable
+    /// CUDA here) give an ack-only view: claims work and acknowledge, waits fail saying why.
     pub fn open(device: i32, handles: &[[u8; 64]], acks: Segment) -> Result<RemoteEvents> {
         if handles.is_empty() || handles.len() > 1024 || acks.len() < handles.len() * 8 {
             return Err(Error::Protocol(format!(
@@ -268,20 +278,31 @@ impl RemoteEvents {
                 acks.len()
             )));
         }
-        let _ctx = ensure_context(device)?;
-        Ok(RemoteEvents { device, events: IpcEventSet::open(handles)?, acks })
+        let events = ensure_context(device).and_then(|_ctx| IpcEventSet::open(handles)).map_err(|e| e.to_string());
+        Ok(RemoteEvents { device, count: handles.len(), events, acks })
+    }
+
+    /// Could the events be opened here? (`Err`: why not.)
+    pub fn usable(&self) -> std::result::Result<(), &str> {
+        self.events.as_ref().map(|_| ()).map_err(String::as_str)
     }
 
     /// Claim the producer's record `seq` in `slot` (named by a descriptor): it is waited on
     /// at most once and acknowledged exactly once, also when it is never waited on.
     pub fn claim(self: &Arc<Self>, slot: u32, seq: u64) -> Result<EventClaim> {
-        if slot as usize >= self.events.len() {
-            return Err(Error::InvalidDescriptor(format!(
-                "IPC event slot {slot} out of range ({} events)",
-                self.events.len()
-            )));
+        if slot as usize >= self.count {
+            return Err(Error::InvalidDescriptor(format!("IPC event slot {slot} out of range ({} events)", self.count)));
         }
         Ok(EventClaim { events: self.clone(), slot, seq, state: parking_lot::Mutex::new(ClaimState::Open) })
+    }
+
+    /// Make `stream` wait for the record in `slot` (checked by `claim`).
+    fn wait(&self, slot: u32, stream: usize) -> Result<()> {
+        let events = self.events.as_ref().map_err(|why| {
+            Error::CudaUnavailable(format!("the producer's IPC events could not be opened here: {why}"))
+        })?;
+        let _ctx = ensure_context(self.device)?;
+        events.wait(stream, slot as usize)
     }
 
     /// Tell the producer we will never wait on record `seq` of `slot` again (`slot` checked
@@ -295,10 +316,10 @@ impl RemoteEvents {
 }
 
 enum ClaimState {
-    /// Not waited on yet.
+    /// Not waited on yet (or every wait so far failed to enqueue).
     Open,
     /// Waited on and acknowledged; the mark recorded on the first stream right after its
-    /// wait orders any further stream (None if that first wait or the mark failed).
+    /// wait orders any further stream (None if that mark could not be recorded).
     Waited(Option<StreamMark>),
 }
 
@@ -322,16 +343,18 @@ impl EventClaim {
         match &*st {
             ClaimState::Waited(Some(mark)) => mark.order(stream),
             ClaimState::Waited(None) => Err(Error::InvalidArgument(
-                "this CUDA import's first stream wait failed; it cannot order another stream".into(),
+                "this CUDA import ordered its first stream, but the event that would order a second one could not be \
+                 recorded: use the first stream"
+                    .into(),
             )),
             ClaimState::Open => {
-                let device = self.events.device;
-                let waited = ensure_context(device).and_then(|_ctx| self.events.events.wait(stream, self.slot as usize));
-                // Acknowledged whatever happened: this claim never waits on the record again.
+                // A wait that could not be enqueued changes nothing: the claim stays open
+                // (a later call may succeed; the drop acknowledges).
+                self.events.wait(self.slot, stream)?;
+                // The wait is enqueued: this claim never waits on the record again.
                 self.events.ack(self.slot, self.seq);
-                let mark = waited.as_ref().ok().and_then(|()| StreamMark::record(device, stream).ok());
-                *st = ClaimState::Waited(mark);
-                waited
+                *st = ClaimState::Waited(StreamMark::record(self.events.device, stream).ok());
+                Ok(())
             }
         }
     }
@@ -379,8 +402,7 @@ impl StreamMark {
     /// Make `stream` (of the mark's device) wait for the mark.
     pub fn order(&self, stream: usize) -> Result<()> {
         let _ctx = ensure_context(self.device)?;
-        // SAFETY: a live event of ours and the caller's stream.
-        call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, self.ev as sys::CUevent, 0) })
+        stream_wait(stream, self.ev as sys::CUevent)
     }
 }
 

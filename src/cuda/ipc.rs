@@ -95,15 +95,19 @@ impl Drop for IpcMapping {
 /// The process's handle cache.
 pub fn cache() -> &'static HandleCache {
     static CACHE: OnceLock<HandleCache> = OnceLock::new();
-    CACHE.get_or_init(|| HandleCache {
-        map: Mutex::new(HashMap::new()),
-        keep_warm: AtomicU64::new(0),
-        clock: AtomicU64::new(0),
-        opens: AtomicU64::new(0),
-    })
+    CACHE.get_or_init(|| HandleCache::new(0))
 }
 
 impl HandleCache {
+    fn new(keep_warm: u64) -> HandleCache {
+        HandleCache {
+            map: Mutex::new(HashMap::new()),
+            keep_warm: AtomicU64::new(keep_warm),
+            clock: AtomicU64::new(0),
+            opens: AtomicU64::new(0),
+        }
+    }
+
     /// Open (or reuse) the allocation behind `handle` on `device`.
     pub fn open(&self, device: i32, handle: [u8; 64]) -> Result<IpcMapping> {
         self.open_with(device, handle, true)
@@ -216,12 +220,7 @@ mod tests {
     use super::*;
 
     fn cache_with(entries: &[(u8, usize, u64, bool)], keep: u64) -> HandleCache {
-        let c = HandleCache {
-            map: Mutex::new(HashMap::new()),
-            keep_warm: AtomicU64::new(keep),
-            clock: AtomicU64::new(0),
-            opens: AtomicU64::new(0),
-        };
+        let c = HandleCache::new(keep);
         for &(id, refs, last_use, warm_ok) in entries {
             c.map.lock().insert((0, [id; 64]), Entry { base: 0, size: 0, refs, last_use, warm_ok });
         }
