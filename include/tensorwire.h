@@ -330,6 +330,12 @@ typedef struct {
    through in chunks.
    */
   uint64_t cuda_ring_slot_bytes;
+  /*
+   Most bytes of the peer's segments mapped here at once (only the ranges its
+   descriptors name are mapped); over it an import fails with
+   `TW_ERR_QUOTA_EXCEEDED`. Default: RAM plus swap.
+   */
+  uint64_t max_import_mapped_bytes;
 } tw_peer_config_t;
 
 /*

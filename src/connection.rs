@@ -219,10 +219,25 @@ impl Connection {
         if got.truncated {
             return Err(Error::Protocol(format!("message larger than the {}-byte limit", self.max_message)));
         }
-        if got.ctrunc {
+        if got.len == 0 {
+            return Err(Error::Protocol("empty message (every message starts with an 8-byte header)".into()));
+        }
+        // The control buffer has room for more fds than a message may carry (its size is
+        // rounded up for alignment): count them, not only the kernel's truncation flag.
+        // The fds are owned by `got` and closed when it drops.
+        if got.ctrunc || got.fds.len() > sys::MAX_FDS_PER_MSG {
             return Err(Error::Protocol(format!("message carried more than {} fds", sys::MAX_FDS_PER_MSG)));
         }
         let (kind, body) = parse_header(&buf[..got.len])?;
+        // The buffer holds one byte more than the largest message so that MSG_TRUNC marks
+        // anything larger; a message exactly one byte over still fits it whole.
+        if body.len() > self.max_message {
+            return Err(Error::Protocol(format!(
+                "message of {} bytes exceeds the {}-byte limit",
+                body.len(),
+                self.max_message
+            )));
+        }
         if kind == KIND_HELLO {
             return Err(Error::Protocol("second hello after the handshake".into()));
         }

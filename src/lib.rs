@@ -35,6 +35,8 @@ pub mod desc;
 #[cfg(not(loom))]
 pub mod ffi;
 #[cfg(not(loom))]
+pub(crate) mod import_cache;
+#[cfg(not(loom))]
 pub mod peer;
 pub mod ring;
 #[cfg(not(loom))]

@@ -10,7 +10,6 @@ use crate::ring::{RingItem, RingMessage, RingReceiver, RingSender, RingShared, W
 use crate::segment::Segment;
 use bytemuck::Zeroable;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +20,8 @@ use std::time::{Duration, Instant};
 /// Wire message kinds of the peer protocol (after the connection's hello).
 /// Setup: the lease table this side grants from (4-byte capacity, 1 fd).
 pub const KIND_TABLE: u32 = 1;
-/// A leased tensor: 8-byte tag + `TensorDesc`, plus the segment's fd the first time.
+/// A leased tensor: 8-byte tag + `TensorDesc`, plus the segment's fd (CPU: every time;
+/// the consumer maps only the range named and may have evicted an earlier mapping).
 pub const KIND_TENSOR: u32 = 2;
 /// The producer dropped a segment the consumer holds no lease on (8-byte id).
 pub const KIND_FORGET: u32 = 3;
@@ -59,8 +59,15 @@ pub struct PeerConfig {
     pub default_window: Option<Duration>,
     /// Largest control message accepted or sent.
     pub max_message: usize,
-    /// Most distinct segments of the peer's kept mapped at once.
+    /// Most distinct segments of the peer's kept mapped here at once (held by imports or
+    /// cached for the next descriptor naming them). Cached ones that no import holds are
+    /// evicted, least recently used first, before a new one is refused.
     pub max_import_segments: usize,
+    /// Most bytes of the peer's segments mapped here at once (address space, not memory:
+    /// only the range each descriptor names is mapped). Cached mappings no import holds are
+    /// evicted first; beyond that an import is refused with `QuotaExceeded`. Default: the
+    /// machine's RAM plus swap, more than any honest peer can fill with shared memory.
+    pub max_import_mapped_bytes: u64,
     /// Largest lease table accepted from the peer.
     pub max_peer_table_capacity: u32,
     /// How long connection setup may wait for the peer.
@@ -94,7 +101,8 @@ impl Default for PeerConfig {
             max_lease_bytes: u64::MAX,
             default_window: None,
             max_message: crate::connection::DEFAULT_MAX_MESSAGE,
-            max_import_segments: 4096,
+            max_import_segments: 1024,
+            max_import_mapped_bytes: crate::sys::memory_and_swap_bytes(),
             max_peer_table_capacity: 1 << 20,
             handshake_timeout: Duration::from_secs(10),
             ring_bytes: 4 << 20,
@@ -226,7 +234,8 @@ struct Inner {
     /// Held across grant + send, so a segment's fd always precedes descriptors naming it.
     send_lock: Mutex<()>,
     import: ImportTable,
-    import_segments: Mutex<HashMap<u64, Arc<Segment>>>,
+    /// Our mappings of the peer's segments (windows), bounded per connection.
+    import_segments: Mutex<crate::import_cache::ImportCache>,
     /// Set once by `Peer::drop` (Release); the reaper and imports read it (Acquire) so
     /// they see the shutdown and stop using the connection. Nothing else is published
     /// through it.
@@ -444,7 +453,7 @@ impl Peer {
             export_table,
             send_lock: Mutex::new(()),
             import,
-            import_segments: Mutex::new(HashMap::new()),
+            import_segments: Mutex::new(Default::default()),
             stop: AtomicBool::new(false),
             reaper_wake: parking_lot::Condvar::new(),
             reaper_lock: Mutex::new(()),
@@ -584,9 +593,11 @@ impl Peer {
         let mut payload = [0u8; 8 + DESC_SIZE];
         payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
         payload[8..].copy_from_slice(desc.encode());
+        // The fd goes with every descriptor, not only the first naming the segment: the
+        // consumer may have evicted its mapping (it bounds what it keeps mapped) and then
+        // maps it again from this fd; when it still has it, it only compares identities.
         let fd = t.segment.fd();
-        let fds: &[BorrowedFd<'_>] = if first { std::slice::from_ref(&fd) } else { &[] };
-        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fds) {
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, std::slice::from_ref(&fd)) {
             let mut dead = Reclaimed::default();
             {
                 let mut ex = self.inner.exporter.lock();
@@ -725,9 +736,21 @@ impl Peer {
     /// something arrives or the peer dies).
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Incoming> {
         let deadline = timeout.map(crate::deadline::after);
+        let timed_out = || Error::Timeout { what: "a tensor or message from the peer", after: timeout.unwrap_or_default() };
+        let mut first = true;
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let msg = self.inner.conn.recv(left)?;
+            // The deadline holds across internal messages (FORGET, CUDA events): a peer
+            // that keeps sending them must not stretch one receive past its timeout. The
+            // first pass always looks, so a zero timeout still takes what is there.
+            if !first && left.is_some_and(|l| l.is_zero()) {
+                return Err(timed_out());
+            }
+            first = false;
+            let msg = match self.inner.conn.recv(left) {
+                Err(Error::Timeout { .. }) => return Err(timed_out()),
+                r => r?,
+            };
             match msg.kind {
                 KIND_TENSOR => return self.import(msg),
                 KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
@@ -736,7 +759,7 @@ impl Peer {
                     let id: [u8; 8] = msg.payload.as_slice().try_into().map_err(|_| {
                         Error::Protocol(format!("forget message of {} bytes, expected 8", msg.payload.len()))
                     })?;
-                    self.inner.import_segments.lock().remove(&u64::from_le_bytes(id));
+                    self.inner.import_segments.lock().forget(u64::from_le_bytes(id));
                 }
                 k => return Err(Error::Protocol(format!("unknown message kind {k}"))),
             }
@@ -778,7 +801,7 @@ impl Peer {
             return Err(Error::Protocol(format!("CUDA event message announces {n} events in {} bytes", p.len())));
         }
         let handles: Vec<[u8; 64]> = p[8..].chunks(64).map(|c| c.try_into().unwrap()).collect();
-        let acks = Segment::from_fd(msg.fds.pop().expect("checked"), n * 8)?;
+        let acks = Segment::from_fd_exact(msg.fds.pop().expect("checked"), n * 8, "the CUDA event ack table")?;
         let ev = crate::cuda::event::RemoteEvents::open(device, &handles, acks)?;
         // Kept even when the events cannot be opened here: its ack table still hands the
         // producer's event slots back as our imports fail, so its exports do not jam.
@@ -852,7 +875,7 @@ impl Peer {
         // owner is not held for nothing.
         let resolved = self.resolve_segment(&desc, fd);
         match resolved {
-            Ok(segment) => Ok(Imported { held: HeldLease { inner: self.inner.clone(), lease, released: false }, segment, desc, tag }),
+            Ok(window) => Ok(Imported { held: HeldLease { inner: self.inner.clone(), lease, released: false }, window, desc, tag }),
             Err(e) => {
                 let _ = self.inner.import.release(lease);
                 Err(e)
@@ -860,28 +883,12 @@ impl Peer {
         }
     }
 
-    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<Arc<Segment>> {
-        let sid = desc.storage.segment_id;
-        let mut segs = self.inner.import_segments.lock();
-        let seg = match fd {
-            Some(fd) => {
-                if !segs.contains_key(&sid) && segs.len() >= self.inner.cfg.max_import_segments {
-                    return Err(Error::QuotaExceeded(format!(
-                        "peer has {} segments mapped here, the limit is {}",
-                        segs.len(),
-                        self.inner.cfg.max_import_segments
-                    )));
-                }
-                let s = Arc::new(Segment::from_fd(fd, 0)?);
-                segs.insert(sid, s.clone());
-                s
-            }
-            None => segs.get(&sid).cloned().ok_or_else(|| {
-                Error::InvalidDescriptor(format!("descriptor names segment {sid}, which this connection never received"))
-            })?,
+    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<Arc<crate::import_cache::Window>> {
+        let limits = crate::import_cache::Limits {
+            max_segments: self.inner.cfg.max_import_segments,
+            max_bytes: self.inner.cfg.max_import_mapped_bytes,
         };
-        desc.check_fits(seg.len() as u64)?;
-        Ok(seg)
+        self.inner.import_segments.lock().resolve(desc, fd, limits)
     }
 
     /// Counters of what this side exported to the peer.
@@ -1033,7 +1040,7 @@ impl Drop for Peer {
 /// released (or dropped, which releases).
 pub struct Imported {
     held: HeldLease,
-    segment: Arc<Segment>,
+    window: Arc<crate::import_cache::Window>,
     desc: TensorDesc,
     tag: u64,
 }
@@ -1082,8 +1089,8 @@ impl Imported {
     }
     /// Start of the storage in this process (valid until release; the peer may write it).
     pub fn storage_ptr(&self) -> *mut u8 {
-        // SAFETY: base_offset + nbytes ≤ segment length (checked at import).
-        unsafe { self.segment.as_ptr().add(self.desc.storage.base_offset as usize) }
+        // The window was mapped (or checked) to cover base_offset..base_offset + nbytes.
+        self.window.ptr_at(self.desc.storage.base_offset)
     }
     /// Address of element 0 of the view.
     pub fn data_ptr(&self) -> *mut u8 {
@@ -1105,11 +1112,11 @@ impl Imported {
     }
     pub fn read_storage(&self, at: usize, out: &mut [u8]) -> Result<()> {
         check_in(at, out.len(), self.storage_nbytes())?;
-        self.segment.read_at(self.desc.storage.base_offset as usize + at, out)
+        self.window.read_at(self.desc.storage.base_offset + at as u64, out)
     }
     pub fn write_storage(&self, at: usize, data: &[u8]) -> Result<()> {
         check_in(at, data.len(), self.storage_nbytes())?;
-        self.segment.write_at(self.desc.storage.base_offset as usize + at, data)
+        self.window.write_at(self.desc.storage.base_offset + at as u64, data)
     }
 
     /// Give the lease back. `Err(PeerGone)` if the producer is gone (nothing is left to

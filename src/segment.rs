@@ -54,6 +54,41 @@ fn map_shared(fd: BorrowedFd<'_>, len: usize) -> Result<MmapRaw> {
     MmapOptions::new().len(len).map_raw(fd.as_raw_fd()).map_err(|e| Error::io("mmap (segment)", e))
 }
 
+/// Check that `fd` is a memfd sealed against shrink and grow (and not write-sealed);
+/// returns its size. Nothing is mapped.
+pub(crate) fn check_memfd(fd: BorrowedFd<'_>) -> Result<u64> {
+    let st = sys::fstat(fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Error::InvalidSegment(format!(
+            "fd is not a memfd (file type {:o}, expected a regular memfd file)",
+            st.st_mode & libc::S_IFMT
+        )));
+    }
+    let target = sys::fd_target(fd)?;
+    if !target.starts_with("/memfd:") {
+        return Err(Error::InvalidSegment(format!("fd is not a memfd: it refers to {target:?}")));
+    }
+    let seals = sys::get_seals(fd)
+        .ok_or_else(|| Error::InvalidSegment("memfd does not support sealing (created without MFD_ALLOW_SEALING)".into()))?;
+    if seals & REQUIRED_SEALS != REQUIRED_SEALS {
+        let mut missing = Vec::new();
+        if seals & libc::F_SEAL_SHRINK == 0 {
+            missing.push("F_SEAL_SHRINK");
+        }
+        if seals & libc::F_SEAL_GROW == 0 {
+            missing.push("F_SEAL_GROW");
+        }
+        return Err(Error::InvalidSegment(format!(
+            "memfd is not sealed against resizing (missing {}): a peer could truncate it under our mapping",
+            missing.join(" and ")
+        )));
+    }
+    if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
+        return Err(Error::InvalidSegment("memfd is write-sealed; tensorwire maps segments read-write".into()));
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
 impl Segment {
     /// Create a zero-filled segment of `len` bytes backed by a sealed memfd.
     pub fn create(len: usize) -> Result<Segment> {
@@ -68,38 +103,11 @@ impl Segment {
     }
 
     /// Map a memfd received from a peer, after checking that it is a memfd, sealed
-    /// against shrink and grow, and at least `min_len` bytes. The whole file is mapped.
+    /// against shrink and grow, and at least `min_len` bytes. The whole file is mapped:
+    /// use it only where the caller chose the file's size or trusts it ([`Segment::from_fd_exact`]
+    /// for control structures of a known size; imports map only the range they need).
     pub fn from_fd(fd: OwnedFd, min_len: usize) -> Result<Segment> {
-        let st = sys::fstat(fd.as_fd())?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(Error::InvalidSegment(format!(
-                "fd is not a memfd (file type {:o}, expected a regular memfd file)",
-                st.st_mode & libc::S_IFMT
-            )));
-        }
-        let target = sys::fd_target(fd.as_fd())?;
-        if !target.starts_with("/memfd:") {
-            return Err(Error::InvalidSegment(format!("fd is not a memfd: it refers to {target:?}")));
-        }
-        let seals = sys::get_seals(fd.as_fd())
-            .ok_or_else(|| Error::InvalidSegment("memfd does not support sealing (created without MFD_ALLOW_SEALING)".into()))?;
-        if seals & REQUIRED_SEALS != REQUIRED_SEALS {
-            let mut missing = Vec::new();
-            if seals & libc::F_SEAL_SHRINK == 0 {
-                missing.push("F_SEAL_SHRINK");
-            }
-            if seals & libc::F_SEAL_GROW == 0 {
-                missing.push("F_SEAL_GROW");
-            }
-            return Err(Error::InvalidSegment(format!(
-                "memfd is not sealed against resizing (missing {}): a peer could truncate it under our mapping",
-                missing.join(" and ")
-            )));
-        }
-        if seals & (libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE) != 0 {
-            return Err(Error::InvalidSegment("memfd is write-sealed; tensorwire maps segments read-write".into()));
-        }
-        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let size = check_memfd(fd.as_fd())?;
         if size < min_len as u64 || size == 0 {
             return Err(Error::InvalidSegment(format!(
                 "segment too small: {min_len} bytes needed, memfd has {size}"
@@ -108,6 +116,26 @@ impl Segment {
         let len = usize::try_from(size).map_err(|_| Error::InvalidSegment(format!("segment of {size} bytes cannot be mapped")))?;
         let map = map_shared(fd.as_fd(), len)?;
         Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+    }
+
+    /// Map a peer's memfd that holds a structure of `len` bytes (a ring, a lease table:
+    /// the size follows from what the peer announced), allowing page rounding. A larger
+    /// file is refused before anything is mapped: mapping or faulting in the peer's whole
+    /// file would let it choose what the setup costs our address space and memory.
+    pub fn from_fd_exact(fd: OwnedFd, len: usize, what: &str) -> Result<Segment> {
+        let size = check_memfd(fd.as_fd())?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        let max = (len as u64).div_ceil(page).max(1) * page;
+        if size < len as u64 {
+            return Err(Error::InvalidSegment(format!("segment too small: {what} needs {len} bytes, its memfd has {size}")));
+        }
+        if size > max {
+            return Err(Error::InvalidSegment(format!(
+                "{what} must be exactly {len} bytes (up to {max} with page rounding) for what the peer announced, its memfd has {size}"
+            )));
+        }
+        Segment::from_fd(fd, len)
     }
 
     /// Map an fd from a peer you trust not to truncate it: any regular shared-memory file

@@ -73,6 +73,19 @@ pub fn fd_target(fd: BorrowedFd<'_>) -> Result<String> {
 }
 
 /// Fill `buf` from the kernel CSPRNG.
+/// Physical memory plus swap, in bytes (`sysinfo`): the most shared memory any process
+/// on this machine can really fill. 64 GiB if the kernel does not say.
+pub fn memory_and_swap_bytes() -> u64 {
+    // SAFETY: zeroed `sysinfo` is a valid bit pattern; the kernel fills it.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `si` is a valid, writable `sysinfo`.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return 64 << 30;
+    }
+    let unit = u64::from(si.mem_unit.max(1));
+    (si.totalram as u64).saturating_add(si.totalswap as u64).saturating_mul(unit)
+}
+
 pub fn getrandom(buf: &mut [u8]) -> Result<()> {
     let mut done = 0;
     while done < buf.len() {
@@ -341,11 +354,20 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if n == 0 && out.fds.is_empty() {
-        // Every message of ours has a header, so a zero-length read is the peer's EOF.
+    if n == 0 && out.fds.is_empty() && peer_hung_up(sock) {
+        // SEQPACKET reports the peer's EOF as a zero-length read, and so reads a
+        // zero-length message: only a hung-up socket is the end. An empty message from a
+        // live peer is returned as one (the caller refuses it as malformed).
         return Ok(None);
     }
     Ok(Some(out))
+}
+
+/// True if the peer shut down or closed its end of `sock` (POLLRDHUP / POLLHUP now).
+fn peer_hung_up(sock: BorrowedFd<'_>) -> bool {
+    poll_events(&[(sock, libc::POLLRDHUP)], Some(Duration::ZERO))
+        .map(|r| r[0] & (libc::POLLRDHUP | libc::POLLHUP) != 0)
+        .unwrap_or(true)
 }
 
 /// `poll` on up to a few fds for readability; returns which are ready (or hung up).

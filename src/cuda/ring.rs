@@ -597,7 +597,7 @@ impl CudaRingReceiver {
     /// Map the peer's control segment (so a refusal can be reported there). The setup
     /// must have been decoded; `fd` is the first of its two fds.
     pub fn map_control(setup: &RingSetup, fd: OwnedFd) -> Result<Arc<Segment>> {
-        Ok(Arc::new(Segment::from_fd(fd, ctrl_bytes(setup.cfg.slots))?))
+        Ok(Arc::new(Segment::from_fd_exact(fd, ctrl_bytes(setup.cfg.slots), "the GPU ring's control segment")?))
     }
 
     /// Tell the producer this side cannot open its ring (no CUDA here, or opening failed).

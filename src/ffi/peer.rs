@@ -59,6 +59,10 @@ pub struct tw_peer_config_t {
     /// Bytes per GPU ring slot (a multiple of 256, at least 4096); larger tensors go
     /// through in chunks.
     pub cuda_ring_slot_bytes: u64,
+    /// Most bytes of the peer's segments mapped here at once (only the ranges its
+    /// descriptors name are mapped); over it an import fails with
+    /// `TW_ERR_QUOTA_EXCEEDED`. Default: RAM plus swap.
+    pub max_import_mapped_bytes: u64,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -69,6 +73,7 @@ impl From<&tw_peer_config_t> for PeerConfig {
             default_window: (c.default_window_ms > 0).then(|| Duration::from_millis(c.default_window_ms)),
             max_message: c.max_message as usize,
             max_import_segments: c.max_import_segments as usize,
+            max_import_mapped_bytes: c.max_import_mapped_bytes,
             max_peer_table_capacity: c.max_peer_table_capacity,
             handshake_timeout: Duration::from_millis(c.handshake_timeout_ms),
             ring_bytes: c.ring_bytes as usize,
@@ -239,6 +244,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             cuda_ring_device: -1,
             cuda_ring_slots: crate::cuda::ring::CudaRingConfig::default().slots,
             cuda_ring_slot_bytes: crate::cuda::ring::CudaRingConfig::default().slot_bytes,
+            max_import_mapped_bytes: d.max_import_mapped_bytes,
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }

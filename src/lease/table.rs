@@ -342,7 +342,7 @@ impl ImportTable {
                 "lease table capacity {claimed} outside 1..={max_capacity}"
             )));
         }
-        let table = Segment::from_fd(fd, table_len(claimed))?;
+        let table = Segment::from_fd_exact(fd, table_len(claimed), "the peer's lease table")?;
         let mut hdr = [0u8; 16];
         table.read_at(0, &mut hdr)?;
         let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());

@@ -141,7 +141,7 @@ impl RingShared {
                 "peer's ring of {claimed} bytes is not a power of two in {MIN_RING_BYTES}..={max_bytes}"
             )));
         }
-        let seg = Segment::from_fd(fd, DATA_OFFSET + claimed as usize)?;
+        let seg = Segment::from_fd_exact(fd, DATA_OFFSET + claimed as usize, "the peer's ring segment")?;
         let mut hdr = [0u8; 24];
         seg.read_at(0, &mut hdr)?;
         let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
