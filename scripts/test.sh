@@ -66,6 +66,14 @@ sp=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   -I "$sp/torch/include/torch/csrc/api/include" -I "$sp/nvidia/cu13/include" cpp/src/cuda.cpp
 echo "cuda.cpp: compiles"
 
+step "hostile-peer tests again under a desktop's fd limit (ulimit -n 1024) and a 16 GiB address-space limit (ulimit -v)"
+# What a peer can make this process hold must fit the limits a user's process really has:
+# a terabyte-sized sparse file, thousands of segments or fds must end in named errors or
+# evictions here too, never in ENOMEM/EMFILE for the rest of the process.
+( ulimit -n 1024 && ulimit -v $((16 << 20)) &&
+  cargo test --locked -q --test hostile --test hostile_limits --test ring_hostile &&
+  cargo test --locked -q -p tensorwire-rpc --test hostile ) 2>&1 | tee -a "$log"
+
 # --- further test steps go above this line (one block per area) ---
 
 step "benches compile"
