@@ -330,3 +330,44 @@ fn a_flood_of_internal_messages_cannot_stretch_a_receive_past_its_timeout() {
     assert!(err.to_string().contains("timed out after 1s"), "the error must name the requested timeout: {err}");
     assert!(took < Duration::from_millis(1500), "recv(1 s) returned after {took:?}");
 }
+
+/// Lower this process's soft fd limit to `n` (if it is higher) for the rest of the run, as
+/// on a desktop where 1,024 is the common default.
+fn lower_fd_limit(n: u64) {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid, writable rlimit.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+    if r.rlim_cur > n {
+        r.rlim_cur = n;
+        // SAFETY: `r` is a valid rlimit; lowering the soft limit needs no privilege.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) }, 0);
+    }
+}
+
+#[test]
+fn a_producer_that_never_forgets_cannot_fill_the_fd_table() {
+    lower_fd_limit(1024);
+    let (victim, mut at) = setup_with(no_ring(), 4096, None);
+    let victim = victim.unwrap();
+    let before = open_fds();
+    // Three times the fd limit of distinct segments, each sent with its fd and never
+    // forgotten: the victim keeps at most max_import_segments mappings and no fds.
+    for i in 0..3072u64 {
+        let seg = Segment::create(4096).unwrap();
+        seg.write_at(0, &i.to_le_bytes()).unwrap();
+        let d = at.desc(5000 + i, 0, 4096);
+        at.send_tensor(&d, Some(&seg.fd().try_clone_to_owned().unwrap()));
+        let t = victim.recv_tensor(T).unwrap_or_else(|e| panic!("segment {i}: {e}"));
+        let mut b = [0u8; 8];
+        t.read_storage(0, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), i);
+        t.release().unwrap();
+    }
+    assert!(open_fds() <= before + 2, "victim's fds grew from {before} to {}", open_fds());
+    assert!(victim.imported_segments() <= victim.config().max_import_segments);
+    // A second, honest peer is served as usual.
+    let (a, b) = Peer::pair(no_ring()).unwrap();
+    let t = tensorwire::SharedTensor::zeros(Layout::contiguous(DType::Float32, &[256]).unwrap()).unwrap();
+    a.export(&t, tensorwire::ExportOptions::default()).unwrap();
+    b.recv_tensor(T).unwrap().release().unwrap();
+}
