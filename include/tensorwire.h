@@ -82,6 +82,11 @@ typedef enum {
    */
   TW_ERR_TIMEOUT = 5,
   /*
+   A limit of the machine or process was reached (open files, address space,
+   memory, file size); the message names the call and the limit.
+   */
+  TW_ERR_RESOURCE = 6,
+  /*
    The peer process exited or closed the connection.
    */
   TW_ERR_PEER_GONE = 100,
@@ -336,6 +341,11 @@ typedef struct {
    `TW_ERR_QUOTA_EXCEEDED`. Default: RAM plus swap.
    */
   uint64_t max_import_mapped_bytes;
+  /*
+   How long (ms) a send may wait for room in the peer's socket buffer before it fails
+   with `TW_ERR_TIMEOUT` (the export's lease is taken back).
+   */
+  uint64_t send_timeout_ms;
 } tw_peer_config_t;
 
 /*

@@ -31,7 +31,14 @@ pub struct Message {
     pub kind: u32,
     pub payload: Vec<u8>,
     pub fds: Vec<OwnedFd>,
+    /// The message carried fds this process could not take (it is at its open-file
+    /// limit: the kernel dropped them). Only [`Connection::recv_lossy`] returns such a
+    /// message, so its caller can undo what the message stood for (e.g. a lease).
+    pub fds_lost: bool,
 }
+
+/// How long a send waits for room in the peer's socket buffer by default.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connected, handshaken peer socket.
 pub struct Connection {
@@ -43,6 +50,8 @@ pub struct Connection {
     recv_buf: Mutex<Vec<u8>>,
     /// How long `recv` polls without blocking before it sleeps (see `set_recv_spin`).
     recv_spin: Duration,
+    /// How long `send` waits for room in the peer's socket buffer.
+    send_timeout: Duration,
 }
 
 impl std::fmt::Debug for Connection {
@@ -67,7 +76,7 @@ impl Connection {
         hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&(max_message as u32).to_le_bytes());
-        send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true)?;
+        send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true, Some(timeout))?;
 
         let deadline = crate::deadline::after(timeout);
         let ready = sys::poll_readable(&[sock.as_fd()], Some(timeout))?;
@@ -102,6 +111,7 @@ impl Connection {
             max_message,
             recv_buf: Mutex::new(vec![0u8; max_message + HEADER + 1]),
             recv_spin: Duration::ZERO,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
         })
     }
 
@@ -124,6 +134,12 @@ impl Connection {
     /// cross-CPU wake-up, tens of µs on some VMs). Zero: block at once.
     pub fn set_recv_spin(&mut self, spin: Duration) {
         self.recv_spin = spin;
+    }
+
+    /// How long a send may wait for room in the peer's socket buffer before it fails
+    /// with `Timeout` (a peer that stops reading cannot block us for ever).
+    pub fn set_send_timeout(&mut self, timeout: Duration) {
+        self.send_timeout = timeout;
     }
 
     /// The peer's process id, as verified by the kernel at the handshake.
@@ -175,15 +191,26 @@ impl Connection {
                 self.max_message
             )));
         }
-        match send_framed(self.sock.as_fd(), kind, payload, fds, false) {
+        match send_framed(self.sock.as_fd(), kind, payload, fds, false, Some(self.send_timeout)) {
             Err(Error::PeerGone { .. }) => Err(self.gone_error("closed the connection")),
             r => r,
         }
     }
 
     /// Receive the next message, waiting at most `timeout` (`None`: until the peer sends
-    /// or dies). One receiver at a time (serialised internally).
+    /// or dies). One receiver at a time (serialised internally). A message whose fds this
+    /// process could not take (open-file limit) is `Error::Resource`.
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Message> {
+        let msg = self.recv_lossy(timeout)?;
+        if msg.fds_lost {
+            return Err(fds_lost_error());
+        }
+        Ok(msg)
+    }
+
+    /// `recv`, but a message whose fds were dropped for our open-file limit is returned
+    /// (with `fds_lost` set) so the caller can undo what it stood for.
+    pub fn recv_lossy(&self, timeout: Option<Duration>) -> Result<Message> {
         let mut buf = self.recv_buf.lock();
         let mut wait: Vec<BorrowedFd<'_>> = vec![self.sock.as_fd()];
         if let Some(p) = &self.pidfd {
@@ -225,7 +252,8 @@ impl Connection {
         // The control buffer has room for more fds than a message may carry (its size is
         // rounded up for alignment): count them, not only the kernel's truncation flag.
         // The fds are owned by `got` and closed when it drops.
-        if got.ctrunc || got.fds.len() > sys::MAX_FDS_PER_MSG {
+        let fds_lost = got.ctrunc && got.fds.len() <= sys::MAX_FDS_PER_MSG && sys::fd_table_full(self.sock.as_fd());
+        if (got.ctrunc && !fds_lost) || got.fds.len() > sys::MAX_FDS_PER_MSG {
             return Err(Error::Protocol(format!("message carried more than {} fds", sys::MAX_FDS_PER_MSG)));
         }
         let (kind, body) = parse_header(&buf[..got.len])?;
@@ -241,7 +269,7 @@ impl Connection {
         if kind == KIND_HELLO {
             return Err(Error::Protocol("second hello after the handshake".into()));
         }
-        Ok(Message { kind, payload: body.to_vec(), fds: got.fds })
+        Ok(Message { kind, payload: body.to_vec(), fds: got.fds, fds_lost })
     }
 
     /// Raw socket (for polling alongside other fds).
@@ -250,12 +278,24 @@ impl Connection {
     }
 }
 
-fn send_framed(sock: BorrowedFd<'_>, kind: u32, payload: &[u8], fds: &[BorrowedFd<'_>], creds: bool) -> Result<()> {
+/// The error for a message whose fds the kernel dropped because we are at our fd limit.
+pub(crate) fn fds_lost_error() -> Error {
+    Error::Resource { what: "recvmsg (taking the fds a message carried)", errno: libc::EMFILE }
+}
+
+fn send_framed(
+    sock: BorrowedFd<'_>,
+    kind: u32,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    creds: bool,
+    timeout: Option<Duration>,
+) -> Result<()> {
     let mut buf = Vec::with_capacity(HEADER + payload.len());
     buf.extend_from_slice(&MSG_MAGIC.to_le_bytes());
     buf.extend_from_slice(&kind.to_le_bytes());
     buf.extend_from_slice(payload);
-    sys::send_msg(sock, &buf, fds, creds)
+    sys::send_msg(sock, &buf, fds, creds, timeout)
 }
 
 fn parse_header(msg: &[u8]) -> Result<(u32, &[u8])> {

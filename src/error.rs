@@ -34,16 +34,29 @@ pub enum Error {
     CudaUnavailable(String),
     /// A CUDA driver call failed.
     Cuda { call: &'static str, code: i32, name: String },
+    /// The machine or a process limit said no: no fd (`EMFILE`/`ENFILE`), no address
+    /// space or memory (`ENOMEM`, e.g. under `RLIMIT_AS`), no room on a file system or
+    /// under a file-size limit (`ENOSPC`/`EFBIG`), no lockable memory (`EPERM`/`EAGAIN`
+    /// of `mlock`). `what` names the call and what it was for; `errno` is the OS's code.
+    Resource { what: &'static str, errno: i32 },
 }
 
 impl Error {
+    /// An OS call failed: `Resource` when the failure is a limit of the machine or the
+    /// process (so callers can tell "raise a limit / free something" from a real fault),
+    /// `Io` otherwise.
     pub(crate) fn io(op: &'static str, source: io::Error) -> Self {
-        Error::Io { op, source }
+        match source.raw_os_error() {
+            Some(errno @ (libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOSPC | libc::EFBIG | libc::EDQUOT)) => {
+                Error::Resource { what: op, errno }
+            }
+            _ => Error::Io { op, source },
+        }
     }
 
     /// `Error::Io` built from `errno` right after a failed libc call.
     pub(crate) fn last_os(op: &'static str) -> Self {
-        Error::Io { op, source: io::Error::last_os_error() }
+        Error::io(op, io::Error::last_os_error())
     }
 
     pub(crate) fn peer_gone(detail: impl Into<String>) -> Self {
@@ -70,6 +83,17 @@ impl fmt::Display for Error {
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::CudaUnavailable(m) => write!(f, "CUDA unavailable: {m}"),
             Error::Cuda { call, code, name } => write!(f, "CUDA call {call} failed: {name} ({code})"),
+            Error::Resource { what, errno } => {
+                let hint = match *errno {
+                    libc::EMFILE => "this process is at its open-file limit (raise `ulimit -n`, or release imports)",
+                    libc::ENFILE => "the system is out of open files",
+                    libc::ENOMEM => "out of memory or address space (an RLIMIT_AS / `ulimit -v` limit, or the machine)",
+                    libc::ENOSPC | libc::EDQUOT => "no room left (shared-memory file system full or a quota reached)",
+                    libc::EFBIG => "over this process's file-size limit (`ulimit -f`)",
+                    _ => "a resource limit was reached",
+                };
+                write!(f, "out of resources: {what} failed: {} — {hint}", io::Error::from_raw_os_error(*errno))
+            }
         }
     }
 }

@@ -72,6 +72,10 @@ pub struct PeerConfig {
     pub max_peer_table_capacity: u32,
     /// How long connection setup may wait for the peer.
     pub handshake_timeout: Duration,
+    /// How long a send (an export, a user message) may wait for room in the peer's
+    /// socket buffer; a peer that stops reading then gets `Timeout`, and the export's
+    /// lease is taken back.
+    pub send_timeout: Duration,
     /// Data area of the ring this side sends through (a power of two ≥ 4 KiB; 0: none).
     pub ring_bytes: usize,
     /// Largest ring accepted from the peer.
@@ -105,6 +109,7 @@ impl Default for PeerConfig {
             max_import_mapped_bytes: crate::sys::memory_and_swap_bytes(),
             max_peer_table_capacity: 1 << 20,
             handshake_timeout: Duration::from_secs(10),
+            send_timeout: crate::connection::DEFAULT_SEND_TIMEOUT,
             ring_bytes: 4 << 20,
             max_peer_ring_bytes: 1 << 30,
             max_ring_message: 1 << 30,
@@ -403,6 +408,7 @@ impl Peer {
     /// Set up leases over a handshaken connection. Both ends call this.
     pub fn new(mut conn: Connection, cfg: PeerConfig) -> Result<Peer> {
         conn.set_recv_spin(cfg.recv_spin);
+        conn.set_send_timeout(cfg.send_timeout);
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
         let export_table = exporter.table().clone();
         let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };
@@ -747,10 +753,13 @@ impl Peer {
                 return Err(timed_out());
             }
             first = false;
-            let msg = match self.inner.conn.recv(left) {
+            let msg = match self.inner.conn.recv_lossy(left) {
                 Err(Error::Timeout { .. }) => return Err(timed_out()),
                 r => r?,
             };
+            if msg.fds_lost {
+                return Err(self.drop_lost(msg));
+            }
             match msg.kind {
                 KIND_TENSOR => return self.import(msg),
                 KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
@@ -764,6 +773,18 @@ impl Peer {
                 k => return Err(Error::Protocol(format!("unknown message kind {k}"))),
             }
         }
+    }
+
+    /// A message arrived without the fds it carried (we are at our open-file limit): give
+    /// back the lease a tensor message stood for, so the producer's memory is not held
+    /// for a tensor nobody will see, and report the limit.
+    fn drop_lost(&self, msg: crate::connection::Message) -> Error {
+        if msg.kind == KIND_TENSOR && msg.payload.len() == 8 + DESC_SIZE {
+            if let Ok(desc) = TensorDesc::decode(&msg.payload[8..]) {
+                let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
+            }
+        }
+        crate::connection::fds_lost_error()
     }
 
     /// Receive, expecting a tensor.

@@ -239,7 +239,10 @@ struct CmsgBuf([u8; 256]);
 
 /// Send one SEQPACKET message with optional fds and, if `with_creds`, our own ucred
 /// (SCM_CREDENTIALS: the kernel checks it is really ours).
-pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], with_creds: bool) -> Result<()> {
+///
+/// Waits at most `timeout` for room in the socket buffer (`None`: without limit): a peer
+/// that stops reading must not block the sender for ever.
+pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], with_creds: bool, timeout: Option<Duration>) -> Result<()> {
     if fds.len() > MAX_FDS_PER_MSG {
         return Err(Error::InvalidArgument(format!("{} fds in one message, at most {MAX_FDS_PER_MSG}", fds.len())));
     }
@@ -282,9 +285,29 @@ pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], wi
             }
         }
     }
-    // SAFETY: `msg` describes `iov` (pointing at `payload`) and `cbuf`, all alive for the
-    // call. MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE.
-    let r = retry(-1, || unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) });
+    let deadline = timeout.map(crate::deadline::after);
+    let r = loop {
+        // SAFETY: `msg` describes `iov` (pointing at `payload`) and `cbuf`, all alive for
+        // the call. MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE;
+        // MSG_DONTWAIT lets a full buffer come back as EAGAIN, waited for below.
+        let r = retry(-1, || unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) });
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(Error::Timeout {
+                        what: "room in the peer's socket buffer (the peer is not reading)",
+                        after: timeout.unwrap_or_default(),
+                    });
+                }
+                let ev = poll_events(&[(sock, libc::POLLOUT)], left)?;
+                if ev[0] & (libc::POLLHUP | libc::POLLERR) != 0 && ev[0] & libc::POLLOUT == 0 {
+                    return Err(Error::peer_gone("the peer closed the connection while we waited to send"));
+                }
+            }
+            r => break r,
+        }
+    };
     match r {
         Ok(_) => Ok(()),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET)) => {
@@ -363,6 +386,20 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>
     Ok(Some(out))
 }
 
+/// True if this process cannot take one more fd now (EMFILE/ENFILE on a dup of `probe`):
+/// tells a message whose fds the kernel dropped at receive (MSG_CTRUNC) because of our fd
+/// limit from one that carried too many.
+pub fn fd_table_full(probe: BorrowedFd<'_>) -> bool {
+    // SAFETY: F_DUPFD_CLOEXEC on an open fd; a returned fd is closed at once below.
+    let r = unsafe { libc::fcntl(probe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if r >= 0 {
+        // SAFETY: `r` is the fresh fd just returned, owned by nobody else.
+        drop(unsafe { OwnedFd::from_raw_fd(r) });
+        return false;
+    }
+    matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// True if the peer shut down or closed its end of `sock` (POLLRDHUP / POLLHUP now).
 fn peer_hung_up(sock: BorrowedFd<'_>) -> bool {
     poll_events(&[(sock, libc::POLLRDHUP)], Some(Duration::ZERO))
@@ -389,19 +426,30 @@ pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], timeout: Option<Dura
     for (p, (f, ev)) in pfds.iter_mut().zip(fds) {
         *p = libc::pollfd { fd: f.as_raw_fd(), events: *ev, revents: 0 };
     }
-    let ms: libc::c_int = match timeout {
-        None => -1,
-        Some(t) => t.as_millis().min(i32::MAX as u128) as libc::c_int + i32::from(t.subsec_nanos() % 1_000_000 != 0),
-    };
-    // SAFETY: `pfds` is a valid array of at least `fds.len()` pollfd for the call.
-    let r = unsafe { libc::poll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     let mut out = [0; MAX_POLL_FDS];
-    if r < 0 {
+    // A signal (EINTR) is not the end of the wait: poll again for what is left of it, so
+    // a signal storm neither cuts a wait short (a false timeout) nor stretches it.
+    let deadline = timeout.map(crate::deadline::after);
+    loop {
+        let ms: libc::c_int = match deadline {
+            None => -1,
+            Some(d) => {
+                let t = d.saturating_duration_since(std::time::Instant::now());
+                t.as_millis().min(i32::MAX as u128) as libc::c_int + i32::from(t.subsec_nanos() % 1_000_000 != 0)
+            }
+        };
+        // SAFETY: `pfds` is a valid array of at least `fds.len()` pollfd for the call.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if r >= 0 {
+            break;
+        }
         let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::Interrupted {
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::io("poll", e));
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             return Ok(out);
         }
-        return Err(Error::io("poll", e));
     }
     for (o, p) in out.iter_mut().zip(&pfds[..fds.len()]) {
         *o = p.revents;

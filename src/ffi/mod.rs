@@ -45,6 +45,9 @@ pub enum tw_result_e {
     TW_ERR_IO = 4,
     /// A wait ran past its timeout.
     TW_ERR_TIMEOUT = 5,
+    /// A limit of the machine or process was reached (open files, address space,
+    /// memory, file size); the message names the call and the limit.
+    TW_ERR_RESOURCE = 6,
     /// The peer process exited or closed the connection.
     TW_ERR_PEER_GONE = 100,
     /// The peer broke the wire protocol.
@@ -78,6 +81,7 @@ impl From<&Error> for tw_result_e {
             Error::InvalidArgument(_) => TW_ERR_INVALID_ARGUMENT,
             Error::CudaUnavailable(_) => TW_ERR_CUDA_UNAVAILABLE,
             Error::Cuda { .. } => TW_ERR_CUDA,
+            Error::Resource { .. } => TW_ERR_RESOURCE,
         }
     }
 }
@@ -109,6 +113,7 @@ pub extern "C" fn tw_result_name(r: tw_result_e) -> *const c_char {
         TW_ERR_PANIC => b"TW_ERR_PANIC\0",
         TW_ERR_IO => b"TW_ERR_IO\0",
         TW_ERR_TIMEOUT => b"TW_ERR_TIMEOUT\0",
+        TW_ERR_RESOURCE => b"TW_ERR_RESOURCE\0",
         TW_ERR_PEER_GONE => b"TW_ERR_PEER_GONE\0",
         TW_ERR_PROTOCOL => b"TW_ERR_PROTOCOL\0",
         TW_ERR_INVALID_DESCRIPTOR => b"TW_ERR_INVALID_DESCRIPTOR\0",

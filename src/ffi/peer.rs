@@ -63,6 +63,9 @@ pub struct tw_peer_config_t {
     /// descriptors name are mapped); over it an import fails with
     /// `TW_ERR_QUOTA_EXCEEDED`. Default: RAM plus swap.
     pub max_import_mapped_bytes: u64,
+    /// How long (ms) a send may wait for room in the peer's socket buffer before it fails
+    /// with `TW_ERR_TIMEOUT` (the export's lease is taken back).
+    pub send_timeout_ms: u64,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -74,6 +77,7 @@ impl From<&tw_peer_config_t> for PeerConfig {
             max_message: c.max_message as usize,
             max_import_segments: c.max_import_segments as usize,
             max_import_mapped_bytes: c.max_import_mapped_bytes,
+            send_timeout: Duration::from_millis(c.send_timeout_ms),
             max_peer_table_capacity: c.max_peer_table_capacity,
             handshake_timeout: Duration::from_millis(c.handshake_timeout_ms),
             ring_bytes: c.ring_bytes as usize,
@@ -245,6 +249,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             cuda_ring_slots: crate::cuda::ring::CudaRingConfig::default().slots,
             cuda_ring_slot_bytes: crate::cuda::ring::CudaRingConfig::default().slot_bytes,
             max_import_mapped_bytes: d.max_import_mapped_bytes,
+            send_timeout_ms: d.send_timeout.as_millis() as u64,
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }
