@@ -1,6 +1,6 @@
 //! Accept loop: serve a [`Registry`] to every peer that connects to a Unix socket path
 //! (or a TCP address), at most `RpcConfig::max_connections` at once. A failed accept is
-//! logged and survived (see [`crate::accept`] for the policy); a connection over the
+//! logged and survived (the policy is in `accept.rs`); a connection over the
 //! cap is told "server busy" and closed, never left waiting.
 
 use crate::accept::{self, AcceptFailure, Backoff, RateLimitedLog, SpareFd};
