@@ -25,13 +25,17 @@
 //! Cancellation and timeouts are local (the protocol has no cancel message): the caller
 //! stops waiting and a late response is dropped (counted in [`Stats::late_responses`]).
 
+mod native;
+
+pub use crate::config::RpcConfig;
 use crate::error::{Result, RpcError};
 use crate::frame::{self, FrameDecoder};
 use crate::json::{Map, Value};
 use crate::message::Message;
 use crate::service::{Args, CallCtx, Handler, Registry, Responder};
 use crate::stream::Stream;
-use crate::tensor::{FsStrategy, FsTensor, Tensor};
+use crate::tensor::{FsTensor, Tensor};
+use native::NativeState;
 use parking_lot::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -42,61 +46,6 @@ use std::time::{Duration, Instant};
 
 /// Reserved object id for tensorwire's own negotiation (native tensors).
 pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
-
-/// Limits and behaviour of one endpoint.
-#[derive(Debug, Clone)]
-pub struct RpcConfig {
-    /// Largest frame accepted or sent (default 64 MiB).
-    pub max_frame: usize,
-    /// Deepest JSON nesting accepted.
-    pub max_depth: usize,
-    /// Timeout for calls that give none (`None`: until the response or peer death).
-    pub default_timeout: Option<Duration>,
-    /// How long one frame write may block before the peer counts as not reading (the
-    /// connection is then closed).
-    pub send_timeout: Duration,
-    /// Most worker threads (handlers running or blocked at once).
-    pub max_workers: usize,
-    /// How long a caller spins before sleeping on its response.
-    pub spin: Duration,
-    /// How long the reader thread stays off the socket once a waiting caller has been
-    /// reading it (callers that keep calling read their own responses and dispatch
-    /// whatever else arrives; the reader thread then wakes about once per this period
-    /// instead of once per frame — on a loaded machine those wakes cost the callers).
-    /// The price: a request from the peer that arrives while none of our calls is waiting
-    /// may wait up to this long. Zero: the reader thread never steps back.
-    pub reader_yield: Duration,
-    /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
-    pub accept_fs_tensors: bool,
-    /// Strategy for the `TensorRef`s we send.
-    pub fs_strategy: FsStrategy,
-    /// How long we hold our reference to a file_system tensor we sent (the receiver must
-    /// open it within this time with the borrowed strategy).
-    pub fs_keep: Duration,
-    /// Accept native-tensor negotiation from the peer (Unix sockets only).
-    pub native_tensors: bool,
-    /// Transport limits for the native-tensor channel.
-    pub peer_config: tensorwire::PeerConfig,
-}
-
-impl Default for RpcConfig {
-    fn default() -> Self {
-        RpcConfig {
-            max_frame: frame::DEFAULT_MAX_FRAME,
-            max_depth: crate::json::DEFAULT_MAX_DEPTH,
-            default_timeout: None,
-            send_timeout: Duration::from_secs(30),
-            max_workers: 64,
-            spin: Duration::from_micros(50),
-            reader_yield: Duration::from_millis(1),
-            accept_fs_tensors: true,
-            fs_strategy: FsStrategy::Borrowed,
-            fs_keep: Duration::from_secs(10),
-            native_tensors: true,
-            peer_config: tensorwire::PeerConfig::default(),
-        }
-    }
-}
 
 /// Options of one call.
 #[derive(Debug, Clone, Default)]
@@ -151,22 +100,17 @@ struct PoolState {
     stop: bool,
 }
 
-struct NativeState {
-    peer: Arc<tensorwire::Peer>,
-    /// Imported tensors by tag, waiting for the JSON that names them.
-    arrived: Mutex<HashMap<u64, tensorwire::Imported>>,
-    cv: Condvar,
-}
-
 pub(crate) struct Inner {
     cfg: RpcConfig,
     id: u64,
     registry: Registry,
-    writer: Mutex<Stream>,
+    /// The connection's one socket (one fd): written under `writer`, read by whoever
+    /// holds `reader`, polled by the reader thread holding neither.
+    sock: Stream,
+    /// Serializes frame writes.
+    writer: Mutex<()>,
     /// The read side of the socket: whoever holds this lock reads (the leader).
     reader: Mutex<ReaderState>,
-    /// A dup of the socket the reader thread polls without holding `reader`.
-    watch: Stream,
     /// Bumped each time a waiting caller takes the lead.
     lead_epoch: AtomicU64,
     /// Callers waiting for a response while someone else leads (offered the lead in turn).
@@ -187,6 +131,8 @@ pub(crate) struct Inner {
     busy: AtomicUsize,
     keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
     native: Mutex<Option<Arc<NativeState>>>,
+    /// Set by the first native negotiation (ours or the peer's): one per connection.
+    native_claimed: AtomicBool,
     native_ready: Condvar,
     next_tag: AtomicU64,
     calls_sent: AtomicU64,
@@ -196,7 +142,6 @@ pub(crate) struct Inner {
 }
 
 struct ReaderState {
-    stream: Stream,
     decoder: FrameDecoder,
     buf: Vec<u8>,
 }
@@ -312,18 +257,15 @@ impl Endpoint {
     pub fn new(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
         stream.set_write_timeout(Some(cfg.send_timeout))?;
         let is_unix = stream.is_unix();
-        let rstream = stream.try_clone()?;
-        let watch = stream.try_clone()?;
         let inner = Arc::new(Inner {
             id: ENDPOINT_IDS.fetch_add(1, Ordering::Relaxed),
             registry,
-            writer: Mutex::new(stream),
+            sock: stream,
+            writer: Mutex::new(()),
             reader: Mutex::new(ReaderState {
-                stream: rstream,
                 decoder: FrameDecoder::new(cfg.max_frame),
                 buf: vec![0u8; 64 * 1024],
             }),
-            watch,
             lead_epoch: AtomicU64::new(0),
             followers: Mutex::new(Vec::new()),
             idle: Mutex::new(()),
@@ -340,6 +282,7 @@ impl Endpoint {
             busy: AtomicUsize::new(0),
             keeper: Mutex::new(VecDeque::new()),
             native: Mutex::new(None),
+            native_claimed: AtomicBool::new(false),
             native_ready: Condvar::new(),
             next_tag: AtomicU64::new(1),
             calls_sent: AtomicU64::new(0),
@@ -507,55 +450,6 @@ impl Endpoint {
     pub(crate) fn send_response(&self, call_id: i64, r: Result<Value>) {
         self.inner().respond(call_id, r);
     }
-
-    /// Set up native tensors with the peer: a fresh SEQPACKET socketpair, one end passed
-    /// over this Unix socket, becomes a tensorwire [`tensorwire::Peer`]; from then on
-    /// tensors we send travel as leased memfd segments (zero-copy). `Ok(false)` if the
-    /// peer does not support it (e.g. a pyisolate peer) — tensors then go as file_system
-    /// `TensorRef`s.
-    pub fn negotiate_native(&self, timeout: Duration) -> Result<bool> {
-        let inner = self.inner();
-        if !inner.is_unix {
-            return Ok(false);
-        }
-        if inner.native.lock().is_some() {
-            return Ok(true);
-        }
-        let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
-        let call_id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot::new();
-        inner.pending.lock().insert(call_id, slot.clone());
-        let msg = Message::Call {
-            object_id: CONTROL_OBJECT_ID.into(),
-            call_id,
-            parent_call_id: None,
-            method: "native_hello".into(),
-            args: vec![Value::Int(1)],
-            kwargs: Map::new(),
-        };
-        let mut payload = Vec::new();
-        msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
-        let framed = frame::encode_frame(&payload)?;
-        {
-            let mut w = inner.writer.lock();
-            w.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))?;
-        }
-        drop(theirs);
-        let pc = PendingCall { inner: inner.clone(), id: call_id, slot, timeout: Some(timeout), what: "native tensor negotiation".into() };
-        match pc.wait() {
-            Ok(Value::Bool(true)) => {}
-            Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-        let peer = tensorwire::Peer::from_fd(mine, inner.cfg.peer_config.clone())?;
-        inner.install_native(peer)?;
-        Ok(true)
-    }
-
-    /// Whether tensors travel natively on this connection.
-    pub fn native_enabled(&self) -> bool {
-        self.inner().native.lock().is_some()
-    }
 }
 
 fn reader_loop(weak: std::sync::Weak<Inner>) {
@@ -589,7 +483,7 @@ fn reader_loop(weak: std::sync::Weak<Inner>) {
         };
         match r {
             Ok(Some(f)) => {
-                inner.handle_frame(&f, true);
+                inner.handle_frame(f, true);
                 continue;
             }
             Ok(None) => {}
@@ -604,7 +498,7 @@ fn reader_loop(weak: std::sync::Weak<Inner>) {
         let until = Instant::now() + inner.cfg.spin;
         let mut arrived = false;
         while Instant::now() < until {
-            match tensorwire::sys::poll_events(&[(inner.watch.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
+            match tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
                 Ok(r) if r[0] != 0 => {
                     arrived = true;
                     break;
@@ -621,7 +515,7 @@ fn reader_loop(weak: std::sync::Weak<Inner>) {
         }
         // Wait for the socket without holding the read side, so that a caller that starts
         // waiting can take it. (EOF and shutdown wake this too.)
-        if let Err(e) = tensorwire::sys::poll_events(&[(inner.watch.fd(), libc::POLLIN)], None) {
+        if let Err(e) = tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], None) {
             inner.shutdown_now(e.into());
             return;
         }
@@ -677,7 +571,7 @@ impl Inner {
                 // Responses complete their slots; requests go to the pool (never inline
                 // here: this thread must get back to its own caller). Nothing in
                 // `handle_frame` takes the `reader` lock.
-                Ok(Some(f)) => self.handle_frame(&f, false),
+                Ok(Some(f)) => self.handle_frame(f, false),
                 Ok(None) => std::thread::yield_now(),
                 Err(e) => {
                     self.shutdown_now(e);
@@ -720,14 +614,14 @@ impl Inner {
     /// `Ok(None)` when nothing whole arrived by then.
     fn read_frame_locked(&self, rs: &mut ReaderState, deadline: Option<Instant>) -> Result<Option<Vec<u8>>> {
         loop {
-            if let Some(f) = rs.decoder.next_frame()? {
-                return Ok(Some(f.to_vec()));
+            if let Some(f) = rs.decoder.next_frame_owned()? {
+                return Ok(Some(f));
             }
             if self.is_closed() {
                 return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ready = tensorwire::sys::poll_events(&[(rs.stream.fd(), libc::POLLIN)], left)?;
+            let ready = tensorwire::sys::poll_events(&[(self.sock.fd(), libc::POLLIN)], left)?;
             if ready[0] == 0 {
                 if left.is_some() {
                     return Ok(None);
@@ -735,7 +629,7 @@ impl Inner {
                 continue;
             }
             let mut fds = Vec::new();
-            let n = rs.stream.read_some(&mut rs.buf, &mut fds)?;
+            let n = self.sock.read_some(&mut rs.buf, &mut fds)?;
             if !fds.is_empty() {
                 let mut q = self.fds.lock();
                 for fd in fds {
@@ -755,7 +649,7 @@ impl Inner {
                 });
             }
             let (buf, dec) = (&rs.buf[..n], &mut rs.decoder);
-            dec.push(buf);
+            dec.push(buf)?;
         }
     }
 
@@ -771,14 +665,17 @@ impl Inner {
                 self.cfg.max_frame
             )));
         }
-        let framed = frame::encode_frame(payload)?;
-        let mut w = self.writer.lock();
-        if let Err(e) = w.write_all(&framed) {
+        // A small frame goes in one write; a large one as header + payload (no copy).
+        let (head, body) =
+            if payload.len() <= 64 * 1024 { (frame::encode_frame(payload)?, &[][..]) } else { (frame::header(payload.len())?.to_vec(), payload) };
+        let framed_len = head.len() + body.len();
+        let w = self.writer.lock();
+        if let Err(e) = self.sock.write_all(&head).and_then(|_| self.sock.write_all(body)) {
             drop(w);
             let err = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
                 RpcError::Protocol(format!(
                     "the peer is not reading: a {}-byte write blocked for {:?} (RpcConfig::send_timeout)",
-                    framed.len(),
+                    framed_len,
                     self.cfg.send_timeout
                 ))
             } else {
@@ -877,7 +774,7 @@ impl Inner {
             q.jobs.clear();
             self.pool.cv.notify_all();
         }
-        self.writer.lock().shutdown();
+        self.sock.shutdown();
         self.callbacks.lock().clear();
         self.keeper.lock().clear();
         self.fds.lock().clear();
@@ -886,15 +783,19 @@ impl Inner {
             self.idle_cv.notify_all();
         }
         if let Some(n) = self.native.lock().take() {
-            n.cv.notify_all();
+            n.wake();
         }
         self.native_ready.notify_all();
     }
 
-    fn handle_frame(self: &Arc<Self>, payload: &[u8], may_inline: bool) {
-        let msg = match Message::decode(payload, self.cfg.max_depth) {
+    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, may_inline: bool) {
+        let msg = Message::decode_limited(&payload, self.cfg.json_limits());
+        drop(payload); // the frame's text is not needed past decoding
+        let msg = match msg {
             Ok(m) => m,
             Err(e) => {
+                // Tell the peer why before hanging up (best effort; it may not read).
+                let _ = self.write_frame(&crate::message::connection_notice(&e.to_string()));
                 self.shutdown_now(e);
                 return;
             }
@@ -905,6 +806,9 @@ impl Inner {
                     let _ = self.write_frame(b"null");
                 }
                 self.shutdown_now(RpcError::PeerGone("the peer closed the connection".into()));
+            }
+            Message::Response { call_id: crate::message::NOTICE_CALL_ID, error: Some(e), .. } => {
+                self.shutdown_now(RpcError::PeerGone(format!("the peer ended the connection: {e}")));
             }
             Message::Response { call_id, result, error } => {
                 let slot = self.pending.lock().remove(&call_id);
@@ -1046,108 +950,20 @@ impl Inner {
         self.pool.cv.notify_one();
     }
 
-    /// Requests to our reserved control object.
-    fn control(self: &Arc<Self>, method: &str) -> Result<Value> {
-        match method {
-            "native_hello" => {
-                if !self.cfg.native_tensors || !self.is_unix {
-                    return Err(RpcError::Remote("native tensors are disabled on this endpoint".into()));
-                }
-                let fd = self.take_fd().ok_or_else(|| RpcError::Remote("native_hello arrived without a socket fd".into()))?;
-                // The peer sets up its side after our answer; do ours in the background.
-                let me = Arc::downgrade(self);
-                let cfg = self.cfg.peer_config.clone();
-                std::thread::Builder::new()
-                    .name("tensorwire-rpc-native-setup".into())
-                    .spawn(move || {
-                        if let Ok(peer) = tensorwire::Peer::from_fd(fd, cfg) {
-                            if let Some(i) = me.upgrade() {
-                                let _ = i.install_native(peer);
-                            }
-                        }
-                    })
-                    .map_err(|e| RpcError::io("spawning native setup", e))?;
-                Ok(Value::Bool(true))
-            }
-            m => Err(RpcError::NotFound(format!("'{CONTROL_OBJECT_ID}' has no method '{m}'"))),
-        }
-    }
-
-    fn install_native(self: &Arc<Self>, peer: tensorwire::Peer) -> Result<()> {
-        let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(HashMap::new()), cv: Condvar::new() });
-        let st2 = st.clone();
-        let me = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("tensorwire-rpc-native-recv".into())
-            .spawn(move || {
-                loop {
-                    if me.upgrade().is_none_or(|i| i.is_closed()) {
-                        return;
-                    }
-                    match st2.peer.recv(Some(Duration::from_millis(200))) {
-                        Ok(tensorwire::Incoming::Tensor(t)) => {
-                            st2.arrived.lock().insert(t.tag(), t);
-                            st2.cv.notify_all();
-                        }
-                        Ok(tensorwire::Incoming::Message { .. }) => {}
-                        // Native mode carries CPU tensors only (CUDA over RPC is not mapped
-                        // yet): dropping the import releases its lease at once.
-                        Ok(tensorwire::Incoming::CudaTensor(t)) => drop(t),
-                        Err(tensorwire::Error::Timeout { .. }) => {}
-                        Err(_) => return,
-                    }
-                }
-            })
-            .map_err(|e| RpcError::io("spawning the native receiver", e))?;
-        *self.native.lock() = Some(st);
-        self.native_ready.notify_all();
-        Ok(())
-    }
-
     /// Replace tensor references in a received value by tensors.
     fn decode_tensors(&self, v: Value) -> Result<Value> {
         match v {
             Value::Array(a) => Ok(Value::Array(a.into_iter().map(|x| self.decode_tensors(x)).collect::<Result<_>>()?)),
             Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
                 Some("TensorRef") if self.cfg.accept_fs_tensors && m.get("device").and_then(Value::as_str) == Some("cpu") => {
-                    Ok(Value::from(Tensor::File(Arc::new(FsTensor::from_tensor_ref(&m)?))))
+                    let f = FsTensor::from_tensor_ref(&m)?.with_max_copy(self.cfg.max_tensor_copy);
+                    Ok(Value::from(Tensor::File(Arc::new(f))))
                 }
                 Some("TensorwireTensor") => self.claim_native(&m),
                 Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
                 _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
             },
             other => Ok(other),
-        }
-    }
-
-    fn claim_native(&self, m: &Map) -> Result<Value> {
-        let tag = m
-            .get("tag")
-            .and_then(Value::as_i64)
-            .and_then(|t| u64::try_from(t).ok())
-            .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
-        let want = crate::tensor::layout_from_ref(m)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let st = {
-            let mut g = self.native.lock();
-            while g.is_none() && !self.is_closed() {
-                if self.native_ready.wait_until(&mut g, deadline).timed_out() {
-                    break;
-                }
-            }
-            g.clone().ok_or_else(|| RpcError::Protocol("a native tensor arrived but native tensors were never negotiated".into()))?
-        };
-        let mut arrived = st.arrived.lock();
-        loop {
-            if let Some(t) = arrived.remove(&tag) {
-                if t.layout() != want {
-                    return Err(RpcError::Protocol(format!("native tensor {tag}: JSON says {want:?}, descriptor says {:?}", t.layout())));
-                }
-                return Ok(Value::from(Tensor::Imported(Arc::new(t))));
-            }
-            if self.is_closed() || st.cv.wait_until(&mut arrived, deadline).timed_out() {
-                return Err(RpcError::Timeout { what: format!("native tensor {tag}"), after: Duration::from_secs(10) });
-            }
         }
     }
 

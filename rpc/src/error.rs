@@ -32,6 +32,17 @@ pub enum RpcError {
     Io(String),
     /// The tensorwire transport reported an error (native tensors).
     Transport(String),
+    /// A server already serves `RpcConfig::max_connections` connections; the new one was
+    /// refused (told so, then closed).
+    ConnectionLimit { open: usize, cap: usize },
+    /// A frame holds more JSON than a decode limit allows (`field`: the `RpcConfig` field
+    /// that sets it, e.g. `max_values`, `max_depth`); the connection is closed.
+    DecodeLimit { what: String, field: &'static str },
+    /// A private copy of a peer's tensor (`to_vec`, `to_f64_vec`, a storage copy, a
+    /// `TensorValue`) would take more than `RpcConfig::max_tensor_copy` bytes.
+    TensorCopyLimit { what: String, need: u64, cap: usize },
+    /// An allocation within the limits failed (out of memory or address space).
+    OutOfMemory { what: String, bytes: u64 },
 }
 
 impl RpcError {
@@ -66,6 +77,18 @@ impl fmt::Display for RpcError {
             RpcError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             RpcError::Io(m) => write!(f, "I/O error: {m}"),
             RpcError::Transport(m) => write!(f, "transport: {m}"),
+            RpcError::ConnectionLimit { open, cap } => write!(
+                f,
+                "server busy: {open} connections are open, the cap is {cap} (RpcConfig::max_connections); try again later"
+            ),
+            RpcError::DecodeLimit { what, field } => {
+                write!(f, "protocol violation by peer: {what} (limit set by RpcConfig::{field})")
+            }
+            RpcError::TensorCopyLimit { what, need, cap } => write!(
+                f,
+                "{what} needs {need} bytes, over the {cap}-byte limit on private copies of a peer's tensor (RpcConfig::max_tensor_copy; read the storage in place, or raise the limit for a trusted peer)"
+            ),
+            RpcError::OutOfMemory { what, bytes } => write!(f, "out of memory: could not allocate {bytes} bytes for {what}"),
         }
     }
 }

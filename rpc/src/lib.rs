@@ -33,11 +33,15 @@
 //! # drop(server); Ok(()) }
 //! ```
 
+mod accept;
 pub mod base64;
+pub mod config;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+pub mod fs_tensor;
 pub mod json;
+mod limits;
 pub mod message;
 pub mod server;
 pub mod service;
@@ -52,4 +56,4 @@ pub use message::Message;
 pub use server::Server;
 pub use service::{Args, CallCtx, Registry, RemoteObject, Responder, Service};
 pub use stream::Stream;
-pub use tensor::{FsStrategy, FsTensor, Tensor};
+pub use tensor::{FsStrategy, FsTensor, ImportedTensor, Tensor};

@@ -57,9 +57,18 @@ fn take_args(m: &mut Map, kind: &str) -> Result<(Vec<Value>, Map)> {
 }
 
 impl Message {
-    /// Parse one frame's payload.
+    /// Parse one frame's payload (the default value count).
     pub fn decode(payload: &[u8], max_depth: usize) -> Result<Message> {
-        let v = json::parse(payload, max_depth).map_err(|e| RpcError::Protocol(e.to_string()))?;
+        Message::decode_limited(payload, json::Limits { max_depth, ..json::Limits::default() })
+    }
+
+    /// Parse one frame's payload within `limits`; going over one is
+    /// [`RpcError::DecodeLimit`], any other bad JSON [`RpcError::Protocol`].
+    pub fn decode_limited(payload: &[u8], limits: json::Limits) -> Result<Message> {
+        let v = json::parse_limited(payload, limits).map_err(|e| match e {
+            RpcError::DecodeLimit { .. } => e,
+            e => RpcError::Protocol(e.to_string()),
+        })?;
         Message::from_value(v)
     }
 
@@ -151,6 +160,21 @@ impl Message {
             Message::Close => None,
         }
     }
+}
+
+/// The `call_id` of a connection notice: a response to no request, carrying the reason
+/// the sender is about to close the connection (a refused connection, a frame over a
+/// decode limit). Our endpoints fail every pending call with that reason; a pyisolate
+/// peer sees a response to an unknown id, then the close.
+pub const NOTICE_CALL_ID: i64 = -1;
+
+/// A connection notice's payload (see [`NOTICE_CALL_ID`]).
+pub fn connection_notice(reason: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let m = Message::Response { call_id: NOTICE_CALL_ID, result: Value::Null, error: Some(reason.to_owned()) };
+    // A response with a string error and no tensors always encodes.
+    let _ = m.encode(&mut out, &mut |_| Err(RpcError::InvalidArgument("no tensors in a notice".into())));
+    out
 }
 
 fn encode_args(out: &mut Vec<u8>, args: &[Value], kwargs: &Map, tensor: &mut dyn FnMut(&Tensor) -> Result<Value>) -> Result<()> {

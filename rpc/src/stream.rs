@@ -1,6 +1,10 @@
 //! The byte streams an endpoint runs over: a Unix stream socket (a path, as pyisolate's
 //! `PYISOLATE_UDS_ADDRESS`, or an inherited socketpair fd) or TCP (a peer on another
 //! machine: tensors are then always copied into the JSON-side form, never shared).
+//!
+//! Reads and writes take `&self`: an endpoint reads and writes the one socket from
+//! different threads without a second fd (a dup per direction would triple what each
+//! connection costs in fds).
 
 use crate::error::{Result, RpcError};
 use std::io::{Read, Write};
@@ -76,7 +80,7 @@ impl Stream {
 
     /// Read some bytes; fds that came with them (Unix only) are appended to `fds`.
     /// `Ok(0)` is EOF.
-    pub fn read_some(&mut self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize> {
+    pub fn read_some(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize> {
         match self {
             Stream::Unix(s) => match tensorwire::sys::recv_msg(s.as_fd(), buf)? {
                 None => Ok(0),
@@ -86,7 +90,7 @@ impl Stream {
                 }
             },
             Stream::Tcp(s) => loop {
-                match s.read(buf) {
+                match (&*s).read(buf) {
                     Ok(n) => return Ok(n),
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(0),
@@ -97,16 +101,16 @@ impl Stream {
     }
 
     /// Write all of `data`; a timeout here means the peer stopped reading.
-    pub fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+    pub fn write_all(&self, data: &[u8]) -> std::io::Result<()> {
         match self {
-            Stream::Unix(s) => s.write_all(data),
-            Stream::Tcp(s) => s.write_all(data),
+            Stream::Unix(s) => (&*s).write_all(data),
+            Stream::Tcp(s) => (&*s).write_all(data),
         }
     }
 
     /// Write `data` with `fd` attached (SCM_RIGHTS; Unix only). The whole of `data` goes
     /// in one sendmsg, so keep it small.
-    pub fn write_with_fd(&mut self, data: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
+    pub fn write_with_fd(&self, data: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
         match self {
             Stream::Unix(s) => Ok(tensorwire::sys::send_msg(s.as_fd(), data, &[fd], false)?),
             Stream::Tcp(_) => Err(RpcError::InvalidArgument("fds cannot travel over TCP".into())),

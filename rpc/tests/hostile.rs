@@ -125,3 +125,92 @@ fn oversize_outgoing_messages_are_refused_locally() {
     assert!(e.contains("frame cap"), "{e}");
     assert!(!ep.is_closed());
 }
+
+/// A server with a `sum` method over a tensor argument (as the echo example has).
+fn summing_server(cfg: RpcConfig) -> (Endpoint, Endpoint) {
+    let reg = Registry::new();
+    reg.register(
+        "calc",
+        Service::new("Calc").method("sum", |_, a| {
+            let t = a.req(0, "t")?.as_tensor().ok_or_else(|| RpcError::Remote("expected a tensor".into()))?;
+            Ok(Value::Float(t.to_f64_vec()?.iter().sum()))
+        }),
+    )
+    .unwrap();
+    Endpoint::pair(reg, Registry::new(), cfg).unwrap()
+}
+
+#[test]
+fn a_native_broadcast_view_cannot_size_the_servers_copies() {
+    let (_server, client) = summing_server(RpcConfig::default());
+    assert!(client.negotiate_native(Duration::from_secs(5)).unwrap());
+    // One float of storage viewed as 2^28 elements with stride 0 (valid: the view stays
+    // inside its storage), sent natively: the server's copy would be sized by the view.
+    let one = tensorwire::SharedTensor::zeros(tensorwire::Layout::contiguous(tensorwire::DType::Float32, &[1]).unwrap()).unwrap();
+    one.write_storage(0, &2.5f32.to_ne_bytes()).unwrap();
+    let wide = one.view(tensorwire::Layout::strided(tensorwire::DType::Float32, &[1 << 28], &[0], 0).unwrap()).unwrap();
+    let e = client.call("calc", "sum", vec![Value::from(Tensor::Shared(wide))]).unwrap_err().to_string();
+    assert!(e.contains("RpcConfig::max_tensor_copy") && e.contains("2147483648"), "{e}");
+    // Within the limit the same kind of view is fine.
+    let narrow = one.view(tensorwire::Layout::strided(tensorwire::DType::Float32, &[4], &[0], 0).unwrap()).unwrap();
+    assert_eq!(client.call("calc", "sum", vec![Value::from(Tensor::Shared(narrow))]).unwrap(), Value::Float(10.0));
+}
+
+#[test]
+fn the_copy_limit_is_a_config_field() {
+    let cfg = RpcConfig { max_tensor_copy: 16, ..RpcConfig::default() };
+    let (_server, client) = summing_server(cfg);
+    assert!(client.negotiate_native(Duration::from_secs(5)).unwrap());
+    let t = Tensor::from_f32(&[2], &[1.0, 2.0]).unwrap();
+    assert_eq!(client.call("calc", "sum", vec![Value::from(t)]).unwrap(), Value::Float(3.0), "16 bytes of f64s fit");
+    let t = Tensor::from_f32(&[3], &[1.0, 2.0, 3.0]).unwrap();
+    let e = client.call("calc", "sum", vec![Value::from(t)]).unwrap_err().to_string();
+    assert!(e.contains("over the 16-byte limit") && e.contains("max_tensor_copy"), "{e}");
+}
+
+#[test]
+fn too_many_json_values_close_the_connection_naming_the_limit() {
+    let cfg = RpcConfig { max_values: 1000, ..RpcConfig::default() };
+    let (ep, mut raw) = server(cfg);
+    let zeros = vec!["0"; 2000].join(", ");
+    let msg = format!(r#"{{"kind": "call", "object_id": "calc", "call_id": 0, "parent_call_id": null, "method": "echo", "args": [[{zeros}]], "kwargs": {{}}}}"#);
+    raw.write_all(&frame(msg.as_bytes())).unwrap();
+    let why = closed_with(&ep);
+    assert!(why.contains("more than 1000 JSON values") && why.contains("RpcConfig::max_values"), "{why}");
+    // The peer was told why before the hang-up.
+    let mut hdr = [0u8; 4];
+    raw.read_exact(&mut hdr).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(hdr) as usize];
+    raw.read_exact(&mut body).unwrap();
+    let notice = String::from_utf8(body).unwrap();
+    assert!(notice.contains("\"call_id\": -1") && notice.contains("max_values"), "{notice}");
+    // Just under the limit is fine (999 zeros + the list + args + the message's values).
+    let (ep, mut raw) = server(RpcConfig { max_values: 1000, ..RpcConfig::default() });
+    let zeros = vec!["0"; 980].join(", ");
+    let msg = format!(r#"{{"kind": "call", "object_id": "calc", "call_id": 0, "parent_call_id": null, "method": "echo", "args": [[{zeros}]], "kwargs": {{}}}}"#);
+    raw.write_all(&frame(msg.as_bytes())).unwrap();
+    raw.read_exact(&mut hdr).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(hdr) as usize];
+    raw.read_exact(&mut body).unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("\"error\": null"));
+    assert!(!ep.is_closed());
+}
+
+#[test]
+fn a_client_refused_at_the_connection_cap_is_told_why() {
+    let path = format!("/tmp/tw-hostile-cap-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&path);
+    let cfg = RpcConfig { max_connections: 1, ..RpcConfig::default() };
+    let server = std::sync::Arc::new(Server::bind(&path, Registry::new(), cfg).unwrap());
+    let s2 = server.clone();
+    let t = std::thread::spawn(move || (s2.accept().map(|_| ()), s2.accept().map(|_| ())));
+    let first = Endpoint::connect(&path, Registry::new(), RpcConfig::default()).unwrap();
+    let second = Endpoint::connect(&path, Registry::new(), RpcConfig::default()).unwrap();
+    let (a, b) = t.join().unwrap();
+    assert!(a.is_ok());
+    assert!(matches!(b, Err(RpcError::ConnectionLimit { open: 1, cap: 1 })), "{b:?}");
+    let why = second.wait_closed().to_string();
+    assert!(why.contains("server busy") && why.contains("RpcConfig::max_connections"), "{why}");
+    assert!(!first.is_closed());
+    assert_eq!(server.connections(), 1);
+}

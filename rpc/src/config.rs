@@ -1,0 +1,95 @@
+//! [`RpcConfig`]: the limits and behaviour of an endpoint (and of a [`crate::Server`]'s
+//! accept loop). Every limit on what a peer can make this process hold is a field here
+//! with a default that is safe against a hostile peer; going over one is a named
+//! [`crate::RpcError`] variant whose message names the field.
+
+use crate::frame;
+use crate::json;
+use crate::tensor::FsStrategy;
+use std::time::Duration;
+
+/// Default [`RpcConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default [`RpcConfig::max_tensor_copy`]: 256 MiB.
+pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
+
+/// Limits and behaviour of one endpoint.
+#[derive(Debug, Clone)]
+pub struct RpcConfig {
+    /// Largest frame accepted or sent (default 64 MiB).
+    pub max_frame: usize,
+    /// Deepest JSON nesting accepted (default 256).
+    pub max_depth: usize,
+    /// Most JSON values (scalars, lists, dicts and dict keys, each counting one) decoded
+    /// from one frame (default 1,048,576). A value costs this process about 32 bytes
+    /// however few bytes it took on the wire (`0, ` is three), so this, not the frame
+    /// cap, bounds what decoding one frame can cost: about 64 MiB with the default.
+    pub max_values: usize,
+    /// Largest private copy of a peer's tensor, in bytes (default 256 MiB): `to_vec`,
+    /// `to_f64_vec`, storage copies and `TensorValue`s of tensors the peer sent. A view
+    /// can name far more elements than its storage holds (stride 0), so the peer, not
+    /// the data, would otherwise choose the size. Zero-copy access (reading the storage
+    /// in place) is not limited.
+    pub max_tensor_copy: usize,
+    /// Most connections a [`crate::Server`] serves at once (default 256); a connection
+    /// over it is told "server busy" and closed. Each costs one fd and one reader thread
+    /// (and, once it negotiates native tensors, the transport's fds and threads).
+    pub max_connections: usize,
+    /// Timeout for calls that give none (`None`: until the response or peer death).
+    pub default_timeout: Option<Duration>,
+    /// How long one frame write may block before the peer counts as not reading (the
+    /// connection is then closed).
+    pub send_timeout: Duration,
+    /// Most worker threads (handlers running or blocked at once).
+    pub max_workers: usize,
+    /// How long a caller spins before sleeping on its response.
+    pub spin: Duration,
+    /// How long the reader thread stays off the socket once a waiting caller has been
+    /// reading it (callers that keep calling read their own responses and dispatch
+    /// whatever else arrives; the reader thread then wakes about once per this period
+    /// instead of once per frame — on a loaded machine those wakes cost the callers).
+    /// The price: a request from the peer that arrives while none of our calls is waiting
+    /// may wait up to this long. Zero: the reader thread never steps back.
+    pub reader_yield: Duration,
+    /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
+    pub accept_fs_tensors: bool,
+    /// Strategy for the `TensorRef`s we send.
+    pub fs_strategy: FsStrategy,
+    /// How long we hold our reference to a file_system tensor we sent (the receiver must
+    /// open it within this time with the borrowed strategy).
+    pub fs_keep: Duration,
+    /// Accept native-tensor negotiation from the peer (Unix sockets only; once per
+    /// connection).
+    pub native_tensors: bool,
+    /// Transport limits for the native-tensor channel.
+    pub peer_config: tensorwire::PeerConfig,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            max_frame: frame::DEFAULT_MAX_FRAME,
+            max_depth: json::DEFAULT_MAX_DEPTH,
+            max_values: json::DEFAULT_MAX_VALUES,
+            max_tensor_copy: DEFAULT_MAX_TENSOR_COPY,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            default_timeout: None,
+            send_timeout: Duration::from_secs(30),
+            max_workers: 64,
+            spin: Duration::from_micros(50),
+            reader_yield: Duration::from_millis(1),
+            accept_fs_tensors: true,
+            fs_strategy: FsStrategy::Borrowed,
+            fs_keep: Duration::from_secs(10),
+            native_tensors: true,
+            peer_config: tensorwire::PeerConfig::default(),
+        }
+    }
+}
+
+impl RpcConfig {
+    /// The JSON decode limits of this config.
+    pub fn json_limits(&self) -> json::Limits {
+        json::Limits { max_depth: self.max_depth, max_values: self.max_values }
+    }
+}

@@ -1,0 +1,295 @@
+//! The JSON parser behind [`crate::json::parse`]: Python's `json.loads` grammar (see the
+//! parent module), bounded. A frame's text is at most `RpcConfig::max_frame` bytes, but
+//! the tree built from it costs ~32 bytes per value however short the value's text is, so
+//! the parser counts values against [`Limits::max_values`] and nesting against
+//! [`Limits::max_depth`] as it goes, and stops with [`RpcError::DecodeLimit`] at the first
+//! value over either — before allocating for it.
+
+use super::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_VALUES, MAX_INT_DIGITS, Map, Value};
+use crate::error::{Result, RpcError};
+
+/// What one parse may build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Deepest nesting of lists and dicts (`RpcConfig::max_depth`).
+    pub max_depth: usize,
+    /// Most values, dict keys included (`RpcConfig::max_values`).
+    pub max_values: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_depth: DEFAULT_MAX_DEPTH, max_values: DEFAULT_MAX_VALUES }
+    }
+}
+
+/// Parse `bytes` (must be UTF-8) with at most `max_depth` nested arrays/objects and the
+/// default value count.
+pub fn parse(bytes: &[u8], max_depth: usize) -> Result<Value> {
+    parse_limited(bytes, Limits { max_depth, ..Limits::default() })
+}
+
+/// Parse `bytes` (must be UTF-8) within `limits`.
+pub fn parse_limited(bytes: &[u8], limits: Limits) -> Result<Value> {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(RpcError::Decode(format!("frame is not valid UTF-8 (at byte {})", e.valid_up_to())));
+    }
+    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits };
+    p.ws();
+    let v = p.value()?;
+    p.ws();
+    if p.i != p.b.len() {
+        return Err(p.err("extra data after the JSON value"));
+    }
+    Ok(v)
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+    depth: usize,
+    /// Values (and keys) parsed so far.
+    values: usize,
+    limits: Limits,
+}
+
+impl Parser<'_> {
+    fn err(&self, what: &str) -> RpcError {
+        RpcError::Decode(format!("invalid JSON at byte {}: {what}", self.i))
+    }
+    fn ws(&mut self) {
+        while let Some(c) = self.b.get(self.i) {
+            if matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
+                self.i += 1;
+            } else {
+                break;
+            }
+        }
+    }
+    fn eat(&mut self, lit: &[u8]) -> bool {
+        if self.b[self.i..].starts_with(lit) {
+            self.i += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+    /// Count one more value (or key) against the budget.
+    fn count(&mut self) -> Result<()> {
+        self.values += 1;
+        if self.values > self.limits.max_values {
+            return Err(RpcError::DecodeLimit {
+                what: format!("frame holds more than {} JSON values (at byte {})", self.limits.max_values, self.i),
+                field: "max_values",
+            });
+        }
+        Ok(())
+    }
+    fn value(&mut self) -> Result<Value> {
+        let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end of input")) };
+        self.count()?;
+        match c {
+            b'{' => self.object(),
+            b'[' => self.array(),
+            b'"' => Ok(Value::Str(self.string()?)),
+            b'n' if self.eat(b"null") => Ok(Value::Null),
+            b't' if self.eat(b"true") => Ok(Value::Bool(true)),
+            b'f' if self.eat(b"false") => Ok(Value::Bool(false)),
+            b'N' if self.eat(b"NaN") => Ok(Value::Float(f64::NAN)),
+            b'I' if self.eat(b"Infinity") => Ok(Value::Float(f64::INFINITY)),
+            b'-' if self.eat(b"-Infinity") => Ok(Value::Float(f64::NEG_INFINITY)),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => Err(self.err("expected a value")),
+        }
+    }
+    fn enter(&mut self) -> Result<()> {
+        self.depth += 1;
+        if self.depth > self.limits.max_depth {
+            return Err(RpcError::DecodeLimit {
+                what: format!("JSON nesting deeper than {} levels (at byte {})", self.limits.max_depth, self.i),
+                field: "max_depth",
+            });
+        }
+        Ok(())
+    }
+    fn array(&mut self) -> Result<Value> {
+        self.enter()?;
+        self.i += 1;
+        let mut out = Vec::new();
+        self.ws();
+        if self.eat(b"]") {
+            self.depth -= 1;
+            return Ok(Value::Array(out));
+        }
+        loop {
+            self.ws();
+            out.push(self.value()?);
+            self.ws();
+            if self.eat(b",") {
+                continue;
+            }
+            if self.eat(b"]") {
+                break;
+            }
+            return Err(self.err("expected ',' or ']'"));
+        }
+        self.depth -= 1;
+        Ok(Value::Array(out))
+    }
+    fn object(&mut self) -> Result<Value> {
+        self.enter()?;
+        self.i += 1;
+        let mut out = Map::new();
+        self.ws();
+        if self.eat(b"}") {
+            self.depth -= 1;
+            return Ok(Value::Object(out));
+        }
+        loop {
+            self.ws();
+            if self.b.get(self.i) != Some(&b'"') {
+                return Err(self.err("expected a string key"));
+            }
+            self.count()?;
+            let k = self.string()?;
+            self.ws();
+            if !self.eat(b":") {
+                return Err(self.err("expected ':'"));
+            }
+            self.ws();
+            let v = self.value()?;
+            out.insert(k, v); // duplicate keys: the last wins, as in Python
+            self.ws();
+            if self.eat(b",") {
+                continue;
+            }
+            if self.eat(b"}") {
+                break;
+            }
+            return Err(self.err("expected ',' or '}'"));
+        }
+        self.depth -= 1;
+        Ok(Value::Object(out))
+    }
+    fn hex4(&mut self) -> Result<u32> {
+        let h = self.b.get(self.i..self.i + 4).ok_or_else(|| self.err("truncated \\u escape"))?;
+        let mut v = 0u32;
+        for &c in h {
+            let d = (c as char).to_digit(16).ok_or_else(|| self.err("bad hex digit in \\u escape"))?;
+            v = v * 16 + d;
+        }
+        self.i += 4;
+        Ok(v)
+    }
+    fn string(&mut self) -> Result<String> {
+        self.i += 1; // opening quote
+        let mut out = String::new();
+        loop {
+            let start = self.i;
+            while let Some(&c) = self.b.get(self.i) {
+                if c == b'"' || c == b'\\' || c < 0x20 {
+                    break;
+                }
+                self.i += 1;
+            }
+            // The input was validated as UTF-8 and we stop only at ASCII bytes, so this
+            // slice is on char boundaries.
+            out.push_str(std::str::from_utf8(&self.b[start..self.i]).map_err(|_| self.err("invalid UTF-8"))?);
+            let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
+            self.i += 1;
+            match c {
+                b'"' => return Ok(out),
+                b'\\' => {
+                    let Some(&e) = self.b.get(self.i) else { return Err(self.err("unterminated escape")) };
+                    self.i += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let u = self.hex4()?;
+                            let ch = if (0xD800..0xDC00).contains(&u) {
+                                // High surrogate: a low one must follow to make a char.
+                                if self.b[self.i..].starts_with(b"\\u") {
+                                    let save = self.i;
+                                    self.i += 2;
+                                    let lo = self.hex4()?;
+                                    if (0xDC00..0xE000).contains(&lo) {
+                                        char::from_u32(0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00))
+                                    } else {
+                                        self.i = save;
+                                        None
+                                    }
+                                } else {
+                                    None
+                                }
+                            } else {
+                                char::from_u32(u)
+                            };
+                            out.push(ch.unwrap_or('\u{FFFD}'));
+                        }
+                        _ => return Err(self.err("invalid escape")),
+                    }
+                }
+                _ => return Err(self.err("control character in string")),
+            }
+        }
+    }
+    fn digits(&mut self) -> usize {
+        let s = self.i;
+        while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+        }
+        self.i - s
+    }
+    fn number(&mut self) -> Result<Value> {
+        let start = self.i;
+        if self.b[self.i] == b'-' {
+            self.i += 1;
+        }
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("expected digits")),
+        }
+        let mut float = false;
+        if self.b.get(self.i) == Some(&b'.') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+            self.digits();
+            float = true;
+        }
+        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
+            let save = self.i;
+            self.i += 1;
+            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                self.i = save; // Python stops the number here; the next token will fail
+            } else {
+                float = true;
+            }
+        }
+        // SAFETY-free: only ASCII digits, signs, '.', 'e' were consumed.
+        let text = std::str::from_utf8(&self.b[start..self.i]).map_err(|_| self.err("bad number"))?;
+        if float {
+            return text.parse::<f64>().map(Value::Float).map_err(|_| self.err("bad float"));
+        }
+        match text.parse::<i64>() {
+            Ok(i) => Ok(Value::Int(i)),
+            Err(_) => {
+                if text.trim_start_matches('-').len() > MAX_INT_DIGITS {
+                    return Err(self.err(&format!("integer longer than {MAX_INT_DIGITS} digits")));
+                }
+                Ok(Value::BigInt(text.to_owned()))
+            }
+        }
+    }
+}
