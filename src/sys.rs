@@ -240,8 +240,9 @@ struct CmsgBuf([u8; 256]);
 /// Send one SEQPACKET message with optional fds and, if `with_creds`, our own ucred
 /// (SCM_CREDENTIALS: the kernel checks it is really ours).
 ///
-/// Waits at most `timeout` for room in the socket buffer (`None`: without limit): a peer
-/// that stops reading must not block the sender for ever.
+/// Waits at most `timeout` for room in the socket buffer: a peer that stops reading must
+/// not block the sender for ever. `None`: a plain blocking send (for stream sockets, whose
+/// sends may be partial without blocking, and which carry their own SO_SNDTIMEO).
 pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], with_creds: bool, timeout: Option<Duration>) -> Result<()> {
     if fds.len() > MAX_FDS_PER_MSG {
         return Err(Error::InvalidArgument(format!("{} fds in one message, at most {MAX_FDS_PER_MSG}", fds.len())));
@@ -287,10 +288,12 @@ pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], wi
     }
     let deadline = timeout.map(crate::deadline::after);
     let r = loop {
+        // MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE; MSG_DONTWAIT lets
+        // a full buffer come back as EAGAIN, waited for below.
+        let flags = libc::MSG_NOSIGNAL | if deadline.is_some() { libc::MSG_DONTWAIT } else { 0 };
         // SAFETY: `msg` describes `iov` (pointing at `payload`) and `cbuf`, all alive for
-        // the call. MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE;
-        // MSG_DONTWAIT lets a full buffer come back as EAGAIN, waited for below.
-        let r = retry(-1, || unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) });
+        // the call.
+        let r = retry(-1, || unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, flags) });
         match r {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
                 let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));

@@ -112,7 +112,7 @@ impl Stream {
     /// in one sendmsg, so keep it small.
     pub fn write_with_fd(&self, data: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
         match self {
-            Stream::Unix(s) => Ok(tensorwire::sys::send_msg(s.as_fd(), data, &[fd], false)?),
+            Stream::Unix(s) => Ok(tensorwire::sys::send_msg(s.as_fd(), data, &[fd], false, None)?),
             Stream::Tcp(_) => Err(RpcError::InvalidArgument("fds cannot travel over TCP".into())),
         }
     }
