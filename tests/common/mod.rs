@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
