@@ -16,4 +16,6 @@ cp -f "$target/debug/libsimcuda.so" "$lib/libsimcuda.so"
 ln -sf libsimcuda.so "$lib/libcuda.so.1"
 ln -sf libsimcuda.so "$lib/libcuda.so"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# tests/cuda_sim.rs then insists that the driver it loaded is simcuda.
+export TW_EXPECT_SIMCUDA=1
 exec "$@"

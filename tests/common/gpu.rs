@@ -107,6 +107,13 @@ pub fn dtoh_on(dptr: u64, n: usize, stream: usize) -> Vec<u8> {
     v
 }
 
+/// Queue a memset of `n` bytes at `dptr` on `stream`.
+pub fn memset_async(dptr: u64, v: u8, n: usize, stream: usize) {
+    let _c = ensure_context(0).unwrap();
+    // SAFETY: dptr is a live allocation of the caller's with room for n bytes.
+    call("cuMemsetD8Async", || unsafe { sys::cuMemsetD8Async(dptr, v, n, stream as sys::CUstream) }).unwrap();
+}
+
 /// A stream of device 0.
 pub struct Stream(pub usize);
 
