@@ -522,3 +522,57 @@ fn injected_driver_failures_are_named_errors_and_leave_nothing_behind() {
     finish(child, peer);
     assert_eq!(dropped.load(Ordering::SeqCst), 2);
 }
+
+/// Both ends in one process: the driver refuses to open an IPC handle (memory or event) in
+/// the process that exported it, so the import uses the allocation and the events
+/// themselves — still under the lease and the event order.
+#[test]
+fn both_ends_in_one_process_import_without_opening_handles() {
+    if !gpu("both_ends_in_one_process_import_without_opening_handles") {
+        return;
+    }
+    let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
+    let (a, b) = Peer::pair(PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() }).unwrap();
+    let n = 32 << 10;
+    let buf = DeviceBuffer::alloc(0, n as u64 + 4096).unwrap();
+    let (ps, cs) = (Stream::new(), Stream::new());
+    let l = Layout::contiguous(DType::Int32, &[(n / 4) as i64]).unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let opens = tensorwire::cuda::ipc::cache().opens();
+    for i in 0..6u8 {
+        let data = pattern(n, i);
+        htod_async(buf.ptr() + 4096, &data, ps.0);
+        a.export_cuda(buf.ptr() + 4096, n as u64, &l, ps.0, owner(&dropped), ExportOptions { tag: i.into(), window: None }).unwrap();
+        let t = match b.recv(T).unwrap() {
+            Incoming::CudaTensor(t) => t,
+            other => panic!("expected a CUDA tensor, got {other:?}"),
+        };
+        assert_eq!(t.storage_ptr(), buf.ptr() + 4096, "the import is the exporter's own pointer");
+        t.wait_on(cs.0).unwrap();
+        assert_eq!(fnv1a(&dtoh_on(t.storage_ptr(), n, cs.0)), fnv1a(&data), "round {i}: read before the queued write landed");
+        htod_async(t.data_ptr(), &[!data[0]], cs.0);
+        t.release_after(cs.0).unwrap();
+        leases_back(&a);
+        assert_eq!(dtoh_on(buf.ptr() + 4096, 1, ps.0)[0], !data[0], "round {i}: lease back before the consumer's write landed");
+    }
+    assert_eq!(dropped.load(Ordering::SeqCst), 6);
+    assert_eq!(tensorwire::cuda::ipc::cache().opens(), opens, "no cuIpcOpenMemHandle for this process's own memory");
+    // The GPU ring too: its arena and events are this process's own.
+    let src = DeviceBuffer::alloc(0, 48 << 10).unwrap();
+    let rl = Layout::contiguous(DType::UInt8, &[48 << 10]).unwrap();
+    let data = pattern(48 << 10, 77);
+    htod(src.ptr(), &data);
+    let sender = std::thread::spawn({
+        let src = src.ptr();
+        move || {
+            a.cuda_ring_send(src, &rl, 0, 5, T).unwrap();
+            a
+        }
+    });
+    let (tag, desc) = b.cuda_ring_recv(T).unwrap();
+    assert_eq!((tag, desc.storage.nbytes), (5, 48 << 10));
+    let dst = DeviceBuffer::alloc(0, 48 << 10).unwrap();
+    b.cuda_ring_recv_finish(dst.ptr(), 48 << 10, cs.0, T).unwrap();
+    assert_eq!(fnv1a(&dtoh_on(dst.ptr(), 48 << 10, cs.0)), fnv1a(&data));
+    let _a = sender.join().unwrap();
+}
