@@ -25,6 +25,7 @@ const HOLD: u64 = u64::MAX - 2;
 const DROP_HELD: u64 = u64::MAX - 3;
 const RING: u64 = u64::MAX - 4;
 const READY: u64 = u64::MAX - 5;
+const KEEP_WARM: u64 = u64::MAX - 6;
 
 #[test]
 #[ignore = "entry point of the child processes"]
@@ -34,6 +35,7 @@ fn child_entry() {
         "import" => child_import(&peer),
         "ring_recv" => child_ring_recv(&peer),
         "ring_produce_die" => child_ring_produce_die(&peer),
+        "fault_export" => child_fault_export(&peer),
         other => panic!("unknown role {other}"),
     }
 }
@@ -86,6 +88,7 @@ fn child_import(peer: &Peer) {
                     .unwrap();
                 }
                 HOLD => hold = true,
+                KEEP_WARM => tensorwire::cuda::ipc::cache().set_keep_warm(unwords(&payload)[1] as usize),
                 DROP_HELD => {
                     hold = false;
                     for t in held.drain(..) {
@@ -139,6 +142,56 @@ fn child_ring_produce_die(peer: &Peer) {
     let l = Layout::contiguous(DType::UInt8, &[8 * slot as i64]).unwrap();
     let _ = peer.cuda_ring_send(buf.ptr(), &l, 0, 1, T);
     std::thread::sleep(Duration::from_secs(60));
+}
+
+/// A producer whose driver fails on purpose (SIMCUDA_FAIL="cuEventRecord:2,
+/// cuMemcpyDtoDAsync_v2:2"): export 1 works, export 2 fails at its event record, then ring
+/// send 1 works, ring send 2 fails at its copy, ring send 3 works, then 40 more exports
+/// (the event pool wraps: a failed export must have given its slot back). Reports
+/// [export error named, ring error named, owners dropped, live leases, faults injected].
+fn child_fault_export(peer: &Peer) {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let buf = DeviceBuffer::alloc(0, 8192).unwrap();
+    let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
+    let export = |tag: u64| {
+        htod(buf.ptr(), &pattern(4096, tag as u8));
+        peer.export_cuda(buf.ptr(), 4096, &l, 0, owner(&dropped), ExportOptions { tag, window: None })
+    };
+    let wait_lease = || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while peer.reap_now().live_leases > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    export(1).unwrap();
+    wait_lease();
+    let e = export(2).unwrap_err().to_string();
+    let export_named = e.contains("cuEventRecord") && e.contains("CUDA_ERROR_UNKNOWN");
+    let failed_owner_dropped = dropped.load(Ordering::SeqCst) == 2;
+    peer.send_message(&words(&[RING, 2]), &[]).unwrap();
+    let rl = Layout::contiguous(DType::UInt8, &[8192]).unwrap();
+    htod(buf.ptr(), &pattern(8192, 51));
+    peer.cuda_ring_send(buf.ptr(), &rl, 0, 51, T).unwrap();
+    let e = peer.cuda_ring_send(buf.ptr(), &rl, 0, 52, T).unwrap_err().to_string();
+    let ring_named = e.contains("cuMemcpyDtoDAsync") && e.contains("CUDA_ERROR_UNKNOWN");
+    htod(buf.ptr(), &pattern(8192, 53));
+    peer.cuda_ring_send(buf.ptr(), &rl, 0, 53, T).unwrap();
+    for tag in 100..140 {
+        export(tag).unwrap();
+        wait_lease();
+    }
+    wait_lease();
+    let s = sim_stats().unwrap_or_default();
+    let report = [
+        u64::from(export_named && failed_owner_dropped),
+        u64::from(ring_named),
+        dropped.load(Ordering::SeqCst) as u64,
+        peer.reap_now().live_leases,
+        s.faults_injected,
+    ];
+    peer.send_message(&words(&[READY]), &[]).unwrap();
+    peer.send_message(&words(&report), &[]).unwrap();
+    let _ = peer.recv(T);
 }
 
 struct Flag(Arc<AtomicUsize>);
@@ -257,6 +310,17 @@ fn handle_cache_opens_each_handle_once_while_used_and_closes_it_when_unused() {
         let q = query(&peer);
         assert_eq!((q[0], q[1]), (i + 1, 0), "message {i}: opens so far, handles open");
     }
+    // keep_warm 16: the handle stays open between messages, one open for many.
+    peer.send_message(&words(&[KEEP_WARM, 16]), &[]).unwrap();
+    let before = query(&peer)[0];
+    for i in 0..5 {
+        send(20 + i, 0);
+        leases_back(&peer);
+    }
+    let q = query(&peer);
+    assert_eq!((q[0], q[1], q[2]), (before + 1, 1, 0), "keep_warm 16: one open, left open, unused");
+    peer.send_message(&words(&[KEEP_WARM, 0]), &[]).unwrap();
+    assert_eq!(query(&peer)[1], 0, "keep_warm back to 0 closes it");
     // While an import lives, more messages of the same allocation (other offsets) reuse it.
     peer.send_message(&words(&[HOLD]), &[]).unwrap();
     send(10, 0);
@@ -575,4 +639,60 @@ fn both_ends_in_one_process_import_without_opening_handles() {
     b.cuda_ring_recv_finish(dst.ptr(), 48 << 10, cs.0, T).unwrap();
     assert_eq!(fnv1a(&dtoh_on(dst.ptr(), 48 << 10, cs.0)), fnv1a(&data));
     let _a = sender.join().unwrap();
+}
+
+/// Driver failures in the producer (an event record for an export, a copy into the GPU
+/// ring): each is a tensorwire error naming the call, the failed export's owner is dropped
+/// and its event slot given back (40 exports after it wrap the pool), the ring stays usable
+/// after a failure before its first chunk, and the consumer sees only intact data.
+#[test]
+fn injected_producer_failures_are_named_and_leave_the_connection_usable() {
+    if !gpu("injected_producer_failures_are_named_and_leave_the_connection_usable") {
+        return;
+    }
+    if sim_stats().is_none() {
+        eprintln!("SKIPPED injected_producer_failures_are_named_and_leave_the_connection_usable: needs simcuda (fault injection)");
+        return;
+    }
+    let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
+    let env = [("SIMCUDA_FAIL", "cuEventRecord:2,cuMemcpyDtoDAsync_v2:2")];
+    let (mut child, peer) = spawn("fault_export", &env, Some(ring), PeerConfig::default());
+    let cs = Stream::new();
+    let mut tensors = Vec::new();
+    let mut ring_msgs = Vec::new();
+    loop {
+        match peer.recv(T).unwrap() {
+            Incoming::CudaTensor(t) => {
+                t.wait_on(cs.0).unwrap();
+                let got = dtoh_on(t.storage_ptr(), 4096, cs.0);
+                assert_eq!(fnv1a(&got), fnv1a(&pattern(4096, t.tag() as u8)), "export {}", t.tag());
+                tensors.push(t.tag());
+                t.release_after(cs.0).unwrap();
+            }
+            Incoming::Message { payload, .. } => match unwords(&payload)[..] {
+                [RING, n] => {
+                    for _ in 0..n {
+                        let (tag, desc) = peer.cuda_ring_recv(T).unwrap();
+                        let dst = DeviceBuffer::alloc(0, desc.storage.nbytes).unwrap();
+                        peer.cuda_ring_recv_finish(dst.ptr(), desc.storage.nbytes, cs.0, T).unwrap();
+                        assert_eq!(fnv1a(&dtoh_on(dst.ptr(), 8192, cs.0)), fnv1a(&pattern(8192, tag as u8)), "ring message {tag}");
+                        ring_msgs.push(tag);
+                    }
+                }
+                [READY] => break,
+                ref other => panic!("unexpected message {other:?}"),
+            },
+            Incoming::Tensor(t) => panic!("unexpected CPU tensor {:?}", t.layout()),
+        }
+    }
+    let r = unwords(&recv_msg(&peer));
+    assert_eq!(r[0], 1, "the failed export is an error naming cuEventRecord and its owner was dropped");
+    assert_eq!(r[1], 1, "the failed ring send is an error naming cuMemcpyDtoDAsync");
+    assert_eq!((r[2], r[3]), (42, 0), "every owner dropped once, no lease left");
+    assert_eq!(r[4], 2, "two injected failures");
+    let mut want = vec![1u64];
+    want.extend(100..140);
+    assert_eq!(tensors, want, "the failed export sent nothing; the 40 after it (the pool wrapped) arrived");
+    assert_eq!(ring_msgs, [51, 53], "the ring works after the failed send");
+    kill9(&mut child);
 }

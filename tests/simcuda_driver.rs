@@ -13,11 +13,14 @@ use tensorwire::cuda::driver::{DeviceBuffer, call, ensure_context};
 const CHILD_ENV: &str = "TW_SIMDRV_CHILD";
 
 fn on_simcuda(test: &str) -> bool {
-    if gpu(test) && sim_stats().is_some() {
-        return true;
+    if !gpu(test) {
+        return false;
     }
-    eprintln!("SKIPPED {test}: needs simcuda (run under simcuda/run.sh)");
-    false
+    if sim_stats().is_none() {
+        eprintln!("SKIPPED {test}: needs simcuda, not a real driver (run under simcuda/run.sh)");
+        return false;
+    }
+    true
 }
 
 /// Run `body` in a fresh thread (no current context).
