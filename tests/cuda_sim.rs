@@ -26,6 +26,7 @@ const DROP_HELD: u64 = u64::MAX - 3;
 const RING: u64 = u64::MAX - 4;
 const READY: u64 = u64::MAX - 5;
 const KEEP_WARM: u64 = u64::MAX - 6;
+const RING_DIE: u64 = u64::MAX - 7;
 
 #[test]
 #[ignore = "entry point of the child processes"]
@@ -113,6 +114,11 @@ fn child_ring_recv(peer: &Peer) {
     let scratch = DeviceBuffer::alloc(0, 4096).unwrap();
     loop {
         let w = unwords(&recv_msg(peer));
+        if w[0] == RING_DIE {
+            // Take the first part of a message, then die without copying it out.
+            let _ = peer.cuda_ring_recv(T).unwrap();
+            std::process::exit(0);
+        }
         if w[0] != RING {
             return;
         }
@@ -695,4 +701,26 @@ fn injected_producer_failures_are_named_and_leave_the_connection_usable() {
     assert_eq!(tensors, want, "the failed export sent nothing; the 40 after it (the pool wrapped) arrived");
     assert_eq!(ring_msgs, [51, 53], "the ring works after the failed send");
     kill9(&mut child);
+}
+
+/// A consumer that dies part-way through a message: the producer's send, waiting for slots,
+/// fails with PeerGone in bounded time instead of waiting for ever.
+#[test]
+fn gpu_ring_consumer_that_dies_mid_message_gives_the_producer_peer_gone() {
+    if !gpu("gpu_ring_consumer_that_dies_mid_message_gives_the_producer_peer_gone") {
+        return;
+    }
+    let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
+    let (mut child, peer) = spawn("ring_recv", &[], None, PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() });
+    let src = DeviceBuffer::alloc(0, 8 * (16 << 10)).unwrap();
+    htod(src.ptr(), &pattern(8 * (16 << 10), 1));
+    let l = Layout::contiguous(DType::UInt8, &[8 * (16 << 10)]).unwrap();
+    peer.send_message(&words(&[RING_DIE]), &[]).unwrap();
+    let t0 = Instant::now();
+    let e = peer.cuda_ring_send(src.ptr(), &l, 0, 1, T).unwrap_err();
+    assert!(e.is_peer_gone(), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
+    assert!(child.wait().unwrap().success());
+    let e = peer.cuda_ring_send(src.ptr(), &l, 0, 2, T).unwrap_err();
+    assert!(e.is_peer_gone() || matches!(e, Error::Protocol(_)), "a later send fails at once: {e}");
 }
