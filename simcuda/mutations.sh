@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proof that the CUDA suite (tests/cuda_sim.rs on simcuda) can fail: remove, one at a
+# Proof that the CUDA suite (tests/cuda_sim.rs, tests/cuda_sim_ring.rs on simcuda) can fail: remove, one at a
 # time, a wait that orders GPU work across processes, run the suite, expect it to fail,
 # and put the file back (also on Ctrl-C or error). Prints which tests failed for each.
 #
@@ -40,7 +40,7 @@ src = ["        // (mutation: removed) " + l.strip() if l == line else l for l i
 open(p, "w").write("\n".join(src))
 PY
   echo "==> mutation: remove the $name ($file)"
-  out=$(bash simcuda/run.sh cargo test --locked -q --test cuda_sim 2>&1) && rc=0 || rc=$?
+  out=$(bash simcuda/run.sh cargo test --locked -q --no-fail-fast --test cuda_sim --test cuda_sim_ring 2>&1) && rc=0 || rc=$?
   restore
   failed=$(printf '%s\n' "$out" | sed -n 's/^    \([a-z_0-9]*\)$/\1/p' | sort -u | tr '\n' ' ')
   if [ "$rc" = 0 ]; then

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod gpu_roles;
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
