@@ -58,13 +58,33 @@ fn stream_wait(stream: usize, ev: sys::CUevent) -> Result<()> {
     call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev, 0) })
 }
 
-/// Interprocess events (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here
-/// with handles to export, or opened from a peer's handles. Destroyed on drop (an opened
-/// IPC event is released with `cuEventDestroy` as well, in a context of the events'
-/// device). The caller keeps a context of that device current around every other call.
-pub struct IpcEventSet {
+/// One driver event, destroyed when the last holder drops it (in a context of its device:
+/// the holder may be on a thread whose current context is another device's, or none).
+struct OwnedEvent {
     device: i32,
-    events: Vec<usize>,
+    ev: usize,
+}
+
+impl Drop for OwnedEvent {
+    fn drop(&mut self) {
+        let _ctx = ensure_context(self.device);
+        // SAFETY: an event created or opened once, destroyed once (last holder).
+        let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(self.ev as sys::CUevent) });
+    }
+}
+
+/// Interprocess events this process created, by handle: the driver refuses to open a
+/// handle in the process that made it, so an open of one of these (both ends of a
+/// connection in one process) shares the event itself. Weak: the creator's set owns them.
+static OWN_EVENTS: parking_lot::Mutex<Vec<([u8; 64], std::sync::Weak<OwnedEvent>)>> = parking_lot::Mutex::new(Vec::new());
+
+/// Interprocess events (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`): created here
+/// with handles to export, or opened from a peer's handles (or shared, for handles this
+/// process created). Destroyed when the last set holding them drops (an opened IPC event
+/// is released with `cuEventDestroy` as well). The caller keeps a context of that device
+/// current around every other call.
+pub struct IpcEventSet {
+    events: Vec<Arc<OwnedEvent>>,
     handles: Vec<[u8; 64]>,
 }
 
@@ -76,31 +96,44 @@ unsafe impl Sync for IpcEventSet {}
 impl IpcEventSet {
     /// Create `n` interprocess events in the current context.
     pub fn create(n: usize) -> Result<IpcEventSet> {
-        let mut set = IpcEventSet { device: current_device()?, events: Vec::with_capacity(n), handles: Vec::with_capacity(n) };
+        let device = current_device()?;
+        let mut set = IpcEventSet { events: Vec::with_capacity(n), handles: Vec::with_capacity(n) };
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32 | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         for _ in 0..n {
             let mut ev: sys::CUevent = std::ptr::null_mut();
             // SAFETY: valid out-pointer.
             call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, flags) })?;
-            set.events.push(ev as usize);
+            let owned = Arc::new(OwnedEvent { device, ev: ev as usize });
+            set.events.push(owned.clone());
             let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
             // SAFETY: valid out-pointer and a live interprocess event.
             call("cuIpcGetEventHandle", || unsafe { sys::cuIpcGetEventHandle(&mut h, ev) })?;
-            set.handles.push(h.reserved.map(|c| c as u8));
+            let handle = h.reserved.map(|c| c as u8);
+            set.handles.push(handle);
+            let mut own = OWN_EVENTS.lock();
+            own.retain(|(_, w)| w.strong_count() > 0);
+            own.push((handle, Arc::downgrade(&owned)));
         }
         Ok(set)
     }
 
     /// Open a peer's event handles in the current context (the driver rejects a handle
-    /// that names no live interprocess event).
+    /// that names no live interprocess event); a handle this process created shares the
+    /// event instead.
     pub fn open(handles: &[[u8; 64]]) -> Result<IpcEventSet> {
-        let mut set = IpcEventSet { device: current_device()?, events: Vec::with_capacity(handles.len()), handles: handles.to_vec() };
+        let device = current_device()?;
+        let mut set = IpcEventSet { events: Vec::with_capacity(handles.len()), handles: handles.to_vec() };
         for h in handles {
+            let own = OWN_EVENTS.lock().iter().find(|(k, _)| k == h).and_then(|(_, w)| w.upgrade());
+            if let Some(ev) = own {
+                set.events.push(ev);
+                continue;
+            }
             let mut ev: sys::CUevent = std::ptr::null_mut();
             let handle = sys::CUipcEventHandle { reserved: h.map(|b| b as std::ffi::c_char) };
             // SAFETY: valid out-pointer; a bad handle is an error from the driver.
             call("cuIpcOpenEventHandle", || unsafe { sys::cuIpcOpenEventHandle(&mut ev, handle) })?;
-            set.events.push(ev as usize);
+            set.events.push(Arc::new(OwnedEvent { device, ev: ev as usize }));
         }
         Ok(set)
     }
@@ -117,7 +150,7 @@ impl IpcEventSet {
     }
 
     fn event(&self, i: usize) -> Result<sys::CUevent> {
-        self.events.get(i).map(|&e| e as sys::CUevent).ok_or_else(|| {
+        self.events.get(i).map(|e| e.ev as sys::CUevent).ok_or_else(|| {
             Error::InvalidDescriptor(format!("IPC event slot {i} out of range ({} events)", self.events.len()))
         })
     }
@@ -141,18 +174,6 @@ impl IpcEventSet {
     /// blocks; an event never recorded counts as complete).
     pub fn query(&self, i: usize) -> Result<bool> {
         query_event(self.event(i)?)
-    }
-}
-
-impl Drop for IpcEventSet {
-    fn drop(&mut self) {
-        // The set may be dropped on a thread whose current context is another device's, or
-        // none.
-        let _ctx = ensure_context(self.device);
-        for &e in &self.events {
-            // SAFETY: events created or opened by this set, destroyed once.
-            let _ = call("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) });
-        }
     }
 }
 

@@ -7,6 +7,12 @@
 //! [`HandleCache`]: each (device, handle) is opened once while any import of it lives,
 //! ref-counted by live imports, and closed when the last one goes.
 //!
+//! The driver refuses to open a handle in the process that exported it
+//! (CUDA_ERROR_INVALID_CONTEXT). So `export_pointer` remembers the handles this process
+//! made, and an import of one of them (both ends of a connection in one process) uses the
+//! allocation's own pointer, after checking it is still that allocation; the lease and the
+//! event order apply as for any import.
+//!
 //! Keeping unused handles open (`set_keep_warm(n)`, LRU) is an opt-in: CUDA documents
 //! that an exporter freeing the memory (`cuMemFree`) while an importer still has the
 //! handle open is undefined behaviour, and a producer's allocator may free a block once
@@ -43,7 +49,42 @@ pub fn export_pointer(dptr: u64) -> Result<IpcExport> {
     let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
     // SAFETY: valid out-pointer; `base` is an allocation base.
     call("cuIpcGetMemHandle", || unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
-    Ok(IpcExport { device, handle: h.reserved.map(|c| c as u8), alloc_size: size as u64, offset: dptr - base })
+    let handle = h.reserved.map(|c| c as u8);
+    remember_export(device, handle, base, size as u64);
+    Ok(IpcExport { device, handle, alloc_size: size as u64, offset: dptr - base })
+}
+
+/// Handles this process exported: (device, handle) → (base, size), most recent last.
+/// Bounded: the oldest are forgotten (an import of a forgotten handle of this process then
+/// fails as the driver says, instead of growing without end).
+static EXPORTED: parking_lot::Mutex<std::collections::VecDeque<(Key, u64, u64)>> =
+    parking_lot::Mutex::new(std::collections::VecDeque::new());
+const EXPORTED_MAX: usize = 4096;
+
+fn remember_export(device: i32, handle: [u8; 64], base: u64, size: u64) {
+    let mut e = EXPORTED.lock();
+    e.retain(|(k, ..)| *k != (device, handle));
+    if e.len() >= EXPORTED_MAX {
+        e.pop_front();
+    }
+    e.push_back(((device, handle), base, size));
+}
+
+/// If this process exported `key` and the allocation is still there (same base and size
+/// as the driver reports now), its base and size.
+fn own_export(key: &Key) -> Result<Option<(u64, u64)>> {
+    let Some((base, size)) = EXPORTED.lock().iter().rev().find(|(k, ..)| k == key).map(|&(_, b, s)| (b, s)) else {
+        return Ok(None);
+    };
+    let (mut b2, mut s2): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out-pointers; an address that is no longer allocated is an error.
+    let live = call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut b2, &mut s2, base) });
+    if live.is_ok() && b2 == base && s2 as u64 == size {
+        return Ok(Some((base, size)));
+    }
+    Err(Error::InvalidDescriptor(
+        "CUDA IPC handle of this process whose allocation was freed (the import came too late)".into(),
+    ))
 }
 
 struct Entry {
@@ -53,6 +94,8 @@ struct Entry {
     last_use: u64,
     /// May stay open unused (`keep_warm`); false once opened through `open_unwarmed`.
     warm_ok: bool,
+    /// This process's own allocation (not opened through the driver; nothing to close).
+    own: bool,
 }
 
 type Key = (i32, [u8; 64]);
@@ -133,6 +176,10 @@ impl HandleCache {
             return Ok(IpcMapping { key, base: e.base, size: e.size });
         }
         let _ctx = ensure_context(device)?;
+        if let Some((base, size)) = own_export(&key)? {
+            map.insert(key, Entry { base, size, refs: 1, last_use: now, warm_ok, own: true });
+            return Ok(IpcMapping { key, base, size });
+        }
         let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the handle bytes came from the peer and are checked by
@@ -149,7 +196,7 @@ impl HandleCache {
             let _ = call("cuIpcCloseMemHandle", || unsafe { sys::cuIpcCloseMemHandle(base) });
             return Err(e);
         }
-        map.insert(key, Entry { base, size: size as u64, refs: 1, last_use: now, warm_ok });
+        map.insert(key, Entry { base, size: size as u64, refs: 1, last_use: now, warm_ok, own: false });
         Ok(IpcMapping { key, base, size: size as u64 })
     }
 
@@ -175,7 +222,7 @@ impl HandleCache {
             // Not-warmable first (false < true), then oldest first.
             idle.sort();
             for (_, _, k) in idle.iter().take(close) {
-                if let Some(e) = map.remove(k) {
+                if let Some(e) = map.remove(k).filter(|e| !e.own) {
                     let _ctx = ensure_context(k.0);
                     // SAFETY: the base came from cuIpcOpenMemHandle and has no users left.
                     let _ = call("cuIpcCloseMemHandle", || unsafe { sys::cuIpcCloseMemHandle(e.base) });
@@ -222,7 +269,7 @@ mod tests {
     fn cache_with(entries: &[(u8, usize, u64, bool)], keep: u64) -> HandleCache {
         let c = HandleCache::new(keep);
         for &(id, refs, last_use, warm_ok) in entries {
-            c.map.lock().insert((0, [id; 64]), Entry { base: 0, size: 0, refs, last_use, warm_ok });
+            c.map.lock().insert((0, [id; 64]), Entry { base: 0, size: 0, refs, last_use, warm_ok, own: false });
         }
         c
     }

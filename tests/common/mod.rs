@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod gpu;
+pub mod gpu_roles;
+
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,189 @@
+//! Events. An event's state is two counters: how many times it was recorded (bumped when
+//! `cuEventRecord` is called) and the highest record whose preceding work completed
+//! (written by the stream worker when the record is reached). A query is NOT_READY until
+//! the most recent record completed; `cuStreamWaitEvent` captures the record most recent
+//! when it is called; an event never recorded is complete. An interprocess event keeps
+//! its counters in a memfd page that the processes opening its handle map too, so
+//! records and waits work across processes.
+
+use crate::memory::Backing;
+use crate::result::*;
+use crate::stream::{self, Op};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const CU_EVENT_BLOCKING_SYNC: u32 = 1;
+pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
+pub const CU_EVENT_INTERPROCESS: u32 = 4;
+
+const W_ID: usize = 0;
+const W_RECORDED: usize = 1;
+const W_COMPLETED: usize = 2;
+
+enum Mem {
+    Local(Box<[AtomicU64; 3]>),
+    /// Interprocess: the first 24 bytes of a memfd page.
+    Shared(Backing),
+}
+
+pub struct EventState {
+    mem: Mem,
+}
+
+impl EventState {
+    fn words(&self) -> &[AtomicU64; 3] {
+        match &self.mem {
+            Mem::Local(b) => b,
+            // SAFETY: the backing is at least a page, page-aligned, mapped while `self`
+            // lives; its words are only accessed atomically (here and in other processes).
+            Mem::Shared(b) => unsafe { &*b.at(0).cast::<[AtomicU64; 3]>() },
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        // Relaxed: written once before the handle was made.
+        self.words()[W_ID].load(Ordering::Relaxed)
+    }
+
+    fn recorded(&self) -> u64 {
+        // Acquire: pairs with the AcqRel fetch_add in `record` (this or another process).
+        self.words()[W_RECORDED].load(Ordering::Acquire)
+    }
+
+    fn completed(&self) -> u64 {
+        // Acquire: pairs with the Release fetch_max in the recording stream's op: the work
+        // before the record (its copies) happens-before whoever sees it complete.
+        self.words()[W_COMPLETED].load(Ordering::Acquire)
+    }
+
+    /// Block (the calling stream worker or host thread) until record `target` completed.
+    pub fn wait_completed(&self, target: u64) {
+        while self.completed() < target {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    pub fn backing(&self) -> Option<&Backing> {
+        match &self.mem {
+            Mem::Shared(b) => Some(b),
+            Mem::Local(_) => None,
+        }
+    }
+}
+
+pub struct Event {
+    pub state: Arc<EventState>,
+    pub device: i32,
+    pub flags: u32,
+}
+
+static EVENTS: Mutex<Option<HashMap<usize, Arc<Event>>>> = Mutex::new(None);
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x4500_0000_1000);
+
+fn insert(e: Event) -> usize {
+    // Relaxed: a unique counter.
+    let h = NEXT_HANDLE.fetch_add(0x10, Ordering::Relaxed) as usize;
+    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(h, Arc::new(e));
+    h
+}
+
+pub fn get(h: usize) -> R<Arc<Event>> {
+    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&h).cloned()).ok_or(INVALID_HANDLE)
+}
+
+/// `cuEventCreate`. Documented: `CU_EVENT_INTERPROCESS` must come with
+/// `CU_EVENT_DISABLE_TIMING` (else CUDA_ERROR_INVALID_VALUE); unknown flags too.
+pub fn create(flags: u32) -> R<usize> {
+    let ctx = crate::context::current()?;
+    if flags & !(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS) != 0 {
+        return Err(INVALID_VALUE);
+    }
+    let id = crate::memory::new_id();
+    let mem = if flags & CU_EVENT_INTERPROCESS != 0 {
+        if flags & CU_EVENT_DISABLE_TIMING == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let b = Backing::create(&format!("simcuda-event-{id}"), crate::memory::PAGE)?;
+        Mem::Shared(b)
+    } else {
+        Mem::Local(Box::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]))
+    };
+    let state = EventState { mem };
+    // Relaxed: published to other threads by the table's mutex, to other processes by
+    // the handle (sent after this returns, through a socket).
+    state.words()[W_ID].store(id, Ordering::Relaxed);
+    Ok(insert(Event { state: Arc::new(state), device: ctx.device, flags }))
+}
+
+/// An opened interprocess event (from `ipc`).
+pub fn insert_opened(backing: Backing, device: i32) -> usize {
+    insert(Event { state: Arc::new(EventState { mem: Mem::Shared(backing) }), device, flags: CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING })
+}
+
+/// Check that an opened backing holds the event `id` (the handle's claim).
+pub fn backing_holds(backing: &Backing, id: u64) -> bool {
+    // SAFETY: a mapped page (at least 24 bytes), accessed atomically.
+    let w = unsafe { &*backing.at(0).cast::<[AtomicU64; 3]>() };
+    // Relaxed: written once by the creator before it made the handle.
+    w[W_ID].load(Ordering::Relaxed) == id
+}
+
+pub fn destroy(h: usize) -> R {
+    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&h)).map(|_| ()).ok_or(INVALID_HANDLE)
+}
+
+pub fn live_events() -> u64 {
+    EVENTS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |m| m.len() as u64)
+}
+
+/// `cuEventRecord`: the event and the stream must be of one device (documented: "hEvent
+/// and hStream must be from the same context", else CUDA_ERROR_INVALID_HANDLE).
+pub fn record(h: usize, stream_h: usize) -> R {
+    let ev = get(h)?;
+    let s = stream::resolve(stream_h)?;
+    if s.device != ev.device {
+        return Err(INVALID_HANDLE);
+    }
+    // AcqRel: pairs with the Acquire loads of `recorded` in query/wait (any process).
+    let target = ev.state.words()[W_RECORDED].fetch_add(1, Ordering::AcqRel) + 1;
+    let state = ev.state.clone();
+    stream::enqueue(
+        &s,
+        Op::Run(Box::new(move || {
+            // Release: pairs with the Acquire load in `completed`; the stream's earlier
+            // ops ran before this one on this worker.
+            state.words()[W_COMPLETED].fetch_max(target, Ordering::Release);
+        })),
+    );
+    Ok(())
+}
+
+/// `cuEventQuery`: SUCCESS once the most recent record's work completed (or never
+/// recorded), else CUDA_ERROR_NOT_READY.
+pub fn query(h: usize) -> R {
+    let ev = get(h)?;
+    let target = ev.state.recorded();
+    if ev.state.completed() >= target { Ok(()) } else { Err(NOT_READY) }
+}
+
+pub fn synchronize(h: usize) -> R {
+    let ev = get(h)?;
+    let target = ev.state.recorded();
+    ev.state.wait_completed(target);
+    Ok(())
+}
+
+/// `cuStreamWaitEvent`: the stream's later work waits for the record most recent now.
+/// Flags other than 0 are CUDA_ERROR_INVALID_VALUE (only the default is simulated).
+pub fn stream_wait(stream_h: usize, h: usize, flags: u32) -> R {
+    if flags != 0 {
+        return Err(INVALID_VALUE);
+    }
+    let ev = get(h)?;
+    let s = stream::resolve(stream_h)?;
+    let target = ev.state.recorded();
+    stream::enqueue(&s, Op::WaitEvent(ev.state.clone(), target));
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Helpers for the CUDA tests (`tests/cuda_sim.rs`): raw driver calls for filling and
+//! reading device memory, streams, the simulated driver's counters (only when the loaded
+//! libcuda is simcuda: found by dlsym of `simcuda_stats`), and child processes that get
+//! a role, a socket, a GPU-ring config and extra environment.
+//!
+//! The same tests run on a real GPU: nothing here depends on simcuda except
+//! [`sim_stats`], which returns `None` on a real driver.
+
+#![allow(dead_code)]
+
+use cudarc::driver::sys;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tensorwire::cuda::driver::{call, ensure_context};
+use tensorwire::cuda::ring::CudaRingConfig;
+use tensorwire::{Incoming, Peer, PeerConfig};
+
+pub const T: Option<Duration> = Some(Duration::from_secs(30));
+const ROLE_ENV: &str = "TW_SIM_ROLE";
+const FD_ENV: &str = "TW_SIM_FD";
+const RING_ENV: &str = "TW_SIM_RING";
+
+/// True if a CUDA driver with a device is loaded; otherwise says loudly that `test` was
+/// skipped (run the suite under `simcuda/run.sh`, or on a GPU machine).
+pub fn gpu(test: &str) -> bool {
+    if tensorwire::cuda::available() && tensorwire::cuda::device_count().unwrap_or(0) > 0 {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: no CUDA driver loaded (run under simcuda/run.sh, or on a GPU machine)");
+    false
+}
+
+/// `simcuda_stats` layout (simcuda/src/stats.rs).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SimStats {
+    pub version: u64,
+    pub allocations: u64,
+    pub ipc_open_handles: u64,
+    pub events: u64,
+    pub streams: u64,
+    pub context_retains: u64,
+    pub vmm_handles: u64,
+    pub vmm_mappings: u64,
+    pub vmm_reservations: u64,
+    pub free_while_imported: u64,
+    pub faults_injected: u64,
+}
+
+/// The simulated driver's counters for this process; `None` on a real driver.
+pub fn sim_stats() -> Option<SimStats> {
+    type F = unsafe extern "C" fn(*mut SimStats) -> i32;
+    // SAFETY: dlopen of the already-loaded driver (NOLOAD: never loads anything new) and
+    // a symbol lookup; the handle is left open (the library stays loaded anyway).
+    let f = unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        let h = if h.is_null() { libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) } else { h };
+        if h.is_null() {
+            return None;
+        }
+        let s = libc::dlsym(h, c"simcuda_stats".as_ptr());
+        if s.is_null() {
+            return None;
+        }
+        std::mem::transmute::<*mut libc::c_void, F>(s)
+    };
+    let mut st = SimStats::default();
+    // SAFETY: simcuda's exported function, writing one SimcudaStats.
+    (unsafe { f(&mut st) } == 0).then_some(st)
+}
+
+/// Copy `bytes` to device memory at `dptr` (legacy stream; the copy is ordered before
+/// later legacy-stream work and blocking streams' work).
+pub fn htod(dptr: u64, bytes: &[u8]) {
+    let _c = ensure_context(0).unwrap();
+    // SAFETY: `bytes` is readable for its length; dptr is a live allocation of the caller's.
+    call("cuMemcpyHtoD", || unsafe { sys::cuMemcpyHtoD_v2(dptr, bytes.as_ptr().cast(), bytes.len()) }).unwrap();
+}
+
+/// Queue a copy of `bytes` to `dptr` on `stream` (staged at once: `bytes` may go).
+pub fn htod_async(dptr: u64, bytes: &[u8], stream: usize) {
+    let _c = ensure_context(0).unwrap();
+    // SAFETY: as in `htod`; pageable memory is staged before the call returns.
+    call("cuMemcpyHtoDAsync", || unsafe { sys::cuMemcpyHtoDAsync_v2(dptr, bytes.as_ptr().cast(), bytes.len(), stream as sys::CUstream) })
+        .unwrap();
+}
+
+/// Read `n` bytes at `dptr` (legacy stream, synchronous).
+pub fn dtoh(dptr: u64, n: usize) -> Vec<u8> {
+    let _c = ensure_context(0).unwrap();
+    let mut v = vec![0u8; n];
+    // SAFETY: `v` has room for n bytes.
+    call("cuMemcpyDtoH", || unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), dptr, n) }).unwrap();
+    v
+}
+
+/// Read `n` bytes at `dptr`, ordered on `stream` (returns once read).
+pub fn dtoh_on(dptr: u64, n: usize, stream: usize) -> Vec<u8> {
+    let _c = ensure_context(0).unwrap();
+    let mut v = vec![0u8; n];
+    // SAFETY: `v` has room for n bytes; the call returns once the copy completed, then
+    // the stream is synchronised (pinned-memory drivers return earlier).
+    call("cuMemcpyDtoHAsync", || unsafe { sys::cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), dptr, n, stream as sys::CUstream) })
+        .unwrap();
+    sync(stream);
+    v
+}
+
+/// Queue a memset of `n` bytes at `dptr` on `stream`.
+pub fn memset_async(dptr: u64, v: u8, n: usize, stream: usize) {
+    let _c = ensure_context(0).unwrap();
+    // SAFETY: dptr is a live allocation of the caller's with room for n bytes.
+    call("cuMemsetD8Async", || unsafe { sys::cuMemsetD8Async(dptr, v, n, stream as sys::CUstream) }).unwrap();
+}
+
+/// A stream of device 0.
+pub struct Stream(pub usize);
+
+impl Stream {
+    pub fn new() -> Stream {
+        let _c = ensure_context(0).unwrap();
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        call("cuStreamCreate", || unsafe { sys::cuStreamCreate(&mut s, 0) }).unwrap();
+        Stream(s as usize)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _c = ensure_context(0);
+        // SAFETY: a stream we created, destroyed once.
+        let _ = call("cuStreamDestroy", || unsafe { sys::cuStreamDestroy_v2(self.0 as sys::CUstream) });
+    }
+}
+
+pub fn sync(stream: usize) {
+    let _c = ensure_context(0).unwrap();
+    // SAFETY: a live stream of the current context.
+    call("cuStreamSynchronize", || unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) }).unwrap();
+}
+
+/// A patterned buffer: byte i is `(i * 31 + seed) % 251`.
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| ((i * 31 + seed as usize) % 251) as u8).collect()
+}
+
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3))
+}
+
+pub fn words(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+pub fn unwords(p: &[u8]) -> Vec<u64> {
+    p.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// The next user message from the peer, as bytes.
+pub fn recv_msg(peer: &Peer) -> Vec<u8> {
+    match peer.recv(T).unwrap() {
+        Incoming::Message { payload, .. } => payload,
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+pub fn kill9(child: &mut Child) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+}
+
+/// Spawn this test binary as a child playing `role` (its `child_entry` test), with `env`
+/// added; `ring` is the GPU ring the child offers (it sends through it). Returns the child
+/// and our peer, whose config is `cfg`.
+pub fn spawn(role: &str, env: &[(&str, &str)], ring: Option<CudaRingConfig>, cfg: PeerConfig) -> (Child, Peer) {
+    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .env(FD_ENV, fd.to_string())
+        .stdout(Stdio::null());
+    if let Some(r) = ring {
+        cmd.env(RING_ENV, format!("{}:{}", r.slots, r.slot_bytes));
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap();
+    drop(theirs);
+    let peer = Peer::from_fd(mine, cfg).unwrap();
+    (child, peer)
+}
+
+/// In a child: its role and peer (with the GPU ring its parent asked it to offer).
+pub fn child_peer() -> Option<(String, Peer)> {
+    let role = std::env::var(ROLE_ENV).ok()?;
+    let fd: i32 = std::env::var(FD_ENV).ok()?.parse().ok()?;
+    let ring = std::env::var(RING_ENV).ok().map(|v| {
+        let (s, b) = v.split_once(':').unwrap();
+        CudaRingConfig { device: 0, slots: s.parse().unwrap(), slot_bytes: b.parse().unwrap() }
+    });
+    // SAFETY: the parent handed us this inherited fd number; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Some((role, Peer::from_fd(fd, PeerConfig { cuda_ring: ring, ..PeerConfig::default() }).unwrap()))
+}
