@@ -46,17 +46,37 @@ __all__ = [
 
 
 def library_path() -> str:
+    """Path of the libtensorwire_torch.so that ``import tensorwire`` loads:
+    ``$TENSORWIRE_TORCH_LIB`` if set (an override, e.g. a library built by cpp/build.sh),
+    else the one installed with this package (pip), else a checkout's
+    ``build/torch-ext/libtensorwire_torch.so``."""
     env = os.environ.get("TENSORWIRE_TORCH_LIB")
     if env:
         return env
+    info = build_info()
+    if info is not None:
+        # _build_info.py is installed beside the library; in an editable install it is
+        # the site-packages copy (the .py sources are the checkout's), so ask it.
+        return str(Path(info.__file__).with_name(info.LIBRARY))
     return str(Path(__file__).resolve().parents[2] / "build" / "torch-ext" / "libtensorwire_torch.so")
 
 
-def _load():
+def build_info():
+    """The installed build's facts (module ``tensorwire._build_info``: ``TORCH_VERSION``,
+    ``TENSORWIRE_VERSION``, ``CUDA_BUILT``), or None when running from a checkout build."""
+    try:
+        from . import _build_info as info
+    except ImportError:
+        return None
+    return info
+
+
+def _load() -> None:
     path = library_path()
     if not os.path.exists(path):
-        raise ImportError(f"tensorwire: {path} does not exist; build it with cpp/build.sh "
-                          "or point TENSORWIRE_TORCH_LIB at libtensorwire_torch.so")
+        raise ImportError(f"tensorwire: {path} does not exist; install the package with "
+                          "`pip install --no-build-isolation .`, or build the library with cpp/build.sh "
+                          "and point TENSORWIRE_TORCH_LIB at libtensorwire_torch.so")
     torch.ops.load_library(path)
 
 
