@@ -56,7 +56,7 @@ def tw_child(fd):
     conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
     ack = tensorwire.zeros(1)
     while True:
-        t, tag = conn.recv(with_tag=True)
+        t, tag = conn.recv_tagged()
         del t  # releases the lease
         if tag == STOP:
             break
@@ -68,7 +68,7 @@ def ring_child(fd):
     conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
     ack = torch.zeros(1)
     while True:
-        t, tag = conn.ring_recv(with_tag=True)
+        t, tag = conn.ring_recv_tagged()
         del t
         if tag == STOP:
             break

@@ -95,8 +95,8 @@ def exchange(c, t, tag):
     flipped[off] ^= 1
     expected = raw(torch.empty(0, dtype=t.dtype).set_(flipped.untyped_storage(), t.storage_offset(), t.shape, t.stride()))
     assert c.conn.send(t, tag) is True  # zero-copy: t lives in a segment
-    meta, mtag = c.conn.recv(timeout=60, with_tag=True)
-    copy, ctag = c.conn.recv(timeout=60, with_tag=True)
+    meta, mtag = c.conn.recv_tagged(timeout=60)
+    copy, ctag = c.conn.recv_tagged(timeout=60)
     assert mtag == ctag == tag
     return meta.tolist(), copy, expected, before, int(storage[off])
 
