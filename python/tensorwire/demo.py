@@ -87,7 +87,9 @@ def child(fd: int, sizes: list[int]) -> int:
                 ok, zc, _ = _send_and_check(conn, src, layout(src), i)
                 failed += (not ok) + (not zc)
         conn.send(tensorwire.zeros(1), STOP)
-        conn.recv(timeout=60)  # the parent's last word before it closes
+        # Wait until the parent has taken STOP (a ring copy: no lease) before closing,
+        # since closing ends the leases of whatever this side sent.
+        conn.ring_recv(timeout=60)
     return 1 if failed else 0
 
 
@@ -120,8 +122,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 _receive_and_flip(conn)
                 rows.append(("child -> parent", _human(size), name, True, True, time.perf_counter() - t0))
         _receive_and_flip(conn)  # the child's STOP
-        conn.send(tensorwire.zeros(1))
-    child_rc = proc.wait(60)
+        conn.ring_send(torch.zeros(1))  # "taken": the child may close now
+        child_rc = proc.wait(60)  # before closing: closing would end the child's view of our leases
 
     print(f"tensorwire demo: torch {torch.__version__}, parent pid {os.getpid()}, child pid {proc.pid}")
     print(f"{'direction':<16} {'size':>7}  {'layout':<18} {'checksum':<9} {'zero-copy':<9} {'send+verify':>11}")
