@@ -49,7 +49,7 @@ from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, Ti
 __all__ = [
     "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
     "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "CudaUnavailable",
-    "empty", "zeros", "to_shared", "is_shared", "send", "recv", "stats",
+    "empty", "zeros", "to_shared", "share_", "is_shared", "send", "recv", "stats",
     "from_torch_shared", "to_torch_shared", "library_path", "build_info", "cuda_available", "cuda_built",
     "cuda_device_count", "cuda_ipc_cache_stats", "cuda_ipc_cache_keep_warm",
 ]
@@ -93,6 +93,14 @@ def zeros(*size: SizeArg, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
 def to_shared(t: torch.Tensor) -> torch.Tensor:
     """Copy ``t`` once into a new segment (contiguous); sending the result is zero-copy."""
     return ops.to_shared(t)
+
+
+@_mapped
+def share_(t: torch.Tensor) -> torch.Tensor:
+    """Move ``t``'s whole storage into a new segment, in place (every view of it follows),
+    like ``Tensor.share_memory_()``; returns ``t``. Later sends of any view are zero-copy.
+    A no-op if it already lives in a segment. The storage can no longer be resized."""
+    return ops.share_(t)
 
 
 @_mapped

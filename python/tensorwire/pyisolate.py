@@ -8,9 +8,11 @@ as tensorwire exports; the RPC stays pyisolate's.
 pyisolate rehydrates the adapter in every child (``adapter_ref``), where
 ``setup_child_environment`` connects back to the host. Then:
 
-- CPU tensors go as a tensorwire lease export: a tensor already in a tensorwire segment
-  (``tensorwire.empty`` / ``to_shared``, or one received from the peer) is shared
-  zero-copy as a sealed memfd; any other CPU tensor is copied once into a new segment.
+- CPU tensors go as a tensorwire lease export of a sealed memfd segment. A tensor not
+  yet in a segment has its storage moved into one in place on its first trip
+  (:func:`tensorwire.share_`, as pyisolate's own path does with ``share_memory_()``), so
+  later calls carrying it copy nothing. A tensor received from the peer is sent on as a
+  copy (its memory is the peer's).
   CUDA tensors take tensorwire's CUDA path (IPC handle or VMM fd, ordered on streams).
 - The JSON message carries only ``{"__type__": "TensorwireTensor", "tag": N}``; the
   tensor itself travels over a tensorwire connection beside pyisolate's socket.
@@ -46,6 +48,8 @@ import threading
 from typing import Any, Optional
 
 import torch
+
+import tensorwire as _tw
 
 from . import connection as _connection
 from .connection import Connection, Listener
@@ -91,6 +95,11 @@ class _Link:
         self.stash: dict[int, torch.Tensor] = {}
 
     def export(self, tensor: torch.Tensor) -> dict[str, Any]:
+        if not tensor.is_cuda and not _tw.is_shared(tensor):
+            try:
+                _tw.share_(tensor)
+            except Error:
+                pass  # e.g. a view of an import: send copies it instead
         with self.send_lock:
             tag = next(self.tags)
             self.conn.send(tensor, tag)

@@ -79,15 +79,15 @@ async def scenario_sigkill(ext, adapter):
 
     before_files, before_maps = _shm_files(), _memfd_mappings()
     pid = await ext.pid()
-    tensors = []
+    tensors = [torch.ones(1 << 18) for _ in range(4)]
     if adapter:
         import tensorwire
         tensors.append(tensorwire.zeros(1 << 18))  # already in a segment: shared zero-copy
-    # Plain tensors last: pyisolate's send thread keeps its last request (and so that
-    # request's tensor) referenced until it sends the next one.
-    tensors += [torch.ones(1 << 18) for _ in range(4)]
     for t in tensors:
         await ext.hold(t)
+    # pyisolate's send thread keeps its last request (and so that request's tensor)
+    # referenced until it sends the next one: end with a call that carries none.
+    await ext.pid()
     out = {}
     if adapter:
         from tensorwire.pyisolate import TensorwireAdapter
