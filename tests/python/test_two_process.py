@@ -34,8 +34,11 @@ class Child:
         assert self.conn.peer_pid == self.proc.pid
 
     def finish(self):
+        # The child exits once it has taken the last message; close only then, since
+        # closing ends the leases of what we sent (a STOP still in flight included).
+        rc = self.proc.wait(timeout=60)
         self.conn.close()
-        assert self.proc.wait(timeout=60) == 0
+        assert rc == 0
 
     def kill(self):
         if self.proc.poll() is None:
