@@ -73,14 +73,22 @@ MAX_STASHED = 1024
 _local = threading.local()
 
 
+def _tensor_of(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 class PendingExport:
     """A tensor on its way out: pyisolate's transport turns it into a tensorwire export
-    when it encodes the message (see the module docstring)."""
+    when it encodes the message (see the module docstring). Pickled (pyisolate's
+    queue-based transports), it is the plain tensor again."""
 
     __slots__ = ("tensor",)
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Any, tuple[torch.Tensor]]:
+        return (_tensor_of, (self.tensor,))
 
 
 class _Link:
@@ -134,6 +142,7 @@ class _Host:
         self.path = os.path.join(self.dir, "tw.sock")
         self.listener: Listener = _connection.listen(self.path)
         self.links: dict[int, _Link] = {}
+        self.closing = False
         self.cv = threading.Condition()
         self.thread = threading.Thread(target=self._accept_loop, name="tensorwire-pyisolate-accept", daemon=True)
         self.thread.start()
@@ -143,7 +152,7 @@ class _Host:
             try:
                 conn = self.listener.accept()
             except Error as e:
-                if "closed" in str(e):
+                if self.closing:
                     return
                 logger.warning("tensorwire.pyisolate: a child's connection failed its handshake: %s", e)
                 continue
@@ -162,9 +171,11 @@ class _Host:
             self.links.pop(pid).close()
 
     def link_for(self, transport: Any) -> Optional[_Link]:
+        # Cached on the transport, a miss too (False): a child without the adapter costs
+        # one wait, not one per tensor.
         cached = getattr(transport, "_tensorwire_link", None)
         if cached is not None:
-            return cached
+            return cached or None
         sock = getattr(transport, "_sock", None)
         if sock is None or sock.family != socket.AF_UNIX:
             return None
@@ -172,8 +183,10 @@ class _Host:
         with self.cv:
             self.cv.wait_for(lambda: pid in self.links, timeout=CONNECT_WAIT_S)
             link = self.links.get(pid)
-        if link is not None:
-            transport._tensorwire_link = link
+        if link is None:
+            logger.warning("tensorwire.pyisolate: child %d has no tensorwire connection (adapter not loaded there?); "
+                           "its tensors travel by pyisolate's own path", pid)
+        transport._tensorwire_link = link or False
         return link
 
     def stats(self, prune: bool = True) -> dict[int, dict[str, int]]:
@@ -184,6 +197,7 @@ class _Host:
 
     def close(self) -> None:
         with self.cv:
+            self.closing = True
             links, self.links = list(self.links.values()), {}
         for link in links:
             link.close()

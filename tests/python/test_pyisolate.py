@@ -64,3 +64,41 @@ def test_without_the_adapter_pyisolate_leaves_shm_files(host_env):
     """The baseline the adapter fixes (and proof the /dev/shm check can see a leak)."""
     out = run_host(host_env, "sigkill", adapter=False)
     assert any(f.startswith("torch_") for f in out["shm_files_left"]), out
+
+
+def connected_pair():
+    import threading
+
+    import tensorwire
+
+    a_fd, b_fd = tensorwire.socketpair(inheritable_child=False)
+    box = {}
+    th = threading.Thread(target=lambda: box.update(b=tensorwire.from_fd(b_fd)))
+    th.start()
+    a = tensorwire.from_fd(a_fd)
+    th.join()
+    return a, box["b"]
+
+
+def test_a_hostile_peer_cannot_grow_the_stash_or_forge_references(monkeypatch):
+    """Tensors no message names are held only up to a bound; a reference must carry a
+    positive int tag; references outside a tensorwire transport are refused."""
+    import torch
+
+    import tensorwire
+    import tensorwire.pyisolate as twp
+
+    a, b = connected_pair()
+    with a, b:
+        sender, receiver = twp._Link(a), twp._Link(b)
+        monkeypatch.setattr(twp, "MAX_STASHED", 3)
+        refs = [sender.export(torch.full((2,), float(i))) for i in range(5)]
+        assert torch.equal(receiver.take(refs[1]["tag"]), torch.full((2,), 1.0))  # out of order is fine
+        with pytest.raises(tensorwire.Error, match="no message named"):
+            receiver.take(refs[4]["tag"])  # tag 2 taken; 1, 3, 4 stashed: full before 5 arrives
+    for bad in ({"__type__": twp.TYPE_NAME}, {"__type__": twp.TYPE_NAME, "tag": "1"},
+                {"__type__": twp.TYPE_NAME, "tag": -3}, {"__type__": twp.TYPE_NAME, "tag": True}):
+        with pytest.raises(tensorwire.Error, match="positive int tag"):
+            twp._deserialize(bad)
+    with pytest.raises(tensorwire.Error, match="outside a transport"):
+        twp._deserialize({"__type__": twp.TYPE_NAME, "tag": 1})
