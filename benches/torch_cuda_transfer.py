@@ -66,7 +66,7 @@ def tw_child(fd):
     conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
     ack = tensorwire.zeros(1)
     while True:
-        t, tag = conn.recv(with_tag=True)
+        t, tag = conn.recv_tagged()
         if tag == KEEP_WARM:
             tensorwire.cuda_ipc_cache_keep_warm(int(t.item()))
         if tag == REPORT:
@@ -76,7 +76,7 @@ def tw_child(fd):
             continue
         if tag == RING:
             for _ in range(int(t.item())):
-                u, utag = conn.cuda_ring_recv(with_tag=True)
+                u, utag = conn.cuda_ring_recv_tagged()
                 torch.cuda.current_stream().synchronize()  # the copy out has completed
                 del u
                 conn.send(ack, utag)

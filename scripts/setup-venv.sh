@@ -3,6 +3,9 @@
 # PyTorch from PyPI (CPU use; the wheel is a CUDA build and runs without a GPU), pytest,
 # pyisolate for the RPC interop tests, and the CUDA headers the torch wheel's own CUDA
 # wheels lack (nvidia-cuda-crt) so cpp/src/cuda.cpp can be compile-checked without a GPU. Uses uv (installed into .tools/ on first run).
+# Also pip and scikit-build-core, so the Python package installs with
+# `pip install --no-build-isolation .` (pyproject.toml) into the same venv.
+# Usage: scripts/setup-venv.sh [VENV_DIR]   (default .venv; a fresh dir gets a fresh venv)
 # Prints the venv's python path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,16 +13,19 @@ root=$PWD
 TORCH_VERSION=2.15.0
 PYISOLATE_VERSION=0.10.2
 CUDA_CRT_VERSION=13.2.86
-stamp=".venv/.tensorwire-stack-torch${TORCH_VERSION}-pyisolate${PYISOLATE_VERSION}-crt${CUDA_CRT_VERSION}"
+SCIKIT_BUILD_CORE_VERSION=1.1.2
+venv=${1:-.venv}
+stamp="$venv/.tensorwire-stack-torch${TORCH_VERSION}-pyisolate${PYISOLATE_VERSION}-crt${CUDA_CRT_VERSION}-skbuild${SCIKIT_BUILD_CORE_VERSION}"
 if [ ! -f "$stamp" ]; then
   if [ ! -x .tools/uv/bin/uv ]; then
     python3 -m pip install -q --target .tools/uv uv >&2
   fi
   uv() { PYTHONPATH="$root/.tools/uv" python3 -m uv "$@"; }
   export UV_CACHE_DIR="${UV_CACHE_DIR:-$root/.tools/uv-cache}"
-  [ -x .venv/bin/python ] || uv venv -q --python python3 .venv >&2
-  uv pip install -q --python "$root/.venv/bin/python" "torch==${TORCH_VERSION}" "pyisolate==${PYISOLATE_VERSION}" \
-    "nvidia-cuda-crt==${CUDA_CRT_VERSION}" pytest numpy matplotlib >&2
+  [ -x "$venv/bin/python" ] || uv venv -q --python python3 "$venv" >&2
+  uv pip install -q --python "$venv/bin/python" "torch==${TORCH_VERSION}" "pyisolate==${PYISOLATE_VERSION}" \
+    "nvidia-cuda-crt==${CUDA_CRT_VERSION}" pytest numpy matplotlib \
+    pip "scikit-build-core==${SCIKIT_BUILD_CORE_VERSION}" >&2
   touch "$stamp"
 fi
-echo "$root/.venv/bin/python"
+echo "$(cd "$venv" && pwd)/bin/python"

@@ -54,11 +54,20 @@ py=$(bash scripts/setup-venv.sh | tail -1)
 cargo clippy -p tensorwire-rpc --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 
-step "libtorch extension: build cpp/ against the tensorwire CMake package, pytest tests/python (two processes, interop, opcheck)"
-py=$(bash scripts/setup-venv.sh | tail -1)
-TENSORWIRE_TORCH_LIB=$(bash cpp/build.sh "$py" | tail -1)
-TENSORWIRE_TORCH_LIB="$TENSORWIRE_TORCH_LIB" PYTHONDONTWRITEBYTECODE=1 \
-  "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee -a "$log"
+step "Python package: fresh venv (torch via uv, warm cache), pip install --no-build-isolation ., pytest tests/python from another directory (installed package, no env vars: import, two processes, interop, opcheck, demo, doctor)"
+# The venv is made anew each run (the torch pin lives in scripts/setup-venv.sh; uv links
+# from its cache, seconds); the package builds into build/py/<tag> and cargo's target/,
+# both persistent, so a rerun rebuilds only what changed.
+pip_venv=$root/build/pip-venv
+rm -rf "$pip_venv"
+pip_py=$(bash scripts/setup-venv.sh "$pip_venv" | tail -1)
+env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PIP_ROOT_USER_ACTION=ignore "$pip_py" -m pip install -q --no-build-isolation "$root"
+elsewhere=$(mktemp -d)
+(cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$pip_py" -c "import tensorwire; print('import tensorwire:', tensorwire.library_path())")
+(cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$pip_py" -m tensorwire doctor)
+(cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
+  "$pip_py" -m pytest -q -p no:cacheprovider "$root/tests/python" 2>&1) | tee -a "$log"
+rm -rf "$elsewhere"
 
 step "torch CUDA glue: cpp/src/cuda.cpp compiles against torch's and the CUDA wheels' headers (syntax only; the GPU runs it: scripts/gpu_test.sh)"
 sp=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

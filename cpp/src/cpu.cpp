@@ -177,6 +177,31 @@ at::Tensor to_shared(const at::Tensor& self) {
   return out;
 }
 
+// Move the whole storage of `self` into a new sealed segment, in place (every view of the
+// storage follows), as Tensor.share_memory_() does with PyTorch's own shared memory: later
+// sends of any view of it are zero-copy. A no-op for a storage already in a sealed segment.
+at::Tensor& share_(at::Tensor& self) {
+  check_exportable(self, "share_");
+  c10::Storage storage = self.storage();
+  const SegmentCtx* current = segment_of(storage);
+  if (current != nullptr && current->sealed) return self;
+  TORCH_CHECK(storage.data_ptr().get_deleter() != &import_deleter,
+              "tensorwire.share_: this storage is the peer's memory (a received tensor); send it as it is "
+              "(it is copied) or copy it with tensorwire.to_shared");
+  size_t nbytes = storage.nbytes();
+  tw_segment_t* raw = nullptr;
+  TW_CHECK(tw_segment_new(nbytes ? nbytes : 1, &raw));  // a segment cannot be empty
+  std::unique_ptr<tw_segment_t, decltype(&tw_segment_free)> seg(raw, &tw_segment_free);
+  if (nbytes) std::memcpy(tw_segment_data(seg.get()), storage.data(), nbytes);
+  auto ctx = std::make_unique<SegmentCtx>(SegmentCtx{seg.release(), /*sealed=*/true});
+  void* data = tw_segment_data(ctx->seg);
+  storage.set_data_ptr_noswap(c10::DataPtr(data, ctx.release(), &segment_deleter, at::Device(at::kCPU)));
+  // The segment's size is sealed: resizing must fail, not reallocate behind the peer's back.
+  storage.unsafeGetStorageImpl()->set_allocator(nullptr);
+  storage.unsafeGetStorageImpl()->set_resizable(false);
+  return self;
+}
+
 bool is_zero_copy(const at::Tensor& t) {
   const SegmentCtx* s = segment_of(t.storage());
   // A conjugate/negative view would lose its lazy bit on the other side: copy it.
@@ -463,6 +488,7 @@ std::tuple<at::Tensor, int64_t> cuda_ring_recv(int64_t conn, int64_t timeout_ms)
 
 TORCH_LIBRARY_IMPL(tensorwire, CPU, m) {
   m.impl("to_shared", &to_shared);
+  m.impl("share_", &share_);
   m.impl("is_shared", &is_shared);
   m.impl("send", &send);
   m.impl("segment_fd", &segment_fd);

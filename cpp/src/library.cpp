@@ -83,6 +83,8 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("zeros(int[] size, *, ScalarType? dtype=None) -> Tensor");
   // Copy `self` once into a new segment (contiguous); the result is shareable.
   m.def("to_shared(Tensor self) -> Tensor");
+  // Move the storage of `self` into a new segment in place (like Tensor.share_memory_()).
+  m.def("share_(Tensor(a!) self) -> Tensor(a!)");
   // True if `self` lives in a sealed tensorwire segment (export is zero-copy).
   m.def("is_shared(Tensor self) -> bool");
 

@@ -1,8 +1,8 @@
 """tensorwire for PyTorch: zero-copy CPU and CUDA tensor sharing between processes.
 
-Loads ``libtensorwire_torch.so`` (``$TENSORWIRE_TORCH_LIB``, else the repo's
-``build/torch-ext/``; ``cpp/build.sh`` builds it) and wraps ``torch.ops.tensorwire``
-with a small ``torch.multiprocessing``-like API::
+Loads ``libtensorwire_torch.so`` (installed beside this module by ``pip install``;
+``$TENSORWIRE_TORCH_LIB`` overrides it) and wraps ``torch.ops.tensorwire`` with a small
+``torch.multiprocessing``-like API::
 
     parent_fd, child_fd = tensorwire.socketpair()      # child_fd is inheritable
     subprocess.Popen([... , str(child_fd)], pass_fds=[child_fd]); os.close(child_fd)
@@ -26,213 +26,132 @@ returns a tensor on the device (released, once the work queued on that stream co
 when the last view dies). ``ring_send`` of a CUDA tensor copies it through the
 connection's GPU bounce ring (open the connection with ``cuda_ring_device=<index>`` on the
 sending side): device-to-device copies on the current stream, no handle opened per
-message; the peer takes it with ``cuda_ring_recv()``. Errors are ``RuntimeError`` with
-tensorwire's own message.
+message; the peer takes it with ``cuda_ring_recv()``. Errors are :class:`tensorwire.Error`
+(a ``RuntimeError``) subclasses carrying tensorwire's own message: ``PeerGone``,
+``Timeout``, ``Refused``, ``QuotaExceeded``, ``CudaUnavailable``.
+
+``python -m tensorwire demo | doctor | bench`` try it out, check the machine, measure.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 
+from ._loader import build_info, library_path, ops
+from . import _fake  # noqa: F401  (fake implementations for torch.compile / opcheck)
+from .connection import Connection, Listener, connect, from_fd, listen, socketpair
+from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, Timeout, translate
+
 __all__ = [
     "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
-    "empty", "zeros", "to_shared", "is_shared", "send", "recv", "stats",
-    "from_torch_shared", "to_torch_shared", "library_path", "cuda_available", "cuda_built",
+    "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "CudaUnavailable",
+    "empty", "zeros", "to_shared", "share_", "is_shared", "send", "recv", "stats",
+    "from_torch_shared", "to_torch_shared", "library_path", "build_info", "cuda_available", "cuda_built",
     "cuda_device_count", "cuda_ipc_cache_stats", "cuda_ipc_cache_keep_warm",
 ]
 
-
-def library_path() -> str:
-    env = os.environ.get("TENSORWIRE_TORCH_LIB")
-    if env:
-        return env
-    return str(Path(__file__).resolve().parents[2] / "build" / "torch-ext" / "libtensorwire_torch.so")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _load():
-    path = library_path()
-    if not os.path.exists(path):
-        raise ImportError(f"tensorwire: {path} does not exist; build it with cpp/build.sh "
-                          "or point TENSORWIRE_TORCH_LIB at libtensorwire_torch.so")
-    torch.ops.load_library(path)
-
-
-_load()
-ops = torch.ops.tensorwire
-from . import _fake  # noqa: E402,F401  (fake implementations for torch.compile / opcheck)
-
-# Bound overloads: calling them skips the overload-packet lookup (~1 us per call).
-_send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
-_ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
-_cuda_ring_recv = ops.cuda_ring_recv.default
-
-_STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
-
-
-class Connection:
-    """One end of a tensorwire connection. Close it (or use ``with``) to end every lease
-    it granted; the peer sees the connection end."""
-
-    def __init__(self, handle):
-        self._h = handle
-
-    def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
-        """Export ``tensor``; returns True if it went zero-copy (it lives in a segment)."""
-        return _send(self._h, tensor, tag, window_ms)
-
-    def recv(self, timeout: float | None = None, with_tag: bool = False):
-        """The next tensor (CPU, or CUDA on the device the peer's memory is on), aliasing
-        the peer's memory. ``timeout`` in seconds (None: no limit)."""
-        t, tag = _recv(self._h, _ms(timeout))
-        if t.is_cuda:
-            torch.cuda.init()  # PyTorch's Python-side CUDA state (no-op once initialized)
-        return (t, tag) if with_tag else t
-
-    def ring_send(self, tensor: torch.Tensor, tag: int = 0, timeout: float | None = None) -> None:
-        """Copy ``tensor`` (any strides) through the ring, packed; waits at most ``timeout``
-        seconds for ring space (None: no limit). A CPU tensor takes the CPU ring (the peer's
-        ``ring_recv``), a CUDA tensor the GPU ring (the peer's ``cuda_ring_recv``)."""
-        _ring_send(self._h, tensor, tag, _ms(timeout))
-
-    def cuda_ring_recv(self, timeout: float | None = None, with_tag: bool = False):
-        """The next tensor from the peer's GPU ring: a fresh contiguous CUDA tensor, filled
-        on the current stream after it waited for the peer's copy (no synchronize)."""
-        t, tag = _cuda_ring_recv(self._h, _ms(timeout))
-        if t.is_cuda:
-            torch.cuda.init()
-        return (t, tag) if with_tag else t
-
-    def ring_recv(self, timeout: float | None = None, with_tag: bool = False):
-        """The next ring tensor: contiguous, owning its (private) bytes."""
-        t, tag = _ring_recv(self._h, _ms(timeout))
-        return (t, tag) if with_tag else t
-
-    def stats(self) -> dict:
-        return dict(zip(_STATS, _stats(self._h)))
-
-    @property
-    def peer_pid(self) -> int:
-        return ops.peer_pid(self._h)
-
-    def close(self) -> None:
-        """End the connection (idempotent); later calls raise RuntimeError."""
-        ops.close(self._h)  # runs with the GIL released: lease owners drop safely
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
+def _mapped(fn: _F) -> _F:
+    """Re-raise the extension's RuntimeErrors as tensorwire.Error subclasses."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            self.close()
-        except Exception:
-            pass
+            return fn(*args, **kwargs)
+        except RuntimeError as e:
+            raise translate(e) from e
+    return wrapper  # type: ignore[return-value]
 
 
-class Listener:
-    def __init__(self, handle):
-        self._h = handle
-
-    def accept(self, **limits) -> Connection:
-        return Connection(ops.accept(self._h, **limits))
-
-    def close(self) -> None:
-        ops.close_listener(self._h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+SizeArg = Union[int, list[int], tuple[int, ...], torch.Size]
 
 
-def _ms(timeout):
-    return -1 if timeout is None else max(0, int(timeout * 1000))
+def _size(size: tuple[SizeArg, ...]) -> list[int]:
+    if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+        return list(size[0])
+    return list(size)  # type: ignore[arg-type]
 
 
-def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
-    """Two connected fds: keep the first, hand the second to the child process."""
-    a, b = ops.socketpair()
-    if inheritable_child:
-        ops.set_inheritable(b, True)
-    return a, b
-
-
-def from_fd(fd: int, **limits) -> Connection:
-    """Handshake over an end of ``socketpair`` (takes ownership of ``fd``). Limits:
-    ``max_leases``, ``max_lease_bytes``, ``window_ms``, ``handshake_timeout_ms``,
-    ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default);
-    ``cuda_ring_device`` (>= 0: a GPU bounce ring on that device for this side's CUDA
-    ``ring_send``s; needs a driver), ``cuda_ring_slot_bytes``, ``cuda_ring_slots``."""
-    return Connection(ops.from_fd(fd, **limits))
-
-
-def connect(path: str, **limits) -> Connection:
-    return Connection(ops.connect(path, **limits))
-
-
-def listen(path: str) -> Listener:
-    return Listener(ops.listen(path))
-
-
-def empty(*size, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A tensor in a new shared segment (zero-filled); sending it copies nothing."""
+@_mapped
+def empty(*size: SizeArg, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A tensor in a new sealed shared segment (zero-filled); sending it copies nothing."""
     return ops.empty(_size(size), dtype=dtype)
 
 
-def zeros(*size, dtype: torch.dtype | None = None) -> torch.Tensor:
+@_mapped
+def zeros(*size: SizeArg, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Same as :func:`empty` (segments start zeroed)."""
     return ops.zeros(_size(size), dtype=dtype)
 
 
+@_mapped
 def to_shared(t: torch.Tensor) -> torch.Tensor:
-    """Copy ``t`` once into a new segment."""
+    """Copy ``t`` once into a new segment (contiguous); sending the result is zero-copy."""
     return ops.to_shared(t)
 
 
+@_mapped
+def share_(t: torch.Tensor) -> torch.Tensor:
+    """Move ``t``'s whole storage into a new segment, in place (every view of it follows),
+    like ``Tensor.share_memory_()``; returns ``t``. Later sends of any view are zero-copy.
+    A no-op if it already lives in a segment. The storage can no longer be resized."""
+    return ops.share_(t)
+
+
+@_mapped
 def is_shared(t: torch.Tensor) -> bool:
+    """True if ``t``'s storage is a tensorwire segment (sending it copies nothing)."""
     return ops.is_shared(t)
 
 
 def send(conn: Connection, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
+    """``conn.send(tensor, tag, window_ms)``."""
     return conn.send(tensor, tag, window_ms)
 
 
-def recv(conn: Connection, timeout: float | None = None) -> torch.Tensor:
+def recv(conn: Connection, timeout: Optional[float] = None) -> torch.Tensor:
+    """``conn.recv(timeout)``."""
     return conn.recv(timeout)
 
 
-def stats(conn: Connection) -> dict:
+def stats(conn: Connection) -> dict[str, int]:
+    """``conn.stats()``."""
     return conn.stats()
 
 
+@_mapped
 def cuda_built() -> bool:
     """True if libtensorwire_torch was compiled with CUDA (a toolkit was found)."""
     return ops.cuda_built()
 
 
+@_mapped
 def cuda_available() -> bool:
     """True if CUDA tensors can be sent and received: built with CUDA and a driver works."""
     return ops.cuda_available()
 
 
+@_mapped
 def cuda_device_count() -> int:
-    """CUDA devices tensorwire sees; RuntimeError with the reason (e.g. no NVIDIA driver)
-    where CUDA is unavailable."""
+    """CUDA devices tensorwire sees; :class:`CudaUnavailable` with the reason (e.g. no
+    NVIDIA driver) where CUDA is unavailable."""
     return ops.cuda_device_count()
 
 
-def cuda_ipc_cache_stats() -> dict:
+@_mapped
+def cuda_ipc_cache_stats() -> dict[str, int]:
     """This process's IPC handle cache: ``opens`` (cuIpcOpenMemHandle calls so far) and
     ``open_handles`` (open now)."""
     opens, open_handles = ops.cuda_ipc_cache_stats()
     return {"opens": opens, "open_handles": open_handles}
 
 
+@_mapped
 def cuda_ipc_cache_keep_warm(n: int) -> None:
     """How many unused opened handles stay open (default 0: a handle closes as soon as
     its last import is released). An opt-in, for producers that keep exported memory
@@ -241,14 +160,9 @@ def cuda_ipc_cache_keep_warm(n: int) -> None:
     ops.cuda_ipc_cache_keep_warm(n)
 
 
-def _size(size):
-    if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
-        return list(size[0])
-    return list(size)
-
-
 # --- interop with PyTorch's own CPU sharing (file_descriptor strategy) -------------------
 
+@_mapped
 def from_torch_shared(t: torch.Tensor) -> torch.Tensor:
     """A tensorwire tensor aliasing ``t``, whose storage PyTorch shares by fd (e.g. it
     arrived through a torch.multiprocessing Queue). Only for trusted peers: PyTorch's shm
@@ -258,7 +172,8 @@ def from_torch_shared(t: torch.Tensor) -> torch.Tensor:
     return ops.from_torch_fd(fd, nbytes, t.dtype, list(t.shape), list(t.stride()), t.storage_offset())
 
 
-def _rebuild_from_torch_fd(df, nbytes, dtype, size, stride, offset):
+def _rebuild_from_torch_fd(df: Any, nbytes: int, dtype: torch.dtype, size: tuple[int, ...],
+                           stride: tuple[int, ...], offset: int) -> torch.Tensor:
     from torch.multiprocessing.reductions import rebuild_storage_fd
 
     storage = rebuild_storage_fd(torch.UntypedStorage, df, nbytes)  # PyTorch's own rebuild
@@ -266,22 +181,27 @@ def _rebuild_from_torch_fd(df, nbytes, dtype, size, stride, offset):
 
 
 class _TorchShared:
-    def __init__(self, t):
+    """Pickles as PyTorch's own fd-sharing rebuild (see :func:`to_torch_shared`)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
         self.t = t
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         from multiprocessing.reduction import DupFd
 
         t = self.t
-        fd, seg_len, byte_off = ops.segment_fd(t)
+        try:
+            fd, seg_len, byte_off = ops.segment_fd(t)
+        except RuntimeError as e:
+            raise translate(e) from e
         try:
             df = DupFd(fd)  # duplicates fd for the receiving process
         finally:
             os.close(fd)
         if byte_off != 0:
-            raise RuntimeError("tensorwire: the storage does not start the segment; PyTorch maps whole files")
+            raise Error("tensorwire: the storage does not start the segment; PyTorch maps whole files")
         if seg_len != t.untyped_storage().nbytes():
-            raise RuntimeError(f"tensorwire: segment of {seg_len} bytes holds a storage of "
+            raise Error(f"tensorwire: segment of {seg_len} bytes holds a storage of "
                                f"{t.untyped_storage().nbytes()}; PyTorch maps whole files")
         return (_rebuild_from_torch_fd, (df, seg_len, t.dtype, tuple(t.shape), t.stride(), t.storage_offset()))
 

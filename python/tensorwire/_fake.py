@@ -31,3 +31,8 @@ def _to_shared(t):
 def _from_torch_fd(fd, nbytes, dtype, size, stride, storage_offset=0):
     n = nbytes // torch.empty((), dtype=dtype).element_size()
     return torch.empty(n, dtype=dtype).as_strided(size, stride, storage_offset)
+
+
+@torch.library.register_fake("tensorwire::share_")
+def _share_(t):
+    return t

@@ -100,7 +100,7 @@ def child_main(mode, fd):
     held = []  # tensors kept alive on HOLD
     hold_next = False
     while True:
-        t, tag = conn.recv(timeout=120, with_tag=True)
+        t, tag = conn.recv_tagged(timeout=120)
         if tag == STOP:
             break
         if tag == SET_KEEP_WARM:
@@ -132,7 +132,7 @@ def child_main(mode, fd):
             continue
         if tag in (RING_ECHO, RING_MINMAX):
             for _ in range(int(t.item())):
-                u, utag = conn.cuda_ring_recv(timeout=120, with_tag=True)
+                u, utag = conn.cuda_ring_recv_tagged(timeout=120)
                 if tag == RING_MINMAX:
                     # Read on the current stream (it waited for the producer's event): no sync.
                     lo, hi = u.min().item(), u.max().item()
@@ -196,7 +196,7 @@ class Child:
         self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, **limits)
 
     def recv(self, tag=None):
-        t, got = self.conn.recv(timeout=120, with_tag=True)
+        t, got = self.conn.recv_tagged(timeout=120)
         if tag is not None:
             check(got == tag, f"reply tag {got}, expected {tag}")
         return t
@@ -497,7 +497,7 @@ def test_vmm():
     conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
     try:
         opens0 = tensorwire.cuda_ipc_cache_stats()["opens"]
-        t, tag = conn.recv(timeout=120, with_tag=True)
+        t, tag = conn.recv_tagged(timeout=120)
         if tag == VMM_NO_FD:
             proc.wait(timeout=120)
             raise Skipped("this PyTorch's expandable segments are not created with the POSIX-fd "

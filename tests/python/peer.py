@@ -26,7 +26,7 @@ def echo(conn):
     sender must see it: zero-copy), then send back its metadata and a copy of its
     elements, having dropped it (its lease is released before the reply is sent)."""
     while True:
-        t, tag = conn.recv(timeout=60, with_tag=True)
+        t, tag = conn.recv_tagged(timeout=60)
         if tag == STOP:
             return
         off = t.storage_offset() * t.element_size()
@@ -75,7 +75,7 @@ def ring_echo(conn):
     message must not reuse an earlier one's bytes)."""
     kept = []
     while True:
-        t, tag = conn.ring_recv(timeout=60, with_tag=True)
+        t, tag = conn.ring_recv_tagged(timeout=60)
         if tag == STOP:
             break
         s = t.untyped_storage()
@@ -94,7 +94,7 @@ def cuda_echo(conn):
     """For each CUDA tensor: add 1 in place (on the current stream, which waited for the
     sender's writes), synchronize, reply with a CPU copy. STOP ends it."""
     while True:
-        t, tag = conn.recv(timeout=60, with_tag=True)
+        t, tag = conn.recv_tagged(timeout=60)
         if tag == STOP:
             return
         assert t.is_cuda, t.device

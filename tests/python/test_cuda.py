@@ -91,7 +91,7 @@ def test_gpu_round_trip_two_processes():
         t = torch.arange(24, dtype=torch.float32, device="cuda").view(4, 6)[1:, ::2]
         orig = t.cpu()
         assert conn.send(t, 5) is True
-        back, tag = conn.recv(timeout=60, with_tag=True)
+        back, tag = conn.recv_tagged(timeout=60)
         assert tag == 5 and back.device.type == "cpu"
         assert torch.equal(back, orig + 1)  # the child saw our values (and its add_)
         assert torch.equal(t.cpu(), orig + 1)  # its add_ landed in our memory: zero-copy

@@ -34,12 +34,12 @@ def test_connection_errors():
 
 def test_recv_timeout_peer_gone_and_closed():
     a, b = pair()
-    with pytest.raises(RuntimeError, match=r"TW_ERR_TIMEOUT.*timed out"):
+    with pytest.raises(tensorwire.Timeout, match=r"TW_ERR_TIMEOUT.*timed out"):
         b.recv(timeout=0.05)
     a.close()
     with pytest.raises(RuntimeError, match=r"tensorwire.send: connection \d+ is closed or was never opened"):
         a.send(tensorwire.zeros(1))
-    with pytest.raises(RuntimeError, match=r"TW_ERR_PEER_GONE"):
+    with pytest.raises(tensorwire.PeerGone, match=r"TW_ERR_PEER_GONE"):
         b.recv(timeout=5)
     with pytest.raises(RuntimeError, match=r"TW_ERR_PEER_GONE"):
         b.send(tensorwire.zeros(1))
@@ -50,7 +50,7 @@ def test_quota_exceeded():
     a, b = pair(max_leases=1)  # b may hold at most one of a's leases at once
     t = tensorwire.zeros(4)
     a.send(t)
-    with pytest.raises(RuntimeError, match=r"TW_ERR_QUOTA_EXCEEDED"):
+    with pytest.raises(tensorwire.QuotaExceeded, match=r"TW_ERR_QUOTA_EXCEEDED"):
         a.send(t)
     held = b.recv(timeout=5)
     del held  # lease released: room again
@@ -90,3 +90,34 @@ def test_from_torch_fd_errors():
         tensorwire.ops.from_torch_fd(fd, 4096, torch.float32, [4], [1])
     with pytest.raises(RuntimeError, match="the view needs 32 bytes of storage, the segment provides 16"):
         tensorwire.ops.from_torch_fd(fd, nbytes, torch.float32, [8], [1])
+
+
+def test_errors_map_to_the_hierarchy():
+    """Result codes become the documented classes (all RuntimeErrors); unknown codes and
+    failures without a code become the base Error."""
+    from tensorwire.errors import translate
+
+    assert issubclass(tensorwire.Error, RuntimeError)
+    cases = {
+        "TW_ERR_PEER_GONE": tensorwire.PeerGone, "TW_ERR_TIMEOUT": tensorwire.Timeout,
+        "TW_ERR_PROTOCOL": tensorwire.Refused, "TW_ERR_INVALID_DESCRIPTOR": tensorwire.Refused,
+        "TW_ERR_INVALID_SEGMENT": tensorwire.Refused, "TW_ERR_QUOTA_EXCEEDED": tensorwire.QuotaExceeded,
+        "TW_ERR_CUDA_UNAVAILABLE": tensorwire.CudaUnavailable, "TW_ERR_RESOURCE": tensorwire.Error,
+        "TW_ERR_IO": tensorwire.Error,
+    }
+    for code, cls in cases.items():
+        e = translate(RuntimeError(f"tensorwire ({code}): tw_x: what went wrong"))
+        assert type(e) is cls and e.code == code and "what went wrong" in str(e)
+    plain = translate(RuntimeError("tensorwire.send: connection 3 is closed or was never opened"))
+    assert type(plain) is tensorwire.Error and plain.code is None
+
+
+def test_real_failures_raise_the_mapped_classes():
+    with pytest.raises(tensorwire.Error) as e:
+        tensorwire.connect("/nonexistent/tensorwire.sock")
+    assert e.value.code == "TW_ERR_IO"
+    a, b = tensorwire.socketpair()
+    import os
+    os.close(b)
+    with pytest.raises(tensorwire.PeerGone):
+        tensorwire.from_fd(a, handshake_timeout_ms=2000)

@@ -31,8 +31,8 @@ class RingChild:
     def echo(self, t, tag):
         """Send `t` through the ring; get back what the child saw: its metadata and the tensor."""
         self.conn.ring_send(t, tag, timeout=60)
-        meta, mtag = self.conn.ring_recv(timeout=60, with_tag=True)
-        back, btag = self.conn.ring_recv(timeout=60, with_tag=True)
+        meta, mtag = self.conn.ring_recv_tagged(timeout=60)
+        back, btag = self.conn.ring_recv_tagged(timeout=60)
         assert mtag == btag == tag
         return meta.tolist(), back
 

@@ -34,8 +34,11 @@ class Child:
         assert self.conn.peer_pid == self.proc.pid
 
     def finish(self):
+        # The child exits once it has taken the last message; close only then, since
+        # closing ends the leases of what we sent (a STOP still in flight included).
+        rc = self.proc.wait(timeout=60)
         self.conn.close()
-        assert self.proc.wait(timeout=60) == 0
+        assert rc == 0
 
     def kill(self):
         if self.proc.poll() is None:
@@ -95,8 +98,8 @@ def exchange(c, t, tag):
     flipped[off] ^= 1
     expected = raw(torch.empty(0, dtype=t.dtype).set_(flipped.untyped_storage(), t.storage_offset(), t.shape, t.stride()))
     assert c.conn.send(t, tag) is True  # zero-copy: t lives in a segment
-    meta, mtag = c.conn.recv(timeout=60, with_tag=True)
-    copy, ctag = c.conn.recv(timeout=60, with_tag=True)
+    meta, mtag = c.conn.recv_tagged(timeout=60)
+    copy, ctag = c.conn.recv_tagged(timeout=60)
     assert mtag == ctag == tag
     return meta.tolist(), copy, expected, before, int(storage[off])
 
@@ -186,3 +189,34 @@ def test_sigkill_reclaims_leases(child):
     assert [torch._C._storage_Use_Count(t.untyped_storage()._cdata) for t in tensors] == uses
     with pytest.raises(RuntimeError, match="TW_ERR_PEER_GONE"):
         child.conn.send(tensors[0])
+
+
+def test_share_moves_the_storage_in_place():
+    """share_ moves a plain tensor's storage into a segment in place (every view follows,
+    like Tensor.share_memory_()); sending it is then zero-copy; resizing is refused."""
+    base = torch.arange(12, dtype=torch.float32)
+    view = base.view(3, 4).t()
+    assert not tensorwire.is_shared(base)
+    assert tensorwire.share_(base) is base
+    assert tensorwire.is_shared(base) and tensorwire.is_shared(view)
+    assert torch.equal(view, torch.arange(12, dtype=torch.float32).view(3, 4).t())
+    ptr = base.data_ptr()
+    tensorwire.share_(view)  # already shared: nothing moves
+    assert base.data_ptr() == ptr
+    with pytest.raises(RuntimeError):
+        base.resize_(1000)
+    a_fd, b_fd = tensorwire.socketpair(inheritable_child=False)
+    import threading
+    box = {}
+    th = threading.Thread(target=lambda: box.update(b=tensorwire.from_fd(b_fd)))
+    th.start()
+    a = tensorwire.from_fd(a_fd)
+    th.join()
+    with a, box["b"] as b:
+        assert a.send(view) is True  # zero-copy
+        got = b.recv(timeout=5)
+        with pytest.raises(tensorwire.Error, match="peer's memory"):
+            tensorwire.share_(got)
+        got[0, 0] = 100.0
+        assert base[0] == 100.0  # the same memory
+        del got

@@ -1,0 +1,207 @@
+"""Connections and listeners: one end of a tensorwire link between two processes."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Optional
+
+import torch
+
+from ._loader import ops
+from .errors import translate
+
+__all__ = ["Connection", "Listener", "socketpair", "from_fd", "connect", "listen"]
+
+# Bound overloads: calling them skips the overload-packet lookup (~1 us per call).
+_send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
+_ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
+_cuda_ring_recv = ops.cuda_ring_recv.default
+
+_STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
+
+
+def _ms(timeout: Optional[float]) -> int:
+    return -1 if timeout is None else max(0, int(timeout * 1000))
+
+
+class Connection:
+    """One end of a tensorwire connection (from :func:`from_fd`, :func:`connect` or
+    :meth:`Listener.accept`). A context manager: leaving the ``with`` block closes it,
+    which ends every lease it granted; the peer sees the connection end. Failures raise
+    :class:`tensorwire.Error` subclasses (``PeerGone``, ``Timeout``, ``Refused``, ...)."""
+
+    def __init__(self, handle: int) -> None:
+        self._h = handle
+
+    def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
+        """Export ``tensor`` (any strided view, CPU or CUDA) under a lease; returns True
+        if it went zero-copy (it lives in a tensorwire segment or is CUDA memory), False
+        if it was copied once into a new segment. ``tag`` (>= 0) travels with it;
+        ``window_ms`` > 0 bounds how long the peer may hold it."""
+        try:
+            return _send(self._h, tensor, tag, window_ms)
+        except RuntimeError as e:
+            raise translate(e) from e
+
+    def recv_tagged(self, timeout: Optional[float] = None) -> tuple[torch.Tensor, int]:
+        """The next tensor and its tag. The tensor (CPU, or CUDA on the device the
+        peer's memory is on) aliases the peer's memory; the lease is released when the
+        last view of it dies. ``timeout`` in seconds (None: no limit)."""
+        try:
+            t, tag = _recv(self._h, _ms(timeout))
+        except RuntimeError as e:
+            raise translate(e) from e
+        if t.is_cuda:
+            torch.cuda.init()  # PyTorch's Python-side CUDA state (no-op once initialized)
+        return t, tag
+
+    def recv(self, timeout: Optional[float] = None) -> torch.Tensor:
+        """The next tensor (see :meth:`recv_tagged`), without its tag."""
+        return self.recv_tagged(timeout)[0]
+
+    def ring_send(self, tensor: torch.Tensor, tag: int = 0, timeout: Optional[float] = None) -> None:
+        """Copy ``tensor`` (any strides) through the ring, packed; waits at most
+        ``timeout`` seconds for ring space (None: no limit). A CPU tensor takes the CPU
+        ring (the peer's :meth:`ring_recv`), a CUDA tensor the GPU ring (the peer's
+        :meth:`cuda_ring_recv`; open this side with ``cuda_ring_device=<index>``)."""
+        try:
+            _ring_send(self._h, tensor, tag, _ms(timeout))
+        except RuntimeError as e:
+            raise translate(e) from e
+
+    def ring_recv_tagged(self, timeout: Optional[float] = None) -> tuple[torch.Tensor, int]:
+        """The next CPU ring tensor and its tag: contiguous, owning its (private) bytes."""
+        try:
+            return _ring_recv(self._h, _ms(timeout))
+        except RuntimeError as e:
+            raise translate(e) from e
+
+    def ring_recv(self, timeout: Optional[float] = None) -> torch.Tensor:
+        """The next CPU ring tensor (see :meth:`ring_recv_tagged`), without its tag."""
+        return self.ring_recv_tagged(timeout)[0]
+
+    def cuda_ring_recv_tagged(self, timeout: Optional[float] = None) -> tuple[torch.Tensor, int]:
+        """The next tensor from the peer's GPU ring and its tag: a fresh contiguous CUDA
+        tensor, filled on the current stream after it waited for the peer's copy (no
+        device synchronize)."""
+        try:
+            t, tag = _cuda_ring_recv(self._h, _ms(timeout))
+        except RuntimeError as e:
+            raise translate(e) from e
+        if t.is_cuda:
+            torch.cuda.init()
+        return t, tag
+
+    def cuda_ring_recv(self, timeout: Optional[float] = None) -> torch.Tensor:
+        """The next GPU ring tensor (see :meth:`cuda_ring_recv_tagged`), without its tag."""
+        return self.cuda_ring_recv_tagged(timeout)[0]
+
+    def stats(self) -> dict[str, int]:
+        """This side's lease counters for what it exported: ``live_leases``,
+        ``live_bytes``, ``granted``, ``released``, ``expired``, ``reclaimed``."""
+        try:
+            return dict(zip(_STATS, _stats(self._h)))
+        except RuntimeError as e:
+            raise translate(e) from e
+
+    @property
+    def peer_pid(self) -> int:
+        """The other process's pid (from the kernel: SO_PEERCRED / SCM_CREDENTIALS)."""
+        try:
+            return ops.peer_pid(self._h)
+        except RuntimeError as e:
+            raise translate(e) from e
+
+    @property
+    def handle(self) -> int:
+        """The extension's int handle of this connection (for ``torch.ops.tensorwire.*``)."""
+        return self._h
+
+    def close(self) -> None:
+        """End the connection (idempotent); later calls raise :class:`tensorwire.Error`."""
+        ops.close(self._h)  # runs with the GIL released: lease owners drop safely
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Listener:
+    """A listening Unix socket (from :func:`listen`); :meth:`accept` takes one
+    connection. A context manager: leaving the ``with`` block closes it."""
+
+    def __init__(self, handle: int) -> None:
+        self._h = handle
+
+    def accept(self, **limits: int) -> Connection:
+        """Wait for one connection and handshake with it (limits as in :func:`from_fd`)."""
+        try:
+            return Connection(ops.accept(self._h, **limits))
+        except RuntimeError as e:
+            raise translate(e) from e
+
+    def close(self) -> None:
+        """Stop listening and remove the socket file (idempotent)."""
+        ops.close_listener(self._h)
+
+    def __enter__(self) -> "Listener":
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
+    """Two connected fds: keep the first, hand the second to the child process (it is
+    inheritable unless ``inheritable_child`` is False); each side calls :func:`from_fd`."""
+    try:
+        a, b = ops.socketpair()
+        if inheritable_child:
+            ops.set_inheritable(b, True)
+    except RuntimeError as e:
+        raise translate(e) from e
+    return a, b
+
+
+def from_fd(fd: int, **limits: int) -> Connection:
+    """Handshake over an end of :func:`socketpair` (takes ownership of ``fd``). Limits:
+    ``max_leases``, ``max_lease_bytes``, ``window_ms``, ``handshake_timeout_ms``,
+    ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default);
+    ``cuda_ring_device`` (>= 0: a GPU bounce ring on that device for this side's CUDA
+    ``ring_send``s; needs a driver), ``cuda_ring_slot_bytes``, ``cuda_ring_slots``."""
+    try:
+        return Connection(ops.from_fd(fd, **limits))
+    except RuntimeError as e:
+        raise translate(e) from e
+
+
+def connect(path: str, **limits: int) -> Connection:
+    """Connect to a :func:`listen`-ing process at ``path`` (limits as in :func:`from_fd`)."""
+    try:
+        return Connection(ops.connect(path, **limits))
+    except RuntimeError as e:
+        raise translate(e) from e
+
+
+def listen(path: str) -> Listener:
+    """Listen on a new Unix socket at ``path``."""
+    try:
+        return Listener(ops.listen(path))
+    except RuntimeError as e:
+        raise translate(e) from e

@@ -1,0 +1,88 @@
+"""tensorwire's exceptions, mapped from the C ABI's result codes (``tw_result_e`` in
+include/tensorwire.h).
+
+The extension reports a failed ``tw_*`` call as a c10 error whose message starts with a
+stable prefix naming the code: ``"tensorwire (TW_ERR_PEER_GONE): <what was wrong>"``
+(``TW_CHECK`` in cpp/src/common.h). :func:`translate` reads that prefix and raises the
+matching class below; a failure without the prefix (an argument the extension itself
+refused, a closed handle) and any code this table does not know become the base
+:class:`Error`. Every class derives from ``RuntimeError``, so code written against the
+older API (which raised plain ``RuntimeError``) keeps working.
+
+To map a new result code, add one line to ``CODES``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "CudaUnavailable", "CODES", "translate"]
+
+
+class Error(RuntimeError):
+    """Any tensorwire failure. ``code`` is the C ABI's result name (``"TW_ERR_IO"``,
+    ...) when the failure came from the library, else None; the message says what was
+    wrong and, where it can, what to do."""
+
+    def __init__(self, message: str, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PeerGone(Error):
+    """The other process closed the connection or died (``TW_ERR_PEER_GONE``)."""
+
+
+class Timeout(Error):
+    """A bounded wait ran out (``TW_ERR_TIMEOUT``): nothing arrived, or no ring space
+    freed up, within the timeout."""
+
+
+class Refused(Error):
+    """Hostile or invalid input from the peer or the caller was refused: a protocol
+    violation, a descriptor or segment that does not check out, a stale lease, a bad
+    argument (``TW_ERR_PROTOCOL``, ``TW_ERR_INVALID_DESCRIPTOR``,
+    ``TW_ERR_INVALID_SEGMENT``, ``TW_ERR_INVALID_ARGUMENT``, ``TW_ERR_NULL_ARGUMENT``,
+    ``TW_ERR_STALE_LEASE``)."""
+
+
+class QuotaExceeded(Error):
+    """A per-peer limit (lease count, leased bytes, ...) would be exceeded
+    (``TW_ERR_QUOTA_EXCEEDED``): the consumer holds too much; release tensors or raise
+    the limit when opening the connection."""
+
+
+class CudaUnavailable(Error):
+    """CUDA tensors cannot travel here (``TW_ERR_CUDA_UNAVAILABLE``): no driver, no
+    device, or an extension built without CUDA."""
+
+
+# Result name -> class. Names not listed (TW_ERR_IO, TW_ERR_CUDA, TW_ERR_PANIC, codes
+# added later) map to the base Error.
+CODES: dict[str, type[Error]] = {
+    "TW_ERR_PEER_GONE": PeerGone,
+    "TW_ERR_TIMEOUT": Timeout,
+    "TW_ERR_PROTOCOL": Refused,
+    "TW_ERR_INVALID_DESCRIPTOR": Refused,
+    "TW_ERR_INVALID_SEGMENT": Refused,
+    "TW_ERR_INVALID_ARGUMENT": Refused,
+    "TW_ERR_NULL_ARGUMENT": Refused,
+    "TW_ERR_STALE_LEASE": Refused,
+    "TW_ERR_QUOTA_EXCEEDED": QuotaExceeded,
+    "TW_ERR_CUDA_UNAVAILABLE": CudaUnavailable,
+}
+
+_PREFIX = re.compile(r"tensorwire \((TW_[A-Z0-9_]+)\): ")
+
+
+def translate(exc: RuntimeError) -> Error:
+    """The tensorwire exception for a ``RuntimeError`` raised by a ``torch.ops.tensorwire``
+    op (returned, not raised; the caller raises it ``from`` the original)."""
+    if isinstance(exc, Error):
+        return exc
+    message = str(exc)
+    m = _PREFIX.search(message)
+    code = m.group(1) if m else None
+    cls = CODES.get(code, Error) if code else Error
+    return cls(message, code)
