@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "CudaUnavailable", "CODES", "translate"]
+__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "CODES", "translate"]
 
 
 class Error(RuntimeError):
@@ -53,6 +53,13 @@ class QuotaExceeded(Error):
     the limit when opening the connection."""
 
 
+class ResourceExhausted(Error):
+    """The machine or a process limit said no (``TW_ERR_RESOURCE``): no free fd
+    (``ulimit -n``), no address space or memory (``ulimit -v``), a file-size limit, a full
+    shared-memory file system. The message names the call and the limit; a tensor that
+    could not be received this way has had its lease handed back."""
+
+
 class CudaUnavailable(Error):
     """CUDA tensors cannot travel here (``TW_ERR_CUDA_UNAVAILABLE``): no driver, no
     device, or an extension built without CUDA."""
@@ -70,6 +77,7 @@ CODES: dict[str, type[Error]] = {
     "TW_ERR_NULL_ARGUMENT": Refused,
     "TW_ERR_STALE_LEASE": Refused,
     "TW_ERR_QUOTA_EXCEEDED": QuotaExceeded,
+    "TW_ERR_RESOURCE": ResourceExhausted,
     "TW_ERR_CUDA_UNAVAILABLE": CudaUnavailable,
 }
 

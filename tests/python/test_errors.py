@@ -121,3 +121,48 @@ def test_real_failures_raise_the_mapped_classes():
     os.close(b)
     with pytest.raises(tensorwire.PeerGone):
         tensorwire.from_fd(a, handshake_timeout_ms=2000)
+
+
+_FD_LIMIT_CHILD = r'''
+import os, resource, threading
+import tensorwire
+
+a, b = tensorwire.socketpair(inheritable_child=False)
+out = {}
+th = threading.Thread(target=lambda: out.setdefault("b", tensorwire.from_fd(b)))
+th.start()
+ca = tensorwire.from_fd(a)
+th.join()
+cb = out["b"]
+t = tensorwire.zeros(1024)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+filler = []
+try:
+    while True:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+ca.send(t)
+try:
+    cb.recv(timeout=5)
+    print("NO ERROR")
+except tensorwire.ResourceExhausted as e:
+    assert isinstance(e, tensorwire.Error) and e.code == "TW_ERR_RESOURCE", e
+    for fd in filler:
+        os.close(fd)
+    ca.send(t)  # the connection goes on once fds are free again
+    u = cb.recv(timeout=5)
+    print("RESOURCE", str(e).splitlines()[0])
+'''
+
+
+def test_resource_exhausted_at_the_fd_limit():
+    # In a child process: the limit must not disturb the test run.
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _FD_LIMIT_CHILD], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("RESOURCE"), r.stdout + r.stderr
+    assert "open-file limit" in r.stdout, r.stdout
