@@ -16,7 +16,7 @@ machine only; scripts/gpu_test.sh runs it):
                    its stream (the copy is complete) and acks
 
 Each number is a full round trip (tensor to the child, ack back), median and p90 in
-microseconds, at 4 KiB and 32 MiB. Targets (issue 6), each printed as PASS or FAIL:
+microseconds, at 4 KiB and 32 MiB. Targets (docs/DESIGN.md), each printed as PASS or FAIL:
 GPU ring 32 MiB / 4 KiB <= 3; per-message-open / GPU ring >= 20 at 4 KiB and at 32 MiB
 (also reported: per-message-open / cached). The last line says
 "BENCH TARGETS: PASS" or "BENCH TARGETS: FAIL (<which>)"; either way the exit status is 0
@@ -237,7 +237,7 @@ def main():
         if opens[("GPU ring", s)] != 0:
             problems.append(f"GPU ring {human(s)}: {opens[('GPU ring', s)]} opens, expected 0 (arena opened at setup)")
 
-    # Issue 6's targets: a verdict per target, and one line to grep.
+    # The CUDA targets: a verdict per target, and one line to grep.
     print()
     missed = []
 

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# GPU tests of tensorwire's CUDA path through the libtorch extension (issue 6).
+# GPU tests of tensorwire's CUDA path on real hardware: the Rust CUDA suite (the same
+# tests that run on the simulated driver, simcuda, in every test run) against the real
+# driver, and everything that needs torch's CUDA runtime (the libtorch extension's CUDA
+# ops, the CUDA benchmark), which no simulated driver can stand in for.
 #
-# The GPU machine has one GPU, a CUDA 13 toolkit (nvcc), CMake, ninja and PyTorch (cu130)
-# as `python3`, but no cargo and no network. So the Rust library is built HERE and
-# carried there as a CMake install prefix; the extension is built THERE against its own
-# torch (the C++ ABI must match that torch) with the CUDA backend (cpp/src/cuda.cpp).
+# A GPU machine may have no cargo and no network, so what needs cargo is built on a
+# machine that has it and copied over; the extension is built on the GPU machine against
+# its own torch (the C++ ABI must match that torch) with the CUDA backend (cpp/src/cuda.cpp).
 #
-#   1. here (cargo):   bash scripts/gpu_test.sh prepare
-#                      -> build/gpu-prefix (lib/libtensorwire.a, include/, lib/cmake/tensorwire)
-#   2. there (device tool), from the repository root, carrying that folder:
-#                      run(command="bash scripts/gpu_test.sh", carry=["build/gpu-prefix"])
-#      or split across calls (each at most 600 s) on the same warm machine:
-#                      bash scripts/gpu_test.sh build     (then)  tests  (then)  bench
+#   1. where cargo is:  bash scripts/gpu_test.sh prepare
+#                       -> build/gpu-prefix (lib/libtensorwire.a, include/, lib/cmake/tensorwire,
+#                          rust-tests/: the Rust CUDA test binaries)
+#   2. copy the repository with build/gpu-prefix in it to the GPU machine and run, from its
+#      root:            bash scripts/gpu_test.sh
+#      or one stage at a time (each a few minutes):
+#                       bash scripts/gpu_test.sh build  (then)  rust  (then)  tests  (then)  bench
 #      (TENSORWIRE_PREFIX=<dir> names another prefix; GPU_TEST_ITERS sets the bench's
-#      iterations, default 200; GPU_TEST_LOG_DIR, default $OUT/gpu-test-logs where the
-#      device tool sets $OUT, else build/gpu-test-logs, gets the tests' and the bench's
-#      full output.)
+#      iterations, default 200; the tests' and the bench's full output go to
+#      GPU_TEST_LOG_DIR, default build/gpu-test-logs.)
 #
 # Usage: bash scripts/gpu_test.sh [build|tests|bench|all]   (default all)
 #        bash scripts/gpu_test.sh prepare [OUT_DIR]          (here, where cargo is)
@@ -27,6 +29,9 @@
 #
 # What the stages do, each part printed as PASS / FAIL / SKIPPED, with a summary at the
 # end; exit status non-zero if any part failed (or no GPU is visible):
+#   rust       the Rust CUDA suite (tests/cuda_sim*.rs) built by `prepare`, run against the
+#              real driver: IPC of every dtype and view, zero-copy, handle cache, stream
+#              order, VMM, GPU ring, SIGKILL cases, the C ABI's CUDA calls
 #   build      cpp/build.sh with TENSORWIRE_PREFIX (no cargo) against python3's torch; the
 #              configure log must say "CUDA toolkit: ON"; tensorwire.cuda_available()
 #   pytest     (tests) tests/python (CPU suite + the CUDA smoke tests) if pytest is installed
@@ -43,7 +48,7 @@
 #              32 MiB, GPU ring vs handle cache warm vs a handle opened per message vs
 #              torch.multiprocessing. FAIL if it crashed or its measurement was invalid
 #              (its per-row open counts or lease checks failed).
-#   targets    (bench) the issue's target ratios, from the bench's "BENCH TARGETS:" line:
+#   targets    (bench) the CUDA target ratios (docs/DESIGN.md), from the bench's "BENCH TARGETS:" line:
 #              MET or NOT MET (a missed performance target does not fail the run).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,7 +60,7 @@ export PYTORCH_ALLOC_CONF=expandable_segments:False
 
 if [[ "${1:-}" == "prepare" ]]; then
   # Here: build the Rust static library (release, via the root CMake project and cargo)
-  # and install the CMake package into build/gpu-prefix, small enough to carry.
+  # and install the CMake package into build/gpu-prefix, small enough to copy.
   set -e
   out=${2:-$root/build/gpu-prefix}
   mkdir -p "$root/build"
@@ -66,23 +71,34 @@ if [[ "${1:-}" == "prepare" ]]; then
   cmake --install "$root/build/tensorwire-cmake" --prefix "$out" >/dev/null
   rm -f "$out"/lib/libtensorwire.so                 # the extension links the static library
   strip --strip-debug "$out/lib/libtensorwire.a"    # debug info is most of its size
+  # The Rust CUDA suite: the same test binaries that run on simcuda in every test run.
+  mkdir -p "$out/rust-tests"
+  cargo test --release --locked --no-run --message-format=json \
+      --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi 2>/dev/null |
+    "${PYTHON:-python3}" -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])' | while read -r exe; do
+      cp "$exe" "$out/rust-tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
+      strip --strip-debug "$out/rust-tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
+    done
+  ls "$out/rust-tests"
   du -sh "$out"
-  echo "prepared $out; on the GPU machine: bash scripts/gpu_test.sh   (carry: ${out#"$root"/})"
+  echo "prepared $out; copy it to the GPU machine (same path in the repository) and run: bash scripts/gpu_test.sh"
   exit 0
 fi
 
 stage=${1:-all}
 case "$stage" in
-  build | tests | bench | all) ;;
-  *) echo "usage: bash scripts/gpu_test.sh [build|tests|bench|all]   (or: prepare [OUT_DIR])" >&2; exit 2 ;;
+  build | rust | tests | bench | all) ;;
+  *) echo "usage: bash scripts/gpu_test.sh [build|rust|tests|bench|all]   (or: prepare [OUT_DIR])" >&2; exit 2 ;;
 esac
 
 py=${PYTHON:-python3}
 prefix=${TENSORWIRE_PREFIX:-$root/build/gpu-prefix}
 iters=${GPU_TEST_ITERS:-200}
-if [[ -n "${GPU_TEST_LOG_DIR:-}" ]]; then logs=$GPU_TEST_LOG_DIR
-elif [[ -n "${OUT:-}" && -d "${OUT:-}" && -w "${OUT:-}" ]]; then logs=$OUT/gpu-test-logs
-else logs=$root/build/gpu-test-logs; fi
+logs=${GPU_TEST_LOG_DIR:-$root/build/gpu-test-logs}
 mkdir -p "$logs"
 lib=$root/build/torch-ext/libtensorwire_torch.so
 stampfile=$root/build/torch-ext/gpu_test.stamp
@@ -134,7 +150,7 @@ build_stamp() {
 build_ext() {  # $1: why
   echo "=== build ($1): cpp/build.sh with TENSORWIRE_PREFIX=$prefix (no cargo), torch of $py"
   if [[ ! -f "$prefix/lib/libtensorwire.a" ]]; then
-    record build FAIL "no $prefix/lib/libtensorwire.a: run 'bash scripts/gpu_test.sh prepare' where cargo is, and carry build/gpu-prefix"
+    record build FAIL "no $prefix/lib/libtensorwire.a: run 'bash scripts/gpu_test.sh prepare' where cargo is, and copy build/gpu-prefix here"
     finish
   fi
   rm -f "$stampfile"
@@ -176,6 +192,20 @@ if ! "$py" -c "import tensorwire as tw; print('tensorwire cuda_built', tw.cuda_b
   finish
 fi
 record build PASS "$build_note"
+
+if [[ "$stage" == rust || "$stage" == all ]]; then
+  echo "=== Rust CUDA suite against the real driver ($prefix/rust-tests)"
+  if compgen -G "$prefix/rust-tests/*" >/dev/null; then
+    rust_failed=0
+    for t in "$prefix"/rust-tests/*; do
+      "$t" --test-threads=1 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
+    done
+    if grep -q "GPU tests SKIPPED\|SKIPPED" "$logs/rust-tests.log"; then rust_note="some tests SKIPPED: see log"; else rust_note=""; fi
+    if ((rust_failed == 0)); then record "rust cuda suite" PASS "$rust_note"; else record "rust cuda suite" FAIL "log: $logs/rust-tests.log"; fi
+  else
+    record "rust cuda suite" FAIL "no test binaries in $prefix/rust-tests: run 'bash scripts/gpu_test.sh prepare' where cargo is"
+  fi
+fi
 
 if [[ "$stage" == tests || "$stage" == all ]]; then
   echo "=== pytest tests/python"

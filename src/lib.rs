@@ -19,42 +19,36 @@
 
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
+/// Items that exist only outside the loom model build (`--cfg loom` compiles just the
+/// shared-memory protocols and their `sync` shim), as tokio's `cfg_*!` macros do.
+macro_rules! cfg_not_loom {
+    ($($item:item)*) => { $( #[cfg(not(loom))] $item )* };
+}
+
 pub mod error;
 pub mod lease;
 pub mod sync;
 pub mod doorbell;
 pub mod credits;
 pub(crate) mod deadline;
-
-#[cfg(not(loom))]
-pub mod connection;
-#[cfg(not(loom))]
-pub mod cuda;
-#[cfg(not(loom))]
-pub mod desc;
-#[cfg(not(loom))]
-pub mod ffi;
-#[cfg(not(loom))]
-pub(crate) mod import_cache;
-#[cfg(not(loom))]
-pub mod peer;
 pub mod ring;
-#[cfg(not(loom))]
-pub mod segment;
-#[cfg(not(loom))]
-pub mod sys;
+
+cfg_not_loom! {
+    pub mod connection;
+    pub mod cuda;
+    pub mod desc;
+    pub mod ffi;
+    pub(crate) mod import_cache;
+    pub mod peer;
+    pub mod segment;
+    pub mod sys;
+
+    pub use connection::{Connection, Listener};
+    pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
+    pub use lease::{LeaseId, LeaseStats, Owner};
+    pub use ring::{RingItem, RingMessage, Wait};
+    pub use peer::{CudaImported, ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
+    pub use segment::Segment;
+}
 
 pub use error::{Error, Result};
-#[cfg(not(loom))]
-pub use connection::{Connection, Listener};
-#[cfg(not(loom))]
-pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
-#[cfg(not(loom))]
-pub use lease::{LeaseId, LeaseStats, Owner};
-#[cfg(not(loom))]
-#[cfg(not(loom))]
-pub use ring::{RingItem, RingMessage, Wait};
-#[cfg(not(loom))]
-pub use peer::{CudaImported, ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
-#[cfg(not(loom))]
-pub use segment::Segment;
