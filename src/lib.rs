@@ -33,16 +33,26 @@ pub mod credits;
 pub(crate) mod deadline;
 pub mod ring;
 
-cfg_not_loom! {
-    pub mod connection;
-    pub mod cuda;
-    pub mod desc;
-    pub mod ffi;
-    pub(crate) mod import_cache;
-    pub mod peer;
-    pub mod segment;
-    pub mod sys;
+// Module declarations stay outside the macro: cbindgen does not expand macros, and it
+// finds the C ABI (and the constants the header carries) by following these `mod` items.
+#[cfg(not(loom))]
+pub mod connection;
+#[cfg(not(loom))]
+pub mod cuda;
+#[cfg(not(loom))]
+pub mod desc;
+#[cfg(not(loom))]
+pub mod ffi;
+#[cfg(not(loom))]
+pub(crate) mod import_cache;
+#[cfg(not(loom))]
+pub mod peer;
+#[cfg(not(loom))]
+pub mod segment;
+#[cfg(not(loom))]
+pub mod sys;
 
+cfg_not_loom! {
     pub use connection::{Connection, Listener};
     pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
     pub use lease::{LeaseId, LeaseStats, Owner};
