@@ -28,7 +28,7 @@ connection's GPU bounce ring (open the connection with ``cuda_ring_device=<index
 sending side): device-to-device copies on the current stream, no handle opened per
 message; the peer takes it with ``cuda_ring_recv()``. Errors are :class:`tensorwire.Error`
 (a ``RuntimeError``) subclasses carrying tensorwire's own message: ``PeerGone``,
-``Timeout``, ``Refused``, ``QuotaExceeded``, ``CudaUnavailable``.
+``Timeout``, ``Refused``, ``QuotaExceeded``, ``ResourceExhausted``, ``CudaUnavailable``.
 
 ``python -m tensorwire demo | doctor | bench`` try it out, check the machine, measure.
 """
@@ -44,11 +44,11 @@ import torch
 from ._loader import build_info, library_path, ops
 from . import _fake  # noqa: F401  (fake implementations for torch.compile / opcheck)
 from .connection import Connection, Listener, connect, from_fd, listen, socketpair
-from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, Timeout, translate
+from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, ResourceExhausted, Timeout, translate
 
 __all__ = [
     "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
-    "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "CudaUnavailable",
+    "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable",
     "empty", "zeros", "to_shared", "share_", "is_shared", "send", "recv", "stats",
     "from_torch_shared", "to_torch_shared", "library_path", "build_info", "cuda_available", "cuda_built",
     "cuda_device_count", "cuda_ipc_cache_stats", "cuda_ipc_cache_keep_warm",

@@ -102,7 +102,7 @@ def test_errors_map_to_the_hierarchy():
         "TW_ERR_PEER_GONE": tensorwire.PeerGone, "TW_ERR_TIMEOUT": tensorwire.Timeout,
         "TW_ERR_PROTOCOL": tensorwire.Refused, "TW_ERR_INVALID_DESCRIPTOR": tensorwire.Refused,
         "TW_ERR_INVALID_SEGMENT": tensorwire.Refused, "TW_ERR_QUOTA_EXCEEDED": tensorwire.QuotaExceeded,
-        "TW_ERR_CUDA_UNAVAILABLE": tensorwire.CudaUnavailable, "TW_ERR_RESOURCE": tensorwire.Error,
+        "TW_ERR_CUDA_UNAVAILABLE": tensorwire.CudaUnavailable, "TW_ERR_RESOURCE": tensorwire.ResourceExhausted,
         "TW_ERR_IO": tensorwire.Error,
     }
     for code, cls in cases.items():
