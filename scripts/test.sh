@@ -87,6 +87,8 @@ step "CUDA code on simcuda, the strict simulated driver (tests/cuda_sim*.rs + te
 cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 for seed in 1 2; do
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test simcuda_driver 2>&1 | tee -a "$log"
+  # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes.
+  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
 done
 
 # --- further test steps go above this line (one block per area) ---
