@@ -91,6 +91,12 @@ for seed in 1 2; do
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
 done
 
+step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports device memory made with the driver API), plain and under valgrind (ctest)"
+# The build from the C ABI step above; 20 ms stream delays make a missing stream wait
+# read stale bytes every time.
+(cd "$root/build/cmake-package/build" &&
+  SIMCUDA_MAX_DELAY_US=20000 bash "$root/simcuda/run.sh" ctest -R '^c_cuda' --output-on-failure) 2>&1 | tee -a "$log"
+
 # --- further test steps go above this line (one block per area) ---
 
 step "benches compile"
