@@ -4,9 +4,9 @@
 //! tensorwire-rpc --test cuda_sim`) and, unchanged, on a GPU; without a driver the GPU
 //! tests print a SKIPPED line and the no-driver test checks the named error instead.
 //!
-//! The server reads what the client sent only after `wait_on` (the client's last write
-//! is an asynchronous copy still queued on its stream when the call goes out), answers
-//! with a tensor whose write is likewise still queued, and the client reads that after
+//! The server reads what the client sent only after `wait_on` (the client's last writes
+//! are asynchronous copies still queued on its stream when the call goes out), answers
+//! with a tensor whose writes are likewise still queued, and the client reads that after
 //! its own `wait_on`; with simcuda's random stream delays a missing wait reads stale
 //! bytes.
 
@@ -63,6 +63,16 @@ fn htod_async(dptr: u64, bytes: &[u8], stream: usize) {
     // room for it.
     call("cuMemcpyHtoDAsync", || unsafe { sys::cuMemcpyHtoDAsync_v2(dptr, bytes.as_ptr().cast(), bytes.len(), stream as sys::CUstream) })
         .unwrap();
+}
+
+/// Queue `bytes` to `dptr` on `stream` as 16 copies: each waits its own random delay on
+/// simcuda, so the last lands well after the call that sends the tensor has gone out —
+/// a reader that skips `wait_on` sees stale bytes.
+fn htod_queued(dptr: u64, bytes: &[u8], stream: usize) {
+    let chunk = bytes.len().div_ceil(16).max(1);
+    for (i, c) in bytes.chunks(chunk).enumerate() {
+        htod_async(dptr + (i * chunk) as u64, c, stream);
+    }
 }
 
 /// Read `n` bytes at `dptr`, ordered on `stream`, then synchronize that stream.
@@ -141,7 +151,7 @@ fn server_registry() -> Registry {
             let l = t.layout();
             let owner = Counted::alloc(n as u64, &answers());
             let ptr = owner._buf.ptr();
-            htod_async(ptr, &pattern(n, seed.wrapping_add(1)), s);
+            htod_queued(ptr, &pattern(n, seed.wrapping_add(1)), s);
             let u = CudaTensor::new(ptr, n as u64, l, 0, s, owner)?;
             let ints = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
             Ok(Value::Array(vec![Tensor::Cuda(Arc::new(u)).into(), ints(l.sizes()), ints(l.strides()), Value::Int(l.storage_offset)]))
@@ -230,7 +240,7 @@ fn cuda_call_both_ways_then_leases_back() {
         let seed = 10 * round + 1;
         let owner = Counted::alloc(n, &alive);
         let ptr = owner._buf.ptr();
-        htod_async(ptr, &pattern(n as usize, seed), s);
+        htod_queued(ptr, &pattern(n as usize, seed), s);
         let t = CudaTensor::new(ptr, n, view, 0, s, owner).unwrap();
         let r = srv.ep.call("gpu", "check", vec![Tensor::Cuda(Arc::new(t)).into(), Value::Int(seed.into())]).unwrap();
         // The handler has returned and our value is gone: the lease comes back.
