@@ -3,7 +3,7 @@
 //! C would call them, over two peers of one process connected by `tw_socketpair`: the data
 //! arrives, stream order holds, the release callback runs once, the ring carries a
 //! many-chunk message. Runs on simcuda and unchanged on a GPU; SKIPPED without a driver.
-//! (The C tests under valgrind, tests/c/, do not load a driver.)
+//! (tests/c/cuda.c does the same from C across a fork, under valgrind on simcuda.)
 
 mod common;
 

@@ -970,6 +970,22 @@ impl Inner {
     /// How a tensor goes on the wire.
     fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
         let native = self.native.lock().clone();
+        if let Some(device) = t.cuda_device() {
+            let Some(n) = native else {
+                return Err(RpcError::CudaNotNative(format!(
+                    "a {:?} tensor on cuda:{device} travels only as a native tensor; this connection has none (call negotiate_native on a Unix socket first)",
+                    t.layout()
+                )));
+            };
+            let Tensor::Cuda(c) = t else {
+                return Err(RpcError::InvalidArgument(
+                    "a CUDA tensor imported from a peer cannot be sent on: its memory is that peer's allocation opened here; copy it into an allocation of your own and send a Tensor::Cuda".into(),
+                ));
+            };
+            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            c.export(&n.peer, tag)?;
+            return Ok(crate::tensor::native_ref(tag, &c.layout(), Some(device)));
+        }
         if let Some(n) = native {
             let shared = match t {
                 Tensor::Shared(s) => s.clone(),
@@ -982,7 +998,7 @@ impl Inner {
             };
             let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
             n.peer.export(&shared, tensorwire::ExportOptions { tag, window: None })?;
-            return Ok(crate::tensor::native_ref(tag, shared.layout()));
+            return Ok(crate::tensor::native_ref(tag, shared.layout(), None));
         }
         if !self.is_unix {
             // TCP: the peer may be on another machine; copy the data into the JSON.

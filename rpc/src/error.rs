@@ -43,6 +43,14 @@ pub enum RpcError {
     TensorCopyLimit { what: String, need: u64, cap: usize },
     /// An allocation within the limits failed (out of memory or address space).
     OutOfMemory { what: String, bytes: u64 },
+    /// No CUDA driver (or no device) in this process: CUDA tensors cannot be made, sent
+    /// or received here.
+    CudaUnavailable(String),
+    /// A CUDA driver call failed (the message names the call and the driver's error).
+    Cuda(String),
+    /// A CUDA tensor was to be sent on a connection without native tensors (TCP, a
+    /// pyisolate peer, or before `negotiate_native`).
+    CudaNotNative(String),
 }
 
 impl RpcError {
@@ -89,6 +97,9 @@ impl fmt::Display for RpcError {
                 "{what} needs {need} bytes, over the {cap}-byte limit on private copies of a peer's tensor (RpcConfig::max_tensor_copy; read the storage in place, or raise the limit for a trusted peer)"
             ),
             RpcError::OutOfMemory { what, bytes } => write!(f, "out of memory: could not allocate {bytes} bytes for {what}"),
+            RpcError::CudaUnavailable(m) => write!(f, "CUDA unavailable: {m}"),
+            RpcError::Cuda(m) => write!(f, "{m}"),
+            RpcError::CudaNotNative(m) => write!(f, "CUDA tensor needs native mode: {m}"),
         }
     }
 }
@@ -97,6 +108,11 @@ impl std::error::Error for RpcError {}
 
 impl From<tensorwire::Error> for RpcError {
     fn from(e: tensorwire::Error) -> RpcError {
-        if e.is_peer_gone() { RpcError::PeerGone(e.to_string()) } else { RpcError::Transport(e.to_string()) }
+        match e {
+            tensorwire::Error::CudaUnavailable(m) => RpcError::CudaUnavailable(m),
+            e @ tensorwire::Error::Cuda { .. } => RpcError::Cuda(e.to_string()),
+            e if e.is_peer_gone() => RpcError::PeerGone(e.to_string()),
+            e => RpcError::Transport(e.to_string()),
+        }
     }
 }

@@ -36,6 +36,7 @@
 mod accept;
 pub mod base64;
 pub mod config;
+pub mod cuda_tensor;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
@@ -56,4 +57,4 @@ pub use message::Message;
 pub use server::Server;
 pub use service::{Args, CallCtx, Registry, RemoteObject, Responder, Service};
 pub use stream::Stream;
-pub use tensor::{FsStrategy, FsTensor, ImportedTensor, Tensor};
+pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};

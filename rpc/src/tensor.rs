@@ -4,7 +4,10 @@
 //! - `Shared`: a tensorwire [`SharedTensor`] (memfd segment) of ours, ready to send;
 //! - `Imported`: a tensor the peer exported to us natively ([`ImportedTensor`]: leased;
 //!   released on drop);
-//! - `File`: a PyTorch `file_system` shared-memory file ([`FsTensor`]).
+//! - `File`: a PyTorch `file_system` shared-memory file ([`FsTensor`]);
+//! - `Cuda`: device memory of ours, ready to send natively ([`CudaTensor`]);
+//! - `CudaImported`: a CUDA tensor the peer exported to us natively
+//!   ([`CudaImportedTensor`]: leased; released on drop). See [`crate::cuda_tensor`].
 //!
 //! Private copies (`to_vec`, `to_f64_vec`, `storage_copy`, `TensorValue`s) of a tensor a
 //! peer sent are limited to `RpcConfig::max_tensor_copy` bytes each (the limit travels
@@ -31,6 +34,7 @@ use crate::limits::{check_tensor_copy, try_with_capacity, try_zeroed};
 use std::sync::Arc;
 use tensorwire::{DType, Imported, Layout, SharedTensor};
 
+pub use crate::cuda_tensor::{CudaImportedTensor, CudaTensor};
 pub use crate::fs_tensor::{FS_DATA_OFFSET, FsTensor};
 
 /// Which `TensorRef` strategy we emit for file_system tensors.
@@ -54,6 +58,8 @@ pub enum Tensor {
     Shared(SharedTensor),
     Imported(Arc<ImportedTensor>),
     File(Arc<FsTensor>),
+    Cuda(Arc<CudaTensor>),
+    CudaImported(Arc<CudaImportedTensor>),
 }
 
 /// A tensor the peer exported to us natively, with the copy limit of the connection it
@@ -90,6 +96,8 @@ impl std::fmt::Debug for Tensor {
             Tensor::Shared(_) => "Shared",
             Tensor::Imported(_) => "Imported",
             Tensor::File(_) => "File",
+            Tensor::Cuda(_) => "Cuda",
+            Tensor::CudaImported(_) => "CudaImported",
         };
         write!(f, "Tensor::{kind}({:?})", self.layout())
     }
@@ -123,6 +131,8 @@ impl Tensor {
             Tensor::Shared(t) => *t.layout(),
             Tensor::Imported(t) => t.layout(),
             Tensor::File(t) => t.layout(),
+            Tensor::Cuda(t) => t.layout(),
+            Tensor::CudaImported(t) => t.layout(),
         }
     }
 
@@ -130,9 +140,19 @@ impl Tensor {
     /// of the connection a peer's tensor arrived on; unlimited for tensors made here.
     pub fn max_copy(&self) -> usize {
         match self {
-            Tensor::Shared(_) => usize::MAX,
+            Tensor::Shared(_) | Tensor::Cuda(_) => usize::MAX,
             Tensor::Imported(t) => t.max_copy(),
             Tensor::File(t) => t.max_copy(),
+            Tensor::CudaImported(t) => t.max_copy(),
+        }
+    }
+
+    /// The CUDA device the tensor lives on; `None` for CPU tensors.
+    pub fn cuda_device(&self) -> Option<i32> {
+        match self {
+            Tensor::Cuda(t) => Some(t.device()),
+            Tensor::CudaImported(t) => Some(t.device()),
+            _ => None,
         }
     }
     pub fn dtype(&self) -> DType {
@@ -149,6 +169,7 @@ impl Tensor {
             Tensor::Shared(t) => t.storage_nbytes(),
             Tensor::Imported(t) => t.storage_nbytes(),
             Tensor::File(t) => t.storage_size(),
+            Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(crate::cuda_tensor::no_host_copy(&layout, "a host copy of the storage")),
         };
         let what = || format!("a copy of the storage of a {layout:?} tensor");
         let n = check_tensor_copy(what, nbytes as u64, self.max_copy())?;
@@ -157,6 +178,7 @@ impl Tensor {
             Tensor::Shared(t) => t.read_storage(0, &mut v)?,
             Tensor::Imported(t) => t.read_storage(0, &mut v)?,
             Tensor::File(t) => v.copy_from_slice(t.storage()),
+            Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(crate::cuda_tensor::no_host_copy(&layout, "a host copy of the storage")),
         }
         Ok((v, layout))
     }
@@ -164,6 +186,9 @@ impl Tensor {
     /// The view's elements packed row-major (a private copy).
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let layout = self.layout();
+        if self.cuda_device().is_some() {
+            return Err(crate::cuda_tensor::no_host_copy(&layout, "a packed host copy"));
+        }
         check_tensor_copy(|| format!("a packed copy of a {layout:?} tensor"), layout.packed_bytes(), self.max_copy())?;
         match self {
             Tensor::Shared(t) => Ok(t.to_vec()?),
@@ -175,6 +200,7 @@ impl Tensor {
                 unsafe { layout.gather(t.data_ptr(), &mut v) }?;
                 Ok(v)
             }
+            Tensor::Cuda(_) | Tensor::CudaImported(_) => Err(crate::cuda_tensor::no_host_copy(&layout, "a packed host copy")),
         }
     }
 
@@ -232,6 +258,8 @@ impl Tensor {
             }
             (Tensor::Imported(a), Tensor::Imported(b)) => Arc::ptr_eq(a, b),
             (Tensor::File(a), Tensor::File(b)) => Arc::ptr_eq(a, b),
+            (Tensor::Cuda(a), Tensor::Cuda(b)) => Arc::ptr_eq(a, b),
+            (Tensor::CudaImported(a), Tensor::CudaImported(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -367,10 +395,15 @@ pub fn from_tensor_value(m: &Map) -> Result<Tensor> {
 }
 
 /// The JSON for a natively sent tensor (the descriptor travels over the transport).
-pub fn native_ref(tag: u64, layout: &Layout) -> Value {
+/// `cuda_device`: `Some(n)` for a CUDA tensor (`"device": "cuda:n"`); CPU tensors carry
+/// no `device` field (as they always have).
+pub fn native_ref(tag: u64, layout: &Layout, cuda_device: Option<i32>) -> Value {
     let mut m = Map::new();
     m.insert("__type__".into(), "TensorwireTensor".into());
     m.insert("tag".into(), Value::from(tag));
+    if let Some(d) = cuda_device {
+        m.insert("device".into(), Value::Str(crate::cuda_tensor::device_name(d)));
+    }
     layout_fields(&mut m, layout);
     Value::Object(m)
 }

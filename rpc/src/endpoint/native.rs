@@ -1,7 +1,9 @@
 //! Native tensors on a connection: the `native_hello` negotiation (one per connection)
 //! that turns a SEQPACKET socketpair passed over the Unix socket into a
 //! [`tensorwire::Peer`], the receiver thread that collects the peer's exports, and the
-//! claim of an export named by a received `TensorwireTensor`.
+//! claim of an export named by a received `TensorwireTensor` (CPU: a leased memfd view;
+//! CUDA: the peer's allocation opened through the transport's handle cache, held until
+//! the value naming it is dropped).
 //!
 //! One negotiation per connection: each one costs a transport peer (threads, a ring,
 //! several fds), so a second `native_hello` — from a peer that repeats it, or racing our
@@ -13,7 +15,7 @@ use crate::error::{Result, RpcError};
 use crate::frame;
 use crate::json::{Map, Value};
 use crate::message::Message;
-use crate::tensor::{ImportedTensor, Tensor};
+use crate::tensor::{CudaImportedTensor, ImportedTensor, Tensor};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,13 +25,34 @@ use std::time::{Duration, Instant};
 pub(super) struct NativeState {
     pub(super) peer: Arc<tensorwire::Peer>,
     /// Imported tensors by tag, waiting for the JSON that names them.
-    arrived: Mutex<HashMap<u64, tensorwire::Imported>>,
+    arrived: Mutex<HashMap<u64, Arrival>>,
     cv: Condvar,
 }
 
 impl NativeState {
     pub(super) fn wake(&self) {
         self.cv.notify_all();
+    }
+}
+
+/// An export of the peer's, received before (or while) the JSON naming it is decoded.
+enum Arrival {
+    Cpu(tensorwire::Imported),
+    Cuda(tensorwire::CudaImported),
+}
+
+impl Arrival {
+    fn layout(&self) -> tensorwire::Layout {
+        match self {
+            Arrival::Cpu(t) => t.layout(),
+            Arrival::Cuda(t) => t.layout(),
+        }
+    }
+    fn what(&self) -> String {
+        match self {
+            Arrival::Cpu(_) => "a CPU tensor".into(),
+            Arrival::Cuda(t) => format!("a CUDA tensor of device {}", t.device()),
+        }
     }
 }
 
@@ -150,14 +173,17 @@ impl Inner {
                         return;
                     }
                     match st2.peer.recv(Some(Duration::from_millis(200))) {
+                        // A tag the peer repeats replaces (and so releases) the earlier
+                        // unclaimed import: the map never holds more than one per tag.
                         Ok(tensorwire::Incoming::Tensor(t)) => {
-                            st2.arrived.lock().insert(t.tag(), t);
+                            st2.arrived.lock().insert(t.tag(), Arrival::Cpu(t));
+                            st2.cv.notify_all();
+                        }
+                        Ok(tensorwire::Incoming::CudaTensor(t)) => {
+                            st2.arrived.lock().insert(t.tag(), Arrival::Cuda(t));
                             st2.cv.notify_all();
                         }
                         Ok(tensorwire::Incoming::Message { .. }) => {}
-                        // Native mode carries CPU tensors only (CUDA over RPC is not mapped
-                        // yet): dropping the import releases its lease at once.
-                        Ok(tensorwire::Incoming::CudaTensor(t)) => drop(t),
                         Err(tensorwire::Error::Timeout { .. }) => {}
                         Err(_) => return,
                     }
@@ -190,6 +216,7 @@ impl Inner {
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
         let want = crate::tensor::layout_from_ref(m)?;
+        let want_cuda = crate::cuda_tensor::device_from_ref(m)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let st = self
             .wait_native(deadline)
@@ -197,10 +224,22 @@ impl Inner {
         let mut arrived = st.arrived.lock();
         loop {
             if let Some(t) = arrived.remove(&tag) {
+                // A mismatch drops (releases) the import: the peer gets its lease back.
                 if t.layout() != want {
                     return Err(RpcError::Protocol(format!("native tensor {tag}: JSON says {want:?}, descriptor says {:?}", t.layout())));
                 }
-                return Ok(Value::from(Tensor::Imported(Arc::new(ImportedTensor::new(t, self.cfg.max_tensor_copy)))));
+                let max = self.cfg.max_tensor_copy;
+                return match (t, want_cuda) {
+                    (Arrival::Cpu(t), None) => Ok(Value::from(Tensor::Imported(Arc::new(ImportedTensor::new(t, max))))),
+                    (Arrival::Cuda(t), Some(d)) if t.device() == d => {
+                        Ok(Value::from(Tensor::CudaImported(Arc::new(CudaImportedTensor::new(t, max)))))
+                    }
+                    (t, _) => Err(RpcError::Protocol(format!(
+                        "native tensor {tag}: JSON names device {}, the transport delivered {}",
+                        want_cuda.map_or("cpu".into(), crate::cuda_tensor::device_name),
+                        t.what()
+                    ))),
+                };
             }
             if self.is_closed() || st.cv.wait_until(&mut arrived, deadline).timed_out() {
                 return Err(RpcError::Timeout { what: format!("native tensor {tag}"), after: Duration::from_secs(10) });

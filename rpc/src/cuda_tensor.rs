@@ -1,0 +1,172 @@
+//! CUDA tensors in RPC values (native mode only).
+//!
+//! Sending: a [`CudaTensor`] names device memory of ours — a device pointer, the bytes of
+//! storage behind it, the view's layout, the device, the stream its last write was
+//! enqueued on, and an owner that keeps the allocation alive. Each time it is sent the
+//! transport exports it ([`tensorwire::Peer::export_cuda`]: an IPC handle, or a VMM fd,
+//! plus an IPC event recorded on `stream`) under a lease holding a clone of the owner, so
+//! the memory lives until the receiver gives every lease back and the caller drops its
+//! own `CudaTensor` — whichever comes last.
+//!
+//! Receiving: a [`CudaImportedTensor`] is the peer's allocation opened in this process.
+//! Before touching it on a stream, call `wait_on(stream)` (stream order with the peer's
+//! last write, never a device-wide synchronize); the lease is given back when the value
+//! is dropped (for a handler: when it returns and its arguments go), or explicitly with
+//! `into_inner().release_after(stream)` once GPU work reading it is enqueued.
+//!
+//! There is no host copy here (`to_vec` and friends refuse CUDA tensors): the bytes are
+//! device memory, read with the driver on a stream after `wait_on`. A CUDA tensor cannot
+//! travel over a connection without native tensors (a pyisolate `TensorRef` for CUDA
+//! needs torch's CUDA runtime on both ends): sending one there is
+//! [`RpcError::CudaNotNative`].
+
+use crate::error::{Result, RpcError};
+use crate::json::{Map, Value};
+use std::sync::Arc;
+use tensorwire::{CudaImported, Layout};
+
+/// Device memory of ours, ready to send natively (see the module docs).
+pub struct CudaTensor {
+    dptr: u64,
+    nbytes: u64,
+    layout: Layout,
+    device: i32,
+    stream: usize,
+    owner: Arc<dyn Send + Sync>,
+}
+
+impl CudaTensor {
+    /// `nbytes` of device memory at `dptr` (any pointer into a CUDA allocation of
+    /// `device`), viewed as `layout` (its offset and strides count from `dptr`), whose
+    /// last write was enqueued on `stream` (`0`: the legacy stream). `owner` keeps the
+    /// allocation alive: it is dropped when this value and every lease of every send of
+    /// it are gone.
+    ///
+    /// Checks with the driver that `dptr` belongs to `device` (`CudaUnavailable` without
+    /// a driver) and that the view fits in `nbytes`.
+    pub fn new(dptr: u64, nbytes: u64, layout: Layout, device: i32, stream: usize, owner: impl Send + Sync + 'static) -> Result<CudaTensor> {
+        let need = layout.extent_bytes()?;
+        if need > nbytes {
+            return Err(RpcError::InvalidArgument(format!(
+                "a {layout:?} CUDA view needs {need} bytes of storage, {nbytes} were given"
+            )));
+        }
+        let actual = tensorwire::cuda::driver::pointer_device(dptr)?;
+        if actual != device {
+            return Err(RpcError::InvalidArgument(format!(
+                "device pointer {dptr:#x} belongs to device {actual}, not to device {device} as given"
+            )));
+        }
+        Ok(CudaTensor { dptr, nbytes, layout, device, stream, owner: Arc::new(owner) })
+    }
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+    pub fn storage_ptr(&self) -> u64 {
+        self.dptr
+    }
+    pub fn storage_nbytes(&self) -> u64 {
+        self.nbytes
+    }
+    pub fn stream(&self) -> usize {
+        self.stream
+    }
+
+    /// Export through `peer` under a new lease holding a clone of the owner.
+    pub(crate) fn export(&self, peer: &tensorwire::Peer, tag: u64) -> Result<()> {
+        let owner: tensorwire::Owner = Box::new(self.owner.clone());
+        peer.export_cuda(self.dptr, self.nbytes, &self.layout, self.stream, owner, tensorwire::ExportOptions { tag, window: None })?;
+        Ok(())
+    }
+}
+
+/// A CUDA tensor the peer exported to us natively, with the copy limit of the connection
+/// it arrived on. Derefs to the transport's [`CudaImported`] (`wait_on`, `data_ptr`,
+/// `storage_ptr`, `storage_nbytes`, `device`); the lease is released when it drops.
+pub struct CudaImportedTensor {
+    imported: CudaImported,
+    max_copy: usize,
+}
+
+impl CudaImportedTensor {
+    pub fn new(imported: CudaImported, max_copy: usize) -> CudaImportedTensor {
+        CudaImportedTensor { imported, max_copy }
+    }
+    /// `RpcConfig::max_tensor_copy` of the connection it arrived on.
+    pub fn max_copy(&self) -> usize {
+        self.max_copy
+    }
+    /// The transport's import, e.g. for `release_after(stream)`.
+    pub fn into_inner(self) -> CudaImported {
+        self.imported
+    }
+}
+
+impl std::ops::Deref for CudaImportedTensor {
+    type Target = CudaImported;
+    fn deref(&self) -> &CudaImported {
+        &self.imported
+    }
+}
+
+/// `"cuda:N"` as torch writes a device.
+pub(crate) fn device_name(device: i32) -> String {
+    format!("cuda:{device}")
+}
+
+/// The device a `TensorwireTensor`'s JSON names: `None` for CPU (no `device` field, as
+/// CPU tensors have always been sent, or `"cpu"`), `Some(n)` for `"cuda:N"`.
+pub(crate) fn device_from_ref(m: &Map) -> Result<Option<i32>> {
+    match m.get("device") {
+        None => Ok(None),
+        Some(Value::Str(s)) if s == "cpu" => Ok(None),
+        Some(Value::Str(s)) => s
+            .strip_prefix("cuda:")
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u8>().ok())
+            .map(|n| Some(i32::from(n)))
+            .ok_or_else(|| RpcError::Decode(format!("TensorwireTensor names device {s:?}; expected \"cpu\" or \"cuda:N\""))),
+        Some(other) => Err(RpcError::Decode(format!("TensorwireTensor's device is a {}, not a string", other.type_name()))),
+    }
+}
+
+/// The message for host copies of a CUDA tensor, which this crate does not make.
+pub(crate) fn no_host_copy(layout: &Layout, what: &str) -> RpcError {
+    RpcError::InvalidArgument(format!(
+        "{what} of a {layout:?} CUDA tensor: its bytes are device memory; read them with the driver on a stream after wait_on (storage_ptr/data_ptr)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_device(v: Option<Value>) -> Map {
+        let mut m = Map::new();
+        if let Some(v) = v {
+            m.insert("device".into(), v);
+        }
+        m
+    }
+
+    #[test]
+    fn device_field_parses_cpu_and_cuda() {
+        assert_eq!(device_from_ref(&with_device(None)).unwrap(), None);
+        assert_eq!(device_from_ref(&with_device(Some(Value::Str("cpu".into())))).unwrap(), None);
+        assert_eq!(device_from_ref(&with_device(Some(Value::Str(device_name(3))))).unwrap(), Some(3));
+    }
+
+    #[test]
+    fn bad_device_fields_are_decode_errors() {
+        for bad in ["cuda:", "cuda:-1", "cuda:+1", "cuda: 1", "cuda:256", "cuda:0x1", "gpu:0", "CUDA:0", ""] {
+            match device_from_ref(&with_device(Some(Value::Str(bad.into())))) {
+                Err(RpcError::Decode(m)) => assert!(m.contains("cuda:N"), "{bad:?}: {m}"),
+                other => panic!("device {bad:?} gave {other:?}"),
+            }
+        }
+        assert!(matches!(device_from_ref(&with_device(Some(Value::Int(0)))), Err(RpcError::Decode(_))));
+    }
+}
