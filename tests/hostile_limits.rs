@@ -19,6 +19,13 @@ use tensorwire::{
 const T: Option<Duration> = Some(Duration::from_secs(10));
 const GIB: u64 = 1 << 30;
 
+/// The tests of this file run one at a time: some count this process's open fds, which
+/// the others' sockets and memfds would disturb.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A sparse, sealed memfd of `len` bytes (no page is touched).
 fn sparse(len: u64) -> OwnedFd {
     let fd = tensorwire::sys::memfd_create("hostile-sparse").unwrap();
@@ -92,6 +99,7 @@ fn no_ring() -> PeerConfig {
 
 #[test]
 fn a_small_ring_inside_a_huge_sparse_file_is_refused_without_touching_it() {
+    let _serial = serial();
     // A real ring's header, copied to the front of a 3 GiB sparse file: the header claims
     // 4 KiB, the file is 3 GiB. Faulting in the whole file would cost the victim 3 GiB.
     let real = RingShared::create(4096).unwrap();
@@ -116,6 +124,7 @@ fn a_small_ring_inside_a_huge_sparse_file_is_refused_without_touching_it() {
 
 #[test]
 fn small_views_of_terabyte_sparse_files_map_only_the_view() {
+    let _serial = serial();
     let (victim, mut at) = setup_with(no_ring(), 512, None);
     let victim = victim.unwrap();
     let vm_before = status_kib("VmSize:");
@@ -141,6 +150,7 @@ fn small_views_of_terabyte_sparse_files_map_only_the_view() {
 
 #[test]
 fn mapped_bytes_beyond_the_quota_are_refused_and_released_views_are_evicted() {
+    let _serial = serial();
     let cfg = PeerConfig { max_import_mapped_bytes: 1 << 20, ..no_ring() };
     let (victim, mut at) = setup_with(cfg, 256, None);
     let victim = victim.unwrap();
@@ -189,6 +199,7 @@ fn mapped_bytes_beyond_the_quota_are_refused_and_released_views_are_evicted() {
 
 #[test]
 fn an_evicted_segment_is_mapped_again_when_its_fd_comes_again() {
+    let _serial = serial();
     let cfg = PeerConfig { max_import_segments: 2, ..no_ring() };
     let (victim, mut at) = setup_with(cfg, 64, None);
     let victim = victim.unwrap();
@@ -271,6 +282,7 @@ fn open_fds() -> usize {
 
 #[test]
 fn control_messages_just_over_a_limit_are_refused_and_the_connection_goes_on() {
+    let _serial = serial();
     let (victim, at) = setup_with(no_ring(), 16, None);
     let victim = victim.unwrap();
     let limit = victim.config().max_message;
@@ -307,6 +319,7 @@ fn control_messages_just_over_a_limit_are_refused_and_the_connection_goes_on() {
 
 #[test]
 fn a_flood_of_internal_messages_cannot_stretch_a_receive_past_its_timeout() {
+    let _serial = serial();
     let (victim, at) = setup_with(no_ring(), 16, None);
     let victim = victim.unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -346,6 +359,7 @@ fn lower_fd_limit(n: u64) {
 
 #[test]
 fn a_producer_that_never_forgets_cannot_fill_the_fd_table() {
+    let _serial = serial();
     lower_fd_limit(1024);
     let (victim, mut at) = setup_with(no_ring(), 4096, None);
     let victim = victim.unwrap();
