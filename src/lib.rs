@@ -37,6 +37,8 @@ pub mod ffi;
 #[cfg(not(loom))]
 pub(crate) mod import_cache;
 #[cfg(not(loom))]
+mod forward;
+#[cfg(not(loom))]
 pub mod peer;
 pub mod ring;
 #[cfg(not(loom))]
