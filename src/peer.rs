@@ -608,7 +608,7 @@ impl Peer {
         let deadline = window.map(crate::deadline::after);
         let _send = self.inner.send_lock.lock();
         let sid = storage.id;
-        let granted = self.inner.exporter.lock().grant(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
+        let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
         let (id, first) = granted.map_err(|(e, owner)| {
             drop(owner);
             e

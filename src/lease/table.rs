@@ -178,9 +178,22 @@ impl Exporter {
         self.stats
     }
 
-    /// Grant a lease on `nbytes` of `segment` (its id on this connection, and what keeps
-    /// it alive here); returns the lease and whether the segment is new to this peer.
+    /// Grant a lease on `nbytes` of `segment`; returns the lease and whether the segment
+    /// is new to this peer.
     pub fn grant(
+        &mut self,
+        segment: Option<&Arc<Segment>>,
+        nbytes: u64,
+        owner: Owner,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<(LeaseId, bool), (Error, Owner)> {
+        let shown = segment.map(|s| (s.id(), Arc::downgrade(s) as StorageKeeper));
+        self.grant_storage(shown, nbytes, owner, deadline)
+    }
+
+    /// `grant` for any CPU storage shown by id (a segment of ours, or a forwarded
+    /// import): its id on this connection and what keeps it alive here.
+    pub fn grant_storage(
         &mut self,
         segment: Option<(u64, StorageKeeper)>,
         nbytes: u64,
