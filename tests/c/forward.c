@@ -1,8 +1,9 @@
 /* Forwarding through the C ABI, three processes: the parent exports a float32 matrix to
  * a relay (forked), which forwards the import to a last process (forked) with
  * tw_peer_export_imported and frees its own handle at once; the last writes through its
- * mapping and releases. The parent must see the write (one memory, no copy), and its
- * release callback must run exactly once — only after the last released. A view that
+ * mapping, holds it while the parent checks that its lease is still live, then releases.
+ * The parent must see the write (one memory, no copy), and its release callback must run
+ * exactly once — only after the last released. A view that
  * does not fit the import is refused in the relay, its callback run before the call
  * returns. */
 #define _GNU_SOURCE
@@ -27,7 +28,7 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-static tw_message_t *expect_message(tw_peer_t *peer, const char *want) {
+static void expect_message(tw_peer_t *peer, const char *want) {
   tw_imported_t *t = NULL;
   tw_message_t *m = NULL;
   CHECK(tw_peer_recv(peer, 20000, &t, &m));
@@ -36,7 +37,6 @@ static tw_message_t *expect_message(tw_peer_t *peer, const char *want) {
   const uint8_t *data = tw_message_data(m, &len);
   EXPECT(len == strlen(want) && memcmp(data, want, len) == 0);
   tw_message_free(m);
-  return NULL;
 }
 
 static tw_imported_t *expect_tensor(tw_peer_t *peer) {
@@ -61,9 +61,12 @@ static int last(int up_fd) {
   float *p = tw_imported_data(t);
   EXPECT(p[3 * COLS + 5] == 3005.0f);
   p[0] = -7.0f; /* the first process must see this */
-  CHECK(tw_imported_release(t));
   send_text(up, "written");
+  expect_message(up, "release");
+  CHECK(tw_imported_release(t));
+  send_text(up, "released");
   tw_message_t *m = NULL;
+  t = NULL;
   EXPECT(tw_peer_recv(up, 20000, &t, &m) == TW_ERR_PEER_GONE);
   tw_peer_free(up);
   return 0;
@@ -93,11 +96,11 @@ static int relay(int host_fd) {
   CHECK(tw_peer_export_imported(down, imp, NULL, 9, 0, on_relay_release, &relay_callbacks, NULL));
   /* The forward's lease holds the import now: freeing our handle releases nothing. */
   tw_imported_free(imp);
-  tw_message_t *m = NULL;
-  tw_imported_t *t = NULL;
-  CHECK(tw_peer_recv(down, 20000, &t, &m));
-  EXPECT(t == NULL && m != NULL);
-  tw_message_free(m);
+  expect_message(down, "written");
+  send_text(host, "holding");
+  expect_message(host, "go");
+  send_text(down, "release");
+  expect_message(down, "released");
   tw_lease_stats_t s;
   for (int i = 0; i < 2000; i++) {
     CHECK(tw_peer_reap(down, &s));
@@ -135,9 +138,15 @@ int main(void) {
   tw_layout_t l;
   CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, sizes, 2, &l));
   CHECK(tw_peer_export(peer, seg, 0, tw_segment_len(seg), &l, 4, 0, on_release, &released, NULL));
-  expect_message(peer, "forwarded");
+  expect_message(peer, "holding");
   EXPECT(data[0] == -7.0f);
+  /* The last holds the forward: the relay's import, and so our lease, must stay. */
+  sleep_ms(30);
   tw_lease_stats_t s;
+  CHECK(tw_peer_reap(peer, &s));
+  EXPECT(s.live_leases == 1 && atomic_load(&released) == 0);
+  send_text(peer, "go");
+  expect_message(peer, "forwarded");
   for (int i = 0; i < 2000; i++) {
     CHECK(tw_peer_reap(peer, &s));
     if (s.live_leases == 0) break;
