@@ -156,6 +156,9 @@ pub struct tw_imported_t {
     inner: AnyImport,
 }
 
+// Lives in a boxed handle (`tw_imported_t`), one per import: the CPU variant's spare
+// bytes cost nothing worth a second allocation for the CUDA one.
+#[allow(clippy::large_enum_variant)]
 enum AnyImport {
     /// Shared with the leases of its forwards (`tw_peer_export_imported`).
     Cpu(std::sync::Arc<Imported>),
