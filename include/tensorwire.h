@@ -852,7 +852,9 @@ tw_result_e tw_imported_release_after(tw_imported_t *imp, size_t stream);
 
 /*
  Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
- if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
+ if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first. An import
+ forwarded with `tw_peer_export_imported` whose forward is still leased: only the
+ handle is freed (`TW_OK`); the lease goes back when the last forward ends.
 
  # Safety
  `imp` a live handle, not used afterwards.

@@ -80,7 +80,8 @@ class Connection:
         self._h = handle
 
     def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
-        """Export ``tensor``; returns True if it went zero-copy (it lives in a segment)."""
+        """Export ``tensor``; returns True if it went zero-copy (it lives in a segment, or
+        came from ``recv`` and is forwarded as the same memory)."""
         return _send(self._h, tensor, tag, window_ms)
 
     def recv(self, timeout: float | None = None, with_tag: bool = False):

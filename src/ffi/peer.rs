@@ -847,7 +847,9 @@ pub unsafe extern "C" fn tw_imported_release_after(imp: *mut tw_imported_t, stre
 }
 
 /// Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
-/// if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
+/// if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first. An import
+/// forwarded with `tw_peer_export_imported` whose forward is still leased: only the
+/// handle is freed (`TW_OK`); the lease goes back when the last forward ends.
 ///
 /// # Safety
 /// `imp` a live handle, not used afterwards.
