@@ -34,6 +34,13 @@ const SEGS: u64 = 4;
 /// The byte the last writes at element 0 of the view it receives.
 const MARK: u8 = 0xAB;
 
+/// One test at a time: one of them counts this process's open fds.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Entry point of the child processes (run by `spawn_role`, never on its own).
 #[test]
 #[ignore = "child-process entry point; the other tests run it in a subprocess"]
@@ -178,6 +185,7 @@ fn read_u64(t: &SharedTensor, at: usize) -> u64 {
 
 #[test]
 fn three_processes_share_one_memory_and_the_lease_chain_ends_with_the_last_release() {
+    let _one = serial();
     let mut c = chain();
     let t = matrix();
     let drops = Arc::new(AtomicUsize::new(0));
@@ -219,6 +227,7 @@ fn three_processes_share_one_memory_and_the_lease_chain_ends_with_the_last_relea
 
 #[test]
 fn relay_sigkilled_ends_the_hosts_lease_and_the_last_keeps_its_mapping() {
+    let _one = serial();
     let mut c = chain();
     let t = matrix();
     let drops = Arc::new(AtomicUsize::new(0));
@@ -246,6 +255,7 @@ fn relay_sigkilled_ends_the_hosts_lease_and_the_last_keeps_its_mapping() {
 
 #[test]
 fn last_sigkilled_ends_the_forward_and_releases_the_relays_import() {
+    let _one = serial();
     let mut c = chain();
     let t = matrix();
     let drops = Arc::new(AtomicUsize::new(0));
@@ -263,6 +273,7 @@ fn last_sigkilled_ends_the_forward_and_releases_the_relays_import() {
 
 #[test]
 fn in_process_forward_checks_the_view_and_holds_the_upstream_lease() {
+    let _one = serial();
     let (host, relay_up) = Peer::pair(PeerConfig::default()).unwrap();
     let (relay_down, last) = Peer::pair(PeerConfig::default()).unwrap();
     let t = matrix();
@@ -301,4 +312,73 @@ fn in_process_forward_checks_the_view_and_holds_the_upstream_lease() {
         relay_up.reap_now();
         host.reap_now().live_leases == 0
     });
+}
+
+/// A raw producer (just enough protocol for a `Peer` to set up), to send descriptors with
+/// and without their fd.
+fn raw_producer() -> (Peer, tensorwire::Connection, tensorwire::lease::Exporter) {
+    let (a, b) = tensorwire::Connection::pair().unwrap();
+    let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
+    let table = tensorwire::lease::Exporter::new(16, u64::MAX).unwrap();
+    b.send(tensorwire::peer::KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, false), &[table.table().fd()])
+        .unwrap();
+    assert_eq!(b.recv(T).unwrap().kind, tensorwire::peer::KIND_TABLE);
+    (victim.join().unwrap().unwrap(), b, table)
+}
+
+fn send_raw(conn: &tensorwire::Connection, table: &mut tensorwire::lease::Exporter, seg: &Arc<tensorwire::Segment>, with_fd: bool) {
+    use bytemuck::Zeroable;
+    let lease = table.grant(Some(seg), 256, Box::new(()), None).map_err(|(e, _)| e).unwrap().0;
+    let desc = tensorwire::TensorDesc::new(
+        &Layout::contiguous(DType::UInt8, &[256]).unwrap(),
+        tensorwire::StorageKind::Segment,
+        tensorwire::StorageRef {
+            segment_id: 77,
+            nbytes: 256,
+            lease_slot: lease.slot,
+            lease_gen: lease.generation,
+            ..Zeroable::zeroed()
+        },
+    );
+    let mut p = 9u64.to_le_bytes().to_vec();
+    p.extend_from_slice(desc.encode());
+    let fds: Vec<_> = if with_fd { vec![seg.fd()] } else { Vec::new() };
+    conn.send(tensorwire::peer::KIND_TENSOR, &p, &fds).unwrap();
+}
+
+#[test]
+fn imports_keep_one_fd_per_window_while_held_and_fdless_ones_cannot_be_forwarded() {
+    let _one = serial();
+    let (victim, conn, mut table) = raw_producer();
+    let (down, other) = Peer::pair(PeerConfig::default()).unwrap();
+    let seg = Arc::new(tensorwire::Segment::create(4096).unwrap());
+    let base = open_fds();
+
+    // Two imports of one window share one fd; the second came without one.
+    send_raw(&conn, &mut table, &seg, true);
+    let a = Arc::new(victim.recv_tensor(T).unwrap());
+    assert_eq!(open_fds(), base + 1, "a held import keeps its window's fd");
+    send_raw(&conn, &mut table, &seg, false);
+    let b = Arc::new(victim.recv_tensor(T).unwrap());
+    assert_eq!(open_fds(), base + 1, "imports of one window share one fd");
+    down.export_imported(b.clone(), None, ExportOptions::default()).unwrap();
+    let got = other.recv_tensor(T).unwrap();
+    got.write_storage(0, &[MARK]).unwrap();
+    let mut byte = [0u8];
+    seg.read_at(0, &mut byte).unwrap();
+    assert_eq!(byte[0], MARK);
+    got.release().unwrap();
+    down.reap_now();
+    drop((a, b));
+    wait_until("the window's fd closed with its last import", || open_fds() == base);
+
+    // The window stays cached without an fd: a descriptor without one still imports,
+    // but cannot be forwarded — a clear error, and the import stays usable.
+    send_raw(&conn, &mut table, &seg, false);
+    let c = Arc::new(victim.recv_tensor(T).unwrap());
+    assert_eq!(open_fds(), base, "a cached window no import held kept an fd");
+    let err = down.export_imported(c.clone(), None, ExportOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("without its segment's fd")), "{err}");
+    assert_eq!(down.export_stats().live_leases, 0);
+    assert_eq!(c.to_vec().unwrap()[0], MARK);
 }
