@@ -1089,7 +1089,8 @@ impl Drop for Peer {
 }
 
 /// A tensor imported from the peer: a view over the peer's shared memory, valid until
-/// released (or dropped, which releases).
+/// released (or dropped, which releases). Sent on to another peer as the same memory
+/// with [`Peer::export_imported`] (in an `Arc`: the forward's lease shares it).
 pub struct Imported {
     held: HeldLease,
     window: Arc<crate::import_cache::Window>,
