@@ -646,6 +646,31 @@ tw_result_e tw_peer_export(const tw_peer_t *peer,
                            tw_lease_t *out_lease);
 
 /*
+ Forward a CPU tensor received from a peer (on any connection, this one included) to
+ this peer as the same memory, without a copy: the producer's fd travels on, under a
+ new lease whose owner holds the import. `layout` is the view to send, over the
+ import's storage (as `tw_imported_storage` / `tw_imported_storage_len` give it); NULL
+ sends the import's own view. The import's lease goes back to its producer only when
+ this lease has ended (release, `window_ms`, the peer's death, `tw_peer_free`) and
+ `imp` has been freed or released — `tw_imported_release` of a forwarded import
+ returns `TW_OK` and leaves the release to the last forward. `release(ctx)` as for
+ `tw_peer_export` (called when this lease ends, or before a failing call returns).
+ `TW_ERR_INVALID_ARGUMENT` for a CUDA import or a view that does not fit the storage.
+
+ # Safety
+ `peer`, `imp` live; `layout` NULL or readable; `out_lease` NULL or writable;
+ `release` callable with `ctx` from any thread.
+ */
+tw_result_e tw_peer_export_imported(const tw_peer_t *peer,
+                                    const tw_imported_t *imp,
+                                    const tw_layout_t *layout,
+                                    uint64_t tag,
+                                    uint64_t window_ms,
+                                    tw_release_fn release,
+                                    void *ctx,
+                                    tw_lease_t *out_lease);
+
+/*
  Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
  allocation; PyTorch's caching allocator qualifies) viewed as `layout`, under a lease,
  after the work enqueued on `stream` (a CUstream; 0: legacy default stream) — an IPC
@@ -827,7 +852,9 @@ tw_result_e tw_imported_release_after(tw_imported_t *imp, size_t stream);
 
 /*
  Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
- if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
+ if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first. An import
+ forwarded with `tw_peer_export_imported` whose forward is still leased: only the
+ handle is freed (`TW_OK`); the lease goes back when the last forward ends.
 
  # Safety
  `imp` a live handle, not used afterwards.

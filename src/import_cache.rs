@@ -12,6 +12,13 @@
 //! file (device and inode: a file once validated stays a sealed memfd) and the window
 //! covers the range. Received fds are closed once mapped: what this side holds for a peer
 //! is mappings only, so the peer cannot fill our fd table however many segments it sends.
+//!
+//! The one exception is a window that live imports hold: its fd is kept ([`ImportFd`],
+//! one per window, shared by every import of it) so the import can be forwarded to a
+//! third process as the same memory (`Peer::export_imported`). The cache entry keeps
+//! only a `Weak` to it: once the last import of a window is gone the fd is closed, and a
+//! cached window no import holds costs no fd — so what a peer can make us keep open is
+//! bounded by the imports the application itself chooses to hold.
 
 use crate::desc::TensorDesc;
 use crate::error::{Error, Result};
@@ -20,7 +27,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// A mapping of one range of a peer's memfd.
 pub(crate) struct Window {
@@ -93,9 +100,38 @@ pub(crate) struct Limits {
     pub max_bytes: u64,
 }
 
+/// The fd of a window's file, kept while imports of that window live (to forward them),
+/// and the id under which this process shows that storage to other peers.
+pub(crate) struct ImportFd {
+    fd: OwnedFd,
+    /// Process-unique (never reused): a forward after the last import of a window died
+    /// shows the storage under a new id, so a late FORGET of the old one cannot race it.
+    forward_id: u64,
+}
+
+impl ImportFd {
+    fn new(fd: OwnedFd) -> Arc<ImportFd> {
+        Arc::new(ImportFd { fd, forward_id: crate::segment::next_segment_id() })
+    }
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+    pub(crate) fn forward_id(&self) -> u64 {
+        self.forward_id
+    }
+}
+
 struct Entry {
     window: Arc<Window>,
+    /// The window's fd while some import holds it (see [`ImportFd`]).
+    fd: Weak<ImportFd>,
     last_use: u64,
+}
+
+/// What an import holds of its storage: the mapping, and the fd when one is known.
+pub(crate) struct Resolved {
+    pub window: Arc<Window>,
+    pub fd: Option<Arc<ImportFd>>,
 }
 
 /// The windows of one connection, by the peer's segment id.
@@ -130,8 +166,9 @@ impl ImportCache {
     }
 
     /// The window for `desc`'s storage in segment `desc.storage.segment_id`, mapping it
-    /// from `fd` when no cached window of the same file covers it.
-    pub(crate) fn resolve(&mut self, desc: &TensorDesc, fd: Option<OwnedFd>, limits: Limits) -> Result<Arc<Window>> {
+    /// from `fd` when no cached window of the same file covers it; with the window's fd
+    /// (the one imports of it already share, else `fd`), if any.
+    pub(crate) fn resolve(&mut self, desc: &TensorDesc, fd: Option<OwnedFd>, limits: Limits) -> Result<Resolved> {
         let sid = desc.storage.segment_id;
         let (offset, nbytes) = (desc.storage.base_offset, desc.storage.nbytes);
         self.clock += 1;
@@ -148,14 +185,24 @@ impl ImportCache {
                 )));
             }
             e.last_use = clock;
-            return Ok(e.window.clone());
+            return Ok(Resolved { window: e.window.clone(), fd: e.fd.upgrade() });
         };
         let st = crate::sys::fstat(fd.as_fd())?;
         let ident = (st.st_dev, st.st_ino);
         if let Some(e) = self.entries.get_mut(&sid) {
             if e.window.ident == ident && e.window.covers(offset, nbytes) {
                 e.last_use = clock;
-                return Ok(e.window.clone());
+                // The same file: the fd imports of this window share, or this one (the
+                // received duplicate is closed when dropped here).
+                let shared = match e.fd.upgrade() {
+                    Some(f) => f,
+                    None => {
+                        let f = ImportFd::new(fd);
+                        e.fd = Arc::downgrade(&f);
+                        f
+                    }
+                };
+                return Ok(Resolved { window: e.window.clone(), fd: Some(shared) });
             }
         }
         let file_len = check_memfd(fd.as_fd())?;
@@ -179,8 +226,9 @@ impl ImportCache {
         // Relaxed: a plain counter (see `Window::drop`).
         self.mapped.fetch_add(len, Ordering::Relaxed);
         let window = Arc::new(Window { map, start, ident, mapped: self.mapped.clone() });
-        self.entries.insert(sid, Entry { window: window.clone(), last_use: clock });
-        Ok(window)
+        let fd = ImportFd::new(fd);
+        self.entries.insert(sid, Entry { window: window.clone(), fd: Arc::downgrade(&fd), last_use: clock });
+        Ok(Resolved { window, fd: Some(fd) })
     }
 
     /// Evict cached windows no import holds, least recently used first, until one more

@@ -46,6 +46,8 @@ pub mod ffi;
 #[cfg(not(loom))]
 pub(crate) mod import_cache;
 #[cfg(not(loom))]
+mod forward;
+#[cfg(not(loom))]
 pub mod peer;
 #[cfg(not(loom))]
 pub mod segment;

@@ -210,6 +210,16 @@ fn check_in(at: usize, len: usize, size: usize) -> Result<()> {
     Ok(())
 }
 
+/// A CPU storage as a descriptor names it: the id this process shows it under on every
+/// connection, what keeps it alive here, its fd, and the byte range of its file.
+pub(crate) struct CpuStorage<'a> {
+    pub id: u64,
+    pub keeper: crate::lease::StorageKeeper,
+    pub fd: BorrowedFd<'a>,
+    pub base_offset: u64,
+    pub nbytes: u64,
+}
+
 /// What `recv` returns.
 #[allow(clippy::large_enum_variant)] // one per message; boxing would only add an allocation
 pub enum Incoming {
@@ -574,6 +584,21 @@ impl Peer {
     /// peer releases, when the window runs out, when the peer dies or this `Peer` is
     /// dropped — or at once if the export fails.
     pub fn export_with_owner(&self, t: &SharedTensor, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
+        let keeper: crate::lease::StorageKeeper = Arc::downgrade(&t.segment) as _;
+        let storage = CpuStorage {
+            id: t.segment.id(),
+            keeper,
+            fd: t.segment.fd(),
+            base_offset: t.offset as u64,
+            nbytes: t.nbytes as u64,
+        };
+        self.send_leased(storage, &t.layout, owner, opts)
+    }
+
+    /// Grant a lease holding `owner` on `storage` and send its descriptor (`layout` over
+    /// it) with the storage's fd; on failure the lease is taken back and `owner` dropped.
+    /// The one path every CPU export takes (own segments and forwarded imports alike).
+    pub(crate) fn send_leased(&self, storage: CpuStorage<'_>, layout: &Layout, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
         if self.inner.conn.is_peer_gone() {
             drop(owner);
             return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
@@ -582,34 +607,34 @@ impl Peer {
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.map(crate::deadline::after);
         let _send = self.inner.send_lock.lock();
-        let granted = self.inner.exporter.lock().grant(Some(&t.segment), t.nbytes as u64, owner, deadline);
+        let sid = storage.id;
+        let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
         let (id, first) = granted.map_err(|(e, owner)| {
             drop(owner);
             e
         })?;
-        let storage = StorageRef {
-            segment_id: t.segment.id(),
-            base_offset: t.offset as u64,
-            nbytes: t.nbytes as u64,
+        let sref = StorageRef {
+            segment_id: sid,
+            base_offset: storage.base_offset,
+            nbytes: storage.nbytes,
             lease_slot: id.slot,
             lease_gen: id.generation,
             ..Zeroable::zeroed()
         };
-        let desc = TensorDesc::new(&t.layout, StorageKind::Segment, storage);
+        let desc = TensorDesc::new(layout, StorageKind::Segment, sref);
         let mut payload = [0u8; 8 + DESC_SIZE];
         payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
         payload[8..].copy_from_slice(desc.encode());
         // The fd goes with every descriptor, not only the first naming the segment: the
         // consumer may have evicted its mapping (it bounds what it keeps mapped) and then
         // maps it again from this fd; when it still has it, it only compares identities.
-        let fd = t.segment.fd();
-        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, std::slice::from_ref(&fd)) {
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, std::slice::from_ref(&storage.fd)) {
             let mut dead = Reclaimed::default();
             {
                 let mut ex = self.inner.exporter.lock();
                 ex.revoke(id, &mut dead);
                 if first {
-                    ex.unshare_segment(t.segment.id());
+                    ex.unshare_segment(sid);
                 }
             }
             drop(_send);
@@ -896,7 +921,13 @@ impl Peer {
         // owner is not held for nothing.
         let resolved = self.resolve_segment(&desc, fd);
         match resolved {
-            Ok(window) => Ok(Imported { held: HeldLease { inner: self.inner.clone(), lease, released: false }, window, desc, tag }),
+            Ok(r) => Ok(Imported {
+                held: HeldLease { inner: self.inner.clone(), lease, released: false },
+                window: r.window,
+                fd: r.fd,
+                desc,
+                tag,
+            }),
             Err(e) => {
                 let _ = self.inner.import.release(lease);
                 Err(e)
@@ -904,7 +935,7 @@ impl Peer {
         }
     }
 
-    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<Arc<crate::import_cache::Window>> {
+    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<crate::import_cache::Resolved> {
         let limits = crate::import_cache::Limits {
             max_segments: self.inner.cfg.max_import_segments,
             max_bytes: self.inner.cfg.max_import_mapped_bytes,
@@ -1058,10 +1089,14 @@ impl Drop for Peer {
 }
 
 /// A tensor imported from the peer: a view over the peer's shared memory, valid until
-/// released (or dropped, which releases).
+/// released (or dropped, which releases). Sent on to another peer as the same memory
+/// with [`Peer::export_imported`] (in an `Arc`: the forward's lease shares it).
 pub struct Imported {
     held: HeldLease,
     window: Arc<crate::import_cache::Window>,
+    /// The window's fd (shared by its imports), to forward this import as the same
+    /// memory; `None` only if the descriptor came without one and no live import kept it.
+    fd: Option<Arc<crate::import_cache::ImportFd>>,
     desc: TensorDesc,
     tag: u64,
 }
@@ -1144,6 +1179,11 @@ impl Imported {
     /// release then); `Err(StaleLease)` if its window ran out first.
     pub fn release(mut self) -> Result<()> {
         self.held.release()
+    }
+
+    /// The fd of the window this import maps (for forwarding it).
+    pub(crate) fn forward_fd(&self) -> Option<&Arc<crate::import_cache::ImportFd>> {
+        self.fd.as_ref()
     }
 }
 

@@ -23,6 +23,14 @@ pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
 static NEXT_SEGMENT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A fresh process-unique segment id (from the same counter as `Segment::id`), for
+/// storage this process shows a peer that is not a `Segment` of its own (a forwarded
+/// import), so that ids never collide on a connection.
+pub(crate) fn next_segment_id() -> u64 {
+    // Relaxed: only uniqueness matters; nothing is published through the counter.
+    NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 /// How a segment is backed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backing {

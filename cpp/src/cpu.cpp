@@ -187,7 +187,7 @@ at::Tensor& share_(at::Tensor& self) {
   if (current != nullptr && current->sealed) return self;
   TORCH_CHECK(storage.data_ptr().get_deleter() != &import_deleter,
               "tensorwire.share_: this storage is the peer's memory (a received tensor); send it as it is "
-              "(it is copied) or copy it with tensorwire.to_shared");
+              "(it is forwarded as the same memory) or copy it with tensorwire.to_shared");
   size_t nbytes = storage.nbytes();
   tw_segment_t* raw = nullptr;
   TW_CHECK(tw_segment_new(nbytes ? nbytes : 1, &raw));  // a segment cannot be empty
@@ -202,10 +202,33 @@ at::Tensor& share_(at::Tensor& self) {
   return self;
 }
 
+// The import a received CPU tensor's storage is (recv's deleter), else NULL.
+tw_imported_t* import_of(const c10::Storage& storage) {
+  if (!storage) return nullptr;
+  const c10::DataPtr& dp = storage.data_ptr();
+  if (dp.get_deleter() != &import_deleter) return nullptr;
+  return static_cast<tw_imported_t*>(dp.get_context());
+}
+
 bool is_zero_copy(const at::Tensor& t) {
-  const SegmentCtx* s = segment_of(t.storage());
   // A conjugate/negative view would lose its lazy bit on the other side: copy it.
-  return s != nullptr && s->sealed && !t.is_conj() && !t.is_neg();
+  if (t.is_conj() || t.is_neg()) return false;
+  // A received tensor is forwarded as the producer's memory (tw_peer_export_imported).
+  if (import_of(t.storage()) != nullptr) return true;
+  const SegmentCtx* s = segment_of(t.storage());
+  return s != nullptr && s->sealed;
+}
+
+// Forward a view of a received CPU tensor without a copy: the producer's fd travels on;
+// the lease holds the storage (and so the import) until the peer is done with it.
+void forward_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, int64_t tag, int64_t window_ms) {
+  const c10::Storage& storage = t.storage();
+  // recv's storage starts at the import's storage: the view's offset is relative to it.
+  TORCH_INTERNAL_ASSERT(storage.data_ptr().get() == tw_imported_storage(imp));
+  tw_layout_t l = make_layout(t.scalar_type(), t.sizes(), t.strides(), t.storage_offset(), "send");
+  auto* owner = new c10::Storage(storage);
+  TW_CHECK(tw_peer_export_imported(peer, imp, &l, static_cast<uint64_t>(tag), static_cast<uint64_t>(window_ms),
+                                   &release_storage, owner, nullptr));
 }
 
 bool is_shared(const at::Tensor& self) {
@@ -219,6 +242,12 @@ bool send(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms
   TORCH_CHECK(window_ms >= 0, "tensorwire.send: window_ms must be >= 0, got ", window_ms);
   auto live = connection(conn, "send");
   bool zero_copy = is_zero_copy(tensor);
+  if (zero_copy) {
+    if (tw_imported_t* imp = import_of(tensor.storage())) {
+      forward_import(live->peer, imp, tensor, tag, window_ms);
+      return true;
+    }
+  }
   at::Tensor src = zero_copy ? tensor : to_shared(tensor);
   const c10::Storage& storage = src.storage();
   const SegmentCtx* seg = segment_of(storage);

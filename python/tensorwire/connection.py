@@ -35,8 +35,9 @@ class Connection:
 
     def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
         """Export ``tensor`` (any strided view, CPU or CUDA) under a lease; returns True
-        if it went zero-copy (it lives in a tensorwire segment or is CUDA memory), False
-        if it was copied once into a new segment. ``tag`` (>= 0) travels with it;
+        if it went zero-copy (it lives in a tensorwire segment, came from ``recv`` and is
+        forwarded as the same memory, or is CUDA memory), False if it was copied once into
+        a new segment. ``tag`` (>= 0) travels with it;
         ``window_ms`` > 0 bounds how long the peer may hold it."""
         try:
             return _send(self._h, tensor, tag, window_ms)

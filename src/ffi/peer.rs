@@ -156,8 +156,12 @@ pub struct tw_imported_t {
     inner: AnyImport,
 }
 
+// Lives in a boxed handle (`tw_imported_t`), one per import: the CPU variant's spare
+// bytes cost nothing worth a second allocation for the CUDA one.
+#[allow(clippy::large_enum_variant)]
 enum AnyImport {
-    Cpu(Imported),
+    /// Shared with the leases of its forwards (`tw_peer_export_imported`).
+    Cpu(std::sync::Arc<Imported>),
     Cuda(crate::peer::CudaImported),
 }
 
@@ -192,7 +196,9 @@ impl AnyImport {
     }
     fn release(self) -> crate::Result<()> {
         match self {
-            AnyImport::Cpu(i) => i.release(),
+            // Forwarded and still leased downstream: the forward's lease holds the
+            // import, and the lease goes back when the last forward ends.
+            AnyImport::Cpu(i) => std::sync::Arc::try_unwrap(i).map_or(Ok(()), Imported::release),
             AnyImport::Cuda(i) => i.release(),
         }
     }
@@ -454,6 +460,66 @@ pub unsafe extern "C" fn tw_peer_export(
     })
 }
 
+/// Forward a CPU tensor received from a peer (on any connection, this one included) to
+/// this peer as the same memory, without a copy: the producer's fd travels on, under a
+/// new lease whose owner holds the import. `layout` is the view to send, over the
+/// import's storage (as `tw_imported_storage` / `tw_imported_storage_len` give it); NULL
+/// sends the import's own view. The import's lease goes back to its producer only when
+/// this lease has ended (release, `window_ms`, the peer's death, `tw_peer_free`) and
+/// `imp` has been freed or released — `tw_imported_release` of a forwarded import
+/// returns `TW_OK` and leaves the release to the last forward. `release(ctx)` as for
+/// `tw_peer_export` (called when this lease ends, or before a failing call returns).
+/// `TW_ERR_INVALID_ARGUMENT` for a CUDA import or a view that does not fit the storage.
+///
+/// # Safety
+/// `peer`, `imp` live; `layout` NULL or readable; `out_lease` NULL or writable;
+/// `release` callable with `ctx` from any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export_imported(
+    peer: *const tw_peer_t,
+    imp: *const tw_imported_t,
+    layout: *const tw_layout_t,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    // Built first so that every failure below drops it, which runs the callback.
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard("tw_peer_export_imported", move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        // SAFETY: live per the contract; NULL refused.
+        let i = match &unsafe { arg(imp, "imp")? }.inner {
+            AnyImport::Cpu(i) => i.clone(),
+            AnyImport::Cuda(_) => {
+                return Err(Error::InvalidArgument(
+                    "a CUDA import cannot be forwarded (only CPU imports can); copy it to memory of this process first".into(),
+                )
+                .into());
+            }
+        };
+        // SAFETY: NULL or readable per the contract.
+        let view = match unsafe { layout.as_ref() } {
+            Some(l) => Some(l.to_layout()?),
+            None => None,
+        };
+        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
+        let opts = ExportOptions { tag, window };
+        // The C owner (if any) ends with the lease: it rides in the lease of the forward.
+        let id = match owner {
+            Some(o) => p.inner.export_imported_with(i, view, Box::new(o), opts)?,
+            None => p.inner.export_imported(i, view, opts)?,
+        };
+        if !out_lease.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        }
+        Ok(())
+    })
+}
+
 /// Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
 /// allocation; PyTorch's caching allocator qualifies) viewed as `layout`, under a lease,
 /// after the work enqueued on `stream` (a CUstream; 0: legacy default stream) — an IPC
@@ -601,7 +667,7 @@ pub unsafe extern "C" fn tw_peer_recv(
         need(out_message, "out_message")?;
         let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
         let (tensor, message) = match p.inner.recv(t)? {
-            Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cpu(i) })), std::ptr::null_mut()),
+            Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cpu(i.into()) })), std::ptr::null_mut()),
             Incoming::CudaTensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cuda(i) })), std::ptr::null_mut()),
             Incoming::Message { payload, fds } => (
                 std::ptr::null_mut(),
@@ -781,7 +847,9 @@ pub unsafe extern "C" fn tw_imported_release_after(imp: *mut tw_imported_t, stre
 }
 
 /// Release the lease and free the handle (freed whatever the result). `TW_ERR_PEER_GONE`
-/// if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first.
+/// if the producer is gone; `TW_ERR_STALE_LEASE` if its window ran out first. An import
+/// forwarded with `tw_peer_export_imported` whose forward is still leased: only the
+/// handle is freed (`TW_OK`); the lease goes back when the last forward ends.
 ///
 /// # Safety
 /// `imp` a live handle, not used afterwards.

@@ -12,4 +12,4 @@ pub mod slot;
 #[cfg(not(loom))]
 mod table;
 #[cfg(not(loom))]
-pub use table::{release_doorbell, Exporter, Reclaimed, ImportTable, LeaseId, LeaseStats, Owner, TABLE_HEADER_BYTES};
+pub use table::{release_doorbell, Exporter, Reclaimed, ImportTable, LeaseId, LeaseStats, Owner, StorageKeeper, TABLE_HEADER_BYTES};

@@ -86,9 +86,13 @@ struct Entry {
     deadline: Option<Instant>,
 }
 
+/// Whatever keeps a CPU storage shown to the peer alive in this process: a `Segment` of
+/// ours, or the fd of a forwarded import. Only its liveness is looked at (a `Weak`).
+pub type StorageKeeper = Weak<dyn Send + Sync>;
+
 /// What the producer remembers about a segment it showed this peer.
 struct SharedSegment {
-    segment: Weak<Segment>,
+    segment: StorageKeeper,
     leases: u64,
 }
 
@@ -175,10 +179,23 @@ impl Exporter {
     }
 
     /// Grant a lease on `nbytes` of `segment`; returns the lease and whether the segment
-    /// is new to this peer (its fd must travel with the descriptor).
+    /// is new to this peer.
     pub fn grant(
         &mut self,
         segment: Option<&Arc<Segment>>,
+        nbytes: u64,
+        owner: Owner,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<(LeaseId, bool), (Error, Owner)> {
+        let shown = segment.map(|s| (s.id(), Arc::downgrade(s) as StorageKeeper));
+        self.grant_storage(shown, nbytes, owner, deadline)
+    }
+
+    /// `grant` for any CPU storage shown by id (a segment of ours, or a forwarded
+    /// import): its id on this connection and what keeps it alive here.
+    pub fn grant_storage(
+        &mut self,
+        segment: Option<(u64, StorageKeeper)>,
         nbytes: u64,
         owner: Owner,
         deadline: Option<Instant>,
@@ -208,17 +225,27 @@ impl Exporter {
         let generation = slot::next_gen(self.gens[slot as usize]);
         self.gens[slot as usize] = generation;
         slot::grant(self.word(slot), generation);
-        // CPU exports track which segments the peer has (its fd travels once); device
-        // memory (CUDA) has no segment.
+        // CPU exports track which segments the peer has (so it is told to forget one this
+        // side dropped); device memory (CUDA) has no segment.
         let (sid, first) = match segment {
-            Some(segment) => {
-                let sid = segment.id();
-                let shared = self.segments.entry(sid).or_insert(SharedSegment { segment: Weak::new(), leases: 0 });
-                let first = shared.segment.upgrade().is_none();
-                if first {
-                    shared.segment = Arc::downgrade(segment);
-                }
-                shared.leases += 1;
+            Some((sid, keeper)) => {
+                use std::collections::hash_map::Entry as Slot;
+                let first = match self.segments.entry(sid) {
+                    Slot::Vacant(v) => {
+                        v.insert(SharedSegment { segment: keeper, leases: 1 });
+                        true
+                    }
+                    Slot::Occupied(o) => {
+                        let shared = o.into_mut();
+                        // Shown before, dropped since and not yet forgotten: new again.
+                        let first = shared.segment.strong_count() == 0;
+                        if first {
+                            shared.segment = keeper;
+                        }
+                        shared.leases += 1;
+                        first
+                    }
+                };
                 (sid, first)
             }
             None => (0, false),

@@ -1,0 +1,80 @@
+//! Forwarding: a CPU tensor received from one peer, sent on to another as the same
+//! memory (host → relay → last), never copied.
+//!
+//! The forward is an ordinary leased export whose storage is the import's: the relay
+//! sends the upstream producer's memfd (the fd the import keeps, `ImportFd`) with a
+//! descriptor naming the same file range, under a lease on the downstream connection
+//! whose owner holds the upstream import. So:
+//!
+//! - the first producer's memory stays leased exactly as long as anyone downstream
+//!   (or the relay itself) uses it: the upstream lease is released when the last of the
+//!   relay's own handles and its forwards' leases ends;
+//! - the downstream consumer releasing, its window running out, or it dying ends the
+//!   forward's lease; the relay's reaper then drops the owner, and the upstream lease
+//!   goes back to the host if nothing else in the relay holds the import;
+//! - the relay dying ends the host's lease to it (the host reclaims it as for any dead
+//!   peer). A downstream consumer that still maps the range keeps reading and writing
+//!   valid memory: a memfd's pages live while any process maps them — the host's lease
+//!   bookkeeping is over, the pages go when the last mapping does.
+//!
+//! On the downstream connection the storage goes under an id this process allocates
+//! (`ImportFd::forward_id`, from the segment id counter), never the upstream's id, which
+//! could collide with our own segments' ids; when the relay's last import of that window
+//! is gone and no forward lease names it, the downstream consumer is told to forget it,
+//! as for a dropped segment.
+
+use crate::desc::Layout;
+use crate::error::{Error, Result};
+use crate::lease::{LeaseId, StorageKeeper};
+use crate::peer::{CpuStorage, ExportOptions, Imported, Peer};
+use std::sync::Arc;
+
+impl Peer {
+    /// Send `imp` (received on any connection, this one included) on to this peer as the
+    /// same memory, viewed as `view` (a layout over the import's storage; `None`: the
+    /// import's own view). The lease granted here holds `imp`: the upstream lease is
+    /// released only when this one ends (release, window, death of this peer, or this
+    /// `Peer` dropped) and every other holder of `imp` has let go.
+    pub fn export_imported(&self, imp: Arc<Imported>, view: Option<Layout>, opts: ExportOptions) -> Result<LeaseId> {
+        self.export_imported_with(imp, view, Box::new(()), opts)
+    }
+
+    /// `export_imported`, with `extra` held by the lease too (dropped once, after the
+    /// lease ends — or at once if the export fails): e.g. a C release callback.
+    pub fn export_imported_with(
+        &self,
+        imp: Arc<Imported>,
+        view: Option<Layout>,
+        extra: crate::Owner,
+        opts: ExportOptions,
+    ) -> Result<LeaseId> {
+        let layout = match view {
+            Some(l) => l,
+            None => imp.layout(),
+        };
+        let nbytes = imp.desc().storage.nbytes;
+        let need = layout.extent_bytes()?;
+        if need > nbytes {
+            return Err(Error::InvalidArgument(format!(
+                "view needs {need} bytes of storage, the imported storage has {nbytes}"
+            )));
+        }
+        let fd = imp.forward_fd().cloned().ok_or_else(|| {
+            Error::InvalidArgument(
+                "this import arrived without its segment's fd (the producer sent none and no other live import of the range kept one), so it cannot be forwarded; copy it into a segment of this process instead".into(),
+            )
+        })?;
+        let keeper: StorageKeeper = Arc::downgrade(&fd) as _;
+        let storage = CpuStorage {
+            id: fd.forward_id(),
+            keeper,
+            fd: fd.fd(),
+            base_offset: imp.desc().storage.base_offset,
+            nbytes,
+        };
+        // The owner holds the import (its upstream lease, mapping and fd); the fd is kept
+        // alive by the import for as long as the lease needs it.
+        let owner: crate::Owner = Box::new((imp, extra));
+        self.send_leased(storage, &layout, owner, opts)
+    }
+}
