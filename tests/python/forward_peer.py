@@ -14,7 +14,7 @@ STOP = 999_999
 def relay(host, down):
     """Forward each tensor without its first row; report [is_shared(received), went zero-copy]."""
     while True:
-        u, tag = host.recv(timeout=60, with_tag=True)
+        u, tag = host.recv_tagged(timeout=60)
         if tag == STOP:
             return
         shared = tensorwire.is_shared(u)
