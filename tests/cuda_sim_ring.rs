@@ -215,3 +215,39 @@ fn gpu_ring_consumer_that_dies_mid_message_gives_the_producer_peer_gone() {
     let e = peer.cuda_ring_send(src.ptr(), &l, 0, 2, T).unwrap_err();
     assert!(e.is_peer_gone() || matches!(e, Error::Protocol(_)), "a later send fails at once: {e}");
 }
+
+#[test]
+fn gpu_ring_streams_ten_thousand_messages_with_discards() {
+    if !gpu("gpu_ring_streams_ten_thousand_messages_with_discards") {
+        return;
+    }
+    const N: u64 = 10_000;
+    const EVERY: u64 = 7;
+    let ring = CudaRingConfig { device: 0, slots: 4, slot_bytes: 64 << 10 };
+    let (child, peer) = spawn("ring_recv", &[], None, PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() });
+    let ps = Stream::new();
+    peer.send_message(&words(&[RING_STREAM, N, EVERY]), &[]).unwrap();
+    // Two source buffers in turn, each rewritten right before its send (stream order makes
+    // the ring's copy read the new bytes); no reply per message, so slots are reused as
+    // fast as the consumer frees them.
+    let srcs = [DeviceBuffer::alloc(0, 4096).unwrap(), DeviceBuffer::alloc(0, 4096).unwrap()];
+    let mut want = 0u64;
+    for i in 0..N {
+        let n = 64 + (i as usize * 37) % 4000;
+        let data = pattern(n, i as u8);
+        let src = &srcs[i as usize % 2];
+        htod_async(src.ptr(), &data, ps.0);
+        let l = Layout::contiguous(DType::UInt8, &[n as i64]).unwrap();
+        peer.cuda_ring_send(src.ptr(), &l, ps.0, i, T).unwrap_or_else(|e| panic!("message {i}: {e}"));
+        if i % EVERY != 0 {
+            want = want.rotate_left(5) ^ fnv1a(&data) ^ i;
+        }
+    }
+    let r = unwords(&recv_msg(&peer));
+    let discarded = N.div_ceil(EVERY);
+    assert_eq!((r[0], r[1]), (N - discarded, discarded), "kept / discarded");
+    assert_eq!(r[2], want, "the kept messages arrived with other bytes or in another order");
+    peer.send_message(&words(&[DONE]), &[]).unwrap();
+    let mut child = child;
+    assert!(child.wait().unwrap().success());
+}

@@ -20,6 +20,9 @@ pub const RING: u64 = u64::MAX - 4;
 pub const READY: u64 = u64::MAX - 5;
 pub const KEEP_WARM: u64 = u64::MAX - 6;
 pub const RING_DIE: u64 = u64::MAX - 7;
+/// `[RING_STREAM, n, every]`: take `n` ring messages, discarding each whose tag is a
+/// multiple of `every`, copying out the rest; then report `[kept, discarded, hash]`.
+pub const RING_STREAM: u64 = u64::MAX - 8;
 
 /// Body of each CUDA test binary's ignored `child_entry` test: play the role this process
 /// was spawned with (if it was).
@@ -112,6 +115,10 @@ pub fn child_ring_recv(peer: &Peer) {
             let _ = peer.cuda_ring_recv(T).unwrap();
             std::process::exit(0);
         }
+        if w[0] == RING_STREAM {
+            ring_stream(peer, &cs, w[1], w[2]);
+            continue;
+        }
         if w[0] != RING {
             return;
         }
@@ -129,6 +136,27 @@ pub fn child_ring_recv(peer: &Peer) {
             peer.send_message(&words(&[tag, fnv1a(&bytes), n, desc.layout().dtype as u64]), &[]).unwrap();
         }
     }
+}
+
+/// Take `n` ring messages without a reply per message: every `every`-th tag is discarded
+/// (never copied out), the others copied out and folded into one hash in arrival order.
+fn ring_stream(peer: &Peer, cs: &Stream, n: u64, every: u64) {
+    let dst = DeviceBuffer::alloc(0, 64 << 10).unwrap();
+    let (mut kept, mut discarded, mut hash) = (0u64, 0u64, 0u64);
+    for _ in 0..n {
+        let (tag, desc) = peer.cuda_ring_recv(T).unwrap();
+        if tag % every == 0 {
+            peer.cuda_ring_discard(T).unwrap();
+            discarded += 1;
+            continue;
+        }
+        let len = desc.storage.nbytes;
+        peer.cuda_ring_recv_finish(dst.ptr(), 64 << 10, cs.0, T).unwrap();
+        let bytes = dtoh_on(dst.ptr(), len as usize, cs.0);
+        hash = hash.rotate_left(5) ^ fnv1a(&bytes) ^ tag;
+        kept += 1;
+    }
+    peer.send_message(&words(&[kept, discarded, hash]), &[]).unwrap();
 }
 
 /// Offer a 2-slot ring, say READY, then send an 8-chunk message (blocks after two chunks
