@@ -190,80 +190,6 @@ typedef struct tw_ring_message_t tw_ring_message_t;
 typedef struct tw_segment_t tw_segment_t;
 
 /*
- Shape, strides (elements) and storage offset (elements) of a view. `dtype` is the
- `c10::ScalarType` number. Entries past `ndim` are ignored.
- */
-typedef struct {
-  uint8_t dtype;
-  uint8_t ndim;
-  uint8_t reserved[6];
-  int64_t storage_offset;
-  int64_t sizes[16];
-  int64_t strides[16];
-} tw_layout_t;
-
-/*
- Where a descriptor's storage lives. Which fields matter depends on `storage_kind`.
- */
-typedef struct {
-  /*
-   The producer's id for the segment (CPU) on this connection; for CudaVmm, the size
-   of the exported allocation (its fd does not carry it).
-   */
-  uint64_t segment_id;
-  /*
-   Byte offset of the storage's first byte in the segment / allocation.
-   */
-  uint64_t base_offset;
-  /*
-   Size of the storage in bytes; the view's extent must fit inside.
-   */
-  uint64_t nbytes;
-  /*
-   Lease slot in the producer's per-peer lease table.
-   */
-  uint32_t lease_slot;
-  /*
-   Generation of that slot when the lease was granted.
-   */
-  uint32_t lease_gen;
-  /*
-   CUDA IPC memory handle (CudaIpc).
-   */
-  uint8_t cuda_ipc_handle[64];
-  /*
-   IPC event slot and the sequence number recorded in it (CUDA).
-   */
-  uint32_t event_slot;
-  uint32_t reserved0;
-  uint64_t event_seq;
-  /*
-   Ring record sequence (RingSlot).
-   */
-  uint64_t ring_seq;
-} tw_storage_ref_t;
-
-/*
- The fixed-size wire descriptor. `#[repr(C)]`, no padding, `Pod`: its bytes are the
- wire format (little-endian hosts only: both ends are on one machine).
- */
-typedef struct {
-  uint32_t magic;
-  uint16_t version;
-  uint8_t dtype;
-  uint8_t ndim;
-  uint8_t device_type;
-  uint8_t device_index;
-  uint8_t storage_kind;
-  uint8_t flags;
-  uint32_t reserved0;
-  int64_t storage_offset;
-  int64_t sizes[TW_MAX_NDIM];
-  int64_t strides[TW_MAX_NDIM];
-  tw_storage_ref_t storage;
-} tw_desc_t;
-
-/*
  Limits for one connection (`tw_peer_config_default` fills the defaults).
  */
 typedef struct {
@@ -349,6 +275,80 @@ typedef struct {
 } tw_peer_config_t;
 
 /*
+ Shape, strides (elements) and storage offset (elements) of a view. `dtype` is the
+ `c10::ScalarType` number. Entries past `ndim` are ignored.
+ */
+typedef struct {
+  uint8_t dtype;
+  uint8_t ndim;
+  uint8_t reserved[6];
+  int64_t storage_offset;
+  int64_t sizes[16];
+  int64_t strides[16];
+} tw_layout_t;
+
+/*
+ Where a descriptor's storage lives. Which fields matter depends on `storage_kind`.
+ */
+typedef struct {
+  /*
+   The producer's id for the segment (CPU) on this connection; for CudaVmm, the size
+   of the exported allocation (its fd does not carry it).
+   */
+  uint64_t segment_id;
+  /*
+   Byte offset of the storage's first byte in the segment / allocation.
+   */
+  uint64_t base_offset;
+  /*
+   Size of the storage in bytes; the view's extent must fit inside.
+   */
+  uint64_t nbytes;
+  /*
+   Lease slot in the producer's per-peer lease table.
+   */
+  uint32_t lease_slot;
+  /*
+   Generation of that slot when the lease was granted.
+   */
+  uint32_t lease_gen;
+  /*
+   CUDA IPC memory handle (CudaIpc).
+   */
+  uint8_t cuda_ipc_handle[64];
+  /*
+   IPC event slot and the sequence number recorded in it (CUDA).
+   */
+  uint32_t event_slot;
+  uint32_t reserved0;
+  uint64_t event_seq;
+  /*
+   Ring record sequence (RingSlot).
+   */
+  uint64_t ring_seq;
+} tw_storage_ref_t;
+
+/*
+ The fixed-size wire descriptor. `#[repr(C)]`, no padding, `Pod`: its bytes are the
+ wire format (little-endian hosts only: both ends are on one machine).
+ */
+typedef struct {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t dtype;
+  uint8_t ndim;
+  uint8_t device_type;
+  uint8_t device_index;
+  uint8_t storage_kind;
+  uint8_t flags;
+  uint32_t reserved0;
+  int64_t storage_offset;
+  int64_t sizes[TW_MAX_NDIM];
+  int64_t strides[TW_MAX_NDIM];
+  tw_storage_ref_t storage;
+} tw_desc_t;
+
+/*
  Called exactly once with its context when an exported lease ends.
  */
 typedef void (*tw_release_fn)(void *ctx);
@@ -394,6 +394,44 @@ const char *tw_result_name(tw_result_e r);
  The library version ("MAJOR.MINOR.PATCH", from Cargo.toml).
  */
 const char *tw_version(void);
+
+/*
+ Fill `out` with the default limits.
+
+ # Safety
+ `out` writable.
+ */
+tw_result_e tw_peer_config_default(tw_peer_config_t *out);
+
+/*
+ This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
+ and how many handles are open now (either may be NULL).
+
+ # Safety
+ Each pointer NULL or writable.
+ */
+void tw_cuda_ipc_cache_stats(uint64_t *opens, uint64_t *open_handles);
+
+/*
+ How many unused opened IPC handles the cache keeps open (default 0: each handle closes
+ as soon as its last import is released). An opt-in: only for producers that keep
+ exported memory allocated — CUDA calls an exporter's `cuMemFree` before the importer
+ closed the handle undefined behaviour.
+ */
+void tw_cuda_ipc_cache_keep_warm(size_t n);
+
+/*
+ True if a CUDA driver is present and initialised.
+ */
+bool tw_cuda_available(void);
+
+/*
+ Number of CUDA devices; `TW_ERR_CUDA_UNAVAILABLE` (with the reason) without a driver.
+
+ # Safety
+ `out` writable.
+ */
+tw_result_e tw_cuda_device_count(int32_t *out);
 
 /*
  Copy the contiguous CUDA tensor `layout` at device address `src` through this side's
@@ -542,88 +580,6 @@ tw_result_e tw_doorbell_wait(const tw_segment_t *seg,
                              int64_t timeout_ms);
 
 /*
- Fill `out` with the default limits.
-
- # Safety
- `out` writable.
- */
-tw_result_e tw_peer_config_default(tw_peer_config_t *out);
-
-/*
- A connected SEQPACKET socket pair (close-on-exec; see `tw_fd_set_inheritable`).
-
- # Safety
- `out_a`, `out_b` writable.
- */
-tw_result_e tw_socketpair(int *out_a, int *out_b);
-
-/*
- Let `fd` survive exec (clear FD_CLOEXEC) or not.
- */
-tw_result_e tw_fd_set_inheritable(int fd, bool inheritable);
-
-/*
- Handshake over a connected SEQPACKET socket (an end of `tw_socketpair`, inherited or
- not) and set up leases. Takes ownership of `fd`. `cfg` may be NULL (defaults).
-
- # Safety
- `fd` open and owned by the caller; `cfg` NULL or readable; `out` writable.
- */
-tw_result_e tw_peer_from_fd(int fd, const tw_peer_config_t *cfg, tw_peer_t **out);
-
-/*
- Connect to a listener at `path`.
-
- # Safety
- `path` a C string; `cfg` NULL or readable; `out` writable.
- */
-tw_result_e tw_peer_connect(const char *path, const tw_peer_config_t *cfg, tw_peer_t **out);
-
-/*
- Listen at `path` (must not exist; removed when the listener is freed).
-
- # Safety
- `path` a C string; `out` writable.
- */
-tw_result_e tw_listener_bind(const char *path, tw_listener_t **out);
-
-/*
- Accept and handshake one connection (waits at most the config's handshake timeout).
-
- # Safety
- `listener` live; `cfg` NULL or readable; `out` writable.
- */
-tw_result_e tw_listener_accept(const tw_listener_t *listener,
-                               const tw_peer_config_t *cfg,
-                               tw_peer_t **out);
-
-/*
- Free a listener (removes its socket file). NULL is a no-op.
-
- # Safety
- NULL or a live handle, not used afterwards.
- */
-void tw_listener_free(tw_listener_t *listener);
-
-/*
- End the connection and free the handle. Every lease this side granted ends (release
- callbacks run before this returns); the peer sees the connection close. Imports
- still held stay readable. NULL is a no-op.
-
- # Safety
- NULL or a live handle, not used afterwards (nor concurrently).
- */
-void tw_peer_free(tw_peer_t *peer);
-
-/*
- The peer's pid as verified by the kernel (-1 if `peer` is NULL).
-
- # Safety
- NULL or a live handle.
- */
-int32_t tw_peer_pid(const tw_peer_t *peer);
-
-/*
  Export a view of `nbytes` of `seg` at byte `offset` to the peer under a lease.
  `release(ctx)` is called exactly once, from any thread, when the lease ends (the peer
  releases, `window_ms` > 0 runs out, the peer dies, or `tw_peer_free`) — and also when
@@ -690,79 +646,6 @@ tw_result_e tw_peer_export_cuda(const tw_peer_t *peer,
                                 tw_release_fn release,
                                 void *ctx,
                                 tw_lease_t *out_lease);
-
-/*
- This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
- and how many handles are open now (either may be NULL).
-
- # Safety
- Each pointer NULL or writable.
- */
-void tw_cuda_ipc_cache_stats(uint64_t *opens, uint64_t *open_handles);
-
-/*
- How many unused opened IPC handles the cache keeps open (default 0: each handle closes
- as soon as its last import is released). An opt-in: only for producers that keep
- exported memory allocated — CUDA calls an exporter's `cuMemFree` before the importer
- closed the handle undefined behaviour.
- */
-void tw_cuda_ipc_cache_keep_warm(size_t n);
-
-/*
- True if a CUDA driver is present and initialised.
- */
-bool tw_cuda_available(void);
-
-/*
- Number of CUDA devices; `TW_ERR_CUDA_UNAVAILABLE` (with the reason) without a driver.
-
- # Safety
- `out` writable.
- */
-tw_result_e tw_cuda_device_count(int32_t *out);
-
-/*
- Send a user message (≤ the max message size) with up to 8 fds (borrowed, not closed).
-
- # Safety
- `peer` live; `data` readable for `len` bytes (may be NULL if 0); `fds` readable for
- `nfds` ints (may be NULL if 0).
- */
-tw_result_e tw_peer_send_message(const tw_peer_t *peer,
-                                 const uint8_t *data,
-                                 size_t len,
-                                 const int *fds,
-                                 size_t nfds);
-
-/*
- Receive the next tensor or user message, waiting at most `timeout_ms` (negative: until
- one arrives or the peer dies). On success exactly one of `*out_tensor` and
- `*out_message` is set non-NULL and the other to NULL.
-
- # Safety
- `peer` live; `out_tensor`, `out_message` writable.
- */
-tw_result_e tw_peer_recv(const tw_peer_t *peer,
-                         int64_t timeout_ms,
-                         tw_imported_t **out_tensor,
-                         tw_message_t **out_message);
-
-/*
- Counters of what this side exported to the peer.
-
- # Safety
- `peer` live; `out` writable.
- */
-tw_result_e tw_peer_stats(const tw_peer_t *peer, tw_lease_stats_t *out);
-
-/*
- Process releases, expired windows and peer death now (the background reaper does
- this too); then report as `tw_peer_stats` (`out` may be NULL).
-
- # Safety
- `peer` live; `out` NULL or writable.
- */
-tw_result_e tw_peer_reap(const tw_peer_t *peer, tw_lease_stats_t *out);
 
 /*
  The imported tensor's validated descriptor (NULL if `imp` is NULL). Valid while `imp`.
@@ -871,6 +754,32 @@ tw_result_e tw_imported_release(tw_imported_t *imp);
 void tw_imported_free(tw_imported_t *imp);
 
 /*
+ Listen at `path` (must not exist; removed when the listener is freed).
+
+ # Safety
+ `path` a C string; `out` writable.
+ */
+tw_result_e tw_listener_bind(const char *path, tw_listener_t **out);
+
+/*
+ Accept and handshake one connection (waits at most the config's handshake timeout).
+
+ # Safety
+ `listener` live; `cfg` NULL or readable; `out` writable.
+ */
+tw_result_e tw_listener_accept(const tw_listener_t *listener,
+                               const tw_peer_config_t *cfg,
+                               tw_peer_t **out);
+
+/*
+ Free a listener (removes its socket file). NULL is a no-op.
+
+ # Safety
+ NULL or a live handle, not used afterwards.
+ */
+void tw_listener_free(tw_listener_t *listener);
+
+/*
  The message's payload; its length goes to `*len` (if `len` is not NULL).
 
  # Safety
@@ -902,6 +811,97 @@ int tw_message_take_fd(tw_message_t *msg, size_t index);
  NULL or a live handle, not used afterwards.
  */
 void tw_message_free(tw_message_t *msg);
+
+/*
+ A connected SEQPACKET socket pair (close-on-exec; see `tw_fd_set_inheritable`).
+
+ # Safety
+ `out_a`, `out_b` writable.
+ */
+tw_result_e tw_socketpair(int *out_a, int *out_b);
+
+/*
+ Let `fd` survive exec (clear FD_CLOEXEC) or not.
+ */
+tw_result_e tw_fd_set_inheritable(int fd, bool inheritable);
+
+/*
+ Handshake over a connected SEQPACKET socket (an end of `tw_socketpair`, inherited or
+ not) and set up leases. Takes ownership of `fd`. `cfg` may be NULL (defaults).
+
+ # Safety
+ `fd` open and owned by the caller; `cfg` NULL or readable; `out` writable.
+ */
+tw_result_e tw_peer_from_fd(int fd, const tw_peer_config_t *cfg, tw_peer_t **out);
+
+/*
+ Connect to a listener at `path`.
+
+ # Safety
+ `path` a C string; `cfg` NULL or readable; `out` writable.
+ */
+tw_result_e tw_peer_connect(const char *path, const tw_peer_config_t *cfg, tw_peer_t **out);
+
+/*
+ End the connection and free the handle. Every lease this side granted ends (release
+ callbacks run before this returns); the peer sees the connection close. Imports
+ still held stay readable. NULL is a no-op.
+
+ # Safety
+ NULL or a live handle, not used afterwards (nor concurrently).
+ */
+void tw_peer_free(tw_peer_t *peer);
+
+/*
+ The peer's pid as verified by the kernel (-1 if `peer` is NULL).
+
+ # Safety
+ NULL or a live handle.
+ */
+int32_t tw_peer_pid(const tw_peer_t *peer);
+
+/*
+ Send a user message (≤ the max message size) with up to 8 fds (borrowed, not closed).
+
+ # Safety
+ `peer` live; `data` readable for `len` bytes (may be NULL if 0); `fds` readable for
+ `nfds` ints (may be NULL if 0).
+ */
+tw_result_e tw_peer_send_message(const tw_peer_t *peer,
+                                 const uint8_t *data,
+                                 size_t len,
+                                 const int *fds,
+                                 size_t nfds);
+
+/*
+ Receive the next tensor or user message, waiting at most `timeout_ms` (negative: until
+ one arrives or the peer dies). On success exactly one of `*out_tensor` and
+ `*out_message` is set non-NULL and the other to NULL.
+
+ # Safety
+ `peer` live; `out_tensor`, `out_message` writable.
+ */
+tw_result_e tw_peer_recv(const tw_peer_t *peer,
+                         int64_t timeout_ms,
+                         tw_imported_t **out_tensor,
+                         tw_message_t **out_message);
+
+/*
+ Counters of what this side exported to the peer.
+
+ # Safety
+ `peer` live; `out` writable.
+ */
+tw_result_e tw_peer_stats(const tw_peer_t *peer, tw_lease_stats_t *out);
+
+/*
+ Process releases, expired windows and peer death now (the background reaper does
+ this too); then report as `tw_peer_stats` (`out` may be NULL).
+
+ # Safety
+ `peer` live; `out` NULL or writable.
+ */
+tw_result_e tw_peer_reap(const tw_peer_t *peer, tw_lease_stats_t *out);
 
 /*
  Copy `len` bytes through the ring (waiting for space at most `timeout_ms`; negative:

@@ -13,7 +13,7 @@ cd "$root"
 mutations=(
   "producer's event record before send|src/cuda/event.rs|        self.events.record(slot, stream)?;"
   "consumer's stream wait on the producer's event|src/cuda/event.rs|                self.events.wait(self.slot, stream)?;"
-  "ring's wait on the consumer's read event before slot reuse|src/cuda/ring.rs|            self.read_events()?.wait(stream, slot)?;"
+  "ring's wait on the consumer's read event before slot reuse|src/cuda/ring/sender.rs|            self.read_events()?.wait(stream, slot)?;"
 )
 
 backup=$(mktemp)

@@ -46,11 +46,11 @@ pub mod ffi;
 #[cfg(not(loom))]
 pub(crate) mod import_cache;
 #[cfg(not(loom))]
-mod forward;
-#[cfg(not(loom))]
 pub mod peer;
 #[cfg(not(loom))]
 pub mod segment;
+#[cfg(not(loom))]
+mod shared_tensor;
 #[cfg(not(loom))]
 pub mod sys;
 

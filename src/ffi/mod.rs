@@ -9,16 +9,28 @@
 
 #![allow(non_camel_case_types)]
 
+mod config;
+mod cuda;
 mod cuda_ring;
 mod desc;
 mod doorbell;
+mod export;
+mod imported;
+mod listener;
+mod message;
 mod peer;
 mod ring;
 mod segment;
 
+pub use config::*;
+pub use cuda::*;
 pub use cuda_ring::*;
 pub use desc::*;
 pub use doorbell::*;
+pub use export::*;
+pub use imported::*;
+pub use listener::*;
+pub use message::*;
 pub use peer::*;
 pub use ring::*;
 pub use segment::*;

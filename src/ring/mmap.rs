@@ -226,7 +226,7 @@ impl<'a> RingItem<'a> {
     }
 
     /// A view of a shared tensor.
-    pub fn shared(tag: u64, t: &'a crate::peer::SharedTensor) -> Self {
+    pub fn shared(tag: u64, t: &'a crate::shared_tensor::SharedTensor) -> Self {
         RingItem { tag, payload: Payload::Tensor { layout: *t.layout(), base: t.storage_ptr(), _storage: PhantomData } }
     }
 

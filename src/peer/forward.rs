@@ -26,7 +26,7 @@
 use crate::desc::Layout;
 use crate::error::{Error, Result};
 use crate::lease::{LeaseId, StorageKeeper};
-use crate::peer::{CpuStorage, ExportOptions, Imported, Peer};
+use super::{CpuStorage, ExportOptions, Imported, Peer};
 use std::sync::Arc;
 
 impl Peer {

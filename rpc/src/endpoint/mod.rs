@@ -1,0 +1,383 @@
+//! The endpoint: one full-duplex connection speaking the pyisolate protocol.
+//!
+//! Threads: one reader thread per connection reads frames, matches responses to pending
+//! calls by `call_id`, and dispatches requests — inline handlers on itself, the rest on an
+//! elastic worker pool (grows when every worker is busy, e.g. blocked in a nested call, up
+//! to `max_workers`; beyond that requests are answered "busy").
+//!
+//! Reading is leader/follower: the read side of the socket (the `reader` lock) belongs to
+//! whoever holds it. A caller waiting for a response takes it if it is free and reads the
+//! socket itself — its own response then needs no thread hand-off — dispatching every
+//! other frame on the way (responses to their waiters, requests to the pool). A caller
+//! that finds it taken follows: a short spin, then a condvar on its per-call slot, until
+//! its response, its timeout, a cancel, the connection's end, or the lead is offered to it
+//! (a leader stepping down wakes one follower). The reader thread watches the socket
+//! without holding the lock, so a caller can always take it; while callers keep leading it
+//! steps back (for [`RpcConfig::reader_yield`] at a time) instead of waking for every frame they read.
+//! Any thread that waits — the reader thread inside an inline handler, a worker inside a
+//! sync handler — can lead, so re-entrant calls never deadlock. On peer death every
+//! pending call fails with `PeerGone`.
+//!
+//! Ids: each side numbers its own requests from 0; responses carry the request's id; the
+//! two directions never mix. `parent_call_id` is set automatically on calls made while a
+//! handler of this endpoint runs on the current thread.
+//!
+//! Cancellation and timeouts are local (the protocol has no cancel message): the caller
+//! stops waiting and a late response is dropped (counted in [`Stats::late_responses`]).
+//!
+//! Files: this one holds `Endpoint`, its shared state, constructors and shutdown;
+//! `calls` (pending calls, starting a call), `reading` (reader thread, leader/follower
+//! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
+//! `wire` (frame writes, message and tensor encoding), `native` (native tensors).
+
+mod calls;
+mod dispatch;
+mod native;
+mod pool;
+mod reading;
+mod wire;
+
+pub use calls::{Canceller, PendingCall};
+use calls::Slot;
+use native::NativeState;
+use pool::{Pool, PoolState};
+use reading::{reader_loop, ReaderState};
+pub use crate::config::RpcConfig;
+use crate::error::{Result, RpcError};
+use crate::frame::FrameDecoder;
+use crate::json::{Map, Value};
+use crate::message::Message;
+use crate::service::{Args, CallCtx, Registry};
+use crate::stream::Stream;
+use crate::tensor::FsTensor;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Reserved object id for tensorwire's own negotiation (native tensors).
+pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
+
+/// Options of one call.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Overrides `RpcConfig::default_timeout`.
+    pub timeout: Option<Duration>,
+    /// `parent_call_id` to send; `None`: the request this thread is handling, if any.
+    pub parent_call_id: Option<i64>,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub calls_sent: u64,
+    pub requests_handled: u64,
+    /// Responses to calls that had already timed out or been cancelled.
+    pub late_responses: u64,
+}
+
+pub(crate) struct Inner {
+    cfg: RpcConfig,
+    id: u64,
+    registry: Registry,
+    /// The connection's one socket (one fd): written under `writer`, read by whoever
+    /// holds `reader`, polled by the reader thread holding neither.
+    sock: Stream,
+    /// Serializes frame writes.
+    writer: Mutex<()>,
+    /// The read side of the socket: whoever holds this lock reads (the leader).
+    reader: Mutex<ReaderState>,
+    /// Bumped each time a waiting caller takes the lead.
+    lead_epoch: AtomicU64,
+    /// Callers waiting for a response while someone else leads (offered the lead in turn).
+    followers: Mutex<Vec<Arc<Slot>>>,
+    /// The reader thread sleeps here while callers lead.
+    idle: Mutex<()>,
+    idle_cv: Condvar,
+    /// fds that arrived on the socket, waiting for the message that claims them.
+    fds: Mutex<VecDeque<OwnedFd>>,
+    callbacks: Mutex<HashMap<String, crate::service::SyncHandler>>,
+    pending: Mutex<HashMap<i64, Arc<Slot>>>,
+    next_id: AtomicI64,
+    closed: AtomicBool,
+    close_reason: Mutex<Option<RpcError>>,
+    closed_cv: Condvar,
+    sent_close: AtomicBool,
+    pool: Pool,
+    busy: AtomicUsize,
+    keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
+    native: Mutex<Option<Arc<NativeState>>>,
+    /// Set by the first native negotiation (ours or the peer's): one per connection.
+    native_claimed: AtomicBool,
+    native_ready: Condvar,
+    next_tag: AtomicU64,
+    calls_sent: AtomicU64,
+    handled: AtomicU64,
+    late: AtomicU64,
+    is_unix: bool,
+}
+
+static ENDPOINT_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// A handle to a connection. Cloning is cheap; the connection closes when the last
+/// handle is dropped (or on [`Endpoint::close`]).
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    /// `None` for the endpoint handed to handlers: it does not keep the connection open.
+    keep: Option<Arc<Handle>>,
+}
+
+struct Handle {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.inner.shutdown_now(RpcError::PeerGone("the endpoint was dropped".into()));
+    }
+}
+
+impl Endpoint {
+    /// Start an endpoint on `stream`, serving `registry`.
+    pub fn new(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        stream.set_write_timeout(Some(cfg.send_timeout))?;
+        let is_unix = stream.is_unix();
+        let inner = Arc::new(Inner {
+            id: ENDPOINT_IDS.fetch_add(1, Ordering::Relaxed),
+            registry,
+            sock: stream,
+            writer: Mutex::new(()),
+            reader: Mutex::new(ReaderState {
+                decoder: FrameDecoder::new(cfg.max_frame),
+                buf: vec![0u8; 64 * 1024],
+            }),
+            lead_epoch: AtomicU64::new(0),
+            followers: Mutex::new(Vec::new()),
+            idle: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            fds: Mutex::new(VecDeque::new()),
+            callbacks: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicI64::new(0),
+            closed: AtomicBool::new(false),
+            close_reason: Mutex::new(None),
+            closed_cv: Condvar::new(),
+            sent_close: AtomicBool::new(false),
+            pool: Pool { q: Mutex::new(PoolState { jobs: VecDeque::new(), idle: 0, total: 0, stop: false }), cv: Condvar::new() },
+            busy: AtomicUsize::new(0),
+            keeper: Mutex::new(VecDeque::new()),
+            native: Mutex::new(None),
+            native_claimed: AtomicBool::new(false),
+            native_ready: Condvar::new(),
+            next_tag: AtomicU64::new(1),
+            calls_sent: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+            is_unix,
+            cfg,
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("tensorwire-rpc-reader".into())
+            .spawn(move || reader_loop(weak))
+            .map_err(|e| RpcError::io("spawning the reader thread", e))?;
+        Ok(Endpoint { keep: Some(Arc::new(Handle { inner: inner.clone() })), inner })
+    }
+
+    /// Connect to a Unix socket path (or `tcp://host:port`).
+    pub fn connect(addr: &str, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        Endpoint::new(Stream::connect(addr)?, registry, cfg)
+    }
+
+    /// Connect to the address in `$PYISOLATE_UDS_ADDRESS` (as a pyisolate child does).
+    pub fn connect_env(registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        let addr = std::env::var("PYISOLATE_UDS_ADDRESS")
+            .map_err(|_| RpcError::InvalidArgument("PYISOLATE_UDS_ADDRESS is not set".into()))?;
+        Endpoint::connect(&addr, registry, cfg)
+    }
+
+    /// From an inherited Unix stream socket fd (one end of a socketpair).
+    pub fn from_fd(fd: OwnedFd, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        Endpoint::new(Stream::from_fd(fd), registry, cfg)
+    }
+
+    /// Two connected endpoints in this process.
+    pub fn pair(a: Registry, b: Registry, cfg: RpcConfig) -> Result<(Endpoint, Endpoint)> {
+        let (x, y) = Stream::pair()?;
+        Ok((Endpoint::new(x, a, cfg.clone())?, Endpoint::new(y, b, cfg)?))
+    }
+
+    fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Whether this handle keeps the connection open (false for handler contexts).
+    pub fn is_owner(&self) -> bool {
+        self.keep.is_some()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner().registry
+    }
+
+    /// Call `object_id.method(*args, **kwargs)` on the peer and wait.
+    pub fn call(&self, object_id: &str, method: &str, args: Vec<Value>) -> Result<Value> {
+        self.call_with(object_id, method, args, Map::new(), CallOptions::default())
+    }
+
+    pub fn call_with(&self, object_id: &str, method: &str, args: Vec<Value>, kwargs: Map, opts: CallOptions) -> Result<Value> {
+        self.start_call(object_id, method, args, kwargs, opts)?.wait()
+    }
+
+    /// Send a call and return at once.
+    pub fn start_call(&self, object_id: &str, method: &str, args: Vec<Value>, kwargs: Map, opts: CallOptions) -> Result<PendingCall> {
+        let what = format!("the response to {object_id}.{method}()");
+        self.inner().start(opts, what, |call_id, parent_call_id| Message::Call {
+            object_id: object_id.to_owned(),
+            call_id,
+            parent_call_id,
+            method: method.to_owned(),
+            args,
+            kwargs,
+        })
+    }
+
+    /// Invoke a peer's callable (by its callback id) and return at once.
+    pub fn start_callback(&self, callback_id: &str, args: Vec<Value>, kwargs: Map, opts: CallOptions) -> Result<PendingCall> {
+        let what = format!("the response to callback {callback_id}");
+        self.inner().start(opts, what, |call_id, parent_call_id| Message::Callback {
+            callback_id: callback_id.to_owned(),
+            call_id,
+            parent_call_id,
+            args,
+            kwargs,
+        })
+    }
+
+    /// Invoke a callable value the peer sent (`__pyisolate_callable__`) and wait.
+    pub fn invoke(&self, callable: &Value, args: Vec<Value>) -> Result<Value> {
+        let id = crate::tagged::as_callback_id(callable)?;
+        self.start_callback(id, args, Map::new(), CallOptions::default())?.wait()
+    }
+
+    /// Register `f` as a callback and return the callable value to pass to the peer,
+    /// which can then invoke it with `kind: "callback"`. It stays registered until
+    /// [`Endpoint::unregister_callback`] or the connection ends.
+    pub fn register_callback(&self, name: &str, f: impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static) -> Result<Value> {
+        let mut rnd = [0u8; 16];
+        tensorwire::sys::getrandom(&mut rnd)?;
+        let h = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let id = format!("{}-{}-{}-{}-{}", h(&rnd[..4]), h(&rnd[4..6]), h(&rnd[6..8]), h(&rnd[8..10]), h(&rnd[10..]));
+        self.inner().callbacks.lock().insert(id.clone(), Arc::new(f));
+        Ok(crate::tagged::callable(&id, name))
+    }
+
+    pub fn unregister_callback(&self, callable: &Value) -> bool {
+        match crate::tagged::as_callback_id(callable) {
+            Ok(id) => self.inner().callbacks.lock().remove(id).is_some(),
+            Err(_) => false,
+        }
+    }
+
+    /// Send the `null` close frame, wait (at most `timeout`) for the peer to answer or
+    /// hang up, then close.
+    pub fn close(&self, timeout: Duration) {
+        let inner = self.inner();
+        if !inner.closed.load(Ordering::Acquire) && !inner.sent_close.swap(true, Ordering::AcqRel) {
+            let _ = inner.write_frame(b"null");
+        }
+        let deadline = Instant::now() + timeout;
+        let mut g = inner.close_reason.lock();
+        while g.is_none() {
+            if inner.closed_cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        drop(g);
+        inner.shutdown_now(RpcError::PeerGone("the connection was closed".into()));
+    }
+
+    /// Block until the connection ends; returns why.
+    pub fn wait_closed(&self) -> RpcError {
+        let inner = self.inner();
+        let mut g = inner.close_reason.lock();
+        loop {
+            if let Some(e) = g.as_ref() {
+                return e.clone();
+            }
+            inner.closed_cv.wait(&mut g);
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inner().closed.load(Ordering::Acquire)
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn close_reason(&self) -> Option<RpcError> {
+        self.inner().close_reason.lock().clone()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let i = self.inner();
+        Stats {
+            calls_sent: i.calls_sent.load(Ordering::Relaxed),
+            requests_handled: i.handled.load(Ordering::Relaxed),
+            late_responses: i.late.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Calls waiting for a response.
+    pub fn pending_calls(&self) -> usize {
+        self.inner().pending.lock().len()
+    }
+
+    pub(crate) fn send_response(&self, call_id: i64, r: Result<Value>) {
+        self.inner().respond(call_id, r);
+    }
+}
+
+impl Inner {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Close now: fail every pending call with `reason`, stop workers, shut the socket.
+    fn shutdown_now(&self, reason: RpcError) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut g = self.close_reason.lock();
+            if g.is_none() {
+                *g = Some(reason.clone());
+            }
+            self.closed_cv.notify_all();
+        }
+        let pending: Vec<_> = self.pending.lock().drain().map(|(_, s)| s).collect();
+        for s in pending {
+            s.complete(Err(reason.clone()));
+        }
+        {
+            let mut q = self.pool.q.lock();
+            q.stop = true;
+            q.jobs.clear();
+            self.pool.cv.notify_all();
+        }
+        self.sock.shutdown();
+        self.callbacks.lock().clear();
+        self.keeper.lock().clear();
+        self.fds.lock().clear();
+        {
+            let _g = self.idle.lock();
+            self.idle_cv.notify_all();
+        }
+        if let Some(n) = self.native.lock().take() {
+            n.wake();
+        }
+        self.native_ready.notify_all();
+    }
+}

@@ -1,0 +1,115 @@
+//! What goes on the socket: frame writes, message encoding, and tensors inside values
+//! (native, file-backed, or inline on TCP).
+
+use super::Inner;
+use crate::error::{Result, RpcError};
+use crate::frame;
+use crate::json::Value;
+use crate::message::Message;
+use crate::tensor::{FsTensor, Tensor};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+impl Inner {
+    pub(super) fn write_frame(&self, payload: &[u8]) -> Result<()> {
+        if payload.len() > self.cfg.max_frame {
+            return Err(RpcError::InvalidArgument(format!(
+                "message of {} bytes is over the {}-byte frame cap",
+                payload.len(),
+                self.cfg.max_frame
+            )));
+        }
+        // A small frame goes in one write; a large one as header + payload (no copy).
+        let (head, body) =
+            if payload.len() <= 64 * 1024 { (frame::encode_frame(payload)?, &[][..]) } else { (frame::header(payload.len())?.to_vec(), payload) };
+        let framed_len = head.len() + body.len();
+        let w = self.writer.lock();
+        if let Err(e) = self.sock.write_all(&head).and_then(|_| self.sock.write_all(body)) {
+            drop(w);
+            let err = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                RpcError::Protocol(format!(
+                    "the peer is not reading: a {}-byte write blocked for {:?} (RpcConfig::send_timeout)",
+                    framed_len,
+                    self.cfg.send_timeout
+                ))
+            } else {
+                RpcError::io("writing to the peer", e)
+            };
+            self.shutdown_now(err.clone());
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    pub(super) fn encode(&self, msg: &Message) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(128);
+        msg.encode(&mut out, &mut |t| self.encode_tensor(t))?;
+        Ok(out)
+    }
+
+    /// Replace tensor references in a received value by tensors.
+    pub(super) fn decode_tensors(&self, v: Value) -> Result<Value> {
+        match v {
+            Value::Array(a) => Ok(Value::Array(a.into_iter().map(|x| self.decode_tensors(x)).collect::<Result<_>>()?)),
+            Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
+                Some("TensorRef") if self.cfg.accept_fs_tensors && m.get("device").and_then(Value::as_str) == Some("cpu") => {
+                    let f = FsTensor::from_tensor_ref(&m)?.with_max_copy(self.cfg.max_tensor_copy);
+                    Ok(Value::from(Tensor::File(Arc::new(f))))
+                }
+                Some("TensorwireTensor") => self.claim_native(&m),
+                Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
+                _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
+            },
+            other => Ok(other),
+        }
+    }
+
+    /// How a tensor goes on the wire.
+    fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
+        let native = self.native.lock().clone();
+        if let Some(device) = t.cuda_device() {
+            let Some(n) = native else {
+                return Err(RpcError::CudaNotNative(format!(
+                    "a {:?} tensor on cuda:{device} travels only as a native tensor; this connection has none (call negotiate_native on a Unix socket first)",
+                    t.layout()
+                )));
+            };
+            let Tensor::Cuda(c) = t else {
+                return Err(RpcError::InvalidArgument(
+                    "a CUDA tensor imported from a peer cannot be sent on: its memory is that peer's allocation opened here; copy it into an allocation of your own and send a Tensor::Cuda".into(),
+                ));
+            };
+            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            c.export(&n.peer, tag)?;
+            return Ok(crate::tensor::native_ref(tag, &c.layout(), Some(device)));
+        }
+        if let Some(n) = native {
+            let shared = match t {
+                Tensor::Shared(s) => s.clone(),
+                other => {
+                    let (storage, layout) = other.storage_copy()?;
+                    let s = tensorwire::SharedTensor::zeros(tensorwire::Layout::contiguous(tensorwire::DType::UInt8, &[storage.len() as i64])?)?;
+                    s.write_storage(0, &storage)?;
+                    s.view(layout)?
+                }
+            };
+            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            n.peer.export(&shared, tensorwire::ExportOptions { tag, window: None })?;
+            return Ok(crate::tensor::native_ref(tag, shared.layout(), None));
+        }
+        if !self.is_unix {
+            // TCP: the peer may be on another machine; copy the data into the JSON.
+            return crate::tensor::to_tensor_value(t);
+        }
+        let fs = t.to_fs()?;
+        let v = fs.to_tensor_ref(self.cfg.fs_strategy);
+        let now = Instant::now();
+        let mut k = self.keeper.lock();
+        while k.front().is_some_and(|(t, _)| now.duration_since(*t) > self.cfg.fs_keep) {
+            k.pop_front();
+        }
+        k.push_back((now, fs));
+        Ok(v)
+    }
+}

@@ -1,0 +1,53 @@
+//! CUDA in C: driver presence, device count and the process's IPC handle cache.
+
+use super::{guard, need, put, quiet, tw_result_e};
+
+
+/// This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
+/// and how many handles are open now (either may be NULL).
+///
+/// # Safety
+/// Each pointer NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: *mut u64) {
+    quiet((), || {
+        let c = crate::cuda::ipc::cache();
+        if !opens.is_null() {
+            // SAFETY: non-null; the caller passes a writable pointer or NULL.
+            unsafe { opens.write(c.opens()) };
+        }
+        if !open_handles.is_null() {
+            // SAFETY: as above.
+            unsafe { open_handles.write(c.stats().0 as u64) };
+        }
+    })
+}
+
+/// How many unused opened IPC handles the cache keeps open (default 0: each handle closes
+/// as soon as its last import is released). An opt-in: only for producers that keep
+/// exported memory allocated — CUDA calls an exporter's `cuMemFree` before the importer
+/// closed the handle undefined behaviour.
+#[unsafe(no_mangle)]
+pub extern "C" fn tw_cuda_ipc_cache_keep_warm(n: usize) {
+    quiet((), || crate::cuda::ipc::cache().set_keep_warm(n))
+}
+
+/// True if a CUDA driver is present and initialised.
+#[unsafe(no_mangle)]
+pub extern "C" fn tw_cuda_available() -> bool {
+    quiet(false, crate::cuda::available)
+}
+
+/// Number of CUDA devices; `TW_ERR_CUDA_UNAVAILABLE` (with the reason) without a driver.
+///
+/// # Safety
+/// `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_cuda_device_count(out: *mut i32) -> tw_result_e {
+    guard("tw_cuda_device_count", || {
+        need(out, "out")?;
+        let n = crate::cuda::device_count()?;
+        // SAFETY: checked non-null.
+        unsafe { put(out, n as i32, "out") }
+    })
+}

@@ -1,0 +1,181 @@
+//! Exports in C: CPU views of segments, forwarded imports and CUDA memory, each under a
+//! lease whose end calls the caller's release callback.
+
+use super::desc::tw_layout_t;
+use super::imported::{tw_imported_t, AnyImport};
+use super::peer::{tw_lease_t, tw_peer_t};
+use super::segment::tw_segment_t;
+use super::{arg, guard, tw_result_e};
+use crate::error::Error;
+use crate::peer::{ExportOptions, SharedTensor};
+use std::ffi::c_void;
+use std::time::Duration;
+
+/// Called exactly once with its context when an exported lease ends.
+pub type tw_release_fn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
+
+/// The C owner of an export: the callback + context, and the segment it keeps mapped.
+struct CallbackOwner {
+    release: unsafe extern "C" fn(*mut c_void),
+    ctx: *mut c_void,
+}
+
+// SAFETY: the C contract of `tw_peer_export` says the callback may run on any thread,
+// so the context is the caller's to make thread-safe.
+unsafe impl Send for CallbackOwner {}
+
+impl Drop for CallbackOwner {
+    fn drop(&mut self) {
+        // SAFETY: the caller supplied a valid function for this context, to be called
+        // exactly once; Drop runs once.
+        unsafe { (self.release)(self.ctx) }
+    }
+}
+
+/// Export a view of `nbytes` of `seg` at byte `offset` to the peer under a lease.
+/// `release(ctx)` is called exactly once, from any thread, when the lease ends (the peer
+/// releases, `window_ms` > 0 runs out, the peer dies, or `tw_peer_free`) — and also when
+/// this call fails, before it returns. `release` may be NULL (nothing to call). The
+/// segment's fd travels with the first export of that segment on this connection.
+///
+/// # Safety
+/// `peer`, `seg`, `layout` live/readable; `out_lease` NULL or writable; `release`
+/// callable with `ctx` from any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export(
+    peer: *const tw_peer_t,
+    seg: *const tw_segment_t,
+    offset: usize,
+    nbytes: usize,
+    layout: *const tw_layout_t,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    // Built first so that every failure below drops it, which runs the callback.
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard("tw_peer_export", move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        // SAFETY: live per the contract; NULL refused.
+        let s = unsafe { arg(seg, "seg")? };
+        // SAFETY: readable per the contract; NULL refused.
+        let l = unsafe { arg(layout, "layout")? }.to_layout()?;
+        let t = SharedTensor::new(s.inner.clone(), offset, nbytes, l)?;
+        let keep = t.segment().clone();
+        let owner: crate::Owner = match owner {
+            Some(o) => Box::new((o, keep)),
+            None => Box::new(keep),
+        };
+        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
+        let id = p.inner.export_with_owner(&t, owner, ExportOptions { tag, window })?;
+        if !out_lease.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        }
+        Ok(())
+    })
+}
+
+/// Forward a CPU tensor received from a peer (on any connection, this one included) to
+/// this peer as the same memory, without a copy: the producer's fd travels on, under a
+/// new lease whose owner holds the import. `layout` is the view to send, over the
+/// import's storage (as `tw_imported_storage` / `tw_imported_storage_len` give it); NULL
+/// sends the import's own view. The import's lease goes back to its producer only when
+/// this lease has ended (release, `window_ms`, the peer's death, `tw_peer_free`) and
+/// `imp` has been freed or released — `tw_imported_release` of a forwarded import
+/// returns `TW_OK` and leaves the release to the last forward. `release(ctx)` as for
+/// `tw_peer_export` (called when this lease ends, or before a failing call returns).
+/// `TW_ERR_INVALID_ARGUMENT` for a CUDA import or a view that does not fit the storage.
+///
+/// # Safety
+/// `peer`, `imp` live; `layout` NULL or readable; `out_lease` NULL or writable;
+/// `release` callable with `ctx` from any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export_imported(
+    peer: *const tw_peer_t,
+    imp: *const tw_imported_t,
+    layout: *const tw_layout_t,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    // Built first so that every failure below drops it, which runs the callback.
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard("tw_peer_export_imported", move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        // SAFETY: live per the contract; NULL refused.
+        let i = match &unsafe { arg(imp, "imp")? }.inner {
+            AnyImport::Cpu(i) => i.clone(),
+            AnyImport::Cuda(_) => {
+                return Err(Error::InvalidArgument(
+                    "a CUDA import cannot be forwarded (only CPU imports can); copy it to memory of this process first".into(),
+                )
+                .into());
+            }
+        };
+        // SAFETY: NULL or readable per the contract.
+        let view = match unsafe { layout.as_ref() } {
+            Some(l) => Some(l.to_layout()?),
+            None => None,
+        };
+        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
+        let opts = ExportOptions { tag, window };
+        // The C owner (if any) ends with the lease: it rides in the lease of the forward.
+        let id = match owner {
+            Some(o) => p.inner.export_imported_with(i, view, Box::new(o), opts)?,
+            None => p.inner.export_imported(i, view, opts)?,
+        };
+        if !out_lease.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        }
+        Ok(())
+    })
+}
+
+/// Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
+/// allocation; PyTorch's caching allocator qualifies) viewed as `layout`, under a lease,
+/// after the work enqueued on `stream` (a CUstream; 0: legacy default stream) — an IPC
+/// event recorded there orders the consumer. `release(ctx)` as for `tw_peer_export`.
+/// `TW_ERR_CUDA_UNAVAILABLE` on a machine without a driver.
+///
+/// # Safety
+/// As for `tw_peer_export`; `stream` a valid stream of `dptr`'s device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export_cuda(
+    peer: *const tw_peer_t,
+    dptr: u64,
+    nbytes: u64,
+    layout: *const tw_layout_t,
+    stream: usize,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard("tw_peer_export_cuda", move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        // SAFETY: readable per the contract; NULL refused.
+        let l = unsafe { arg(layout, "layout")? }.to_layout()?;
+        let owner: crate::Owner = match owner {
+            Some(o) => Box::new(o),
+            None => Box::new(()),
+        };
+        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
+        let id = p.inner.export_cuda(dptr, nbytes, &l, stream, owner, ExportOptions { tag, window })?;
+        if !out_lease.is_null() {
+            // SAFETY: non-null and writable per the contract.
+            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        }
+        Ok(())
+    })
+}

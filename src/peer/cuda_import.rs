@@ -1,0 +1,116 @@
+//! CUDA imports: the memory behind them (IPC mapping or VMM allocation) and their
+//! stream-ordered release.
+
+use crate::desc::{Layout, TensorDesc};
+use crate::error::Result;
+use std::sync::atomic::Ordering;
+use super::import::HeldLease;
+use super::reaper::LINGERING;
+
+/// A CUDA tensor imported from the peer: its allocation opened through the process's
+/// handle cache, valid until released (or dropped, which releases). Before touching it on
+/// a stream, call [`CudaImported::wait_on`] with that stream.
+pub struct CudaImported {
+    pub(super) held: HeldLease,
+    pub(super) mapping: CudaMemory,
+    pub(super) claim: crate::cuda::event::EventClaim,
+    pub(super) desc: TensorDesc,
+    pub(super) tag: u64,
+}
+
+/// The memory behind a CUDA import: an IPC handle opened through the process's cache, or
+/// a VMM allocation mapped from the producer's fd.
+pub(super) enum CudaMemory {
+    Ipc(crate::cuda::ipc::IpcMapping),
+    Vmm(crate::cuda::vmm::VmmAllocation),
+}
+
+impl CudaMemory {
+    pub(super) fn base(&self) -> u64 {
+        match self {
+            CudaMemory::Ipc(m) => m.base(),
+            CudaMemory::Vmm(a) => a.ptr(),
+        }
+    }
+    pub(super) fn size(&self) -> u64 {
+        match self {
+            CudaMemory::Ipc(m) => m.size(),
+            CudaMemory::Vmm(a) => a.size(),
+        }
+    }
+    pub(super) fn device(&self) -> i32 {
+        match self {
+            CudaMemory::Ipc(m) => m.device(),
+            CudaMemory::Vmm(a) => a.device(),
+        }
+    }
+}
+
+impl CudaImported {
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+    pub fn layout(&self) -> Layout {
+        self.desc.layout()
+    }
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+    pub fn device(&self) -> i32 {
+        self.mapping.device()
+    }
+    /// Device address of the storage's first byte in this process.
+    pub fn storage_ptr(&self) -> u64 {
+        self.mapping.base() + self.desc.storage.base_offset
+    }
+    /// Device address of element 0 of the view.
+    pub fn data_ptr(&self) -> u64 {
+        let l = self.layout();
+        self.storage_ptr() + (l.storage_offset as u64 * l.dtype.size() as u64).min(self.desc.storage.nbytes)
+    }
+    pub fn storage_nbytes(&self) -> u64 {
+        self.desc.storage.nbytes
+    }
+    /// Make `stream` wait for the producer's last write (its IPC event): stream order,
+    /// never a device-wide synchronize. Call before the first use on `stream`. The first
+    /// call waits on the producer's event and hands its slot back; a later call (another
+    /// stream) waits on a private event recorded on the first stream after its wait.
+    pub fn wait_on(&self, stream: usize) -> Result<()> {
+        self.claim.wait_on(stream)
+    }
+    /// Give the lease back once everything enqueued on `stream` so far has completed —
+    /// without blocking: a mark is recorded on the stream and the connection's reaper
+    /// releases the lease (and closes the mapping if unused) when the mark is reached.
+    pub fn release_after(self, stream: usize) -> Result<()> {
+        let mark = crate::cuda::event::StreamMark::record(self.device(), stream)?;
+        let inner = self.held.inner.clone();
+        let mut deferred = inner.deferred.lock();
+        // Checked under the lock `Peer::drop`'s last pass takes: after that pass nobody
+        // would release a deferred import (and it would keep `inner` alive for good).
+        // Acquire: pairs with the Release store of `stop` in `Peer::drop`.
+        if inner.stop.load(Ordering::Acquire) || inner.conn.is_peer_gone() {
+            drop(deferred);
+            self.linger(mark);
+            return Ok(());
+        }
+        deferred.push((mark, self));
+        drop(deferred);
+        inner.wake_idle_reaper();
+        Ok(())
+    }
+
+    /// Give the lease back (after the work reading it has been enqueued and, if the
+    /// producer may reuse the memory at once, completed).
+    pub fn release(mut self) -> Result<()> {
+        self.held.release()
+    }
+
+    /// Release the lease now but keep the mapping until `mark` is reached: GPU work still
+    /// reading it must not find it unmapped (a fault there poisons this process's context).
+    pub(super) fn linger(self, mark: crate::cuda::event::StreamMark) {
+        let CudaImported { held, mapping, claim, .. } = self;
+        drop(claim);
+        drop(held);
+        LINGERING.lock().push((mark, mapping));
+    }
+}

@@ -1,0 +1,211 @@
+//! Exports: CPU views under leases (`send_leased`, the one path every CPU export takes)
+//! and CUDA memory by IPC handle or VMM fd; user messages.
+
+use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
+use crate::error::{Error, Result};
+use crate::lease::{LeaseId, Owner, Reclaimed};
+use bytemuck::Zeroable;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use super::wire::{KIND_CUDA_EVENTS, KIND_TENSOR, KIND_USER};
+use super::{ExportOptions, Peer, SharedTensor};
+
+/// A CPU storage as a descriptor names it: the id this process shows it under on every
+/// connection, what keeps it alive here, its fd, and the byte range of its file.
+pub(crate) struct CpuStorage<'a> {
+    pub id: u64,
+    pub keeper: crate::lease::StorageKeeper,
+    pub fd: BorrowedFd<'a>,
+    pub base_offset: u64,
+    pub nbytes: u64,
+}
+
+impl Peer {
+    /// Export `t` under a lease whose owner is `t`'s segment (kept alive until release).
+    pub fn export(&self, t: &SharedTensor, opts: ExportOptions) -> Result<LeaseId> {
+        self.export_with_owner(t, Box::new(t.segment.clone()), opts)
+    }
+
+    /// Export `t` under a lease holding `owner`, which is dropped exactly once: when the
+    /// peer releases, when the window runs out, when the peer dies or this `Peer` is
+    /// dropped — or at once if the export fails.
+    pub fn export_with_owner(&self, t: &SharedTensor, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
+        let keeper: crate::lease::StorageKeeper = Arc::downgrade(&t.segment) as _;
+        let storage = CpuStorage {
+            id: t.segment.id(),
+            keeper,
+            fd: t.segment.fd(),
+            base_offset: t.offset as u64,
+            nbytes: t.nbytes as u64,
+        };
+        self.send_leased(storage, &t.layout, owner, opts)
+    }
+
+    /// Grant a lease holding `owner` on `storage` and send its descriptor (`layout` over
+    /// it) with the storage's fd; on failure the lease is taken back and `owner` dropped.
+    /// The one path every CPU export takes (own segments and forwarded imports alike).
+    pub(crate) fn send_leased(&self, storage: CpuStorage<'_>, layout: &Layout, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
+        if self.inner.conn.is_peer_gone() {
+            drop(owner);
+            return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
+        }
+        self.inner.reap_if_released();
+        let window = opts.window.or(self.inner.cfg.default_window);
+        let deadline = window.map(crate::deadline::after);
+        let _send = self.inner.send_lock.lock();
+        let sid = storage.id;
+        let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
+        let (id, first) = granted.map_err(|(e, owner)| {
+            drop(owner);
+            e
+        })?;
+        let sref = StorageRef {
+            segment_id: sid,
+            base_offset: storage.base_offset,
+            nbytes: storage.nbytes,
+            lease_slot: id.slot,
+            lease_gen: id.generation,
+            ..Zeroable::zeroed()
+        };
+        let desc = TensorDesc::new(layout, StorageKind::Segment, sref);
+        let mut payload = [0u8; 8 + DESC_SIZE];
+        payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
+        payload[8..].copy_from_slice(desc.encode());
+        // The fd goes with every descriptor, not only the first naming the segment: the
+        // consumer may have evicted its mapping (it bounds what it keeps mapped) and then
+        // maps it again from this fd; when it still has it, it only compares identities.
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, std::slice::from_ref(&storage.fd)) {
+            let mut dead = Reclaimed::default();
+            {
+                let mut ex = self.inner.exporter.lock();
+                ex.revoke(id, &mut dead);
+                if first {
+                    ex.unshare_segment(sid);
+                }
+            }
+            drop(_send);
+            dead.settle(&self.inner.exporter);
+            return Err(e);
+        }
+        self.inner.wake_idle_reaper();
+        Ok(id)
+    }
+
+    /// Export `nbytes` of device memory at `dptr` (any pointer into a CUDA allocation),
+    /// viewed as `layout`, under a lease holding `owner` (e.g. a c10 storage). The last
+    /// write must have been enqueued on `stream`: an IPC event recorded there after it is
+    /// what the consumer's stream will wait for. One device per connection.
+    ///
+    /// `cudaMalloc` memory goes by legacy IPC handle (opened once per process through the
+    /// handle cache); VMM memory (`cuMemCreate` with the POSIX-fd handle type, e.g.
+    /// PyTorch's expandable segments) by the fd of its physical allocation, passed with
+    /// SCM_RIGHTS and mapped by the consumer for each import.
+    pub fn export_cuda(
+        &self,
+        dptr: u64,
+        nbytes: u64,
+        layout: &Layout,
+        stream: usize,
+        owner: Owner,
+        opts: ExportOptions,
+    ) -> Result<LeaseId> {
+        use crate::cuda::{event::EventPool, ipc};
+        if self.inner.conn.is_peer_gone() {
+            return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
+        }
+        let need = layout.extent_bytes()?;
+        if need > nbytes {
+            return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
+        }
+        // Legacy IPC for cudaMalloc memory; an fd for VMM memory (expandable segments).
+        // A driver too old to know the attribute answers CUDA_ERROR_INVALID_VALUE: legacy
+        // IPC then, as before the attribute existed.
+        let legacy = match crate::cuda::driver::is_legacy_ipc_capable(dptr) {
+            Err(Error::Cuda { name, .. }) if name == "CUDA_ERROR_INVALID_VALUE" => true,
+            r => r?,
+        };
+        let (exp, vmm_fd) = if legacy {
+            (ipc::export_pointer(dptr)?, None)
+        } else {
+            let v = crate::cuda::vmm::export_pointer(dptr, nbytes)?;
+            (ipc::IpcExport { device: v.device, handle: [0; 64], alloc_size: v.alloc_size, offset: v.offset }, Some(v.fd))
+        };
+        ipc::check_range(exp.offset, nbytes, exp.alloc_size).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "{nbytes} bytes at offset {} pass the end of a {}-byte CUDA allocation",
+                exp.offset, exp.alloc_size
+            ))
+        })?;
+        let device = u8::try_from(exp.device).map_err(|_| Error::InvalidArgument(format!("device {} out of range", exp.device)))?;
+        let _send = self.inner.send_lock.lock();
+        let mut pool_guard = self.inner.cuda_tx.lock();
+        if pool_guard.is_none() {
+            let p = EventPool::new(exp.device)?;
+            let mut payload = exp.device.to_le_bytes().to_vec();
+            payload.extend_from_slice(&(p.handles().len() as u32).to_le_bytes());
+            for h in p.handles() {
+                payload.extend_from_slice(h);
+            }
+            self.inner.conn.send(KIND_CUDA_EVENTS, &payload, &[p.acks().fd()])?;
+            *pool_guard = Some(p);
+        }
+        let pool = pool_guard.as_mut().expect("created above");
+        if pool.device() != exp.device {
+            return Err(Error::InvalidArgument(format!(
+                "this connection exports CUDA memory of device {}; device {} needs its own connection",
+                pool.device(),
+                exp.device
+            )));
+        }
+        let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
+        let window = opts.window.or(self.inner.cfg.default_window);
+        let deadline = window.map(crate::deadline::after);
+        let granted = self.inner.exporter.lock().grant(None, nbytes, owner, deadline);
+        let id = match granted {
+            Ok((id, _)) => id,
+            Err((e, owner)) => {
+                // No message names the record: give its event slot back.
+                pool.cancel(slot, seq);
+                // Owners run arbitrary drop code (a C callback): never under our locks.
+                drop(pool_guard);
+                drop(_send);
+                drop(owner);
+                return Err(e);
+            }
+        };
+        let storage = StorageRef {
+            // For VMM: the allocation's size (the fd does not carry it).
+            segment_id: if vmm_fd.is_some() { exp.alloc_size } else { 0 },
+            base_offset: exp.offset,
+            nbytes,
+            lease_slot: id.slot,
+            lease_gen: id.generation,
+            cuda_ipc_handle: exp.handle,
+            event_slot: slot,
+            event_seq: seq,
+            ..Zeroable::zeroed()
+        };
+        let kind = if vmm_fd.is_some() { StorageKind::CudaVmm } else { StorageKind::CudaIpc };
+        let desc = TensorDesc::new_cuda(layout, device, kind, storage);
+        let mut payload = [0u8; 8 + DESC_SIZE];
+        payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
+        payload[8..].copy_from_slice(desc.encode());
+        let fds: Vec<BorrowedFd<'_>> = vmm_fd.iter().map(|f| f.as_fd()).collect();
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &fds) {
+            pool.cancel(slot, seq);
+            let mut dead = Reclaimed::default();
+            self.inner.exporter.lock().revoke(id, &mut dead);
+            drop(pool_guard);
+            drop(_send);
+            dead.settle(&self.inner.exporter);
+            return Err(e);
+        }
+        self.inner.wake_idle_reaper();
+        Ok(id)
+    }
+
+    /// Send a user message with up to 8 fds.
+    pub fn send_message(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        self.inner.conn.send(KIND_USER, payload, fds)
+    }
+}

@@ -1,0 +1,317 @@
+//! Receiving: the message loop (`recv`), descriptor checks and the CPU and CUDA import
+//! paths; `Imported` and the consumer's side of a lease.
+
+use crate::desc::{Layout, StorageKind, TensorDesc, DESC_SIZE};
+use crate::error::{Error, Result};
+use crate::lease::LeaseId;
+use crate::segment::Segment;
+use crate::shared_tensor::check_in;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use super::cuda_import::{CudaImported, CudaMemory};
+use super::wire::{KIND_CUDA_EVENTS, KIND_FORGET, KIND_TENSOR, KIND_USER};
+use super::{Inner, Peer};
+
+/// What `recv` returns.
+#[allow(clippy::large_enum_variant)] // one per message; boxing would only add an allocation
+pub enum Incoming {
+    /// A tensor the peer exported to us.
+    Tensor(Imported),
+    /// A user message (`Peer::send_message`).
+    Message { payload: Vec<u8>, fds: Vec<OwnedFd> },
+    /// A CUDA tensor the peer exported to us.
+    CudaTensor(CudaImported),
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Incoming::Tensor(t) => write!(f, "Tensor({:?}, tag {})", t.layout(), t.tag()),
+            Incoming::Message { payload, fds } => write!(f, "Message({} bytes, {} fds)", payload.len(), fds.len()),
+            Incoming::CudaTensor(t) => write!(f, "CudaTensor({:?}, tag {})", t.desc.layout(), t.tag),
+        }
+    }
+}
+
+impl Peer {
+    /// Receive the next tensor or user message (`timeout` per call; `None` waits until
+    /// something arrives or the peer dies).
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<Incoming> {
+        let deadline = timeout.map(crate::deadline::after);
+        let timed_out = || Error::Timeout { what: "a tensor or message from the peer", after: timeout.unwrap_or_default() };
+        let mut first = true;
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // The deadline holds across internal messages (FORGET, CUDA events): a peer
+            // that keeps sending them must not stretch one receive past its timeout. The
+            // first pass always looks, so a zero timeout still takes what is there.
+            if !first && left.is_some_and(|l| l.is_zero()) {
+                return Err(timed_out());
+            }
+            first = false;
+            let msg = match self.inner.conn.recv_lossy(left) {
+                Err(Error::Timeout { .. }) => return Err(timed_out()),
+                r => r?,
+            };
+            if msg.fds_lost {
+                return Err(self.drop_lost(msg));
+            }
+            match msg.kind {
+                KIND_TENSOR => return self.import(msg),
+                KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
+                KIND_USER => return Ok(Incoming::Message { payload: msg.payload, fds: msg.fds }),
+                KIND_FORGET => {
+                    let id: [u8; 8] = msg.payload.as_slice().try_into().map_err(|_| {
+                        Error::Protocol(format!("forget message of {} bytes, expected 8", msg.payload.len()))
+                    })?;
+                    self.inner.import_segments.lock().forget(u64::from_le_bytes(id));
+                }
+                k => return Err(Error::Protocol(format!("unknown message kind {k}"))),
+            }
+        }
+    }
+
+    /// A message arrived without the fds it carried (we are at our open-file limit): give
+    /// back the lease a tensor message stood for, so the producer's memory is not held
+    /// for a tensor nobody will see, and report the limit.
+    fn drop_lost(&self, msg: crate::connection::Message) -> Error {
+        if msg.kind == KIND_TENSOR && msg.payload.len() == 8 + DESC_SIZE {
+            if let Ok(desc) = TensorDesc::decode(&msg.payload[8..]) {
+                let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
+            }
+        }
+        crate::connection::fds_lost_error()
+    }
+
+    /// Receive, expecting a tensor.
+    pub fn recv_tensor(&self, timeout: Option<Duration>) -> Result<Imported> {
+        match self.recv(timeout)? {
+            Incoming::Tensor(t) => Ok(t),
+            other => Err(Error::Protocol(format!("expected a tensor, got {other:?}"))),
+        }
+    }
+
+    /// The lease a received descriptor names must be live. If it is not because the
+    /// producer has gone (closing ends every lease it granted, also those still in
+    /// flight), say that: `PeerGone`, not a stale lease.
+    fn check_live(&self, lease: LeaseId) -> Result<()> {
+        self.inner.import.check_live(lease).map_err(|e| {
+            if self.inner.conn.is_peer_gone() {
+                Error::peer_gone(format!(
+                    "process {} closed the connection; the lease of this tensor ended with it",
+                    self.peer_pid()
+                ))
+            } else {
+                e
+            }
+        })
+    }
+
+    fn open_cuda_events(&self, mut msg: crate::connection::Message) -> Result<()> {
+        let p = &msg.payload;
+        if p.len() < 8 || msg.fds.len() != 1 {
+            return Err(Error::Protocol(format!("CUDA event message of {} bytes and {} fds", p.len(), msg.fds.len())));
+        }
+        let device = i32::from_le_bytes(p[0..4].try_into().unwrap());
+        let n = u32::from_le_bytes(p[4..8].try_into().unwrap()) as usize;
+        if n == 0 || n > 1024 || p.len() != 8 + 64 * n {
+            return Err(Error::Protocol(format!("CUDA event message announces {n} events in {} bytes", p.len())));
+        }
+        let handles: Vec<[u8; 64]> = p[8..].chunks(64).map(|c| c.try_into().unwrap()).collect();
+        let acks = Segment::from_fd_exact(msg.fds.pop().expect("checked"), n * 8, "the CUDA event ack table")?;
+        let ev = crate::cuda::event::RemoteEvents::open(device, &handles, acks)?;
+        // Kept even when the events cannot be opened here: its ack table still hands the
+        // producer's event slots back as our imports fail, so its exports do not jam.
+        let unusable = ev.usable().err().map(|why| format!("the producer's IPC events could not be opened here: {why}"));
+        *self.inner.cuda_rx.lock() = Some(Arc::new(ev));
+        match unusable {
+            Some(m) => Err(Error::CudaUnavailable(m)),
+            None => Ok(()),
+        }
+    }
+
+    /// Check the message's shape, copy and validate its descriptor once, then take the
+    /// path its storage kind names.
+    fn import(&self, mut msg: crate::connection::Message) -> Result<Incoming> {
+        if msg.payload.len() != 8 + DESC_SIZE || msg.fds.len() > 1 {
+            return Err(Error::Protocol(format!(
+                "tensor message has {} bytes and {} fds, expected {} bytes and at most 1 fd",
+                msg.payload.len(),
+                msg.fds.len(),
+                8 + DESC_SIZE
+            )));
+        }
+        let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
+        let desc = TensorDesc::decode(&msg.payload[8..])?;
+        let fd = msg.fds.pop();
+        match desc.kind() {
+            Some(StorageKind::Segment) => self.import_cpu(tag, desc, fd).map(Incoming::Tensor),
+            Some(StorageKind::CudaIpc) if fd.is_none() => self.import_cuda(tag, desc, None).map(Incoming::CudaTensor),
+            Some(StorageKind::CudaIpc) => Err(Error::Protocol("a CUDA IPC tensor message carried an fd".into())),
+            Some(StorageKind::CudaVmm) if fd.is_some() => self.import_cuda(tag, desc, fd).map(Incoming::CudaTensor),
+            Some(StorageKind::CudaVmm) => Err(Error::Protocol("a CUDA VMM tensor message carried no fd".into())),
+            k => Err(Error::InvalidDescriptor(format!("storage kind {k:?} cannot arrive as a leased tensor"))),
+        }
+    }
+
+    fn import_cuda(&self, tag: u64, desc: TensorDesc, vmm_fd: Option<OwnedFd>) -> Result<CudaImported> {
+        let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
+        // Claim the producer's event record first: whatever fails below, the claim's drop
+        // acknowledges the record, so the producer's event slot is not left waiting.
+        let claim = self.inner.cuda_rx.lock().clone()
+            .ok_or_else(|| Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into()))
+            .and_then(|events| events.claim(desc.storage.event_slot, desc.storage.event_seq));
+        self.check_live(lease)?;
+        let opened = (|| {
+            let claim = claim?;
+            let device = i32::from(desc.device_index);
+            let mapping = match vmm_fd {
+                // Mapped per message (a VMM fd has no cheap identity to cache by).
+                Some(fd) => CudaMemory::Vmm(crate::cuda::vmm::VmmAllocation::import_fd(&fd, device, desc.storage.segment_id)?),
+                None => CudaMemory::Ipc(crate::cuda::ipc::cache().open(device, desc.storage.cuda_ipc_handle)?),
+            };
+            crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
+            Ok((mapping, claim))
+        })();
+        match opened {
+            Ok((mapping, claim)) => {
+                let held = HeldLease { inner: self.inner.clone(), lease, released: false };
+                Ok(CudaImported { held, mapping, claim, desc, tag })
+            }
+            Err(e) => {
+                let _ = self.inner.import.release(lease);
+                Err(e)
+            }
+        }
+    }
+
+    fn import_cpu(&self, tag: u64, desc: TensorDesc, fd: Option<OwnedFd>) -> Result<Imported> {
+        let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
+        self.check_live(lease)?;
+        // From here the lease is live: give it back on any failure so the producer's
+        // owner is not held for nothing.
+        let resolved = self.resolve_segment(&desc, fd);
+        match resolved {
+            Ok(r) => Ok(Imported {
+                held: HeldLease { inner: self.inner.clone(), lease, released: false },
+                window: r.window,
+                fd: r.fd,
+                desc,
+                tag,
+            }),
+            Err(e) => {
+                let _ = self.inner.import.release(lease);
+                Err(e)
+            }
+        }
+    }
+
+    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<crate::import_cache::Resolved> {
+        let limits = crate::import_cache::Limits {
+            max_segments: self.inner.cfg.max_import_segments,
+            max_bytes: self.inner.cfg.max_import_mapped_bytes,
+        };
+        self.inner.import_segments.lock().resolve(desc, fd, limits)
+    }
+}
+
+/// A tensor imported from the peer: a view over the peer's shared memory, valid until
+/// released (or dropped, which releases). Sent on to another peer as the same memory
+/// with [`Peer::export_imported`] (in an `Arc`: the forward's lease shares it).
+pub struct Imported {
+    held: HeldLease,
+    window: Arc<crate::import_cache::Window>,
+    /// The window's fd (shared by its imports), to forward this import as the same
+    /// memory; `None` only if the descriptor came without one and no live import kept it.
+    fd: Option<Arc<crate::import_cache::ImportFd>>,
+    desc: TensorDesc,
+    tag: u64,
+}
+
+/// The consumer's side of one lease: released once, explicitly or on drop.
+pub(super) struct HeldLease {
+    pub(super) inner: Arc<Inner>,
+    pub(super) lease: LeaseId,
+    pub(super) released: bool,
+}
+
+impl HeldLease {
+    pub(super) fn release(&mut self) -> Result<()> {
+        self.released = true;
+        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
+            return Err(Error::peer_gone("the connection ended before the lease was released"));
+        }
+        self.inner.import.release(self.lease)
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = self.release();
+        }
+    }
+}
+
+impl Imported {
+    /// The validated descriptor.
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+    pub fn layout(&self) -> Layout {
+        self.desc.layout()
+    }
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+    pub fn lease(&self) -> LeaseId {
+        self.held.lease
+    }
+    pub fn storage_nbytes(&self) -> usize {
+        self.desc.storage.nbytes as usize
+    }
+    /// Start of the storage in this process (valid until release; the peer may write it).
+    pub fn storage_ptr(&self) -> *mut u8 {
+        // The window was mapped (or checked) to cover base_offset..base_offset + nbytes.
+        self.window.ptr_at(self.desc.storage.base_offset)
+    }
+    /// Address of element 0 of the view.
+    pub fn data_ptr(&self) -> *mut u8 {
+        let l = self.layout();
+        // Clamped: for an empty view the offset is not bounded by the extent.
+        let off = (l.storage_offset as u64).saturating_mul(l.dtype.size() as u64).min(self.desc.storage.nbytes);
+        // SAFETY: off ≤ nbytes, and the storage's nbytes lie inside the mapping (checked
+        // at import), so the result is within (or one past) the storage.
+        unsafe { self.storage_ptr().add(off as usize) }
+    }
+    /// The view's elements packed row-major, copied to private memory. The peer chose
+    /// the shape: a stride-0 view may name more elements than can be allocated, which is
+    /// an error here, never an abort.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        // SAFETY: the extent was validated ≤ nbytes, and the storage lies in the mapping.
+        unsafe { self.layout().gather(self.storage_ptr(), &mut v) }?;
+        Ok(v)
+    }
+    pub fn read_storage(&self, at: usize, out: &mut [u8]) -> Result<()> {
+        check_in(at, out.len(), self.storage_nbytes())?;
+        self.window.read_at(self.desc.storage.base_offset + at as u64, out)
+    }
+    pub fn write_storage(&self, at: usize, data: &[u8]) -> Result<()> {
+        check_in(at, data.len(), self.storage_nbytes())?;
+        self.window.write_at(self.desc.storage.base_offset + at as u64, data)
+    }
+
+    /// Give the lease back. `Err(PeerGone)` if the producer is gone (nothing is left to
+    /// release then); `Err(StaleLease)` if its window ran out first.
+    pub fn release(mut self) -> Result<()> {
+        self.held.release()
+    }
+
+    /// The fd of the window this import maps (for forwarding it).
+    pub(crate) fn forward_fd(&self) -> Option<&Arc<crate::import_cache::ImportFd>> {
+        self.fd.as_ref()
+    }
+}

@@ -1,0 +1,306 @@
+//! `Peer`: one end of a tensorwire connection. Exports tensor views under leases,
+//! imports the peer's, and carries small user messages with fds.
+//!
+//! This file holds the `Peer` handle, its shared state, setup (handshake) and teardown;
+//! the rest is one job per file: `config` (limits, export options), `wire` (message
+//! kinds, setup payload), `export` (CPU and CUDA exports), `import` (receive and the
+//! import paths), `cuda_import` (CUDA imports and their memory), `reaper` (lease reaping
+//! and lingering CUDA mappings), `ring` (ring pass-throughs) and `forward` (sending an
+//! import on as the same memory). `SharedTensor` lives in `crate::shared_tensor`.
+
+use crate::connection::{Connection, Listener};
+use crate::error::{Error, Result};
+use crate::lease::{Exporter, ImportTable, LeaseStats};
+use crate::ring::{RingReceiver, RingSender, RingShared};
+use crate::segment::Segment;
+use parking_lot::Mutex;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+mod config;
+mod cuda_import;
+mod export;
+mod forward;
+mod import;
+mod reaper;
+mod ring;
+mod wire;
+
+pub use crate::shared_tensor::SharedTensor;
+pub use config::{ExportOptions, PeerConfig};
+pub use cuda_import::CudaImported;
+pub(crate) use export::CpuStorage;
+pub use import::{Imported, Incoming};
+pub use wire::{setup_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER};
+use reaper::collect_lingering;
+use wire::SETUP_HAS_CUDA_RING;
+
+/// State shared by a `Peer`, its reaper thread and its imports (which outlive the handle).
+struct Inner {
+    conn: Connection,
+    cfg: PeerConfig,
+    exporter: Mutex<Exporter>,
+    export_table: Arc<Segment>,
+    /// Held across grant + send, so a segment's fd always precedes descriptors naming it.
+    send_lock: Mutex<()>,
+    import: ImportTable,
+    /// Our mappings of the peer's segments (windows), bounded per connection.
+    import_segments: Mutex<crate::import_cache::ImportCache>,
+    /// Set once by `Peer::drop` (Release); the reaper and imports read it (Acquire) so
+    /// they see the shutdown and stop using the connection. Nothing else is published
+    /// through it.
+    stop: AtomicBool,
+    /// Wakes the reaper early (shutdown); private to this process.
+    reaper_wake: parking_lot::Condvar,
+    reaper_lock: Mutex<()>,
+    /// Release-doorbell sequence at the last reap.
+    reaped_seq: std::sync::atomic::AtomicU32,
+    /// Serialises reap passes, owner drops included, so `reap_now` returns only once
+    /// every release it can see is settled. Re-entrant: a release callback may call back
+    /// into this peer on the same thread.
+    reap_lock: parking_lot::ReentrantMutex<()>,
+    /// The reaper is in its long idle sleep (no live lease for a while); an export wakes it.
+    reaper_idle: AtomicBool,
+    ring_tx: Option<Mutex<RingSender>>,
+    ring_rx: Option<RingReceiver>,
+    /// Our IPC event pool for CUDA exports (created at the first one).
+    cuda_tx: Mutex<Option<crate::cuda::event::EventPool>>,
+    /// The peer's event pool, opened when it sends it.
+    cuda_rx: Mutex<Option<Arc<crate::cuda::event::RemoteEvents>>>,
+    /// CUDA imports released "after the stream's work": released by the reaper once
+    /// their mark completes (`CudaImported::release_after`).
+    deferred: Mutex<Vec<(crate::cuda::event::StreamMark, CudaImported)>>,
+    /// Our GPU bounce ring (sending side), if configured.
+    cuda_ring_tx: Option<Mutex<crate::cuda::ring::CudaRingSender>>,
+    /// The peer's GPU bounce ring, if it offered one: opened, or why it could not be.
+    cuda_ring_rx: Option<std::result::Result<crate::cuda::ring::CudaRingReceiver, String>>,
+}
+
+/// One end of a connection. `Send + Sync`: export from any thread; one thread at a time
+/// receives.
+pub struct Peer {
+    inner: Arc<Inner>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer").field("peer_pid", &self.peer_pid()).finish()
+    }
+}
+
+impl Peer {
+    /// Set up leases over a handshaken connection. Both ends call this.
+    pub fn new(mut conn: Connection, cfg: PeerConfig) -> Result<Peer> {
+        conn.set_recv_spin(cfg.recv_spin);
+        conn.set_send_timeout(cfg.send_timeout);
+        let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
+        let export_table = exporter.table().clone();
+        let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };
+        let cuda_tx = cfg.cuda_ring.map(crate::cuda::ring::CudaRingSender::create).transpose()?;
+        let setup = setup_payload(exporter.capacity(), cfg.ring_bytes as u64, cuda_tx.is_some());
+        let mut fds = vec![export_table.fd()];
+        if let Some(r) = &tx_ring {
+            fds.push(r.segment().fd());
+        }
+        conn.send(KIND_TABLE, &setup, &fds)?;
+        if let Some(tx) = &cuda_tx {
+            let (payload, fds) = tx.setup();
+            conn.send(KIND_CUDA_RING, &payload, &fds)?;
+        }
+        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        if msg.kind != KIND_TABLE || msg.payload.len() != 16 || msg.fds.is_empty() || msg.fds.len() > 2 {
+            return Err(Error::Protocol(format!(
+                "expected the peer's setup (kind {KIND_TABLE}, 16 bytes, lease table fd + optional ring fd), got kind {} with {} bytes and {} fds",
+                msg.kind,
+                msg.payload.len(),
+                msg.fds.len()
+            )));
+        }
+        let cap = u32::from_le_bytes(msg.payload[..4].try_into().unwrap());
+        let ring_bytes = u64::from_le_bytes(msg.payload[4..12].try_into().unwrap());
+        let flags = u32::from_le_bytes(msg.payload[12..16].try_into().unwrap());
+        if flags & !SETUP_HAS_CUDA_RING != 0 {
+            return Err(Error::Protocol(format!("unknown setup flags {flags:#x}")));
+        }
+        let mut fds = msg.fds.into_iter();
+        let import = ImportTable::open(fds.next().expect("checked"), cap, cfg.max_peer_table_capacity)?;
+        let rx_ring = match (ring_bytes, fds.next()) {
+            (0, None) => None,
+            (n, Some(fd)) if n > 0 => Some(RingShared::open(fd, n, cfg.max_peer_ring_bytes)?),
+            (n, fd) => {
+                return Err(Error::Protocol(format!(
+                    "peer announced a {n}-byte ring but sent {} ring fd",
+                    if fd.is_some() { "a" } else { "no" }
+                )));
+            }
+        };
+        let cuda_rx = if flags & SETUP_HAS_CUDA_RING != 0 { Some(Self::open_cuda_ring(&conn, &cfg)?) } else { None };
+        let max_ring_message = cfg.max_ring_message;
+        let inner = Arc::new(Inner {
+            conn,
+            cfg,
+            exporter: Mutex::new(exporter),
+            export_table,
+            send_lock: Mutex::new(()),
+            import,
+            import_segments: Mutex::new(Default::default()),
+            stop: AtomicBool::new(false),
+            reaper_wake: parking_lot::Condvar::new(),
+            reaper_lock: Mutex::new(()),
+            reaped_seq: std::sync::atomic::AtomicU32::new(0),
+            reap_lock: parking_lot::ReentrantMutex::new(()),
+            reaper_idle: AtomicBool::new(false),
+            ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
+            ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
+            cuda_tx: Mutex::new(None),
+            cuda_rx: Mutex::new(None),
+            deferred: Mutex::new(Vec::new()),
+            cuda_ring_tx: cuda_tx.map(Mutex::new),
+            cuda_ring_rx: cuda_rx,
+        });
+        let r = inner.clone();
+        let reaper = std::thread::Builder::new()
+            .name("tensorwire-reaper".into())
+            .spawn(move || reaper::reaper(r))
+            .map_err(|e| Error::io("spawning the lease reaper thread", e))?;
+        Ok(Peer { inner, reaper: Some(reaper) })
+    }
+
+    /// Receive the peer's GPU ring setup and open it. A malformed setup fails the
+    /// connection; a ring this side cannot open (no CUDA here) is refused in its control
+    /// segment, so the producer's sends fail with a clear error, and remembered for ours.
+    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig) -> Result<std::result::Result<crate::cuda::ring::CudaRingReceiver, String>> {
+        use crate::cuda::ring::{CudaRingReceiver, RingSetup};
+        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        if msg.kind != KIND_CUDA_RING || msg.fds.len() != 2 {
+            return Err(Error::Protocol(format!(
+                "expected the peer's GPU ring setup (kind {KIND_CUDA_RING}, 2 fds), got kind {} with {} fds",
+                msg.kind,
+                msg.fds.len()
+            )));
+        }
+        let setup = RingSetup::decode(&msg.payload)?;
+        let mut fds = msg.fds.into_iter();
+        let ctrl = CudaRingReceiver::map_control(&setup, fds.next().expect("checked"))?;
+        let desc_ring = fds.next().expect("checked");
+        match CudaRingReceiver::open(setup, ctrl.clone(), desc_ring, cfg.max_peer_ring_bytes, cfg.max_ring_message) {
+            Ok(rx) => Ok(Ok(rx)),
+            Err(e) => {
+                CudaRingReceiver::refuse(&ctrl);
+                Ok(Err(e.to_string()))
+            }
+        }
+    }
+
+    /// A GPU ring asked for: its shape must be valid and a driver present — checked before
+    /// the handshake, so the caller learns at once instead of the peer timing out.
+    fn check_cuda_ring(cfg: &PeerConfig) -> Result<()> {
+        match &cfg.cuda_ring {
+            Some(r) => {
+                r.check()?;
+                crate::cuda::driver::init()
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// A connected pair in this process (tests, in-process use).
+    pub fn pair(cfg: PeerConfig) -> Result<(Peer, Peer)> {
+        Self::check_cuda_ring(&cfg)?;
+        let (a, b) = Connection::pair()?;
+        let c2 = cfg.clone();
+        let t = std::thread::spawn(move || Peer::new(b, c2));
+        let a = Peer::new(a, cfg)?;
+        let b = t.join().map_err(|_| Error::Protocol("setup thread panicked".into()))??;
+        Ok((a, b))
+    }
+
+    /// From an inherited (or otherwise obtained) SEQPACKET socket fd.
+    pub fn from_fd(fd: OwnedFd, cfg: PeerConfig) -> Result<Peer> {
+        Self::check_cuda_ring(&cfg)?;
+        let conn = Connection::establish_with(fd, cfg.handshake_timeout, cfg.max_message)?;
+        Peer::new(conn, cfg)
+    }
+
+    /// Connect to a [`Listener`] at `path`.
+    pub fn connect(path: impl AsRef<Path>, cfg: PeerConfig) -> Result<Peer> {
+        let fd = crate::sys::seqpacket_connect(path.as_ref())?;
+        Peer::from_fd(fd, cfg)
+    }
+
+    /// Accept one connection from `listener`.
+    pub fn accept(listener: &Listener, cfg: PeerConfig) -> Result<Peer> {
+        Self::check_cuda_ring(&cfg)?;
+        let conn = listener.accept(cfg.handshake_timeout)?;
+        Peer::new(conn, cfg)
+    }
+
+    /// The limits this side was set up with.
+    pub fn config(&self) -> &PeerConfig {
+        &self.inner.cfg
+    }
+
+    /// The peer's pid (kernel-verified at the handshake).
+    pub fn peer_pid(&self) -> i32 {
+        self.inner.conn.peer_pid()
+    }
+
+    pub fn is_peer_gone(&self) -> bool {
+        self.inner.conn.is_peer_gone()
+    }
+
+    /// Counters of what this side exported to the peer.
+    pub fn export_stats(&self) -> LeaseStats {
+        self.inner.exporter.lock().stats()
+    }
+
+    /// Run one reaper pass now (releases, windows, peer death) instead of waiting for the
+    /// background reaper.
+    pub fn reap_now(&self) -> LeaseStats {
+        self.inner.reap_once();
+        self.export_stats()
+    }
+
+    /// Number of the peer's segments mapped here.
+    pub fn imported_segments(&self) -> usize {
+        self.inner.import_segments.lock().len()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(tx) = &self.inner.cuda_ring_tx {
+            // The peer may still be copying out of our arena: let it finish (bounded).
+            let conn = &self.inner.conn;
+            tx.lock().drain(Duration::from_secs(1), &|| conn.is_peer_gone());
+        }
+        self.inner.stop.store(true, Ordering::Release);
+        {
+            let _g = self.inner.reaper_lock.lock();
+            self.inner.reaper_wake.notify_all();
+        }
+        if let Some(t) = self.reaper.take() {
+            let _ = t.join();
+        }
+        // The connection ends with this handle: the peer sees EOF now even while our
+        // imports (which keep `inner` alive) are still held.
+        // SAFETY: shutdown on our own open socket; it does not close the fd.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.inner.conn.socket()), libc::SHUT_RDWR) };
+        self.inner.reap_once();
+        self.inner.import_segments.lock().clear();
+        // Deferred CUDA imports hold `inner` (a cycle): release them with the connection
+        // (`stop` is set, so `release_after` defers nothing more); mappings whose readers
+        // are still running linger until they finish — waited for here, bounded, since
+        // this connection's reaper no longer collects them.
+        self.inner.release_finished_imports(true);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !collect_lingering() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}

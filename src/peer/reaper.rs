@@ -1,0 +1,158 @@
+//! The reaper: passes that drop owners of released, expired or orphaned leases, the
+//! background thread that runs them, and the process-wide list of CUDA mappings that
+//! linger until the GPU work reading them completes.
+
+use crate::doorbell::Doorbell;
+use crate::lease::Reclaimed;
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use super::cuda_import::CudaMemory;
+use super::wire::KIND_FORGET;
+use super::Inner;
+
+/// How often the reaper looks for a dead peer when no lease is live.
+const IDLE_TICK: Duration = Duration::from_millis(50);
+
+impl Inner {
+    fn release_doorbell(&self) -> Doorbell<'_> {
+        crate::lease::release_doorbell(&self.export_table)
+    }
+
+    /// One reaper pass; returns (next deadline, peer gone, live leases).
+    pub(super) fn reap_once(&self) -> (Option<Instant>, bool, u64) {
+        let _pass = self.reap_lock.lock();
+        let mut dead = Reclaimed::default();
+        let gone = self.conn.is_peer_gone();
+        // Relaxed: only a hint of whether anything was released since the last pass; the
+        // slot words themselves carry the Acquire/Release pairing.
+        self.reaped_seq.store(self.release_doorbell().current(), Ordering::Relaxed);
+        let (next, forget, live) = {
+            let mut ex = self.exporter.lock();
+            if gone || self.stop.load(Ordering::Acquire) {
+                ex.reclaim_all(&mut dead);
+                (None, Vec::new(), 0)
+            } else {
+                let next = ex.reap(Instant::now(), &mut dead);
+                (next, ex.forgettable_segments(), ex.stats().live_leases)
+            }
+        };
+        // Owners run arbitrary drop code (a C callback): never under our locks.
+        dead.settle(&self.exporter);
+        for id in forget {
+            let _g = self.send_lock.lock();
+            let _ = self.conn.send(KIND_FORGET, &id.to_le_bytes(), &[]);
+        }
+        let waiting = self.release_finished_imports(gone || self.stop.load(Ordering::Acquire));
+        (next, gone, live + waiting)
+    }
+
+    /// Release deferred CUDA imports whose stream work completed; with `all` (the peer is
+    /// gone or we are closing) release the rest's leases too, but keep their mappings
+    /// until their work completes ([`linger`]). Returns how many still wait.
+    pub(super) fn release_finished_imports(&self, all: bool) -> u64 {
+        collect_lingering();
+        let (finished, unfinished): (Vec<_>, Vec<_>) = {
+            let mut d = self.deferred.lock();
+            if d.is_empty() {
+                return 0;
+            }
+            // A mark that cannot be queried (device error) releases too: holding the
+            // lease forever would only leak the producer's memory.
+            let (done, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(m, _)| m.done().unwrap_or(true));
+            if all {
+                (done, wait)
+            } else {
+                *d = wait;
+                (done, Vec::new())
+            }
+        };
+        let waiting = self.deferred.lock().len() as u64;
+        drop(finished);
+        for (mark, imp) in unfinished {
+            imp.linger(mark);
+        }
+        waiting
+    }
+
+    /// Reap if the consumer released anything since the last pass (cheap check).
+    pub(super) fn reap_if_released(&self) {
+        if self.release_doorbell().current() != self.reaped_seq.load(Ordering::Relaxed) {
+            // Only if no pass is running: the export path never waits on one.
+            if let Some(_pass) = self.reap_lock.try_lock() {
+                self.reap_once();
+            }
+        }
+    }
+}
+
+pub(super) fn reaper(inner: Arc<Inner>) {
+    // Ticks in a row without a live lease; after QUIET_TICKS the reaper sleeps long.
+    const QUIET_TICKS: u32 = 50;
+    let mut quiet = 0u32;
+    loop {
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (next, gone, live) = inner.reap_once();
+        // A gone peer's reaper stays while CUDA mappings linger (its pass collects them).
+        if gone && LINGERING.lock().is_empty() {
+            return;
+        }
+        quiet = if live > 0 { 0 } else { quiet.saturating_add(1) };
+        let mut g = inner.reaper_lock.lock();
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if quiet >= QUIET_TICKS {
+            // Idle: announce it, then re-check under the lock an export takes to wake us
+            // (SeqCst store, then the exporter's lock: an export either sees the flag and
+            // notifies — we hold `reaper_lock` until we wait — or granted before our check).
+            inner.reaper_idle.store(true, Ordering::SeqCst);
+            if inner.exporter.lock().stats().live_leases == 0 {
+                inner.reaper_wake.wait_for(&mut g, IDLE_TICK);
+            }
+            inner.reaper_idle.store(false, Ordering::SeqCst);
+            if inner.exporter.lock().stats().live_leases > 0 {
+                quiet = 0;
+            }
+        } else {
+            let tick = next.map_or(inner.cfg.reap_interval, |d| d.saturating_duration_since(Instant::now()).min(inner.cfg.reap_interval));
+            inner.reaper_wake.wait_for(&mut g, tick);
+        }
+    }
+}
+
+impl Inner {
+    /// After a grant: wake the reaper if it is in its long idle sleep.
+    pub(super) fn wake_idle_reaper(&self) {
+        // SeqCst: pairs with the reaper's SeqCst store of the flag before its re-check.
+        if self.reaper_idle.load(Ordering::SeqCst) {
+            let _g = self.reaper_lock.lock();
+            self.reaper_wake.notify_all();
+        }
+    }
+}
+
+/// Mappings of released CUDA imports whose readers on the GPU had not finished when their
+/// connection closed: unmapped by [`collect_lingering`] once their marks are reached (at
+/// every reaper pass of any connection of this process).
+pub(super) static LINGERING: Mutex<Vec<(crate::cuda::event::StreamMark, CudaMemory)>> = Mutex::new(Vec::new());
+
+/// Unmap lingering mappings whose marks were reached (or can no longer be queried).
+/// True when none lingers any more.
+pub(super) fn collect_lingering() -> bool {
+    let done: Vec<_> = {
+        let mut l = LINGERING.lock();
+        if l.is_empty() {
+            return true;
+        }
+        let (done, wait): (Vec<_>, Vec<_>) = l.drain(..).partition(|(m, _)| m.done().unwrap_or(true));
+        *l = wait;
+        done
+    };
+    // Unmapped outside the lock (driver calls).
+    drop(done);
+    LINGERING.lock().is_empty()
+}
