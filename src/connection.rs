@@ -101,6 +101,15 @@ impl Connection {
         let cred = got
             .cred
             .ok_or_else(|| Error::Protocol("hello carried no SCM_CREDENTIALS: peer identity unknown".into()))?;
+        // A hello queued before our SO_PASSCRED took effect, sent without SCM_CREDENTIALS,
+        // arrives with the kernel's "no credentials" stand-in (pid 0, the overflow uid):
+        // that names no process, so the peer's identity is unknown.
+        if cred.pid <= 0 {
+            return Err(Error::Protocol(format!(
+                "hello carried no SCM_CREDENTIALS (the kernel reports pid {}): peer identity unknown",
+                cred.pid
+            )));
+        }
         sys::set_passcred(sock.as_fd(), false)?;
         let pidfd = sys::pidfd_open(cred.pid);
         Ok(Connection {
@@ -368,6 +377,21 @@ mod tests {
         assert!(a.send(1, &vec![0; DEFAULT_MAX_MESSAGE + 1], &[]).is_err());
         drop(a);
         assert!(b.recv(Some(Duration::from_secs(5))).unwrap_err().is_peer_gone());
+    }
+
+    #[test]
+    fn hello_without_credentials_is_refused() {
+        // The raw end sends a well-formed hello without SCM_CREDENTIALS before the other
+        // end has SO_PASSCRED on: the kernel then reports pid 0, which must not become
+        // the peer's identity (found by the conn_hello fuzz target).
+        let (ours, raw) = sys::seqpacket_pair().unwrap();
+        let mut hello = Vec::new();
+        hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+        hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        hello.extend_from_slice(&1024u32.to_le_bytes());
+        send_framed(raw.as_fd(), KIND_HELLO, &hello, &[], false, Some(Duration::from_secs(1))).unwrap();
+        let e = Connection::establish(ours, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(&e, Error::Protocol(m) if m.contains("no SCM_CREDENTIALS")), "{e}");
     }
 
     #[test]
