@@ -102,7 +102,8 @@ fuzz_target!(|data: &[u8]| {
         fds.push(memfd(4096, &[], false));
     }
     let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-    if !send_raw(raw.as_fd(), &framed(if flags & 0x10 == 0 { KIND_TABLE } else { inp.u32() }, &payload), &borrowed) {
+    let setup_kind = if flags & 0x10 == 0 { KIND_TABLE } else { inp.u32() };
+    if !send_raw(raw.as_fd(), &framed(setup_kind, &payload), &borrowed) {
         return;
     }
 
@@ -225,10 +226,10 @@ fuzz_target!(|data: &[u8]| {
     }
     shutdown_write(raw.as_fd());
 
-    let setup_shape_ok = flags & 0x11 == 0 && (1..=2).contains(&fds.len());
+    let setup_shape_ok = setup_kind == KIND_TABLE && payload.len() == 16 && (1..=2).contains(&fds.len());
     let peer = match Peer::from_fd(ours, cfg()) {
         Ok(p) => {
-            assert!(setup_shape_ok, "accepted a setup of the wrong kind or shape (flags {flags:#x}, {} fds)", fds.len());
+            assert!(setup_shape_ok, "accepted a setup of kind {setup_kind}, {} bytes, {} fds", payload.len(), fds.len());
             p
         }
         Err(e) => {
