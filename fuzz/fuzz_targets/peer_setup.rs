@@ -65,7 +65,9 @@ fuzz_target!(|data: &[u8]| {
     let mut inp = Input::new(data);
     let flags = inp.u8();
     let (ours, raw) = tensorwire::sys::seqpacket_pair().expect("socketpair");
-    if !send_raw(raw.as_fd(), &hello(tensorwire::connection::PROTOCOL_VERSION, 16 << 10), &[]) {
+    // The hello with SCM_CREDENTIALS, as a real peer sends it (conn_hello fuzzes hellos).
+    let h = hello(tensorwire::connection::PROTOCOL_VERSION, 16 << 10);
+    if tensorwire::sys::send_msg(raw.as_fd(), &h, &[], true, Some(Duration::from_millis(100))).is_err() {
         return;
     }
 
@@ -216,7 +218,11 @@ fuzz_target!(|data: &[u8]| {
             _ => {
                 let kind = inp.u32();
                 let n = usize::from(inp.u8());
-                (kind, inp.bytes(n).to_vec(), Vec::new())
+                let p = inp.bytes(n).to_vec();
+                if kind == KIND_USER {
+                    users.push(p.clone());
+                }
+                (kind, p, Vec::new())
             }
         };
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
@@ -238,10 +244,11 @@ fuzz_target!(|data: &[u8]| {
         }
     };
 
-    // One result per message that returns one, then PeerGone.
+    // One result per message that returns one (the later messages, and a GPU ring setup
+    // the table setup did not announce), then PeerGone.
     let mut users = users.into_iter();
     let mut gone = false;
-    for _ in 0..=count {
+    for _ in 0..count + 2 {
         match peer.recv(Some(Duration::from_secs(5))) {
             Ok(Incoming::Tensor(t)) => {
                 // Every byte the validated view names is readable.
@@ -264,7 +271,7 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => assert!(!e.to_string().is_empty()),
         }
     }
-    assert!(gone, "the shutdown was not seen after {count} messages");
+    assert!(gone, "the shutdown was not seen after {count} messages (+ 1 GPU ring setup)");
     drop(peer);
 
     // The raw side reaps whatever the consumer released: never more than it granted.
