@@ -21,6 +21,9 @@ const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
 pub const PROTOCOL_VERSION: u32 = 1;
 const HEADER: usize = 8;
 const KIND_HELLO: u32 = 0;
+/// The kernel's default overflow uid/gid, which it reports for a message sent without
+/// credentials.
+const OVERFLOW_ID: u32 = 65534;
 
 /// Default cap on one control message's payload.
 pub const DEFAULT_MAX_MESSAGE: usize = 64 * 1024;
@@ -101,14 +104,16 @@ impl Connection {
         let cred = got
             .cred
             .ok_or_else(|| Error::Protocol("hello carried no SCM_CREDENTIALS: peer identity unknown".into()))?;
-        // A hello queued before our SO_PASSCRED took effect, sent without SCM_CREDENTIALS,
-        // arrives with the kernel's "no credentials" stand-in (pid 0, the overflow uid):
-        // that names no process, so the peer's identity is unknown.
-        if cred.pid <= 0 {
-            return Err(Error::Protocol(format!(
-                "hello carried no SCM_CREDENTIALS (the kernel reports pid {}): peer identity unknown",
-                cred.pid
-            )));
+        // A hello sent without SCM_CREDENTIALS before our SO_PASSCRED took effect arrives
+        // with the kernel's "no credentials" stand-in: pid 0 and the overflow uid and gid
+        // (65534 unless /proc/sys/kernel/overflow[ug]id was changed). It names no process.
+        // (pid 0 with a real uid is an honest peer whose pid is not visible in our pid
+        // namespace, e.g. our parent when we run in a new one: accepted, as before, with
+        // peer death seen by EOF only.)
+        if cred.pid == 0 && cred.uid == OVERFLOW_ID && cred.gid == OVERFLOW_ID {
+            return Err(Error::Protocol(
+                "hello carried no SCM_CREDENTIALS (the kernel reports pid 0, uid and gid 65534): peer identity unknown".into(),
+            ));
         }
         sys::set_passcred(sock.as_fd(), false)?;
         let pidfd = sys::pidfd_open(cred.pid);
