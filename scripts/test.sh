@@ -2,7 +2,8 @@
 # Every test of tensorwire, from a fresh machine of this kind: installs what it needs
 # (nothing beyond the Rust toolchain for the transport; cargo-fuzz into .tools/), then
 # runs unit, integration and cross-process tests, clippy's unsafe lints, the loom
-# models, and each fuzz target for a few seconds. Exits non-zero on any failure.
+# models, and each fuzz target (its kept corpus and regressions replayed, then a few
+# seconds of fuzzing). Exits non-zero on any failure.
 #
 #   scripts/test.sh            # everything
 #   FUZZ_SECONDS=30 scripts/test.sh
@@ -102,7 +103,7 @@ step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports devi
 step "benches compile"
 cargo bench --locked --no-run 2>&1 | tail -n 2
 
-step "fuzz targets (${FUZZ_SECONDS:-5} s each)"
+step "fuzz targets: replay each one's kept corpus and regressions, then fuzz ${FUZZ_SECONDS:-5} s each"
 FUZZ_SECONDS=${FUZZ_SECONDS:-5} bash fuzz/run.sh
 
 step "demo (main job) runs clean"

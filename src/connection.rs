@@ -21,6 +21,9 @@ const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
 pub const PROTOCOL_VERSION: u32 = 1;
 const HEADER: usize = 8;
 const KIND_HELLO: u32 = 0;
+/// The kernel's default overflow uid/gid, which it reports for a message sent without
+/// credentials.
+const OVERFLOW_ID: u32 = 65534;
 
 /// Default cap on one control message's payload.
 pub const DEFAULT_MAX_MESSAGE: usize = 64 * 1024;
@@ -101,6 +104,17 @@ impl Connection {
         let cred = got
             .cred
             .ok_or_else(|| Error::Protocol("hello carried no SCM_CREDENTIALS: peer identity unknown".into()))?;
+        // A hello sent without SCM_CREDENTIALS before our SO_PASSCRED took effect arrives
+        // with the kernel's "no credentials" stand-in: pid 0 and the overflow uid and gid
+        // (65534 unless /proc/sys/kernel/overflow[ug]id was changed). It names no process.
+        // (pid 0 with a real uid is an honest peer whose pid is not visible in our pid
+        // namespace, e.g. our parent when we run in a new one: accepted, as before, with
+        // peer death seen by EOF only.)
+        if cred.pid == 0 && cred.uid == OVERFLOW_ID && cred.gid == OVERFLOW_ID {
+            return Err(Error::Protocol(
+                "hello carried no SCM_CREDENTIALS (the kernel reports pid 0, uid and gid 65534): peer identity unknown".into(),
+            ));
+        }
         sys::set_passcred(sock.as_fd(), false)?;
         let pidfd = sys::pidfd_open(cred.pid);
         Ok(Connection {
@@ -368,6 +382,21 @@ mod tests {
         assert!(a.send(1, &vec![0; DEFAULT_MAX_MESSAGE + 1], &[]).is_err());
         drop(a);
         assert!(b.recv(Some(Duration::from_secs(5))).unwrap_err().is_peer_gone());
+    }
+
+    #[test]
+    fn hello_without_credentials_is_refused() {
+        // The raw end sends a well-formed hello without SCM_CREDENTIALS before the other
+        // end has SO_PASSCRED on: the kernel then reports pid 0, which must not become
+        // the peer's identity (found by the conn_hello fuzz target).
+        let (ours, raw) = sys::seqpacket_pair().unwrap();
+        let mut hello = Vec::new();
+        hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+        hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        hello.extend_from_slice(&1024u32.to_le_bytes());
+        send_framed(raw.as_fd(), KIND_HELLO, &hello, &[], false, Some(Duration::from_secs(1))).unwrap();
+        let e = Connection::establish(ours, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(&e, Error::Protocol(m) if m.contains("no SCM_CREDENTIALS")), "{e}");
     }
 
     #[test]
