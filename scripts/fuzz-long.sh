@@ -76,6 +76,7 @@ for t in "${targets[@]}"; do
         -merge=1 -max_len="$ml" -timeout=10 -rss_limit_mb=2048 >"$work/$t/merge.log" 2>&1 ||
         { echo "fuzz-long.sh: merging the corpus of $t failed (log: $work/$t/merge.log)" >&2; cat "$work/$t/merge.log" >&2; exit 1; }
     # Cap: past the limits, keep the smallest files (they carry the most coverage per byte).
+    merged=$(find "$work/$t/min" -type f | wc -l)
     n=0 total=0
     while IFS=' ' read -r sz f; do
         if (( n >= max_files || total + sz > max_kib * 1024 )); then
@@ -85,6 +86,7 @@ for t in "${targets[@]}"; do
         n=$((n + 1)) total=$((total + sz))
     done < <(find "$work/$t/min" -type f -printf '%s %p\n' | sort -n)
     # Replace the kept corpus; the seeds stay in it whatever the merge kept.
+    (( n < merged )) && echo "fuzz-long.sh: $t: the merge kept $merged inputs; the cap keeps the $n smallest" >&2
     find "corpus/$t" -type f -delete
     find "$work/$t/min" -type f -exec cp -t "corpus/$t" {} +
     if command -v python3 >/dev/null; then
