@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 
@@ -24,7 +24,29 @@ def _ms(timeout: Optional[float]) -> int:
     return -1 if timeout is None else max(0, int(timeout * 1000))
 
 
-class Connection:
+_C = TypeVar("_C", bound="_Closing")
+
+
+class _Closing:
+    """``with`` support and close-on-collect for handles with an idempotent ``close()``."""
+
+    close: Callable[[], None]  # each handle's own, idempotent
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Connection(_Closing):
     """One end of a tensorwire connection (from :func:`from_fd`, :func:`connect` or
     :meth:`Listener.accept`). A context manager: leaving the ``with`` block closes it,
     which ends every lease it granted; the peer sees the connection end. Failures raise
@@ -122,21 +144,9 @@ class Connection:
         """End the connection (idempotent); later calls raise :class:`tensorwire.Error`."""
         ops.close(self._h)  # runs with the GIL released: lease owners drop safely
 
-    def __enter__(self) -> "Connection":
-        return self
-
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
-class Listener:
+class Listener(_Closing):
     """A listening Unix socket (from :func:`listen`); :meth:`accept` takes one
     connection. A context manager: leaving the ``with`` block closes it."""
 
@@ -154,18 +164,6 @@ class Listener:
         """Stop listening and remove the socket file (idempotent)."""
         ops.close_listener(self._h)
 
-    def __enter__(self) -> "Listener":
-        return self
-
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def socketpair(inheritable_child: bool = True) -> tuple[int, int]:

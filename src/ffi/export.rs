@@ -11,6 +11,22 @@ use crate::peer::{ExportOptions, SharedTensor};
 use std::ffi::c_void;
 use std::time::Duration;
 
+/// The options every C export takes: a tag and a keeper window in ms (0: none).
+fn options(tag: u64, window_ms: u64) -> ExportOptions {
+    ExportOptions { tag, window: (window_ms > 0).then(|| Duration::from_millis(window_ms)) }
+}
+
+/// Write the granted lease to `out` unless it is NULL.
+///
+/// # Safety
+/// `out` NULL or writable.
+unsafe fn put_lease(out: *mut tw_lease_t, id: crate::LeaseId) {
+    if !out.is_null() {
+        // SAFETY: non-null and writable per the caller's contract.
+        unsafe { out.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+    }
+}
+
 /// Called exactly once with its context when an exported lease ends.
 pub type tw_release_fn = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
 
@@ -69,12 +85,9 @@ pub unsafe extern "C" fn tw_peer_export(
             Some(o) => Box::new((o, keep)),
             None => Box::new(keep),
         };
-        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
-        let id = p.inner.export_with_owner(&t, owner, ExportOptions { tag, window })?;
-        if !out_lease.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
-        }
+        let id = p.inner.export_with_owner(&t, owner, options(tag, window_ms))?;
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_lease(out_lease, id) };
         Ok(())
     })
 }
@@ -124,17 +137,14 @@ pub unsafe extern "C" fn tw_peer_export_imported(
             Some(l) => Some(l.to_layout()?),
             None => None,
         };
-        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
-        let opts = ExportOptions { tag, window };
+        let opts = options(tag, window_ms);
         // The C owner (if any) ends with the lease: it rides in the lease of the forward.
         let id = match owner {
             Some(o) => p.inner.export_imported_with(i, view, Box::new(o), opts)?,
             None => p.inner.export_imported(i, view, opts)?,
         };
-        if !out_lease.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
-        }
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_lease(out_lease, id) };
         Ok(())
     })
 }
@@ -170,12 +180,9 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
             Some(o) => Box::new(o),
             None => Box::new(()),
         };
-        let window = (window_ms > 0).then(|| Duration::from_millis(window_ms));
-        let id = p.inner.export_cuda(dptr, nbytes, &l, stream, owner, ExportOptions { tag, window })?;
-        if !out_lease.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { out_lease.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
-        }
+        let id = p.inner.export_cuda(dptr, nbytes, &l, stream, owner, options(tag, window_ms))?;
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_lease(out_lease, id) };
         Ok(())
     })
 }
