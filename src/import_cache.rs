@@ -34,6 +34,10 @@ pub(crate) struct Window {
     map: MmapRaw,
     /// File offset of the mapping's first byte (page-aligned).
     start: u64,
+    /// File offset just past the last byte the window may serve: the end of the mapping
+    /// or of the file, whichever comes first (the mapping's last page may run past the
+    /// file's end; a descriptor naming those bytes names storage the file does not have).
+    end: u64,
     /// (st_dev, st_ino) of the file: the identity a later fd is compared with.
     ident: (u64, u64),
     /// The connection's count of mapped bytes; this window's share is given back on drop.
@@ -46,7 +50,7 @@ impl Window {
     }
 
     fn covers(&self, offset: u64, nbytes: u64) -> bool {
-        offset >= self.start && offset.saturating_add(nbytes) <= self.start + self.len()
+        offset >= self.start && offset.saturating_add(nbytes) <= self.end
     }
 
     /// Address of file offset `offset`, which lies in the window (or one past its end).
@@ -62,7 +66,7 @@ impl Window {
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes at offset {offset} lie outside the mapped range {}..{} of the segment",
                 self.start,
-                self.start + self.len()
+                self.end
             )));
         }
         Ok(())
@@ -144,12 +148,6 @@ pub(crate) struct ImportCache {
     mapped: Arc<AtomicU64>,
 }
 
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as u64 } else { 4096 }
-}
-
 impl ImportCache {
     /// Segments mapped (cached) now.
     pub(crate) fn len(&self) -> usize {
@@ -181,7 +179,8 @@ impl ImportCache {
             })?;
             if !e.window.covers(offset, nbytes) {
                 return Err(Error::InvalidDescriptor(format!(
-                    "descriptor needs {nbytes} bytes at offset {offset} of segment {sid}, outside the range mapped here, and came without its fd"
+                    "segment too small or not mapped: descriptor needs {nbytes} bytes at offset {offset} of segment {sid}, outside the range mapped here ({}..{}), and came without its fd",
+                    e.window.start, e.window.end
                 )));
             }
             e.last_use = clock;
@@ -211,7 +210,7 @@ impl ImportCache {
         }
         desc.check_fits(file_len)?;
         // Page-aligned window over the storage; an empty storage maps one page at most.
-        let page = page_size();
+        let page = crate::sys::page_size();
         let start = (offset.min(file_len - 1) / page) * page;
         let end = offset.saturating_add(nbytes).max(start + 1).min(file_len);
         let len = (end - start).div_ceil(page) * page;
@@ -225,7 +224,7 @@ impl ImportCache {
             .map_err(|e| Error::io("mmap (the peer's segment)", e))?;
         // Relaxed: a plain counter (see `Window::drop`).
         self.mapped.fetch_add(len, Ordering::Relaxed);
-        let window = Arc::new(Window { map, start, ident, mapped: self.mapped.clone() });
+        let window = Arc::new(Window { map, start, end: (start + len).min(file_len), ident, mapped: self.mapped.clone() });
         let fd = ImportFd::new(fd);
         self.entries.insert(sid, Entry { window: window.clone(), fd: Arc::downgrade(&fd), last_use: clock });
         Ok(Resolved { window, fd: Some(fd) })

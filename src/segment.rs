@@ -132,8 +132,7 @@ impl Segment {
     /// file would let it choose what the setup costs our address space and memory.
     pub fn from_fd_exact(fd: OwnedFd, len: usize, what: &str) -> Result<Segment> {
         let size = check_memfd(fd.as_fd())?;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+        let page = sys::page_size();
         let max = (len as u64).div_ceil(page).max(1) * page;
         if size < len as u64 {
             return Err(Error::InvalidSegment(format!("segment too small: {what} needs {len} bytes, its memfd has {size}")));

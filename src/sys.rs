@@ -73,6 +73,13 @@ pub fn fd_target(fd: BorrowedFd<'_>) -> Result<String> {
 }
 
 /// Fill `buf` from the kernel CSPRNG.
+/// The page size (4096 if the system does not say).
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as u64 } else { 4096 }
+}
+
 /// Physical memory plus swap, in bytes (`sysinfo`): the most shared memory any process
 /// on this machine can really fill. 64 GiB if the kernel does not say.
 pub fn memory_and_swap_bytes() -> u64 {

@@ -69,14 +69,16 @@ fn assert_resource(e: &Error, errno: i32) {
     assert!(matches!(e, Error::Resource { errno: got, .. } if *got == errno), "expected Resource(errno {errno}), got {e:?}: {e}");
 }
 
-/// The consumer's map of a 512 MiB segment fails under an address-space limit: a named
+/// The consumer's map of a 2 GiB segment fails under an address-space limit: a named
 /// error, the lease handed back, nothing mapped, and the next tensor goes through.
 #[test]
 fn address_space_limit_fails_an_import_cleanly() {
     in_child("address_space_limit_fails_an_import_cleanly", || {
         let (a, b) = Peer::pair(no_ring()).unwrap();
-        let big = SharedTensor::zeros(f32s(128 << 20)).unwrap(); // 512 MiB, mapped by the producer
-        set_soft_limit(libc::RLIMIT_AS, vm_size_bytes() + (64 << 20));
+        let big = SharedTensor::zeros(f32s(512 << 20)).unwrap(); // 2 GiB (sparse), mapped by the producer
+        // 512 MiB of headroom: enough for what the run itself reserves (a thread's first
+        // malloc can reserve a 64 MiB glibc arena), far too little for a second 2 GiB map.
+        set_soft_limit(libc::RLIMIT_AS, vm_size_bytes() + (512 << 20));
         a.export(&big, ExportOptions::default()).unwrap();
         let e = b.recv(T).unwrap_err();
         assert_resource(&e, libc::ENOMEM);
@@ -91,7 +93,7 @@ fn address_space_limit_fails_an_import_cleanly() {
         assert_eq!(t.to_vec().unwrap()[..4], 7f32.to_le_bytes());
         t.release().unwrap();
         // And a segment the producer cannot map is its own named error.
-        let e = SharedTensor::zeros(f32s(256 << 20)).unwrap_err();
+        let e = SharedTensor::zeros(f32s(512 << 20)).unwrap_err();
         assert_resource(&e, libc::ENOMEM);
     });
 }

@@ -385,3 +385,30 @@ fn a_producer_that_never_forgets_cannot_fill_the_fd_table() {
     a.export(&t, tensorwire::ExportOptions::default()).unwrap();
     b.recv_tensor(T).unwrap().release().unwrap();
 }
+
+/// A mapping covers whole pages, but the file may end inside its last page: touching the
+/// bytes past the end raises SIGBUS. A later descriptor naming them (with or without its
+/// fd) must be refused, not served from the cached mapping.
+#[test]
+fn a_cached_mapping_never_serves_bytes_past_the_end_of_the_file() {
+    let _serial = serial();
+    let (victim, mut at) = setup_with(no_ring(), 16, None);
+    let victim = victim.unwrap();
+    let fd = sparse(100);
+    let d = at.desc(77, 0, 100);
+    at.send_tensor(&d, Some(&fd));
+    victim.recv_tensor(T).unwrap().release().unwrap();
+    for with_fd in [false, true] {
+        let d = at.desc(77, 200, 100);
+        at.send_tensor(&d, with_fd.then_some(&fd));
+        match victim.recv(T) {
+            Ok(Incoming::Tensor(t)) => {
+                let mut b = [0u8; 1];
+                let _ = t.read_storage(0, &mut b); // SIGBUS here before the fix
+                panic!("a view past the end of a 100-byte file was served (fd sent: {with_fd})");
+            }
+            Ok(other) => panic!("expected an error, got {other:?}"),
+            Err(e) => assert!(e.to_string().contains("segment too small"), "fd sent: {with_fd}: {e}"),
+        }
+    }
+}
