@@ -1,6 +1,7 @@
 //! The one error type of the transport. Every variant says what was wrong in words a user
 //! can act on; `Display` is the message the C ABI and Python surface verbatim.
 
+use crate::ring::spsc::{RingBroken, RingError};
 use std::fmt;
 use std::io;
 
@@ -23,6 +24,9 @@ pub enum Error {
     InvalidSegment(String),
     /// The peer violated the wire protocol (bad message, bad handshake, bad table).
     Protocol(String),
+    /// The peer wrote something into a shared ring that its protocol does not allow; the
+    /// ring is unusable for good (every later call on it fails with the same reason).
+    RingBroken(RingBroken),
     /// A lease handle does not name a live lease (out of range, stale generation,
     /// already released, or expired by its window).
     StaleLease(String),
@@ -78,6 +82,7 @@ impl fmt::Display for Error {
             Error::InvalidDescriptor(m) => write!(f, "invalid tensor descriptor: {m}"),
             Error::InvalidSegment(m) => write!(f, "invalid segment: {m}"),
             Error::Protocol(m) => write!(f, "protocol violation by peer: {m}"),
+            Error::RingBroken(why) => write!(f, "protocol violation by peer: ring broken: {why}"),
             Error::StaleLease(m) => write!(f, "stale lease: {m}"),
             Error::QuotaExceeded(m) => write!(f, "quota exceeded: {m}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
@@ -93,6 +98,17 @@ impl fmt::Display for Error {
                     _ => "a resource limit was reached",
                 };
                 write!(f, "out of resources: {what} failed: {} — {hint}", io::Error::from_raw_os_error(*errno))
+            }
+        }
+    }
+}
+
+impl From<RingError> for Error {
+    fn from(e: RingError) -> Self {
+        match e {
+            RingError::Broken(why) => Error::RingBroken(why),
+            RingError::TooLarge { size, max } => {
+                Error::InvalidArgument(format!("record of {size} bytes exceeds the ring's {max}-byte record limit"))
             }
         }
     }

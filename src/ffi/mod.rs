@@ -87,7 +87,7 @@ impl From<&Error> for tw_result_e {
             Error::Timeout { .. } => TW_ERR_TIMEOUT,
             Error::InvalidDescriptor(_) => TW_ERR_INVALID_DESCRIPTOR,
             Error::InvalidSegment(_) => TW_ERR_INVALID_SEGMENT,
-            Error::Protocol(_) => TW_ERR_PROTOCOL,
+            Error::Protocol(_) | Error::RingBroken(_) => TW_ERR_PROTOCOL,
             Error::StaleLease(_) => TW_ERR_STALE_LEASE,
             Error::QuotaExceeded(_) => TW_ERR_QUOTA_EXCEEDED,
             Error::InvalidArgument(_) => TW_ERR_INVALID_ARGUMENT,
