@@ -1,6 +1,6 @@
 // CUDA implementations of torch.ops.tensorwire.* — compiled only where CMake finds a CUDA
-// toolkit (TENSORWIRE_WITH_CUDA). Without one, cpu.cpp answers CUDA tensors with a clear
-// error instead.
+// toolkit (TENSORWIRE_WITH_CUDA). Without one, cuda_info.cpp answers CUDA tensors with a
+// clear error instead.
 //
 // Export: the storage's base pointer and size go to tw_peer_export_cuda with the view's
 // layout and PyTorch's current stream of the tensor's device; tensorwire records an IPC
