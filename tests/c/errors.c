@@ -4,10 +4,8 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "check.h"
+#include "common.h"
 
 static atomic_int calls;
 static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
@@ -130,8 +128,7 @@ int main(void) {
   atomic_store(&calls, 0);
   CHECK(tw_peer_export(producer, small, 0, 100, &layout, 6, 50, on_release, &calls, NULL));
   CHECK(tw_peer_recv(consumer, 10000, &imp, &msg));
-  struct timespec ts = {0, 300 * 1000000L};
-  nanosleep(&ts, NULL);
+  sleep_ms(300);
   EXPECT(atomic_load(&calls) == 1);
   EXPECT_ERR(tw_imported_release(imp), TW_ERR_STALE_LEASE, "expired (its window ran out)");
 
