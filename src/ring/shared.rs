@@ -14,6 +14,9 @@ const RING_VERSION: u32 = 1;
 // The producer writes one cache line (head + the data doorbell it rings), the consumer
 // another (tail + the space doorbell it rings): a message costs the consumer one line
 // transfer to see it, and the producer reads the consumer's line only when short of space.
+// These are offsets in a wire format both processes map, so the separation is spelled out
+// in bytes; `CachePadded`'s alignment is the compiler's per-target choice and no layout
+// to share with another build.
 const OFF_HEAD: usize = 64;
 const OFF_DATA_BELL: usize = 72;
 const OFF_TAIL: usize = 128;
