@@ -3,7 +3,8 @@
 
 use super::desc::tw_layout_t;
 use super::imported::{tw_imported_t, AnyImport};
-use super::peer::{tw_lease_t, tw_peer_t};
+use super::peer::tw_peer_t;
+use crate::lease::LeaseId;
 use super::segment::tw_segment_t;
 use super::{arg, guard, tw_result_e};
 use crate::error::Error;
@@ -20,10 +21,10 @@ fn options(tag: u64, window_ms: u64) -> ExportOptions {
 ///
 /// # Safety
 /// `out` NULL or writable.
-unsafe fn put_lease(out: *mut tw_lease_t, id: crate::LeaseId) {
+unsafe fn put_lease(out: *mut LeaseId, id: LeaseId) {
     if !out.is_null() {
         // SAFETY: non-null and writable per the caller's contract.
-        unsafe { out.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
+        unsafe { out.write(id) };
     }
 }
 
@@ -68,7 +69,7 @@ pub unsafe extern "C" fn tw_peer_export(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
     // Built first so that every failure below drops it, which runs the callback.
     let owner = release.map(|f| CallbackOwner { release: f, ctx });
@@ -115,7 +116,7 @@ pub unsafe extern "C" fn tw_peer_export_imported(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
     // Built first so that every failure below drops it, which runs the callback.
     let owner = release.map(|f| CallbackOwner { release: f, ctx });
@@ -168,7 +169,7 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
     let owner = release.map(|f| CallbackOwner { release: f, ctx });
     guard("tw_peer_export_cuda", move || {

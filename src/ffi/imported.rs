@@ -2,7 +2,7 @@
 //! release.
 
 use super::desc::tw_layout_t;
-use super::peer::tw_lease_t;
+use crate::lease::LeaseId;
 use super::{arg, guard, need, put, quiet, tw_result_e};
 use crate::desc::TensorDesc;
 use crate::error::Error;
@@ -50,9 +50,9 @@ impl AnyImport {
             AnyImport::Cuda(i) => i.tag(),
         }
     }
-    fn lease(&self) -> tw_lease_t {
+    fn lease(&self) -> LeaseId {
         let d = self.desc();
-        tw_lease_t { slot: d.storage.lease_slot, generation: d.storage.lease_gen }
+        LeaseId { slot: d.storage.lease_slot, generation: d.storage.lease_gen }
     }
     fn release(self) -> crate::Result<()> {
         match self {
@@ -134,7 +134,7 @@ pub unsafe extern "C" fn tw_imported_tag(imp: *const tw_imported_t) -> u64 {
 /// # Safety
 /// `imp` live; `out` writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tw_imported_lease(imp: *const tw_imported_t, out: *mut tw_lease_t) -> tw_result_e {
+pub unsafe extern "C" fn tw_imported_lease(imp: *const tw_imported_t, out: *mut LeaseId) -> tw_result_e {
     guard("tw_imported_lease", || {
         // SAFETY: live per the contract; NULL refused.
         let l = unsafe { arg(imp, "imp")? }.inner.lease();

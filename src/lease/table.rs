@@ -55,20 +55,26 @@ impl Reclaimed {
     }
 }
 
-/// Names a lease: slot in the table and the generation it was granted with.
+/// Names a lease: slot in the producer's table and the generation it was granted with.
+// `#[repr(C)]`: the C ABI hands this out as is, as `tw_lease_t` (cbindgen.toml renames it).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseId {
     pub slot: u32,
     pub generation: u32,
 }
 
-/// Producer-side counters for one peer.
+/// What a producer exported to one peer: its counters.
+// `#[repr(C)]`: the C ABI hands this out as is, as `tw_lease_stats_t` (cbindgen.toml
+// renames it).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LeaseStats {
     /// Leases granted and not yet given back.
     pub live_leases: u64,
     /// Bytes of storage under those leases.
     pub live_bytes: u64,
+    /// Leases granted so far.
     pub granted: u64,
     /// Given back by the consumer's release.
     pub released: u64,
