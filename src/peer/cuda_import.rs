@@ -3,17 +3,29 @@
 
 use crate::desc::{Layout, TensorDesc};
 use crate::error::Result;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use super::export::{CudaHandle, CudaStorage};
 use super::import::HeldLease;
-use super::reaper::LINGERING;
+use super::reaper::hold_until;
 
 /// A CUDA tensor imported from the peer: its allocation opened through the process's
 /// handle cache, valid until released (or dropped, which releases). Before touching it on
-/// a stream, call [`CudaImported::wait_on`] with that stream.
+/// a stream, call [`CudaImported::wait_on`] with that stream. Sent on to another peer as
+/// the same memory with [`Peer::export_cuda_imported`](super::Peer::export_cuda_imported)
+/// (in an `Arc`: the forward's lease shares it).
+///
+/// Fields drop in order: the mapping is closed before the lease goes back, so the
+/// producer never frees memory this process still has open.
 pub struct CudaImported {
-    pub(super) held: HeldLease,
     pub(super) mapping: CudaMemory,
+    /// The producer's fd of a VMM allocation, kept to forward it as the same memory (the
+    /// relay never exports it again through the driver); `None` for legacy IPC, whose
+    /// handle bytes are in the descriptor.
+    pub(super) vmm_fd: Option<OwnedFd>,
     pub(super) claim: crate::cuda::event::EventClaim,
+    pub(super) held: HeldLease,
     pub(super) desc: TensorDesc,
     pub(super) tag: u64,
 }
@@ -99,18 +111,50 @@ impl CudaImported {
         Ok(())
     }
 
+    /// `release_after` for an import shared with the leases of its forwards (an `Arc`):
+    /// this holder lets go once the work enqueued on `stream` so far has completed,
+    /// without blocking; the lease goes back when the last holder has let go. Alone (no
+    /// forward holds it any more): exactly `release_after`.
+    pub fn release_shared_after(self: Arc<Self>, stream: usize) -> Result<()> {
+        match Arc::try_unwrap(self) {
+            Ok(only) => only.release_after(stream),
+            Err(shared) => {
+                let mark = crate::cuda::event::StreamMark::record(shared.device(), stream)?;
+                hold_until(mark, Box::new(shared));
+                Ok(())
+            }
+        }
+    }
+
     /// Give the lease back (after the work reading it has been enqueued and, if the
     /// producer may reuse the memory at once, completed).
     pub fn release(mut self) -> Result<()> {
         self.held.release()
     }
 
+    /// This import as a descriptor names it, to send on as the same memory: the legacy IPC
+    /// handle as it came, or the producer's VMM fd this import kept; the allocation's size
+    /// here and the storage's range in it. Nothing is exported through the driver again.
+    pub(super) fn forward_storage(&self) -> CudaStorage<'_> {
+        let handle = match &self.vmm_fd {
+            Some(fd) => CudaHandle::Vmm(fd.as_fd()),
+            None => CudaHandle::Ipc(self.desc.storage.cuda_ipc_handle),
+        };
+        CudaStorage {
+            device: self.device(),
+            handle,
+            alloc_size: self.mapping.size(),
+            offset: self.desc.storage.base_offset,
+            nbytes: self.desc.storage.nbytes,
+        }
+    }
+
     /// Release the lease now but keep the mapping until `mark` is reached: GPU work still
     /// reading it must not find it unmapped (a fault there poisons this process's context).
     pub(super) fn linger(self, mark: crate::cuda::event::StreamMark) {
-        let CudaImported { held, mapping, claim, .. } = self;
-        drop(claim);
+        let CudaImported { held, mapping, claim, vmm_fd, .. } = self;
+        drop((claim, vmm_fd));
         drop(held);
-        LINGERING.lock().push((mark, mapping));
+        hold_until(mark, Box::new(mapping));
     }
 }

@@ -46,6 +46,9 @@ pub struct SimStats {
     pub vmm_reservations: u64,
     pub free_while_imported: u64,
     pub faults_injected: u64,
+    /// Calls of cuIpcGetMemHandle, cuIpcOpenMemHandle_v2, cuMemExportToShareableHandle,
+    /// cuMemImportFromShareableHandle so far.
+    pub opening_calls: [u64; 4],
 }
 
 /// The simulated driver's counters for this process; `None` on a real driver.
