@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tensorwire::cuda::driver::{ensure_context, memcpy_dtod_async, DeviceBuffer};
 use tensorwire::cuda::vmm::VmmAllocation;
+use tensorwire::cuda::{CudaStream, DevicePtr};
 use tensorwire::{CudaImported, DType, Error, ExportOptions, Incoming, Layout, Peer, PeerConfig};
 
 const ROLE_ENV: &str = "TW_FWD_ROLE";
@@ -249,7 +250,7 @@ impl Chain {
     /// Export `nbytes` at `ptr` to the relay (the write queued on `hs` just before), check
     /// that the relay forwarded it without opening or exporting anything, and have the
     /// last take it: returns the last's [tag, fnv of the storage, view offset, numel].
-    fn send(&self, ptr: u64, hs: &Stream, tag: u64, drops: &Arc<AtomicUsize>) -> Vec<u64> {
+    fn send(&self, ptr: DevicePtr, hs: &Stream, tag: u64, drops: &Arc<AtomicUsize>) -> Vec<u64> {
         let l = Layout::contiguous(DType::UInt8, &[ROWS, COLS]).unwrap();
         let owner = Box::new(common::gpu_roles::Flag(drops.clone()));
         self.to_relay.export_cuda(ptr, N as u64, &l, hs.0, owner, ExportOptions { tag, window: None }).unwrap();
@@ -283,7 +284,7 @@ impl Mem {
     fn new(vmm: bool) -> Mem {
         if vmm { Mem::Vmm(VmmAllocation::create(0, N as u64).unwrap()) } else { Mem::Ipc(DeviceBuffer::alloc(0, N as u64).unwrap()) }
     }
-    fn ptr(&self) -> u64 {
+    fn ptr(&self) -> DevicePtr {
         match self {
             Mem::Ipc(b) => b.ptr(),
             Mem::Vmm(a) => a.ptr(),
@@ -293,7 +294,7 @@ impl Mem {
 
 /// Queue `data` on `hs` behind a busy stretch of memsets: a forward that does not order
 /// the last after the host's stream reads zeros or an older round.
-fn write_busy(ptr: u64, data: &[u8], hs: &Stream) {
+fn write_busy(ptr: DevicePtr, data: &[u8], hs: &Stream) {
     for _ in 0..16 {
         memset_async(ptr, 0, data.len(), hs.0);
     }
@@ -468,7 +469,7 @@ fn cuda_import(peer: &Peer) -> CudaImported {
 fn stream_busy(s: &Stream) -> bool {
     let _c = ensure_context(0).unwrap();
     // SAFETY: a live stream of device 0, a context of which is current.
-    let r = unsafe { cudarc::driver::sys::cuStreamQuery(s.0 as cudarc::driver::sys::CUstream) };
+    let r = unsafe { cudarc::driver::sys::cuStreamQuery(raw(s.0)) };
     r == cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY
 }
 
@@ -501,7 +502,7 @@ fn forward_errors_are_typed_roll_back_and_leak_nothing() {
     let drops = Arc::new(AtomicUsize::new(0));
     let l = Layout::contiguous(DType::UInt8, &[ROWS, COLS]).unwrap();
     let owner = Box::new(common::gpu_roles::Flag(drops.clone()));
-    host.export_cuda(buf.ptr(), N as u64, &l, 0, owner, ExportOptions { tag: 1, window: None }).unwrap();
+    host.export_cuda(buf.ptr(), N as u64, &l, CudaStream::LEGACY, owner, ExportOptions { tag: 1, window: None }).unwrap();
     let imp = Arc::new(cuda_import(&relay_up));
     let rs = Stream::new();
     let no_leases = |p: &Peer, what: &str| assert_eq!(p.reap_now().live_leases, 0, "{what}: a lease was left granted");
@@ -521,7 +522,7 @@ fn forward_errors_are_typed_roll_back_and_leak_nothing() {
         let (d1, d1_other) = Peer::pair(PeerConfig::default()).unwrap();
         let b1 = DeviceBuffer::alloc(1, 64).unwrap();
         let l64 = Layout::contiguous(DType::UInt8, &[64]).unwrap();
-        d1.export_cuda(b1.ptr(), 64, &l64, 0, Box::new(()), ExportOptions::default()).unwrap();
+        d1.export_cuda(b1.ptr(), 64, &l64, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
         cuda_import(&d1_other).release().unwrap();
         wait_until("the device-1 lease back", Duration::from_secs(10), || d1.reap_now().live_leases == 0);
         let e = d1.export_cuda_imported(imp.clone(), None, rs.0, ExportOptions::default()).unwrap_err();
@@ -602,7 +603,7 @@ fn a_forward_ending_early_keeps_the_import_until_the_relays_stream_work_is_done(
     let buf = DeviceBuffer::alloc(0, N as u64).unwrap();
     htod(buf.ptr(), &pattern(N, 1));
     let l = Layout::contiguous(DType::UInt8, &[ROWS, COLS]).unwrap();
-    host.export_cuda(buf.ptr(), N as u64, &l, 0, Box::new(()), ExportOptions::default()).unwrap();
+    host.export_cuda(buf.ptr(), N as u64, &l, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
     let imp = Arc::new(cuda_import(&relay_up));
     let rs = Stream::new();
     imp.wait_on(rs.0).unwrap();

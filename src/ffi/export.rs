@@ -6,6 +6,7 @@ use super::imported::{tw_imported_t, AnyImport};
 use super::peer::{tw_lease_t, tw_peer_t};
 use super::segment::tw_segment_t;
 use super::{arg, guard, tw_result_e};
+use crate::cuda::{CudaStream, DevicePtr};
 use crate::error::Error;
 use crate::peer::{ExportOptions, SharedTensor};
 use std::ffi::c_void;
@@ -156,7 +157,7 @@ pub unsafe extern "C" fn tw_peer_export_imported_cuda(
     out_lease: *mut tw_lease_t,
 ) -> tw_result_e {
     let send = move |p: &crate::Peer, imp: &AnyImport, view, extra| match imp {
-        AnyImport::Cuda(i) => p.export_cuda_imported_with(i.clone(), view, stream, extra, options(tag, window_ms)),
+        AnyImport::Cuda(i) => p.export_cuda_imported_with(i.clone(), view, CudaStream(stream), extra, options(tag, window_ms)),
         AnyImport::Cpu(_) => Err(Error::InvalidArgument("a CPU import is forwarded with tw_peer_export_imported (no stream)".into())),
     };
     // SAFETY: forwarded from this function's contract.
@@ -232,7 +233,7 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
             Some(o) => Box::new(o),
             None => Box::new(()),
         };
-        let id = p.inner.export_cuda(dptr, nbytes, &l, stream, owner, options(tag, window_ms))?;
+        let id = p.inner.export_cuda(DevicePtr(dptr), nbytes, &l, CudaStream(stream), owner, options(tag, window_ms))?;
         // SAFETY: NULL or writable per the contract.
         unsafe { put_lease(out_lease, id) };
         Ok(())

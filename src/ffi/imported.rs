@@ -4,6 +4,7 @@
 use super::desc::tw_layout_t;
 use super::peer::tw_lease_t;
 use super::{arg, guard, need, put, quiet, tw_result_e};
+use crate::cuda::CudaStream;
 use crate::desc::TensorDesc;
 use crate::error::Error;
 use crate::peer::{CudaImported, Imported};
@@ -36,13 +37,13 @@ impl AnyImport {
     fn data_ptr(&self) -> *mut c_void {
         match self {
             AnyImport::Cpu(i) => i.data_ptr().cast(),
-            AnyImport::Cuda(i) => i.data_ptr() as usize as *mut c_void,
+            AnyImport::Cuda(i) => i.data_ptr().get() as usize as *mut c_void,
         }
     }
     fn storage_ptr(&self) -> *mut c_void {
         match self {
             AnyImport::Cpu(i) => i.storage_ptr().cast(),
-            AnyImport::Cuda(i) => i.storage_ptr() as usize as *mut c_void,
+            AnyImport::Cuda(i) => i.storage_ptr().get() as usize as *mut c_void,
         }
     }
     fn tag(&self) -> u64 {
@@ -170,7 +171,7 @@ pub unsafe extern "C" fn tw_imported_cuda_wait(imp: *const tw_imported_t, stream
     guard("tw_imported_cuda_wait", || {
         // SAFETY: live per the contract; NULL refused.
         match &unsafe { arg(imp, "imp")? }.inner {
-            AnyImport::Cuda(c) => Ok(c.wait_on(stream)?),
+            AnyImport::Cuda(c) => Ok(c.wait_on(CudaStream(stream))?),
             AnyImport::Cpu(_) => Err(Error::InvalidArgument("not a CUDA import".into()).into()),
         }
     })
@@ -192,7 +193,7 @@ pub unsafe extern "C" fn tw_imported_release_after(imp: *mut tw_imported_t, stre
         // SAFETY: live handle from Box::into_raw, consumed once.
         let b = unsafe { Box::from_raw(imp) };
         match b.inner {
-            AnyImport::Cuda(c) => c.release_shared_after(stream)?,
+            AnyImport::Cuda(c) => c.release_shared_after(CudaStream(stream))?,
             cpu => cpu.release()?,
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! CUDA imports: the memory behind them (IPC mapping or VMM allocation) and their
 //! stream-ordered release.
 
+use crate::cuda::{CudaStream, DevicePtr};
 use crate::desc::{Layout, TensorDesc};
 use crate::error::Result;
 use std::os::fd::{AsFd, OwnedFd};
@@ -38,7 +39,7 @@ pub(super) enum CudaMemory {
 }
 
 impl CudaMemory {
-    pub(super) fn base(&self) -> u64 {
+    pub(super) fn base(&self) -> DevicePtr {
         match self {
             CudaMemory::Ipc(m) => m.base(),
             CudaMemory::Vmm(a) => a.ptr(),
@@ -72,11 +73,11 @@ impl CudaImported {
         self.mapping.device()
     }
     /// Device address of the storage's first byte in this process.
-    pub fn storage_ptr(&self) -> u64 {
+    pub fn storage_ptr(&self) -> DevicePtr {
         self.mapping.base() + self.desc.storage.base_offset
     }
     /// Device address of element 0 of the view.
-    pub fn data_ptr(&self) -> u64 {
+    pub fn data_ptr(&self) -> DevicePtr {
         let l = self.layout();
         self.storage_ptr() + (l.storage_offset as u64 * l.dtype.size() as u64).min(self.desc.storage.nbytes)
     }
@@ -87,13 +88,13 @@ impl CudaImported {
     /// never a device-wide synchronize. Call before the first use on `stream`. The first
     /// call waits on the producer's event and hands its slot back; a later call (another
     /// stream) waits on a private event recorded on the first stream after its wait.
-    pub fn wait_on(&self, stream: usize) -> Result<()> {
+    pub fn wait_on(&self, stream: CudaStream) -> Result<()> {
         self.claim.wait_on(stream)
     }
     /// Give the lease back once everything enqueued on `stream` so far has completed —
     /// without blocking: a mark is recorded on the stream and the connection's reaper
     /// releases the lease (and closes the mapping if unused) when the mark is reached.
-    pub fn release_after(self, stream: usize) -> Result<()> {
+    pub fn release_after(self, stream: CudaStream) -> Result<()> {
         let mark = crate::cuda::event::StreamMark::record(self.device(), stream)?;
         let inner = self.held.inner.clone();
         let mut deferred = inner.deferred.lock();
@@ -115,7 +116,7 @@ impl CudaImported {
     /// this holder lets go once the work enqueued on `stream` so far has completed,
     /// without blocking; the lease goes back when the last holder has let go. Alone (no
     /// forward holds it any more): exactly `release_after`.
-    pub fn release_shared_after(self: Arc<Self>, stream: usize) -> Result<()> {
+    pub fn release_shared_after(self: Arc<Self>, stream: CudaStream) -> Result<()> {
         match Arc::try_unwrap(self) {
             Ok(only) => only.release_after(stream),
             Err(shared) => {

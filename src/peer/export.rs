@@ -2,6 +2,7 @@
 //! and CUDA memory by IPC handle or VMM fd (`send_cuda_leased`, the one path every CUDA
 //! export takes); user messages.
 
+use crate::cuda::{CudaCode, CudaStream, DevicePtr};
 use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseId, Owner, Reclaimed};
@@ -37,6 +38,17 @@ pub(super) struct CudaStorage<'a> {
 pub(super) enum CudaHandle<'a> {
     Ipc([u8; 64]),
     Vmm(BorrowedFd<'a>),
+}
+
+/// Legacy IPC for cudaMalloc memory, an fd for VMM memory (expandable segments), from the
+/// driver's answer to "is this pointer legacy-IPC capable". A driver too old to know the
+/// attribute answers CUDA_ERROR_INVALID_VALUE: legacy IPC then, as before the attribute
+/// existed. Decided by the code, never by its name.
+fn legacy_ipc(answer: Result<bool>) -> Result<bool> {
+    match answer {
+        Err(Error::Cuda { code: CudaCode::INVALID_VALUE, .. }) => Ok(true),
+        r => r,
+    }
 }
 
 impl Peer {
@@ -121,22 +133,16 @@ impl Peer {
     /// SCM_RIGHTS and mapped by the consumer for each import.
     pub fn export_cuda(
         &self,
-        dptr: u64,
+        dptr: DevicePtr,
         nbytes: u64,
         layout: &Layout,
-        stream: usize,
+        stream: CudaStream,
         owner: Owner,
         opts: ExportOptions,
     ) -> Result<LeaseId> {
         use crate::cuda::{ipc, vmm};
         self.check_cuda_export(layout, nbytes)?;
-        // Legacy IPC for cudaMalloc memory; an fd for VMM memory (expandable segments).
-        // A driver too old to know the attribute answers CUDA_ERROR_INVALID_VALUE: legacy
-        // IPC then, as before the attribute existed.
-        let legacy = match crate::cuda::driver::is_legacy_ipc_capable(dptr) {
-            Err(Error::Cuda { name, .. }) if name == "CUDA_ERROR_INVALID_VALUE" => true,
-            r => r?,
-        };
+        let legacy = legacy_ipc(crate::cuda::driver::is_legacy_ipc_capable(dptr))?;
         let vmm_export = if legacy { None } else { Some(vmm::export_pointer(dptr, nbytes)?) };
         let storage = match &vmm_export {
             None => {
@@ -171,7 +177,7 @@ impl Peer {
         &self,
         storage: CudaStorage<'_>,
         layout: &Layout,
-        stream: usize,
+        stream: CudaStream,
         owner: Owner,
         opts: ExportOptions,
     ) -> Result<LeaseId> {
@@ -252,5 +258,25 @@ impl Peer {
     /// Send a user message with up to 8 fds.
     pub fn send_message(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         self.inner.conn.send(KIND_USER, payload, fds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cuda(code: CudaCode, name: &str) -> Result<bool> {
+        Err(Error::Cuda { call: "cuPointerGetAttribute", code, name: name.into() })
+    }
+
+    #[test]
+    fn an_old_drivers_invalid_value_means_legacy_ipc_by_its_code_not_its_name() {
+        assert!(legacy_ipc(Ok(true)).unwrap());
+        assert!(!legacy_ipc(Ok(false)).unwrap());
+        assert!(legacy_ipc(cuda(CudaCode::INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE")).unwrap());
+        assert!(legacy_ipc(cuda(CudaCode::INVALID_VALUE, "a name this driver made up")).unwrap());
+        let e = legacy_ipc(cuda(CudaCode::NOT_SUPPORTED, "CUDA_ERROR_INVALID_VALUE")).unwrap_err();
+        assert!(matches!(e, Error::Cuda { code: CudaCode::NOT_SUPPORTED, .. }), "{e}");
+        assert!(matches!(legacy_ipc(Err(Error::CudaUnavailable("no driver".into()))), Err(Error::CudaUnavailable(_))));
     }
 }

@@ -25,6 +25,7 @@
 //! as for a dropped segment.
 
 use crate::cuda::event::StreamMark;
+use crate::cuda::CudaStream;
 use crate::desc::Layout;
 use crate::error::{Error, Result};
 use crate::lease::{LeaseId, StorageKeeper};
@@ -128,7 +129,7 @@ impl Peer {
         &self,
         imp: Arc<CudaImported>,
         view: Option<Layout>,
-        stream: usize,
+        stream: CudaStream,
         opts: ExportOptions,
     ) -> Result<LeaseId> {
         self.export_cuda_imported_with(imp, view, stream, Box::new(()), opts)
@@ -140,7 +141,7 @@ impl Peer {
         &self,
         imp: Arc<CudaImported>,
         view: Option<Layout>,
-        stream: usize,
+        stream: CudaStream,
         extra: crate::Owner,
         opts: ExportOptions,
     ) -> Result<LeaseId> {
