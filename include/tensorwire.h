@@ -629,7 +629,9 @@ tw_result_e tw_peer_export(const tw_peer_t *peer,
  `imp` has been freed or released — `tw_imported_release` of a forwarded import
  returns `TW_OK` and leaves the release to the last forward. `release(ctx)` as for
  `tw_peer_export` (called when this lease ends, or before a failing call returns).
- `TW_ERR_INVALID_ARGUMENT` for a CUDA import or a view that does not fit the storage.
+ `TW_ERR_INVALID_ARGUMENT` for a CUDA import (forwarded with
+ `tw_peer_export_imported_cuda`, which takes a stream) or a view that does not fit the
+ storage.
 
  # Safety
  `peer`, `imp` live; `layout` NULL or readable; `out_lease` NULL or writable;
@@ -643,6 +645,32 @@ tw_result_e tw_peer_export_imported(const tw_peer_t *peer,
                                     tw_release_fn release,
                                     void *ctx,
                                     tw_lease_t *out_lease);
+
+/*
+ Forward a CUDA tensor received from a peer (on any connection, this one included) to
+ this peer as the same device memory: the IPC handle or the producer's VMM fd travels
+ on as it came (nothing is opened or exported through the driver again), under a new
+ lease whose owner holds the import. `stream` (a CUstream of the import's device; 0:
+ the legacy default stream) first waits for the producer's writes, then an event
+ recorded there orders the consumer: it sees the producer's writes and this process's
+ work enqueued on `stream` before the call. `layout`, the lease's life, `imp`'s release
+ (`tw_imported_release` or `tw_imported_release_after` of a forwarded import return
+ `TW_OK` and leave the lease to the last forward) and `release(ctx)` as for
+ `tw_peer_export_imported`. `TW_ERR_INVALID_ARGUMENT` for a CPU import, a view that does
+ not fit the storage, or a connection that already carries another device's memory.
+
+ # Safety
+ As for `tw_peer_export_imported`; `stream` a valid stream of the import's device.
+ */
+tw_result_e tw_peer_export_imported_cuda(const tw_peer_t *peer,
+                                         const tw_imported_t *imp,
+                                         const tw_layout_t *layout,
+                                         size_t stream,
+                                         uint64_t tag,
+                                         uint64_t window_ms,
+                                         tw_release_fn release,
+                                         void *ctx,
+                                         tw_lease_t *out_lease);
 
 /*
  Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
@@ -744,7 +772,10 @@ tw_result_e tw_imported_cuda_wait(const tw_imported_t *imp, size_t stream);
 /*
  Release the lease once the work enqueued so far on `stream` has completed, without
  blocking (a CUDA import: an event is recorded on the stream and the lease released
- when it is reached; a CPU import is released now), and free the handle either way.
+ when it is reached; a CPU import is released now), and free the handle either way. A
+ CUDA import forwarded with `tw_peer_export_imported_cuda` whose forward is still
+ leased: the handle lets go once the stream's work is done, and the lease goes back
+ when the last forward ends (`TW_OK`).
 
  # Safety
  `imp` a live handle, not used afterwards; `stream` valid for the import's device.

@@ -36,8 +36,9 @@ pub enum Error {
     InvalidArgument(String),
     /// CUDA was asked for but no driver is present on this machine.
     CudaUnavailable(String),
-    /// A CUDA driver call failed.
-    Cuda { call: &'static str, code: i32, name: String },
+    /// A CUDA driver call failed: `code` is the driver's result, `name` its name for it
+    /// (e.g. `CUDA_ERROR_INVALID_VALUE`), for messages.
+    Cuda { call: &'static str, code: crate::cuda::CudaCode, name: String },
     /// The machine or a process limit said no: no fd (`EMFILE`/`ENFILE`), no address
     /// space or memory (`ENOMEM`, e.g. under `RLIMIT_AS`), no room on a file system or
     /// under a file-size limit (`ENOSPC`/`EFBIG`), no lockable memory (`EPERM`/`EAGAIN`

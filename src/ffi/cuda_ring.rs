@@ -3,6 +3,7 @@
 //! shape, allocate, copy out on your stream.
 
 use super::desc::tw_layout_t;
+use crate::cuda::{CudaStream, DevicePtr};
 use super::peer::tw_peer_t;
 use super::{arg, guard, need, put, tw_result_e};
 use std::time::Duration;
@@ -35,7 +36,7 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_send(
         let p = unsafe { arg(peer, "peer")? };
         // SAFETY: readable per the contract; NULL refused.
         let l = unsafe { arg(layout, "layout")? }.to_layout()?;
-        Ok(p.inner().cuda_ring_send(src, &l, stream, tag, timeout(timeout_ms))?)
+        Ok(p.inner().cuda_ring_send(DevicePtr(src), &l, CudaStream(stream), tag, timeout(timeout_ms))?)
     })
 }
 
@@ -97,7 +98,7 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_recv_finish(
     guard("tw_peer_cuda_ring_recv_finish", || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
-        Ok(p.inner().cuda_ring_recv_finish(dst, capacity, stream, timeout(timeout_ms))?)
+        Ok(p.inner().cuda_ring_recv_finish(DevicePtr(dst), capacity, CudaStream(stream), timeout(timeout_ms))?)
     })
 }
 

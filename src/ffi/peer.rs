@@ -192,7 +192,7 @@ pub unsafe extern "C" fn tw_peer_recv(
         let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
         let (tensor, message) = match p.inner.recv(t)? {
             Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cpu(i.into()) })), std::ptr::null_mut()),
-            Incoming::CudaTensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cuda(i) })), std::ptr::null_mut()),
+            Incoming::CudaTensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cuda(i.into()) })), std::ptr::null_mut()),
             Incoming::Message { payload, fds } => (
                 std::ptr::null_mut(),
                 Box::into_raw(Box::new(tw_message_t { payload, fds: fds.into_iter().map(Some).collect() })),

@@ -167,9 +167,9 @@ impl Peer {
         let opened = (|| {
             let claim = claim?;
             let device = i32::from(desc.device_index);
-            let mapping = match vmm_fd {
+            let mapping = match &vmm_fd {
                 // Mapped per message (a VMM fd has no cheap identity to cache by).
-                Some(fd) => CudaMemory::Vmm(crate::cuda::vmm::VmmAllocation::import_fd(&fd, device, desc.storage.segment_id)?),
+                Some(fd) => CudaMemory::Vmm(crate::cuda::vmm::VmmAllocation::import_fd(fd, device, desc.storage.segment_id)?),
                 None => CudaMemory::Ipc(crate::cuda::ipc::cache().open(device, desc.storage.cuda_ipc_handle)?),
             };
             crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
@@ -178,7 +178,8 @@ impl Peer {
         match opened {
             Ok((mapping, claim)) => {
                 let held = HeldLease { inner: self.inner.clone(), lease, released: false };
-                Ok(CudaImported { held, mapping, claim, desc, tag })
+                // A VMM import keeps the producer's fd: forwarding sends it on as it came.
+                Ok(CudaImported { held, mapping, vmm_fd, claim, desc, tag })
             }
             Err(e) => {
                 let _ = self.inner.import.release(lease);

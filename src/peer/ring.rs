@@ -1,10 +1,11 @@
 //! Pass-throughs to the connection's CPU rings and GPU bounce rings.
 
+use crate::cuda::{CudaStream, DevicePtr};
 use crate::desc::{Layout, TensorDesc};
 use crate::error::{Error, Result};
 use crate::ring::{RingItem, RingMessage, Wait};
 use std::time::Duration;
-use super::Peer;
+use super::{Peer, PeerCudaRing};
 
 impl Peer {
     fn ring_wait(&self, timeout: Option<Duration>, spin: Option<u32>) -> Wait {
@@ -59,8 +60,8 @@ impl Peer {
 
     fn cuda_ring_rx(&self) -> Result<&crate::cuda::ring::CudaRingReceiver> {
         match &self.inner.cuda_ring_rx {
-            Some(Ok(rx)) => Ok(rx),
-            Some(Err(m)) => Err(Error::CudaUnavailable(format!("the peer's GPU ring could not be opened here: {m}"))),
+            Some(PeerCudaRing::Open(rx)) => Ok(rx),
+            Some(PeerCudaRing::Refused(why)) => Err(Error::CudaUnavailable(format!("the peer's GPU ring could not be opened here: {why}"))),
             None => Err(Error::InvalidArgument(
                 "the peer offered no GPU ring (its PeerConfig::cuda_ring was None)".into(),
             )),
@@ -71,7 +72,7 @@ impl Peer {
     /// describes `layout.packed_bytes()` bytes at device address `src`; the copies are
     /// enqueued on `stream` after the work already there (no synchronize). Waits for free
     /// slots at most `timeout`.
-    pub fn cuda_ring_send(&self, src: u64, layout: &Layout, stream: usize, tag: u64, timeout: Option<Duration>) -> Result<()> {
+    pub fn cuda_ring_send(&self, src: DevicePtr, layout: &Layout, stream: CudaStream, tag: u64, timeout: Option<Duration>) -> Result<()> {
         let tx = self.inner.cuda_ring_tx.as_ref().ok_or_else(|| {
             Error::InvalidArgument("this connection has no GPU ring to send through (PeerConfig::cuda_ring was None)".into())
         })?;
@@ -90,7 +91,7 @@ impl Peer {
     /// Copy the message `cuda_ring_recv` returned into `capacity` bytes of device memory
     /// at `dst`, on `stream` (ordered after the producer's writes; no synchronize), and
     /// free its slots. Waits for its later chunks at most `timeout`.
-    pub fn cuda_ring_recv_finish(&self, dst: u64, capacity: u64, stream: usize, timeout: Option<Duration>) -> Result<()> {
+    pub fn cuda_ring_recv_finish(&self, dst: DevicePtr, capacity: u64, stream: CudaStream, timeout: Option<Duration>) -> Result<()> {
         let conn = &self.inner.conn;
         self.cuda_ring_rx()?.finish(dst, capacity, stream, self.ring_wait(timeout, None), &|| conn.is_peer_gone())
     }

@@ -1,6 +1,7 @@
 //! The consuming half: validates each chunk record against what is due, copies slots out
 //! on the caller's stream, frees them.
 
+use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
 use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, STATE_BROKEN, STATE_CLOSED, STATE_OFF, STATE_READY, STATE_REFUSED};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device};
@@ -210,7 +211,7 @@ impl CudaRingReceiver {
     /// Copy the pending message into `capacity` bytes of device memory at `dst` on
     /// `stream` (ordered after the producer's writes, without blocking on the GPU), and
     /// free its slots. Waits for later chunks as `wait` says.
-    pub fn finish(&self, dst: u64, capacity: u64, stream: usize, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    pub fn finish(&self, dst: DevicePtr, capacity: u64, stream: CudaStream, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
         let mut st = self.state.lock();
         let p = st.pending.ok_or_else(|| Error::InvalidArgument("no GPU ring message is pending: call begin first".into()))?;
         if capacity < p.first.total {
@@ -260,7 +261,7 @@ impl CudaRingReceiver {
         &self,
         st: &mut RecvState,
         p: &Pending,
-        copy: Option<(u64, usize)>,
+        copy: Option<(DevicePtr, CudaStream)>,
         wait: Wait,
         gone: &dyn Fn() -> bool,
     ) -> std::result::Result<(), (Error, bool)> {

@@ -1,6 +1,7 @@
 //! The producing half: copies into arena slots on the caller's stream, records the
 //! "written" events, publishes chunk records.
 
+use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
 use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, LIVENESS_SLICE, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device, DeviceBuffer};
@@ -119,7 +120,7 @@ impl CudaRingSender {
     /// usable; one part-way through a message breaks it (the consumer holds a partial
     /// message that nothing can complete in order) — size `slots` and timeouts so that a
     /// live consumer keeps up.
-    pub fn send(&mut self, src: u64, layout: &Layout, stream: usize, tag: u64, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    pub fn send(&mut self, src: DevicePtr, layout: &Layout, stream: CudaStream, tag: u64, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
         self.check_usable()?;
         if !layout.is_contiguous() {
             return Err(Error::InvalidArgument(
@@ -176,8 +177,8 @@ impl CudaRingSender {
     fn send_chunk(
         &mut self,
         c: Chunk,
-        src: u64,
-        stream: usize,
+        src: DevicePtr,
+        stream: CudaStream,
         tag: u64,
         desc: Option<&TensorDesc>,
         wait: Wait,
