@@ -31,6 +31,7 @@ pub mod sync;
 pub mod doorbell;
 pub mod credits;
 pub(crate) mod deadline;
+pub mod wait;
 pub mod ring;
 
 // Module declarations stay outside the macro: cbindgen does not expand macros, and it
