@@ -30,7 +30,6 @@ pub mod lease;
 pub mod sync;
 pub mod doorbell;
 pub mod credits;
-pub(crate) mod deadline;
 pub mod wait;
 pub mod ring;
 
@@ -59,9 +58,10 @@ cfg_not_loom! {
     pub use connection::{Connection, Listener};
     pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
     pub use lease::{LeaseId, LeaseStats, Owner};
-    pub use ring::{RingItem, RingMessage, Wait};
+    pub use ring::{RingItem, RingMessage};
     pub use peer::{CudaImported, ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
     pub use segment::Segment;
 }
 
 pub use error::{Error, Result};
+pub use wait::Wait;

@@ -93,6 +93,11 @@ impl Deadline {
         self.clock();
     }
 
+    /// Polls to spend before sleeping: `spin`, or none when the caller asked not to wait.
+    pub(crate) fn spins(&self, spin: u32) -> u32 {
+        if matches!(self.wait, Wait::Never | Wait::For(Duration::ZERO)) { 0 } else { spin }
+    }
+
     /// What is left: `None` for no limit, zero once the deadline passed.
     pub(crate) fn remaining(&mut self) -> Option<Duration> {
         if self.wait == Wait::Never {
@@ -151,6 +156,7 @@ mod tests {
             assert!(dl.expired(), "{w:?}");
             assert_eq!(dl.remaining(), Some(Duration::ZERO), "{w:?}");
             assert_eq!(dl.slice(Duration::from_secs(1)), None, "{w:?}");
+            assert_eq!(dl.spins(100), if matches!(w, Wait::Until(_)) { 100 } else { 0 }, "{w:?}");
             assert_eq!(dl.as_wait().deadline().remaining(), Some(Duration::ZERO), "{w:?}");
         }
         assert!(Wait::Until(Instant::now() - Duration::from_secs(1)).deadline().expired());
@@ -164,6 +170,7 @@ mod tests {
             assert_eq!(dl.remaining(), None, "{w:?}");
             assert_eq!(dl.slice(Duration::from_millis(3)), Some(Duration::from_millis(3)), "{w:?}");
             assert_eq!(dl.as_wait(), Wait::Forever, "{w:?}");
+            assert_eq!(dl.spins(100), 100, "{w:?}");
         }
         // Long but representable: a real end, far away.
         let year = Duration::from_secs(365 * 24 * 3600);

@@ -158,7 +158,7 @@ fn listener_path_between_processes() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let peer = Peer::accept(&listener, PeerConfig::default()).unwrap();
+    let peer = Peer::accept(&listener, T, PeerConfig::default()).unwrap();
     assert_eq!(peer.peer_pid() as u32, child.id());
     let t = peer.recv_tensor(T).unwrap();
     assert_eq!(t.to_vec().unwrap(), (0..64u8).collect::<Vec<_>>());

@@ -157,7 +157,7 @@ fn a_full_socket_buffer_times_out_the_send_and_takes_the_lease_back() {
 }
 
 fn full_socket_buffer() {
-    let cfg = PeerConfig { send_timeout: Duration::from_millis(200), ..no_ring() };
+    let cfg = PeerConfig { send_timeout: Duration::from_millis(200).into(), ..no_ring() };
     let (a, b) = Peer::pair(cfg).unwrap();
     let t = SharedTensor::zeros(f32s(16)).unwrap();
     let mut sent = 0u64;

@@ -55,7 +55,7 @@ fn setup(victim_cfg: PeerConfig) -> (Peer, Attacker) {
 }
 
 fn w(ms: u64) -> Wait {
-    Wait { spin: 10, timeout: Duration::from_millis(ms) }
+    Wait::For(Duration::from_millis(ms))
 }
 
 fn expect_broken(victim: &Peer, needle: &str) {

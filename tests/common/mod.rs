@@ -16,7 +16,7 @@ pub const DONE: u64 = u64::MAX - 1;
 
 pub const ROLE_ENV: &str = "TW_TEST_ROLE";
 pub const FD_ENV: &str = "TW_TEST_FD";
-pub const T: Option<Duration> = Some(Duration::from_secs(30));
+pub const T: Duration = Duration::from_secs(30);
 
 /// Spawn this test binary as a child playing `role`; returns it and our connected peer.
 pub fn spawn_child(role: &str, cfg: PeerConfig) -> (Child, Peer) {
