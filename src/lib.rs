@@ -20,7 +20,9 @@
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 /// Items that exist only outside the loom model build (`--cfg loom` compiles just the
-/// shared-memory protocols and their `sync` shim), as tokio's `cfg_*!` macros do.
+/// shared-memory protocols and their `sync` shim), as tokio's `cfg_*!` macros do: every
+/// such re-export, here and in the modules (`lease`, `ring`). (`sync` picks std's or
+/// loom's atomics with a `cfg` pair: both builds have them.)
 macro_rules! cfg_not_loom {
     ($($item:item)*) => { $( #[cfg(not(loom))] $item )* };
 }
