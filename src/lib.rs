@@ -6,12 +6,12 @@
 //! Unix-socket [`Connection`].
 //!
 //! ```no_run
-//! use tensorwire::{DType, ExportOptions, Layout, Peer, PeerConfig, SharedTensor};
+//! use tensorwire::{DType, ExportOptions, Layout, Peer, PeerConfig, SharedTensor, Wait};
 //! # fn main() -> tensorwire::Result<()> {
 //! let (a, b) = Peer::pair(PeerConfig::default())?;
 //! let t = SharedTensor::zeros(Layout::contiguous(DType::Float32, &[2, 3])?)?;
 //! a.export(&t.view(t.layout().transpose(0, 1)?)?, ExportOptions::default())?;
-//! let imported = b.recv_tensor(None)?;        // aliases a's memory, zero-copy
+//! let imported = b.recv_tensor(Wait::Forever)?; // aliases a's memory, zero-copy
 //! assert_eq!(imported.layout().sizes(), &[3, 2]);
 //! imported.release()?;                         // a's owner is dropped now
 //! # Ok(()) }

@@ -71,12 +71,12 @@ fn child_entry() {
         "send_then_die" => {
             peer.ring_send(&[RingItem::bytes(1, b"one"), RingItem::bytes(2, b"two")], T).unwrap();
             peer.send_message(b"sent", &[]).unwrap();
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
         }
         // Never read the ring; wait to be killed.
         "stall" => {
             peer.send_message(b"ready", &[]).unwrap();
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
         }
         other => panic!("unknown role {other}"),
     }

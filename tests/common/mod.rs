@@ -124,7 +124,7 @@ pub fn child_main() {
                     Incoming::CudaTensor(t) => panic!("unexpected CUDA tensor {:?}", t.layout()),
                 }
             }
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
             std::process::exit(0);
         }
         // Export three patterned tensors, say so, then wait to be killed.
@@ -137,7 +137,7 @@ pub fn child_main() {
                 keep.push(t);
             }
             peer.send_message(b"ready", &[]).unwrap();
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
             std::process::exit(0);
         }
         other => panic!("unknown child role {other}"),

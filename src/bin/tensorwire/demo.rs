@@ -392,6 +392,6 @@ fn child(args: &[String]) -> Result<(), Fail> {
         .collect();
     peer.send_message(text.as_bytes(), &[])?;
     // Wait for the parent to finish with us before tearing the connection down.
-    let _ = peer.recv(Some(Duration::from_secs(30)));
+    let _ = peer.recv(TIMEOUT);
     Ok(())
 }
