@@ -213,16 +213,7 @@ impl CudaRingReceiver {
     /// Copy the pending message into `capacity` bytes of device memory at `dst` on
     /// `stream` (ordered after the producer's writes, without blocking on the GPU), and
     /// free its slots. Waits for later chunks as `wait` says.
-    #[allow(clippy::too_many_arguments)]
-    pub fn finish(
-        &self,
-        dst: u64,
-        capacity: u64,
-        stream: usize,
-        wait: impl Into<Wait>,
-        spin: u32,
-        gone: &dyn Fn() -> bool,
-    ) -> Result<()> {
+    pub fn finish(&self, dst: u64, capacity: u64, stream: usize, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         let mut st = self.state.lock();
         let p = st.pending.ok_or_else(|| Error::InvalidArgument("no GPU ring message is pending: call begin first".into()))?;
         if capacity < p.first.total {

@@ -121,16 +121,7 @@ impl CudaRingSender {
     /// message that nothing can complete in order) — size `slots` and timeouts so that a
     /// live consumer keeps up.
     #[allow(clippy::too_many_arguments)]
-    pub fn send(
-        &mut self,
-        src: u64,
-        layout: &Layout,
-        stream: usize,
-        tag: u64,
-        wait: impl Into<Wait>,
-        spin: u32,
-        gone: &dyn Fn() -> bool,
-    ) -> Result<()> {
+    pub fn send(&mut self, src: u64, layout: &Layout, stream: usize, tag: u64, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         self.check_usable()?;
         if !layout.is_contiguous() {
             return Err(Error::InvalidArgument(
