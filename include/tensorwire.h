@@ -7,6 +7,10 @@
  * Thread-safety: tw_segment_t and tw_listener_t may be shared; tw_peer_t may be shared
  * for export/send/stats/reap, with tw_peer_recv called by one thread at a time;
  * tw_imported_t and tw_message_t belong to one thread at a time.
+ * Waiting: every blocking function takes int64_t timeout_ms, and every *_timeout_ms
+ * field of tw_peer_config_t means the same: negative waits without limit, 0 does not
+ * wait (what is ready now is taken, else TW_ERR_TIMEOUT at once), n > 0 waits at most
+ * n ms.
  */
 
 #ifndef TENSORWIRE_H
@@ -218,9 +222,10 @@ typedef struct {
    */
   uint64_t max_import_segments;
   /*
-   Connection setup timeout in ms.
+   How long (ms) each step of connection setup may wait for the peer (negative: no
+   limit, 0: do not wait).
    */
-  uint64_t handshake_timeout_ms;
+  int64_t handshake_timeout_ms;
   /*
    Data area of the ring this side sends through (power of two ≥ 4096; 0: none).
    */
@@ -269,9 +274,10 @@ typedef struct {
   uint64_t max_import_mapped_bytes;
   /*
    How long (ms) a send may wait for room in the peer's socket buffer before it fails
-   with `TW_ERR_TIMEOUT` (the export's lease is taken back).
+   with `TW_ERR_TIMEOUT` (the export's lease is taken back); negative: no limit, 0: do
+   not wait.
    */
-  uint64_t send_timeout_ms;
+  int64_t send_timeout_ms;
 } tw_peer_config_t;
 
 /*
@@ -456,7 +462,7 @@ tw_result_e tw_cuda_device_count(int32_t *out);
  GPU ring (`tw_peer_config_t::cuda_ring_device` ≥ 0), ordered after the work already
  enqueued on `stream` (a CUstream; 0: the legacy default stream) — the copies are
  enqueued there, nothing synchronizes. Larger than a slot: in chunks. Waits for free
- slots at most `timeout_ms` (negative: no limit).
+ slots as `timeout_ms` says.
 
  # Safety
  `peer` live, `layout` readable; `src` device memory of the ring's device holding the
@@ -471,7 +477,7 @@ tw_result_e tw_peer_cuda_ring_send(const tw_peer_t *peer,
                                    int64_t timeout_ms);
 
 /*
- Wait (at most `timeout_ms`; negative: no limit) for the next message in the peer's GPU
+ Wait (as `timeout_ms` says) for the next message in the peer's GPU
  ring and describe it: tag, contiguous layout, device and byte count (outputs may be
  NULL except `layout`). Then call `tw_peer_cuda_ring_recv_finish` with memory of that
  size on that device, or `tw_peer_cuda_ring_discard`. Calling this again first
@@ -585,7 +591,7 @@ tw_result_e tw_doorbell_ring(const tw_segment_t *seg, size_t offset);
 
 /*
  Wait until the sequence differs from `seen`: spin `spin` times, then sleep in
- FUTEX_WAIT, at most `timeout_ms` (negative: no limit). `TW_ERR_TIMEOUT` if it did not
+ FUTEX_WAIT, as `timeout_ms` says (0: spin not at all). `TW_ERR_TIMEOUT` if it did not
  change in time.
 
  # Safety
@@ -811,12 +817,14 @@ void tw_imported_free(tw_imported_t *imp);
 tw_result_e tw_listener_bind(const char *path, tw_listener_t **out);
 
 /*
- Accept and handshake one connection (waits at most the config's handshake timeout).
+ Accept one connection, waiting for it as `timeout_ms` says, and set it up (each step
+ waiting at most the config's handshake timeout).
 
  # Safety
  `listener` live; `cfg` NULL or readable; `out` writable.
  */
 tw_result_e tw_listener_accept(const tw_listener_t *listener,
+                               int64_t timeout_ms,
                                const tw_peer_config_t *cfg,
                                tw_peer_t **out);
 
@@ -923,7 +931,7 @@ tw_result_e tw_peer_send_message(const tw_peer_t *peer,
                                  size_t nfds);
 
 /*
- Receive the next tensor or user message, waiting at most `timeout_ms` (negative: until
+ Receive the next tensor or user message, waiting as `timeout_ms` says (negative: until
  one arrives or the peer dies). On success exactly one of `*out_tensor` and
  `*out_message` is set non-NULL and the other to NULL.
 
@@ -953,8 +961,7 @@ tw_result_e tw_peer_stats(const tw_peer_t *peer, tw_lease_stats_t *out);
 tw_result_e tw_peer_reap(const tw_peer_t *peer, tw_lease_stats_t *out);
 
 /*
- Copy `len` bytes through the ring (waiting for space at most `timeout_ms`; negative:
- no limit). Messages larger than half the ring go through in chunks.
+ Copy `len` bytes through the ring (waiting for space as `timeout_ms` says). Messages larger than half the ring go through in chunks.
 
  # Safety
  `peer` live; `data` readable for `len` bytes (may be NULL if 0).
@@ -980,7 +987,7 @@ tw_result_e tw_peer_ring_send_view(const tw_peer_t *peer,
                                    int64_t timeout_ms);
 
 /*
- Receive the next ring message (at most `timeout_ms`; negative: no limit). With
+ Receive the next ring message (waiting as `timeout_ms` says). With
  `borrow`, a message that fits one ring record stays in the ring (no copy) until the
  message is freed; otherwise, and for chunked messages, it is a private copy.
 

@@ -16,7 +16,8 @@ pub enum Error {
     Io { op: &'static str, source: io::Error },
     /// The peer process exited or closed its end of the connection.
     PeerGone { detail: String },
-    /// A wait ran past its timeout.
+    /// A wait ran out: `after` is what the caller asked for (the timeout, or from the
+    /// call to its deadline; zero for `Wait::Never`).
     Timeout { what: &'static str, after: std::time::Duration },
     /// A descriptor (from the peer or the caller) failed validation.
     InvalidDescriptor(String),
@@ -38,6 +39,8 @@ pub enum Error {
     CudaUnavailable(String),
     /// A CUDA driver call failed: `code` is the driver's result, `name` its name for it
     /// (e.g. `CUDA_ERROR_INVALID_VALUE`), for messages.
+    // Not in the loom model build, which compiles no CUDA code (`crate::cuda` is out).
+    #[cfg(not(loom))]
     Cuda { call: &'static str, code: crate::cuda::CudaCode, name: String },
     /// The machine or a process limit said no: no fd (`EMFILE`/`ENFILE`), no address
     /// space or memory (`ENOMEM`, e.g. under `RLIMIT_AS`), no room on a file system or
@@ -79,6 +82,9 @@ impl fmt::Display for Error {
         match self {
             Error::Io { op, source } => write!(f, "{op} failed: {source}"),
             Error::PeerGone { detail } => write!(f, "peer gone: {detail}"),
+            Error::Timeout { what, after } if after.is_zero() => {
+                write!(f, "timed out at once (no wait was asked for) waiting for {what}")
+            }
             Error::Timeout { what, after } => write!(f, "timed out after {after:?} waiting for {what}"),
             Error::InvalidDescriptor(m) => write!(f, "invalid tensor descriptor: {m}"),
             Error::InvalidSegment(m) => write!(f, "invalid segment: {m}"),
@@ -88,6 +94,7 @@ impl fmt::Display for Error {
             Error::QuotaExceeded(m) => write!(f, "quota exceeded: {m}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::CudaUnavailable(m) => write!(f, "CUDA unavailable: {m}"),
+            #[cfg(not(loom))]
             Error::Cuda { call, code, name } => write!(f, "CUDA call {call} failed: {name} ({code})"),
             Error::Resource { what, errno } => {
                 let hint = match *errno {

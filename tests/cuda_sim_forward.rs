@@ -534,7 +534,7 @@ fn forward_errors_are_typed_roll_back_and_leak_nothing() {
     }
 
     // The lease quota: the refused forward gives its event slot back.
-    let quota = PeerConfig { max_leases: 1, handshake_timeout: Duration::from_secs(3), ..PeerConfig::default() };
+    let quota = PeerConfig { max_leases: 1, handshake_timeout: Duration::from_secs(3).into(), ..PeerConfig::default() };
     let (q, q_other) = Peer::pair(quota).unwrap();
     q.export_cuda_imported(imp.clone(), None, rs.0, ExportOptions { tag: 2, window: None }).unwrap();
     let e = q.export_cuda_imported(imp.clone(), None, rs.0, ExportOptions { tag: 3, window: None }).unwrap_err();

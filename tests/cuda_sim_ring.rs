@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tensorwire::cuda::driver::DeviceBuffer;
 use tensorwire::cuda::CudaStream;
 use tensorwire::cuda::ring::CudaRingConfig;
-use tensorwire::{DType, Error, Incoming, Layout, PeerConfig};
+use tensorwire::{DType, Error, Incoming, Layout, PeerConfig, Wait};
 
 #[test]
 #[ignore = "entry point of the child processes"]
@@ -67,9 +67,14 @@ fn gpu_ring_backpressure_and_timeouts() {
     peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 0, T).unwrap();
     peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 1, T).unwrap();
     let t0 = Instant::now();
-    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 2, Some(Duration::from_millis(200))).unwrap_err();
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 2, Duration::from_millis(200)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }) && e.to_string().contains("after 200ms"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(5));
+    // One that may not wait fails at once.
+    let t0 = Instant::now();
+    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 2, Wait::Never).unwrap_err();
+    assert!(matches!(e, Error::Timeout { after, .. } if after.is_zero()), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
     // A slow consumer: the sender waits for slots (backpressure), everything arrives.
     peer.send_message(&words(&[RING, 8, 20, 0]), &[]).unwrap();
     for i in 0..2u64 {

@@ -111,10 +111,10 @@ at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::Scalar
   X(cuda_ring_device, -1)        \
   X(cuda_ring_slot_bytes, 0)     \
   X(cuda_ring_slots, 0)
-// Schema text of the options, to follow the op's positional arguments:
-// ", *, int max_leases=0, ..., int cuda_ring_slots=0".
+// Schema text of the options, to close an op's keyword-only arguments (after its `*`):
+// ", int max_leases=0, ..., int cuda_ring_slots=0".
 #define TW_OPTION_SCHEMA_(name, default_) ", int " #name "=" #default_
-#define TW_CONNECTION_OPTIONS_SCHEMA ", *" TW_CONNECTION_OPTIONS(TW_OPTION_SCHEMA_)
+#define TW_CONNECTION_OPTIONS_SCHEMA TW_CONNECTION_OPTIONS(TW_OPTION_SCHEMA_)
 
 // Connections and listeners are named by int64 handles in a process-wide registry (a
 // custom-class argument costs ~12 us per call from Python; an int costs nothing). An op

@@ -37,7 +37,7 @@ tw_peer_config_t peer_config(const ConnectionOptions& o) {
   if (o.max_leases) c.max_leases = static_cast<uint32_t>(o.max_leases);
   if (o.max_lease_bytes) c.max_lease_bytes = static_cast<uint64_t>(o.max_lease_bytes);
   if (o.window_ms) c.default_window_ms = static_cast<uint64_t>(o.window_ms);
-  if (o.handshake_timeout_ms) c.handshake_timeout_ms = static_cast<uint64_t>(o.handshake_timeout_ms);
+  if (o.handshake_timeout_ms) c.handshake_timeout_ms = o.handshake_timeout_ms;
   if (o.ring_bytes) c.ring_bytes = static_cast<uint64_t>(o.ring_bytes);
   c.cuda_ring_device = static_cast<int32_t>(o.cuda_ring_device);
   if (o.cuda_ring_slot_bytes) c.cuda_ring_slot_bytes = static_cast<uint64_t>(o.cuda_ring_slot_bytes);
@@ -45,14 +45,15 @@ tw_peer_config_t peer_config(const ConnectionOptions& o) {
   return c;
 }
 
-// The kernel of an opening op: its positional argument (`Where`), then every connection
-// option in schema order (the signature TW_CONNECTION_OPTIONS_SCHEMA declares). `Open`
-// gets the parsed config and returns the connection's handle.
+// The kernel of an opening op: the op's own arguments (`Lead`, e.g. the listener and
+// accept's timeout), then every connection option in schema order (the signature
+// TW_CONNECTION_OPTIONS_SCHEMA declares). `Open` gets its own arguments and the parsed
+// config, and returns the connection's handle.
 #define TW_OPTION_PARAM_(name, default_) , int64_t name
 #define TW_OPTION_ARG_(name, default_) name,
-template <typename Where, int64_t (*Open)(Where, const tw_peer_config_t&)>
-int64_t with_options(Where where TW_CONNECTION_OPTIONS(TW_OPTION_PARAM_)) {
-  return Open(where, peer_config(ConnectionOptions{TW_CONNECTION_OPTIONS(TW_OPTION_ARG_)}));
+template <auto Open, typename... Lead>
+int64_t with_options(Lead... lead TW_CONNECTION_OPTIONS(TW_OPTION_PARAM_)) {
+  return Open(lead..., peer_config(ConnectionOptions{TW_CONNECTION_OPTIONS(TW_OPTION_ARG_)}));
 }
 #undef TW_OPTION_PARAM_
 #undef TW_OPTION_ARG_
@@ -71,10 +72,10 @@ int64_t open_connect(c10::string_view path, const tw_peer_config_t& c) {
   return register_connection(peer);
 }
 
-int64_t open_accept(int64_t listener_handle, const tw_peer_config_t& c) {
+int64_t open_accept(int64_t listener_handle, int64_t timeout_ms, const tw_peer_config_t& c) {
   auto l = listener(listener_handle, "accept");
   tw_peer_t* p = nullptr;
-  TW_CHECK(tw_listener_accept(l->listener, &c, &p));
+  TW_CHECK(tw_listener_accept(l->listener, timeout_ms, &c, &p));
   return register_connection(p);
 }
 
@@ -106,10 +107,10 @@ int64_t peer_pid(int64_t conn) { return tw_peer_pid(connection(conn, "peer_pid")
 TORCH_LIBRARY_IMPL(tensorwire, CompositeExplicitAutograd, m) {
   m.impl("socketpair", &socketpair);
   m.impl("set_inheritable", &set_inheritable);
-  m.impl("from_fd", &with_options<int64_t, &open_from_fd>);
-  m.impl("connect", &with_options<c10::string_view, &open_connect>);
+  m.impl("from_fd", &with_options<&open_from_fd, int64_t>);
+  m.impl("connect", &with_options<&open_connect, c10::string_view>);
   m.impl("listen", &listen);
-  m.impl("accept", &with_options<int64_t, &open_accept>);
+  m.impl("accept", &with_options<&open_accept, int64_t, int64_t>);
   m.impl("close", &close);
   m.impl("close_listener", &close_listener_op);
   m.impl("peer_pid", &peer_pid);

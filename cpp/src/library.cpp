@@ -90,7 +90,8 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("is_shared(Tensor self) -> bool");
 
   // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of
-  // `socketpair`, e.g. inherited by a child process). The opening ops take the keyword-only connection options
+  // `socketpair`, e.g. inherited by a child process); `accept` waits for a peer at most timeout_ms. The opening
+  // ops end with the keyword-only connection options
   // of TW_CONNECTION_OPTIONS (common.h): max_leases, max_lease_bytes, window_ms, handshake_timeout_ms,
   // ring_bytes, cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots. Limits of 0 mean the library's
   // defaults (handshake: 10 s; ring_bytes: the data area of the ring this side sends through, a power of
@@ -98,10 +99,10 @@ TORCH_LIBRARY(tensorwire, m) {
   // its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
-  m.def("from_fd(int fd" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
-  m.def("connect(str path" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
+  m.def("from_fd(int fd, *" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
+  m.def("connect(str path, *" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
   m.def("listen(str path) -> int");
-  m.def("accept(int listener" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
+  m.def("accept(int listener, *, int timeout_ms=-1" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
   m.def("close(int conn) -> ()");
   m.def("close_listener(int listener) -> ()");
   m.def("peer_pid(int conn) -> int");
@@ -111,7 +112,8 @@ TORCH_LIBRARY(tensorwire, m) {
   // Returns whether it went zero-copy. `window_ms` > 0 bounds how long the peer may hold it.
   m.def("send(int conn, Tensor tensor, int tag=0, int window_ms=0) -> bool");
   // The next tensor from the peer (and its tag), aliasing the peer's memory; its lease is
-  // released when the last tensor using that memory dies. timeout_ms < 0: no limit.
+  // released when the last tensor using that memory dies. Every timeout_ms here (recv, the
+  // rings, accept): < 0 no limit, 0 do not wait (TW_ERR_TIMEOUT at once), n > 0 at most n ms.
   m.def("recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
   // [live_leases, live_bytes, granted, released, expired, reclaimed] of what this side
   // exported to the peer, after processing pending releases and peer death.

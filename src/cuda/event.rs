@@ -27,7 +27,8 @@ use crate::segment::Segment;
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use crate::wait::Wait;
+use std::time::Duration;
 
 /// Events per connection.
 pub const POOL_SIZE: usize = 32;
@@ -200,12 +201,12 @@ impl Ledger {
         ack_word(&self.acks, self.next).load(Ordering::Acquire) >= self.issued[self.next]
     }
 
-    /// Wait (at most `timeout`) until the next slot is free; returns it.
-    fn reserve(&self, timeout: Duration) -> Result<usize> {
-        let deadline = crate::deadline::after(timeout);
+    /// Wait (as `wait` says) until the next slot is free; returns it.
+    fn reserve(&self, wait: impl Into<Wait>) -> Result<usize> {
+        let mut deadline = wait.into().deadline();
         while !self.next_free() {
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout { what: "the consumer to finish with an IPC event slot", after: timeout });
+            if deadline.expired() {
+                return Err(deadline.timed_out("the consumer to finish with an IPC event slot"));
             }
             std::thread::sleep(Duration::from_micros(20));
         }
@@ -259,11 +260,11 @@ impl EventPool {
         &self.ledger.acks
     }
 
-    /// Record the next slot on `stream` (waiting up to `timeout` for the consumer to
+    /// Record the next slot on `stream` (waiting as `wait` says for the consumer to
     /// acknowledge that slot's previous use). Returns (slot, sequence). If the record
     /// never reaches the consumer, the caller must [`cancel`](EventPool::cancel) it.
-    pub fn record(&mut self, stream: CudaStream, timeout: Duration) -> Result<(u32, u64)> {
-        let slot = self.ledger.reserve(timeout)?;
+    pub fn record(&mut self, stream: CudaStream, wait: impl Into<Wait>) -> Result<(u32, u64)> {
+        let slot = self.ledger.reserve(wait)?;
         let _ctx = ensure_context(self.device)?;
         self.events.record(slot, stream)?;
         Ok((slot as u32, self.ledger.issue(slot)))
@@ -472,5 +473,11 @@ mod tests {
         assert_eq!(l.reserve(short).unwrap(), 1);
         assert_eq!(l.issue(1), 6);
         assert!(matches!(l.reserve(short), Err(Error::Timeout { .. })), "slot 0's issue 5 is still unacknowledged");
+        // Not waiting fails at once; a timeout too long for the clock is not zero.
+        let t = std::time::Instant::now();
+        assert!(matches!(l.reserve(Wait::Never), Err(Error::Timeout { .. })));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        ack(&acks, 0, 5);
+        assert_eq!(l.reserve(Duration::MAX).unwrap(), 0);
     }
 }

@@ -82,7 +82,7 @@ impl Peer {
         }
         self.inner.reap_if_released();
         let window = opts.window.or(self.inner.cfg.default_window);
-        let deadline = window.map(crate::deadline::after);
+        let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
         let _send = self.inner.send_lock.lock();
         let sid = storage.id;
         let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
@@ -208,7 +208,7 @@ impl Peer {
         }
         let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
         let window = opts.window.or(self.inner.cfg.default_window);
-        let deadline = window.map(crate::deadline::after);
+        let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
         let granted = self.inner.exporter.lock().grant(None, nbytes, owner, deadline);
         let id = match granted {
             Ok((id, _)) => id,

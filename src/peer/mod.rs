@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::lease::{Exporter, ImportTable, LeaseStats};
 use crate::ring::{RingReceiver, RingSender, RingShared};
 use crate::segment::Segment;
+use crate::wait::Wait;
 use parking_lot::Mutex;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -122,7 +123,7 @@ impl Peer {
             let (payload, fds) = tx.setup();
             conn.send(KIND_CUDA_RING, &payload, &fds)?;
         }
-        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        let msg = conn.recv(cfg.handshake_timeout)?;
         if msg.kind != KIND_TABLE || msg.payload.len() != 16 || msg.fds.is_empty() || msg.fds.len() > 2 {
             return Err(Error::Protocol(format!(
                 "expected the peer's setup (kind {KIND_TABLE}, 16 bytes, lease table fd + optional ring fd), got kind {} with {} bytes and {} fds",
@@ -186,7 +187,7 @@ impl Peer {
     /// segment, so the producer's sends fail with a clear error, and remembered for ours.
     fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig) -> Result<PeerCudaRing> {
         use crate::cuda::ring::{CudaRingReceiver, RingSetup};
-        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        let msg = conn.recv(cfg.handshake_timeout)?;
         if msg.kind != KIND_CUDA_RING || msg.fds.len() != 2 {
             return Err(Error::Protocol(format!(
                 "expected the peer's GPU ring setup (kind {KIND_CUDA_RING}, 2 fds), got kind {} with {} fds",
@@ -243,10 +244,11 @@ impl Peer {
         Peer::from_fd(fd, cfg)
     }
 
-    /// Accept one connection from `listener`.
-    pub fn accept(listener: &Listener, cfg: PeerConfig) -> Result<Peer> {
+    /// Accept one connection from `listener`, waiting for it as `wait` says (its setup
+    /// then waits at most `cfg.handshake_timeout` per step).
+    pub fn accept(listener: &Listener, wait: impl Into<Wait>, cfg: PeerConfig) -> Result<Peer> {
         Self::check_cuda_ring(&cfg)?;
-        let conn = listener.accept(cfg.handshake_timeout)?;
+        let conn = listener.accept(wait, cfg.handshake_timeout)?;
         Peer::new(conn, cfg)
     }
 

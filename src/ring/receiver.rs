@@ -5,11 +5,12 @@
 use super::message::{Data, RingMessage};
 use super::shared::{MmapRegion, RingShared};
 use super::spsc::{Consumer, Record, RingBroken, FLAG_FIRST, FLAG_LAST};
-use super::wait::{Wait, Waiter};
+use super::waiter::Waiter;
 use crate::desc::{StorageKind, TensorDesc, DESC_SIZE};
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::segment::Segment;
+use crate::wait::{Deadline, Wait};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -273,8 +274,10 @@ impl RingReceiver {
 
     /// Receive one message: a copy (`borrow` false), or, for a message that fits one
     /// record, the bytes in place until the message is dropped (`borrow` true).
-    pub fn recv(&self, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
-        let mut waiter = Waiter::new(self.data_bell, wait, RECV_WAITS_FOR, RECV_GONE);
+    /// Waits as `wait` says; `spin` polls come before each sleep.
+    pub fn recv(&self, borrow: bool, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
+        let mut deadline = wait.into().deadline();
+        let mut waiter = Waiter::new(self.data_bell, spin, &mut deadline, RECV_WAITS_FOR, RECV_GONE);
         loop {
             let seen = waiter.current();
             if let Some(m) = self.state.lock().poll(borrow, &self.state)? {
@@ -286,8 +289,19 @@ impl RingReceiver {
 
     /// Receive one message into `buf` (replacing its contents, reusing its capacity —
     /// also for messages reassembled from chunks). Returns the tag and descriptor.
-    pub fn recv_into(&self, buf: &mut Vec<u8>, wait: Wait, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
-        let mut waiter = Waiter::new(self.data_bell, wait, RECV_WAITS_FOR, RECV_GONE);
+    pub fn recv_into(&self, buf: &mut Vec<u8>, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
+        self.recv_into_until(buf, &mut wait.into().deadline(), spin, gone)
+    }
+
+    /// `recv_into` within a caller's deadline (one clock for a larger wait).
+    pub(crate) fn recv_into_until(
+        &self,
+        buf: &mut Vec<u8>,
+        deadline: &mut Deadline,
+        spin: u32,
+        gone: &dyn Fn() -> bool,
+    ) -> Result<(u64, Option<TensorDesc>)> {
+        let mut waiter = Waiter::new(self.data_bell, spin, deadline, RECV_WAITS_FOR, RECV_GONE);
         let mut desc = None;
         loop {
             let seen = waiter.current();
@@ -300,8 +314,8 @@ impl RingReceiver {
 
     /// Receive up to `max` messages: wait for the first, then take whatever else is
     /// already published (one wake-up for a batch).
-    pub fn recv_many(&self, max: usize, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<Vec<RingMessage>> {
-        let mut out = vec![self.recv(borrow, wait, gone)?];
+    pub fn recv_many(&self, max: usize, borrow: bool, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<Vec<RingMessage>> {
+        let mut out = vec![self.recv(borrow, wait, spin, gone)?];
         let mut st = self.state.lock();
         while out.len() < max {
             match st.poll(borrow, &self.state)? {

@@ -3,9 +3,10 @@
 
 use super::shared::{MmapRegion, RingShared};
 use super::spsc::{Producer, FLAG_FIRST, FLAG_LAST};
-use super::wait::{Wait, Waiter};
+use super::waiter::Waiter;
 use crate::desc::{Layout, PackCursor, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
+use crate::wait::{Deadline, Wait};
 use bytemuck::Zeroable;
 use std::marker::PhantomData;
 
@@ -72,11 +73,17 @@ impl RingSender {
 
     /// Send all `items` (one publish and at most one wake-up for the batch, unless the
     /// ring fills and the consumer must drain part of it first). `gone` is polled while
-    /// waiting for space.
-    pub fn send_many(&mut self, items: &[RingItem<'_>], wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    /// waiting for space, which lasts as `wait` says; `spin` polls come before each sleep.
+    pub fn send_many(&mut self, items: &[RingItem<'_>], wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
+        self.send_many_until(items, &mut wait.into().deadline(), spin, gone)
+    }
+
+    /// `send_many` within a caller's deadline (one clock for a larger wait).
+    pub(crate) fn send_many_until(&mut self, items: &[RingItem<'_>], deadline: &mut Deadline, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         let mut waiter = Waiter::new(
             self.producer.doorbells().space_bell,
-            wait,
+            spin,
+            deadline,
             "space in the ring (the consumer is not draining it)",
             "the consumer went away while the ring was full",
         );

@@ -17,7 +17,7 @@ use tensorwire::cuda::{CudaStream, DevicePtr};
 use tensorwire::cuda::ring::CudaRingConfig;
 use tensorwire::{Incoming, Peer, PeerConfig};
 
-pub const T: Option<Duration> = Some(Duration::from_secs(30));
+pub const T: Duration = Duration::from_secs(30);
 const ROLE_ENV: &str = "TW_SIM_ROLE";
 const FD_ENV: &str = "TW_SIM_FD";
 const RING_ENV: &str = "TW_SIM_RING";

@@ -42,13 +42,14 @@ CONNECTION_OPTIONS = [("max_leases", 0), ("max_lease_bytes", 0), ("window_ms", 0
                       ("ring_bytes", 0), ("cuda_ring_device", -1), ("cuda_ring_slot_bytes", 0), ("cuda_ring_slots", 0)]
 
 
-@pytest.mark.parametrize("op,first", [("from_fd", "fd"), ("connect", "path"), ("accept", "listener")])
-def test_connection_options_schema(op, first):
-    # The three opening ops take the same keyword-only options (TW_CONNECTION_OPTIONS),
+@pytest.mark.parametrize("op,first,own", [("from_fd", "fd", []), ("connect", "path", []),
+                                          ("accept", "listener", [("timeout_ms", -1)])])
+def test_connection_options_schema(op, first, own):
+    # The three opening ops end with the same keyword-only options (TW_CONNECTION_OPTIONS),
     # which connection.py documents and passes through as **limits.
     args = getattr(ops, op).default._schema.arguments
     assert [a.name for a in args if not a.kwarg_only] == [first]
-    assert [(a.name, a.default_value) for a in args if a.kwarg_only] == CONNECTION_OPTIONS
+    assert [(a.name, a.default_value) for a in args if a.kwarg_only] == own + CONNECTION_OPTIONS
 
 
 @pytest.mark.parametrize("name,bad", [("max_leases", -1), ("max_lease_bytes", -1), ("window_ms", -1),
