@@ -214,3 +214,51 @@ fn a_client_refused_at_the_connection_cap_is_told_why() {
     assert!(!first.is_closed());
     assert_eq!(server.connections(), 1);
 }
+
+#[test]
+fn requests_beyond_max_workers_are_answered_busy_and_the_pool_recovers() {
+    // Two workers, both held by requests that block until released: a third request to a
+    // pool handler is answered "server busy" at once (never queued behind them), and
+    // once they return the pool serves again.
+    let entered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = std::sync::Arc::new(std::sync::Mutex::new(release_rx));
+    let e = entered.clone();
+    let svc = Service::new("Slow")
+        .method("hold", move |_, _| {
+            e.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            release_rx.lock().unwrap().recv().unwrap();
+            Ok(Value::Null)
+        })
+        .method("quick", |_, _| Ok(Value::Int(1)));
+    let reg = Registry::new();
+    reg.register("slow", svc).unwrap();
+    let cfg = RpcConfig { max_workers: 2, ..RpcConfig::default() };
+    let (server, client) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
+    let held: Vec<_> = (0..2).map(|_| client.start_call("slow", "hold", vec![], Map::new(), CallOptions::default()).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while entered.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "both held requests should reach a worker");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match client.call("slow", "quick", vec![]) {
+        Err(RpcError::Remote(m)) => assert_eq!(m, "server busy: all 2 workers are occupied"),
+        other => panic!("a third request should be answered busy, got {other:?}"),
+    }
+    release_tx.send(()).unwrap();
+    release_tx.send(()).unwrap();
+    for p in held {
+        assert_eq!(p.wait().unwrap(), Value::Null);
+    }
+    // A worker that just answered may not be waiting for the next job yet: allow it a
+    // moment, then the pool must serve again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.call("slow", "quick", vec![]) {
+            Ok(v) => break assert_eq!(v, Value::Int(1)),
+            Err(RpcError::Remote(m)) if m.contains("busy") && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("the pool should serve again once its workers are free: {e}"),
+        }
+    }
+    drop(server);
+}

@@ -9,11 +9,13 @@
 //! whoever holds it. A caller waiting for a response takes it if it is free and reads the
 //! socket itself — its own response then needs no thread hand-off — dispatching every
 //! other frame on the way (responses to their waiters, requests to the pool). A caller
-//! that finds it taken follows: a short spin, then a condvar on its per-call slot, until
-//! its response, its timeout, a cancel, the connection's end, or the lead is offered to it
-//! (a leader stepping down wakes one follower). The reader thread watches the socket
-//! without holding the lock, so a caller can always take it; while callers keep leading it
-//! steps back (for [`RpcConfig::reader_yield`] at a time) instead of waking for every frame they read.
+//! that finds it taken follows: a short spin, then a wait on its call's reply channel and
+//! the baton, until its response, its timeout, a cancel, the connection's end, or the lead
+//! is offered to it (whoever stops reading — a leader stepping down, the reader thread
+//! turning to a request or stepping back — leaves the baton, which wakes one follower).
+//! The reader thread watches the socket without holding the lock, so a caller can always
+//! take it; while callers keep leading it steps back (for [`RpcConfig::reader_yield`] at a
+//! time) instead of waking for every frame they read.
 //! Any thread that waits — the reader thread inside an inline handler, a worker inside a
 //! sync handler — can lead, so re-entrant calls never deadlock. On peer death every
 //! pending call fails with `PeerGone`.
@@ -38,10 +40,10 @@ mod reading;
 mod wire;
 
 pub use calls::{Canceller, PendingCall};
-use calls::Slot;
+use calls::ReplyTx;
 use native::NativeState;
-use pool::{Pool, PoolState};
-use reading::{reader_loop, ReaderState};
+use pool::Pool;
+use reading::{ReaderState, Token, reader_loop};
 pub use crate::config::RpcConfig;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
@@ -91,22 +93,24 @@ pub(crate) struct Inner {
     reader: Mutex<ReaderState>,
     /// Bumped each time a waiting caller takes the lead.
     lead_epoch: AtomicU64,
-    /// Callers waiting for a response while someone else leads (offered the lead in turn).
-    followers: Mutex<Vec<Arc<Slot>>>,
-    /// The reader thread sleeps here while callers lead.
-    idle: Mutex<()>,
-    idle_cv: Condvar,
+    /// Callers asleep waiting for a response while someone else leads (a hint for the
+    /// reader thread, which keeps reading while any wait).
+    followers: AtomicUsize,
+    /// The lead, offered: whoever stops reading leaves it, and it wakes one follower to
+    /// try the read side (see `reading`).
+    baton: Token,
+    /// Wakes the reader thread from stepping back (`RpcConfig::reader_yield`) at shutdown.
+    reader_wake: Token,
     /// fds that arrived on the socket, waiting for the message that claims them.
     fds: Mutex<VecDeque<OwnedFd>>,
     callbacks: Mutex<HashMap<String, crate::service::SyncHandler>>,
-    pending: Mutex<HashMap<i64, Arc<Slot>>>,
+    pending: Mutex<HashMap<i64, ReplyTx>>,
     next_id: AtomicI64,
     closed: AtomicBool,
     close_reason: Mutex<Option<RpcError>>,
     closed_cv: Condvar,
     sent_close: AtomicBool,
     pool: Pool,
-    busy: AtomicUsize,
     keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
     native: Mutex<Option<Arc<NativeState>>>,
     /// Set by the first native negotiation (ours or the peer's): one per connection.
@@ -155,9 +159,9 @@ impl Endpoint {
                 buf: vec![0u8; 64 * 1024],
             }),
             lead_epoch: AtomicU64::new(0),
-            followers: Mutex::new(Vec::new()),
-            idle: Mutex::new(()),
-            idle_cv: Condvar::new(),
+            followers: AtomicUsize::new(0),
+            baton: Token::new(),
+            reader_wake: Token::new(),
             fds: Mutex::new(VecDeque::new()),
             callbacks: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
@@ -166,8 +170,7 @@ impl Endpoint {
             close_reason: Mutex::new(None),
             closed_cv: Condvar::new(),
             sent_close: AtomicBool::new(false),
-            pool: Pool { q: Mutex::new(PoolState { jobs: VecDeque::new(), idle: 0, total: 0, stop: false }), cv: Condvar::new() },
-            busy: AtomicUsize::new(0),
+            pool: Pool::new(),
             keeper: Mutex::new(VecDeque::new()),
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
@@ -361,20 +364,12 @@ impl Inner {
         for s in pending {
             s.complete(Err(reason.clone()));
         }
-        {
-            let mut q = self.pool.q.lock();
-            q.stop = true;
-            q.jobs.clear();
-            self.pool.cv.notify_all();
-        }
+        self.pool.stop();
         self.sock.shutdown();
         self.callbacks.lock().clear();
         self.keeper.lock().clear();
         self.fds.lock().clear();
-        {
-            let _g = self.idle.lock();
-            self.idle_cv.notify_all();
-        }
+        self.reader_wake.give();
         if let Some(n) = self.native.lock().take() {
             n.wake();
         }

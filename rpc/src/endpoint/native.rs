@@ -10,7 +10,7 @@
 //! own [`Endpoint::negotiate_native`] — is refused with an error response and its fd
 //! closed, never set up beside the first.
 
-use super::{CONTROL_OBJECT_ID, Endpoint, Inner, PendingCall, Slot};
+use super::{CONTROL_OBJECT_ID, Endpoint, Inner};
 use crate::error::{Result, RpcError};
 use crate::frame;
 use crate::json::{Map, Value};
@@ -95,27 +95,28 @@ impl Endpoint {
 impl Inner {
     fn negotiate_as_initiator(self: &Arc<Self>, timeout: Duration) -> Result<bool> {
         let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
-        let call_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot::new();
-        self.pending.lock().insert(call_id, slot.clone());
+        let call = self.register_call("native tensor negotiation".into(), Some(timeout));
         let msg = Message::Call {
             object_id: CONTROL_OBJECT_ID.into(),
-            call_id,
+            call_id: call.id,
             parent_call_id: None,
             method: "native_hello".into(),
             args: vec![Value::Int(1)],
             kwargs: Map::new(),
         };
-        let mut payload = Vec::new();
-        msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
-        let framed = frame::encode_frame(&payload)?;
-        {
+        let sent = (|| {
+            let mut payload = Vec::new();
+            msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
+            let framed = frame::encode_frame(&payload)?;
             let _w = self.writer.lock();
-            self.sock.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))?;
-        }
+            self.sock.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))
+        })();
         drop(theirs);
-        let pc = PendingCall { inner: self.clone(), id: call_id, slot, timeout: Some(timeout), what: "native tensor negotiation".into() };
-        match pc.wait() {
+        if let Err(e) = sent {
+            self.pending.lock().remove(&call.id);
+            return Err(e);
+        }
+        match call.wait() {
             Ok(Value::Bool(true)) => {}
             Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
             Err(e) => return Err(e),

@@ -1,11 +1,21 @@
 //! The read side: the reader thread, leader/follower waiting for a response (see the
 //! module docs of `endpoint`), frame reads and what a received frame becomes.
+//!
+//! Waits spin briefly before they block — for at most `RpcConfig::spin` (50 µs by
+//! default; zero: block at once), paced by `crossbeam_utils::Backoff` (a few busy
+//! iterations, then yields). Why: the response or request waited for often arrives within
+//! microseconds, and a thread that blocked must then be woken, which across CPUs costs
+//! tens of µs on some machines — more than the whole round trip otherwise. Past `spin`
+//! every wait blocks: in `poll` on the socket, or on the call's reply channel and the
+//! baton (`follow`).
 
 use super::Inner;
-use super::calls::Slot;
+use super::calls::ReplyRx;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
 use crate::message::Message;
+use crossbeam_channel::{Receiver, Sender, select};
+use crossbeam_utils::Backoff;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,9 +26,26 @@ pub(super) struct ReaderState {
     pub(super) buf: Vec<u8>,
 }
 
-/// Longest a leading caller blocks in `poll` before re-checking its slot (a cancel from
-/// another thread is seen within this), and longest a follower sleeps before re-trying the
-/// lead (a safety net: a stepping-down leader wakes a follower).
+/// A signal that holds at most one token: `give` leaves one unless one is already
+/// waiting (it never blocks), and one waiter takes it. A token given while nobody waits
+/// stays for the next waiter, so no give is lost.
+pub(super) struct Token {
+    tx: Sender<()>,
+    pub(super) rx: Receiver<()>,
+}
+
+impl Token {
+    pub(super) fn new() -> Token {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        Token { tx, rx }
+    }
+    pub(super) fn give(&self) {
+        let _ = self.tx.try_send(());
+    }
+}
+
+/// Longest a leading caller blocks in `poll` before re-checking its reply channel (a
+/// cancel from another thread completes the channel; the leader sees it within this).
 const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
@@ -28,19 +55,20 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         if inner.is_closed() {
             return;
         }
-        let epoch = inner.lead_epoch.load(Ordering::Acquire);
+        // Relaxed: a counter read as a hint; no data is published through it.
+        let epoch = inner.lead_epoch.load(Ordering::Relaxed);
         if epoch != seen_epoch && !inner.cfg.reader_yield.is_zero() {
             // Callers have been reading their own responses: stay off the socket a while
             // (they dispatch whatever else arrives) rather than wake for each frame —
             // unless callers are waiting with no one leading for them.
             seen_epoch = epoch;
-            if !inner.followers.lock().is_empty() {
+            if inner.followers.load(Ordering::Relaxed) > 0 {
                 continue;
             }
-            let mut g = inner.idle.lock();
-            if !inner.is_closed() {
-                inner.idle_cv.wait_for(&mut g, inner.cfg.reader_yield);
-            }
+            // Stepping back from reading: a follower that arrives meanwhile takes the
+            // lead instead of sleeping until we are back.
+            inner.baton.give();
+            let _ = inner.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
             continue;
         }
         // Whatever is already there (or buffered in the decoder), without blocking. The
@@ -61,24 +89,21 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
                 return;
             }
         }
-        // Nothing buffered: poll briefly (yielding) before sleeping — a frame that arrives
-        // within `spin` then costs no wake-up, which across CPUs is tens of µs on some
-        // machines; yielding lets a peer that shares this CPU run meanwhile.
+        // Nothing buffered: check the socket for up to `spin` before sleeping in poll
+        // (see the module docs).
         let until = Instant::now() + inner.cfg.spin;
-        let mut arrived = false;
-        while Instant::now() < until {
+        let backoff = Backoff::new();
+        let arrived = loop {
             match tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
-                Ok(r) if r[0] != 0 => {
-                    arrived = true;
-                    break;
-                }
-                Ok(_) => std::thread::yield_now(),
+                Ok(r) if r[0] != 0 => break true,
+                Ok(_) if Instant::now() < until => backoff.snooze(),
+                Ok(_) => break false,
                 Err(e) => {
                     inner.shutdown_now(e.into());
                     return;
                 }
             }
-        }
+        };
         if arrived {
             continue;
         }
@@ -92,51 +117,65 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
 }
 
 impl Inner {
-    /// read side whenever it is free (see the module docs).
-    pub(super) fn wait_slot(self: &Arc<Self>, slot: &Arc<Slot>, deadline: Option<Instant>) {
+    /// Wait for a call's reply until `deadline`: lead (read the socket) whenever the read
+    /// side is free, else follow (see the module docs of `endpoint`). `None`: the
+    /// deadline passed first.
+    pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::json::Value>> {
         let spin_until = Instant::now() + self.cfg.spin;
+        let backoff = Backoff::new();
         loop {
-            if slot.done.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() >= d) {
-                return;
+            if let Ok(r) = reply.try_recv() {
+                return Some(r);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
             }
             if let Some(rs) = self.reader.try_lock() {
-                self.lead(rs, slot, deadline, spin_until);
-                return;
-            }
-            if Instant::now() < spin_until {
-                std::thread::yield_now();
+                self.lead(rs, reply, deadline, spin_until);
                 continue;
             }
-            self.follow(slot, deadline);
+            // Someone leads. Within `spin`, look again shortly: the reply, or the lead
+            // freed by a leader whose own response came in, is often microseconds away.
+            if Instant::now() < spin_until {
+                backoff.snooze();
+                continue;
+            }
+            if let Some(r) = self.follow(reply, deadline) {
+                return Some(r);
+            }
         }
     }
 
-    /// Read and dispatch frames until `slot` is done (or the deadline or the end), then
-    /// step down.
-    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, slot: &Arc<Slot>, deadline: Option<Instant>, spin_until: Instant) {
-        self.lead_epoch.fetch_add(1, Ordering::AcqRel);
+    /// Read and dispatch frames until `reply` is complete (or the deadline or the end),
+    /// then step down.
+    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin_until: Instant) {
+        // Relaxed: a counter the reader thread reads as a hint.
+        self.lead_epoch.fetch_add(1, Ordering::Relaxed);
+        let backoff = Backoff::new();
         loop {
-            if slot.done.load(Ordering::Acquire) {
+            if !reply.is_empty() {
                 break;
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 break;
             }
-            // Spin phase: check the socket without sleeping; then sleep in poll, in
-            // slices so that a cancel from another thread is noticed.
-            let until = if now < spin_until {
+            // Within `spin`, check the socket without sleeping; then sleep in poll, in
+            // slices, so that a cancel from another thread is noticed.
+            let spinning = now < spin_until;
+            let until = if spinning {
                 now
             } else {
                 let s = now + WAIT_SLICE;
                 deadline.map_or(s, |d| d.min(s))
             };
             match self.read_frame_locked(&mut rs, Some(until)) {
-                // Responses complete their slots; requests go to the pool (never inline
+                // Responses complete their calls; requests go to the pool (never inline
                 // here: this thread must get back to its own caller). Nothing in
                 // `handle_frame` takes the `reader` lock.
                 Ok(Some(f)) => self.handle_frame(f, false),
-                Ok(None) => std::thread::yield_now(),
+                Ok(None) if spinning => backoff.snooze(),
+                Ok(None) => {}
                 Err(e) => {
                     self.shutdown_now(e);
                     break;
@@ -144,33 +183,29 @@ impl Inner {
             }
         }
         drop(rs);
-        // Offer the lead to one follower (it re-checks its slot, then tries the lock).
-        // Taking its result lock orders this after its registration check (see `follow`).
-        let next = self.followers.lock().first().cloned();
-        if let Some(s) = next {
-            let _g = s.result.lock();
-            s.cv.notify_all();
-        }
+        // Offer the lead: a follower wakes and tries the read side.
+        self.baton.give();
     }
 
-    /// Someone else leads: sleep until our slot is done, the lead is offered to us, the
-    /// deadline, or a slice passes.
-    fn follow(&self, slot: &Arc<Slot>, deadline: Option<Instant>) {
-        let mut g = slot.result.lock();
-        self.followers.lock().push(slot.clone());
-        // A leader steps down by unlocking `reader`, then offering (under our result lock,
-        // which we hold) to the first follower: if it is already unlocked, retry now;
-        // otherwise its offer comes after our wait has begun.
-        if g.is_none() && self.reader.is_locked() && !self.is_closed() {
-            let s = Instant::now() + WAIT_SLICE;
-            let until = deadline.map_or(s, |d| d.min(s));
-            let _ = slot.cv.wait_until(&mut g, until);
-        }
-        drop(g);
-        let mut f = self.followers.lock();
-        if let Some(i) = f.iter().position(|x| Arc::ptr_eq(x, slot)) {
-            f.swap_remove(i);
-        }
+    /// Someone else leads: sleep until our reply, the lead is offered (the baton), or the
+    /// deadline. `None`: no reply yet (try the lead again).
+    fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::json::Value>> {
+        // Relaxed: a hint for the reader thread (see `reader_loop`); the baton, not this
+        // count, is what guarantees a follower is woken when the read side frees up.
+        self.followers.fetch_add(1, Ordering::Relaxed);
+        let got = match deadline {
+            None => select! {
+                recv(reply) -> r => r.ok(),
+                recv(self.baton.rx) -> _ => None,
+            },
+            Some(d) => select! {
+                recv(reply) -> r => r.ok(),
+                recv(self.baton.rx) -> _ => None,
+                default(d.saturating_duration_since(Instant::now())) => None,
+            },
+        };
+        self.followers.fetch_sub(1, Ordering::Relaxed);
+        got
     }
 
     /// Next whole frame (owned), reading the socket as needed; the caller holds the read
@@ -182,7 +217,7 @@ impl Inner {
                 return Ok(Some(f));
             }
             if self.is_closed() {
-                return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
+                return Err(self.closed_error());
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let ready = tensorwire::sys::poll_events(&[(self.sock.fd(), libc::POLLIN)], left)?;
@@ -244,8 +279,8 @@ impl Inner {
                 self.shutdown_now(RpcError::PeerGone(format!("the peer ended the connection: {e}")));
             }
             Message::Response { call_id, result, error } => {
-                let slot = self.pending.lock().remove(&call_id);
-                match slot {
+                let waiting = self.pending.lock().remove(&call_id);
+                match waiting {
                     Some(s) => {
                         let r = match error {
                             Some(e) => Err(RpcError::Remote(e)),
@@ -262,11 +297,22 @@ impl Inner {
                 }
             }
             Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
+                self.stepping_away(may_inline);
                 self.dispatch(call_id, parent_call_id, object_id, method, args, kwargs, false, may_inline);
             }
             Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
+                self.stepping_away(may_inline);
                 self.dispatch(call_id, parent_call_id, callback_id, "__call__".into(), args, kwargs, true, may_inline);
             }
+        }
+    }
+
+    /// The reader thread is about to handle a request (an inline handler, or a response
+    /// written to a peer that may not be reading): it stops reading for a while, so a
+    /// follower that found it holding the read side must not sleep until it is back.
+    fn stepping_away(&self, reader_thread: bool) {
+        if reader_thread {
+            self.baton.give();
         }
     }
 }
