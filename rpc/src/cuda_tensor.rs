@@ -21,7 +21,6 @@
 //! [`RpcError::CudaNotNative`].
 
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
 use std::sync::Arc;
 use tensorwire::{CudaImported, Layout};
 
@@ -117,56 +116,9 @@ pub(crate) fn device_name(device: i32) -> String {
     format!("cuda:{device}")
 }
 
-/// The device a `TensorwireTensor`'s JSON names: `None` for CPU (no `device` field, as
-/// CPU tensors have always been sent, or `"cpu"`), `Some(n)` for `"cuda:N"`.
-pub(crate) fn device_from_ref(m: &Map) -> Result<Option<i32>> {
-    match m.get("device") {
-        None => Ok(None),
-        Some(Value::Str(s)) if s == "cpu" => Ok(None),
-        Some(Value::Str(s)) => s
-            .strip_prefix("cuda:")
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|n| n.parse::<u8>().ok())
-            .map(|n| Some(i32::from(n)))
-            .ok_or_else(|| RpcError::Decode(format!("TensorwireTensor names device {s:?}; expected \"cpu\" or \"cuda:N\""))),
-        Some(other) => Err(RpcError::Decode(format!("TensorwireTensor's device is a {}, not a string", other.type_name()))),
-    }
-}
-
 /// The message for host copies of a CUDA tensor, which this crate does not make.
 pub(crate) fn no_host_copy(layout: &Layout, what: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
         "{what} of a {layout:?} CUDA tensor: its bytes are device memory; read them with the driver on a stream after wait_on (storage_ptr/data_ptr)"
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_device(v: Option<Value>) -> Map {
-        let mut m = Map::new();
-        if let Some(v) = v {
-            m.insert("device".into(), v);
-        }
-        m
-    }
-
-    #[test]
-    fn device_field_parses_cpu_and_cuda() {
-        assert_eq!(device_from_ref(&with_device(None)).unwrap(), None);
-        assert_eq!(device_from_ref(&with_device(Some(Value::Str("cpu".into())))).unwrap(), None);
-        assert_eq!(device_from_ref(&with_device(Some(Value::Str(device_name(3))))).unwrap(), Some(3));
-    }
-
-    #[test]
-    fn bad_device_fields_are_decode_errors() {
-        for bad in ["cuda:", "cuda:-1", "cuda:+1", "cuda: 1", "cuda:256", "cuda:0x1", "gpu:0", "CUDA:0", ""] {
-            match device_from_ref(&with_device(Some(Value::Str(bad.into())))) {
-                Err(RpcError::Decode(m)) => assert!(m.contains("cuda:N"), "{bad:?}: {m}"),
-                other => panic!("device {bad:?} gave {other:?}"),
-            }
-        }
-        assert!(matches!(device_from_ref(&with_device(Some(Value::Int(0)))), Err(RpcError::Decode(_))));
-    }
 }

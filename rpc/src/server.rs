@@ -4,9 +4,8 @@
 //! cap is told "server busy" and closed, never left waiting.
 
 use crate::accept::{self, AcceptFailure, Backoff, RateLimitedLog, SpareFd};
-use crate::endpoint::{Endpoint, RpcConfig};
+use crate::endpoint::{Endpoint, Registry, RpcConfig};
 use crate::error::{Result, RpcError};
-use crate::service::Registry;
 use crate::stream::Stream;
 use parking_lot::Mutex;
 use std::net::TcpListener;

@@ -4,7 +4,7 @@
 use super::dispatch::HANDLING;
 use super::{CallOptions, Inner};
 use crate::error::{Result, RpcError};
-use crate::json::Value;
+use crate::value::Value;
 use crate::message::Message;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;

@@ -3,9 +3,9 @@
 
 use super::{Endpoint, Inner, CONTROL_OBJECT_ID};
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
+use crate::value::{Map, Value};
 use crate::message::Message;
-use crate::service::{Args, CallCtx, Handler, Responder};
+use super::service::{Args, CallCtx, Handler, Responder};
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -37,9 +37,11 @@ mod dispatch;
 mod native;
 mod pool;
 mod reading;
+mod service;
 mod wire;
 
 pub use calls::{Canceller, PendingCall};
+pub use service::{Args, AsyncHandler, CallCtx, Handler, Registry, Responder, Service, SyncHandler};
 use calls::ReplyTx;
 use native::NativeState;
 use pool::Pool;
@@ -47,9 +49,8 @@ use reading::{ReaderState, Token, reader_loop};
 pub use crate::config::RpcConfig;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
-use crate::json::{Map, Value};
+use crate::value::{Map, Value};
 use crate::message::Message;
-use crate::service::{Args, CallCtx, Registry};
 use crate::stream::Stream;
 use crate::tensor::FsTensor;
 use parking_lot::{Condvar, Mutex};
@@ -103,7 +104,7 @@ pub(crate) struct Inner {
     reader_wake: Token,
     /// fds that arrived on the socket, waiting for the message that claims them.
     fds: Mutex<VecDeque<OwnedFd>>,
-    callbacks: Mutex<HashMap<String, crate::service::SyncHandler>>,
+    callbacks: Mutex<HashMap<String, SyncHandler>>,
     pending: Mutex<HashMap<i64, ReplyTx>>,
     next_id: AtomicI64,
     closed: AtomicBool,

@@ -13,7 +13,7 @@
 use super::{CONTROL_OBJECT_ID, Endpoint, Inner};
 use crate::error::{Result, RpcError};
 use crate::frame;
-use crate::json::{Map, Value};
+use crate::value::{Map, Value};
 use crate::message::Message;
 use crate::tensor::{CudaImportedTensor, ImportedTensor, Tensor};
 use parking_lot::{Condvar, Mutex};
@@ -217,7 +217,7 @@ impl Inner {
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
         let want = crate::tensor::layout_from_ref(m)?;
-        let want_cuda = crate::cuda_tensor::device_from_ref(m)?;
+        let want_cuda = crate::tensor::device_from_ref(m)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let st = self
             .wait_native(deadline)

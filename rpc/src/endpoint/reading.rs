@@ -120,7 +120,7 @@ impl Inner {
     /// Wait for a call's reply until `deadline`: lead (read the socket) whenever the read
     /// side is free, else follow (see the module docs of `endpoint`). `None`: the
     /// deadline passed first.
-    pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::json::Value>> {
+    pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
         let spin_until = Instant::now() + self.cfg.spin;
         let backoff = Backoff::new();
         loop {
@@ -189,7 +189,7 @@ impl Inner {
 
     /// Someone else leads: sleep until our reply, the lead is offered (the baton), or the
     /// deadline. `None`: no reply yet (try the lead again).
-    fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::json::Value>> {
+    fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
         // Relaxed: a hint for the reader thread (see `reader_loop`); the baton, not this
         // count, is what guarantees a follower is woken when the read side frees up.
         self.followers.fetch_add(1, Ordering::Relaxed);
