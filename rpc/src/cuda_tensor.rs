@@ -8,7 +8,8 @@
 //! the memory lives until the receiver gives every lease back and the caller drops its
 //! own `CudaTensor` — whichever comes last.
 //!
-//! Receiving: a [`CudaImportedTensor`] is the peer's allocation opened in this process.
+//! Receiving: a [`crate::tensor::CudaImportedTensor`] is the peer's allocation opened in
+//! this process.
 //! Before touching it on a stream, call `wait_on(stream)` (stream order with the peer's
 //! last write, never a device-wide synchronize); the lease is given back when the value
 //! is dropped (for a handler: when it returns and its arguments go), or explicitly with
@@ -22,7 +23,7 @@
 
 use crate::error::{Result, RpcError};
 use std::sync::Arc;
-use tensorwire::{CudaImported, Layout};
+use tensorwire::Layout;
 
 /// Device memory of ours, ready to send natively (see the module docs).
 pub struct CudaTensor {
@@ -79,35 +80,6 @@ impl CudaTensor {
         let owner: tensorwire::Owner = Box::new(self.owner.clone());
         peer.export_cuda(self.dptr, self.nbytes, &self.layout, self.stream, owner, tensorwire::ExportOptions { tag, window: None })?;
         Ok(())
-    }
-}
-
-/// A CUDA tensor the peer exported to us natively, with the copy limit of the connection
-/// it arrived on. Derefs to the transport's [`CudaImported`] (`wait_on`, `data_ptr`,
-/// `storage_ptr`, `storage_nbytes`, `device`); the lease is released when it drops.
-pub struct CudaImportedTensor {
-    imported: CudaImported,
-    max_copy: usize,
-}
-
-impl CudaImportedTensor {
-    pub fn new(imported: CudaImported, max_copy: usize) -> CudaImportedTensor {
-        CudaImportedTensor { imported, max_copy }
-    }
-    /// `RpcConfig::max_tensor_copy` of the connection it arrived on.
-    pub fn max_copy(&self) -> usize {
-        self.max_copy
-    }
-    /// The transport's import, e.g. for `release_after(stream)`.
-    pub fn into_inner(self) -> CudaImported {
-        self.imported
-    }
-}
-
-impl std::ops::Deref for CudaImportedTensor {
-    type Target = CudaImported;
-    fn deref(&self) -> &CudaImported {
-        &self.imported
     }
 }
 

@@ -33,9 +33,9 @@ use tensorwire::{DType, Layout};
 #[cfg(doc)]
 use tensorwire::SharedTensor;
 
-pub use crate::cuda_tensor::{CudaImportedTensor, CudaTensor};
+pub use crate::cuda_tensor::CudaTensor;
 pub use crate::fs_tensor::{FS_DATA_OFFSET, FsTensor};
-pub use crate::tensor_handle::{ImportedTensor, Tensor};
+pub use crate::tensor_handle::{CudaImportedTensor, FromPeer, ImportedTensor, Tensor};
 
 /// Which `TensorRef` strategy we emit for file_system tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,12 +10,12 @@
 //! What a tensor looks like on the wire is in [`crate::tensor`], which builds on the value
 //! type; this module sits below it, so that [`crate::value::Value`] can hold a tensor.
 
-use crate::cuda_tensor::{CudaImportedTensor, CudaTensor, no_host_copy};
+use crate::cuda_tensor::{CudaTensor, no_host_copy};
 use crate::error::{Result, RpcError};
 use crate::fs_tensor::FsTensor;
 use crate::limits::{check_tensor_copy, try_with_capacity, try_zeroed};
 use std::sync::Arc;
-use tensorwire::{DType, Imported, Layout, SharedTensor};
+use tensorwire::{CudaImported, DType, Imported, Layout, SharedTensor};
 
 /// A tensor value (boxed inside [`crate::value::Value`], so its size does not matter there).
 #[allow(clippy::large_enum_variant)]
@@ -28,30 +28,41 @@ pub enum Tensor {
     CudaImported(Arc<CudaImportedTensor>),
 }
 
-/// A tensor the peer exported to us natively, with the copy limit of the connection it
-/// arrived on (`RpcConfig::max_tensor_copy`). Derefs to the transport's [`Imported`].
-pub struct ImportedTensor {
-    imported: Imported,
+/// A tensor the peer exported to us natively — `T` is the transport's import, CPU
+/// ([`Imported`]) or CUDA ([`CudaImported`]) — with the copy limit of the connection it
+/// arrived on (`RpcConfig::max_tensor_copy`). Derefs to `T`; the lease goes back when it
+/// drops.
+pub struct FromPeer<T> {
+    imported: T,
     max_copy: usize,
 }
 
-impl ImportedTensor {
-    pub fn new(imported: Imported, max_copy: usize) -> ImportedTensor {
-        ImportedTensor { imported, max_copy }
+/// A CPU tensor the peer exported to us natively; derefs to the transport's [`Imported`].
+pub type ImportedTensor = FromPeer<Imported>;
+
+/// A CUDA tensor the peer exported to us natively; derefs to the transport's
+/// [`CudaImported`] (`wait_on`, `data_ptr`, `storage_ptr`, `storage_nbytes`, `device`).
+/// See [`crate::cuda_tensor`].
+pub type CudaImportedTensor = FromPeer<CudaImported>;
+
+impl<T> FromPeer<T> {
+    pub fn new(imported: T, max_copy: usize) -> FromPeer<T> {
+        FromPeer { imported, max_copy }
     }
     /// Largest private copy of this tensor allowed, in bytes.
     pub fn max_copy(&self) -> usize {
         self.max_copy
     }
-    /// The transport's import (e.g. to release it explicitly).
-    pub fn into_inner(self) -> Imported {
+    /// The transport's import (e.g. to release it explicitly, or `release_after(stream)`
+    /// for a CUDA one).
+    pub fn into_inner(self) -> T {
         self.imported
     }
 }
 
-impl std::ops::Deref for ImportedTensor {
-    type Target = Imported;
-    fn deref(&self) -> &Imported {
+impl<T> std::ops::Deref for FromPeer<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
         &self.imported
     }
 }
