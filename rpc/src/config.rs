@@ -40,7 +40,10 @@ pub struct RpcConfig {
     /// How long one frame write may block before the peer counts as not reading (the
     /// connection is then closed).
     pub send_timeout: Duration,
-    /// Most worker threads (handlers running or blocked at once).
+    /// Most worker threads (handlers running or blocked at once); a request beyond it is
+    /// answered "server busy" — except one for an inline handler, which waits in the
+    /// connection's inline lane (up to 1024 requests and `max_frame` bytes of their
+    /// frames; see `endpoint::lane`) when it was a waiting caller that read it.
     pub max_workers: usize,
     /// How long a wait spins before it blocks (default 50 µs; zero: block at once): a
     /// caller waiting for its response, and the reader thread once it has read all that

@@ -147,6 +147,75 @@ fn many_outstanding_calls_both_directions() {
 }
 
 #[test]
+fn a_burst_to_an_inline_handler_is_never_answered_busy() {
+    // Inline handlers need no worker thread. While a call of the serving side waits for
+    // its response (and so reads the socket itself), the requests it reads must not be
+    // charged to the worker pool: a burst of them beyond max_workers was answered "server
+    // busy" (why many_outstanding_calls_both_directions failed now and then).
+    let s_reg = Registry::new();
+    s_reg.register("calc", calc()).unwrap();
+    let c_reg = Registry::new();
+    c_reg.register("peer", Service::new("Peer").method("slow", |_, _| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Value::Null)
+    })).unwrap();
+    let cfg = RpcConfig { max_workers: 2, ..RpcConfig::default() };
+    let (s, c) = Endpoint::pair(s_reg, c_reg, cfg).unwrap();
+    // The server's call leads its side of the socket for about 300 ms ...
+    let s2 = s.clone();
+    let leading = std::thread::spawn(move || s2.call("peer", "slow", vec![]));
+    std::thread::sleep(Duration::from_millis(50));
+    // ... while 50 requests to the server's inline `add` arrive at once.
+    let pend: Vec<_> = (0..50i64).map(|i| c.start_call("calc", "add", vec![i.into(), 1.into()], Map::new(), CallOptions::default()).unwrap()).collect();
+    for (i, p) in pend.into_iter().enumerate() {
+        assert_eq!(p.wait().unwrap(), Value::Int(i as i64 + 1), "request {i}");
+    }
+    assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
+}
+
+#[test]
+fn inline_handlers_that_call_back_through_the_lane_do_not_deadlock() {
+    // The server has one worker, and one of its calls leads its socket: what arrives for
+    // its inline handlers waits in the lane. Each `outer` calls the client, whose `inner`
+    // calls the server's inline `add` — which then waits in the lane behind the `outer`
+    // whose nested call it answers. The lane thread must run it while it waits.
+    let s_reg = Registry::new();
+    s_reg
+        .register(
+            "calc",
+            calc().method_inline("outer", |ctx, a| {
+                let x = a.req(0, "x")?.clone();
+                ctx.call("peer", "inner", vec![x], Map::new())
+            }),
+        )
+        .unwrap();
+    let c_reg = Registry::new();
+    c_reg
+        .register(
+            "peer",
+            Service::new("Peer")
+                .method("inner", |ctx, a| ctx.call("calc", "add", vec![a.req(0, "x")?.clone(), 100.into()], Map::new()))
+                .method("slow", |_, _| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    Ok(Value::Null)
+                }),
+        )
+        .unwrap();
+    let (a, b) = Stream::pair().unwrap();
+    let s = Endpoint::new(a, s_reg, RpcConfig { max_workers: 1, ..RpcConfig::default() }).unwrap();
+    let c = Endpoint::new(b, c_reg, RpcConfig::default()).unwrap();
+    let s2 = s.clone();
+    let leading = std::thread::spawn(move || s2.call("peer", "slow", vec![]));
+    std::thread::sleep(Duration::from_millis(50));
+    let opts = CallOptions { timeout: Some(Duration::from_secs(10)), ..Default::default() };
+    let pend: Vec<_> = (0..6i64).map(|i| c.start_call("calc", "outer", vec![i.into()], Map::new(), opts.clone()).unwrap()).collect();
+    for (i, p) in pend.into_iter().enumerate() {
+        assert_eq!(p.wait().unwrap(), Value::Int(i as i64 + 100), "outer {i}");
+    }
+    assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
+}
+
+#[test]
 fn timeouts_cancellation_and_late_responses() {
     let (_s, c) = pair();
     let t0 = Instant::now();

@@ -262,3 +262,49 @@ fn requests_beyond_max_workers_are_answered_busy_and_the_pool_recovers() {
     }
     drop(server);
 }
+
+#[test]
+fn inline_requests_waiting_for_a_worker_are_bounded_by_frame_bytes() {
+    // While a call of the server's leads its socket, requests for its inline handlers that
+    // the (one-worker) pool cannot take wait in the lane — at most max_frame bytes of
+    // their frames; beyond that they are answered "server busy", never held.
+    let s_reg = Registry::new();
+    s_reg
+        .register(
+            "calc",
+            Service::new("Calc").method_inline("hold", |_, _| {
+                std::thread::sleep(Duration::from_millis(100));
+                Ok(Value::Null)
+            }),
+        )
+        .unwrap();
+    let c_reg = Registry::new();
+    c_reg
+        .register(
+            "peer",
+            Service::new("Peer").method("slow", |_, _| {
+                std::thread::sleep(Duration::from_secs(1));
+                Ok(Value::Null)
+            }),
+        )
+        .unwrap();
+    let (a, b) = Stream::pair().unwrap();
+    let s = Endpoint::new(a, s_reg, RpcConfig { max_workers: 1, max_frame: 8192, ..RpcConfig::default() }).unwrap();
+    let c = Endpoint::new(b, c_reg, RpcConfig::default()).unwrap();
+    let s2 = s.clone();
+    let leading = std::thread::spawn(move || s2.call("peer", "slow", vec![]));
+    std::thread::sleep(Duration::from_millis(50));
+    // 20 requests of about 2 KiB each, at once: 8 KiB of them may wait.
+    let big = Value::Str("x".repeat(2000));
+    let pend: Vec<_> = (0..20).map(|_| c.start_call("calc", "hold", vec![big.clone()], Map::new(), CallOptions::default()).unwrap()).collect();
+    let (mut ok, mut busy) = (0, 0);
+    for p in pend {
+        match p.wait() {
+            Ok(_) => ok += 1,
+            Err(RpcError::Remote(m)) if m == "server busy: all 1 workers are occupied" => busy += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(busy > 0 && (2..=10).contains(&ok), "{ok} served, {busy} answered busy: the lane should hold about 8 KiB of requests");
+    assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
+}

@@ -3,7 +3,10 @@
 //! Threads: one reader thread per connection reads frames, matches responses to pending
 //! calls by `call_id`, and dispatches requests — inline handlers on itself, the rest on an
 //! elastic worker pool (grows when every worker is busy, e.g. blocked in a nested call, up
-//! to `max_workers`; beyond that requests are answered "busy").
+//! to `max_workers`; beyond that requests are answered "busy"). A waiting caller that
+//! reads an inline handler's request hands it to the pool too, or, when every worker is
+//! occupied, to the connection's inline lane (`lane`) rather than answer it "busy" for
+//! want of a worker it does not need (up to the lane's bounds).
 //!
 //! Reading is leader/follower: the read side of the socket (the `reader` lock) belongs to
 //! whoever holds it. A caller waiting for a response takes it if it is free and reads the
@@ -30,10 +33,13 @@
 //! Files: this one holds `Endpoint`, its shared state, constructors and shutdown;
 //! `calls` (pending calls, starting a call), `reading` (reader thread, leader/follower
 //! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
-//! `wire` (frame writes, message and tensor encoding), `native` (native tensors).
+//! `lane` (inline requests the pool had no worker for), `service` (what an endpoint
+//! serves, and a handler's context), `wire` (frame writes, message and tensor encoding),
+//! `native` (native tensors).
 
 mod calls;
 mod dispatch;
+mod lane;
 mod native;
 mod pool;
 mod reading;
@@ -43,6 +49,7 @@ mod wire;
 pub use calls::{Canceller, PendingCall};
 pub use service::{Args, AsyncHandler, CallCtx, Handler, Registry, Responder, Service, SyncHandler};
 use calls::ReplyTx;
+use lane::Lane;
 use native::NativeState;
 use pool::Pool;
 use reading::{ReaderState, Token, reader_loop};
@@ -112,6 +119,8 @@ pub(crate) struct Inner {
     closed_cv: Condvar,
     sent_close: AtomicBool,
     pool: Pool,
+    /// Inline requests the pool had no worker for (see `lane`).
+    lane: Lane,
     keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
     native: Mutex<Option<Arc<NativeState>>>,
     /// Set by the first native negotiation (ours or the peer's): one per connection.
@@ -172,6 +181,7 @@ impl Endpoint {
             closed_cv: Condvar::new(),
             sent_close: AtomicBool::new(false),
             pool: Pool::new(),
+            lane: Lane::new(),
             keeper: Mutex::new(VecDeque::new()),
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
@@ -366,6 +376,7 @@ impl Inner {
             s.complete(Err(reason.clone()));
         }
         self.pool.stop();
+        self.lane.stop();
         self.sock.shutdown();
         self.callbacks.lock().clear();
         self.keeper.lock().clear();

@@ -45,20 +45,30 @@ impl Pool {
 }
 
 impl Inner {
+    /// Run `job` (the handler of request `call_id`) on the pool, or answer "server busy".
     pub(super) fn submit(self: &Arc<Self>, job: Job, call_id: i64) {
+        if self.try_submit(job, call_id).is_err() {
+            self.respond(call_id, Err(self.busy()));
+        }
+    }
+
+    /// Run `job` on an idle worker, or on one started for it while fewer than
+    /// `max_workers` exist; `Err(job)` when every worker is occupied and no more may start.
+    pub(super) fn try_submit(self: &Arc<Self>, job: Job, call_id: i64) -> std::result::Result<(), Job> {
         let job = {
             let handoff = self.pool.handoff.lock();
-            let Some(tx) = handoff.as_ref() else { return };
+            // Closed: the job is dropped (nobody is there to answer).
+            let Some(tx) = handoff.as_ref() else { return Ok(()) };
             match tx.try_send(job) {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 Err(TrySendError::Full(job)) => job,
                 // The pool holds a receiver itself, so this does not happen.
-                Err(TrySendError::Disconnected(_)) => return,
+                Err(TrySendError::Disconnected(_)) => return Ok(()),
             }
         };
         // No worker is idle: start one for this job.
         if !self.pool.reserve(self.cfg.max_workers) {
-            return self.respond(call_id, Err(RpcError::Remote(format!("server busy: all {} workers are occupied", self.cfg.max_workers))));
+            return Err(job);
         }
         let me = Arc::downgrade(self);
         let jobs = self.pool.jobs.clone();
@@ -67,6 +77,12 @@ impl Inner {
             self.pool.workers.fetch_sub(1, Ordering::Relaxed);
             self.respond(call_id, Err(RpcError::Remote("server could not start a worker thread".into())));
         }
+        Ok(())
+    }
+
+    /// The answer to a request no worker can take.
+    pub(super) fn busy(&self) -> RpcError {
+        RpcError::Remote(format!("server busy: all {} workers are occupied", self.cfg.max_workers))
     }
 }
 

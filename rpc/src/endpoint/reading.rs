@@ -11,10 +11,11 @@
 
 use super::Inner;
 use super::calls::ReplyRx;
+use super::dispatch::Request;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
 use crate::message::Message;
-use crossbeam_channel::{Receiver, Sender, select};
+use crossbeam_channel::{Receiver, Select, Sender};
 use crossbeam_utils::Backoff;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -118,11 +119,13 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
 
 impl Inner {
     /// Wait for a call's reply until `deadline`: lead (read the socket) whenever the read
-    /// side is free, else follow (see the module docs of `endpoint`). `None`: the
+    /// side is free, else follow (see the module docs of `endpoint`). On this endpoint's
+    /// lane thread, run the lane's waiting requests meanwhile (see `lane`). `None`: the
     /// deadline passed first.
     pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
         let spin_until = Instant::now() + self.cfg.spin;
         let backoff = Backoff::new();
+        let lane = self.on_lane_thread();
         loop {
             if let Ok(r) = reply.try_recv() {
                 return Some(r);
@@ -130,8 +133,11 @@ impl Inner {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return None;
             }
+            if lane && self.run_lane_job() {
+                continue;
+            }
             if let Some(rs) = self.reader.try_lock() {
-                self.lead(rs, reply, deadline, spin_until);
+                self.lead(rs, reply, deadline, spin_until, lane);
                 continue;
             }
             // Someone leads. Within `spin`, look again shortly: the reply, or the lead
@@ -140,20 +146,20 @@ impl Inner {
                 backoff.snooze();
                 continue;
             }
-            if let Some(r) = self.follow(reply, deadline) {
+            if let Some(r) = self.follow(reply, deadline, lane) {
                 return Some(r);
             }
         }
     }
 
-    /// Read and dispatch frames until `reply` is complete (or the deadline or the end),
-    /// then step down.
-    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin_until: Instant) {
+    /// Read and dispatch frames until `reply` is complete (or the deadline or the end, or
+    /// — on the lane thread — a request waits in the lane), then step down.
+    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin_until: Instant, lane: bool) {
         // Relaxed: a counter the reader thread reads as a hint.
         self.lead_epoch.fetch_add(1, Ordering::Relaxed);
         let backoff = Backoff::new();
         loop {
-            if !reply.is_empty() {
+            if !reply.is_empty() || (lane && !self.lane.rx.is_empty()) {
                 break;
             }
             let now = Instant::now();
@@ -187,25 +193,38 @@ impl Inner {
         self.baton.give();
     }
 
-    /// Someone else leads: sleep until our reply, the lead is offered (the baton), or the
-    /// deadline. `None`: no reply yet (try the lead again).
-    fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
+    /// Someone else leads: sleep until our reply, the lead is offered (the baton), the
+    /// deadline, or — on the lane thread — a request in the lane (which this runs).
+    /// `None`: no reply yet (try again).
+    fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>, lane: bool) -> Option<Result<crate::value::Value>> {
         // Relaxed: a hint for the reader thread (see `reader_loop`); the baton, not this
         // count, is what guarantees a follower is woken when the read side frees up.
         self.followers.fetch_add(1, Ordering::Relaxed);
-        let got = match deadline {
-            None => select! {
-                recv(reply) -> r => r.ok(),
-                recv(self.baton.rx) -> _ => None,
-            },
-            Some(d) => select! {
-                recv(reply) -> r => r.ok(),
-                recv(self.baton.rx) -> _ => None,
-                default(d.saturating_duration_since(Instant::now())) => None,
-            },
+        let mut sel = Select::new();
+        let on_reply = sel.recv(reply);
+        let on_baton = sel.recv(&self.baton.rx);
+        if lane {
+            sel.recv(&self.lane.rx);
+        }
+        let ready = match deadline {
+            None => Some(sel.ready()),
+            Some(d) => sel.ready_deadline(d).ok(),
         };
         self.followers.fetch_sub(1, Ordering::Relaxed);
-        got
+        match ready {
+            Some(i) if i == on_reply => reply.try_recv().ok(),
+            Some(i) if i == on_baton => {
+                // Taken, so that a token left while the read side was already taken again
+                // wakes nobody twice; the lead is tried next.
+                let _ = self.baton.rx.try_recv();
+                None
+            }
+            Some(_) => {
+                self.run_lane_job();
+                None
+            }
+            None => None,
+        }
     }
 
     /// Next whole frame (owned), reading the socket as needed; the caller holds the read
@@ -256,7 +275,10 @@ impl Inner {
         self.fds.lock().pop_front()
     }
 
-    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, may_inline: bool) {
+    /// What a frame read by the reader thread (`on_reader_thread`) or a leading caller
+    /// becomes.
+    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, on_reader_thread: bool) {
+        let frame_len = payload.len();
         let msg = Message::decode_limited(&payload, self.cfg.json_limits());
         drop(payload); // the frame's text is not needed past decoding
         let msg = match msg {
@@ -297,12 +319,14 @@ impl Inner {
                 }
             }
             Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
-                self.stepping_away(may_inline);
-                self.dispatch(call_id, parent_call_id, object_id, method, args, kwargs, false, may_inline);
+                self.stepping_away(on_reader_thread);
+                let req = Request { call_id, parent_call_id, target: object_id, method, args, kwargs, callback: false, frame_len };
+                self.dispatch(req, on_reader_thread);
             }
             Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
-                self.stepping_away(may_inline);
-                self.dispatch(call_id, parent_call_id, callback_id, "__call__".into(), args, kwargs, true, may_inline);
+                self.stepping_away(on_reader_thread);
+                let req = Request { call_id, parent_call_id, target: callback_id, method: "__call__".into(), args, kwargs, callback: true, frame_len };
+                self.dispatch(req, on_reader_thread);
             }
         }
     }
