@@ -10,6 +10,8 @@ use std::time::Duration;
 
 /// Default [`RpcConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default [`RpcConfig::first_message_timeout`].
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`RpcConfig::max_tensor_copy`]: 256 MiB.
 pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
 
@@ -35,6 +37,15 @@ pub struct RpcConfig {
     /// over it is told "server busy" and closed. Each costs one fd and one reader thread
     /// (and, once it negotiates native tensors, the transport's fds and threads).
     pub max_connections: usize,
+    /// How long a connection a [`crate::Server`] accepted may go without a complete first
+    /// message from the peer (default 10 s; `None`: no limit). A peer that connects and
+    /// sends nothing, or part of a frame, would otherwise hold one of the
+    /// `max_connections` slots for good; when the time passes it is told why and the
+    /// connection is closed ([`crate::RpcError::FirstMessageTimeout`]). A server that
+    /// speaks first (a peer that only answers) should allow for its own first call.
+    /// Endpoints made with `Endpoint::new`, `connect`, `from_fd` or `pair` have no such
+    /// limit.
+    pub first_message_timeout: Option<Duration>,
     /// Timeout for calls that give none (`None`: until the response or peer death).
     pub default_timeout: Option<Duration>,
     /// How long one frame write may block before the peer counts as not reading (the
@@ -79,6 +90,7 @@ impl Default for RpcConfig {
             max_values: json::DEFAULT_MAX_VALUES,
             max_tensor_copy: DEFAULT_MAX_TENSOR_COPY,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            first_message_timeout: Some(DEFAULT_FIRST_MESSAGE_TIMEOUT),
             default_timeout: None,
             send_timeout: Duration::from_secs(30),
             max_workers: 64,

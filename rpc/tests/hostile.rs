@@ -308,3 +308,41 @@ fn inline_requests_waiting_for_a_worker_are_bounded_by_frame_bytes() {
     assert!(busy > 0 && (2..=10).contains(&ok), "{ok} served, {busy} answered busy: the lane should hold about 8 KiB of requests");
     assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
 }
+
+#[test]
+fn a_connection_without_a_first_message_is_closed_and_frees_its_slot() {
+    // One slot, 300 ms for the first message: a client that connects and sends nothing,
+    // or half a frame, is told why and cut off, and its slot is free again; one that
+    // speaks in time stays, however long it is quiet afterwards.
+    let path = format!("/tmp/tw-hostile-first-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&path);
+    let reg = Registry::new();
+    reg.register("calc", Service::new("Calc").method_inline("echo", |_, a| Ok(Value::Array(a.args)))).unwrap();
+    let cfg = RpcConfig { max_connections: 1, first_message_timeout: Some(Duration::from_millis(300)), ..RpcConfig::default() };
+    let server = Server::bind(&path, reg, cfg).unwrap();
+    let read_to_end = |s: &mut UnixStream| {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let r = s.read_to_end(&mut got);
+        assert!(r.is_ok(), "the server should close the connection, not leave it open: {r:?}");
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    for first_bytes in [&b""[..], &[0, 0, 0, 50, b'{', b'"']] {
+        let mut raw = UnixStream::connect(&path).unwrap();
+        let t0 = Instant::now();
+        let ep = server.accept().unwrap();
+        raw.write_all(first_bytes).unwrap();
+        assert_eq!(server.connections(), 1);
+        let told = read_to_end(&mut raw);
+        assert!(told.contains("no complete message") && told.contains("RpcConfig::first_message_timeout"), "{told:?}");
+        assert!(t0.elapsed() >= Duration::from_millis(250), "cut off too early: {:?}", t0.elapsed());
+        assert!(matches!(ep.wait_closed(), RpcError::FirstMessageTimeout { after } if after == Duration::from_millis(300)));
+        assert_eq!(server.connections(), 0, "the slot is free again");
+    }
+    let client = Endpoint::connect(&path, Registry::new(), RpcConfig::default()).unwrap();
+    let ep = server.accept().unwrap();
+    assert_eq!(client.call("calc", "echo", vec![1.into()]).unwrap(), Value::Array(vec![1.into()]));
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!ep.is_closed(), "{:?}", ep.close_reason());
+    assert_eq!(client.call("calc", "echo", vec![2.into()]).unwrap(), Value::Array(vec![2.into()]));
+}

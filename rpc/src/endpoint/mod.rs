@@ -101,6 +101,11 @@ pub(crate) struct Inner {
     reader: Mutex<ReaderState>,
     /// Bumped each time a waiting caller takes the lead.
     lead_epoch: AtomicU64,
+    /// When a connection a server accepted must have brought its first complete message
+    /// (`RpcConfig::first_message_timeout`); the reader thread enforces it.
+    first_message_by: Option<Instant>,
+    /// Set by the first complete frame from the peer.
+    got_message: AtomicBool,
     /// Callers asleep waiting for a response while someone else leads (a hint for the
     /// reader thread, which keeps reading while any wait).
     followers: AtomicUsize,
@@ -157,6 +162,18 @@ impl Drop for Handle {
 impl Endpoint {
     /// Start an endpoint on `stream`, serving `registry`.
     pub fn new(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        Endpoint::start(stream, registry, cfg, None)
+    }
+
+    /// A connection a [`crate::Server`] accepted: closed if no complete message arrives
+    /// within `RpcConfig::first_message_timeout`.
+    pub(crate) fn accepted(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        // A timeout too large for an `Instant` is no limit at all.
+        let by = cfg.first_message_timeout.and_then(|t| Instant::now().checked_add(t));
+        Endpoint::start(stream, registry, cfg, by)
+    }
+
+    fn start(stream: Stream, registry: Registry, cfg: RpcConfig, first_message_by: Option<Instant>) -> Result<Endpoint> {
         stream.set_write_timeout(Some(cfg.send_timeout))?;
         let is_unix = stream.is_unix();
         let inner = Arc::new(Inner {
@@ -169,6 +186,8 @@ impl Endpoint {
                 buf: vec![0u8; 64 * 1024],
             }),
             lead_epoch: AtomicU64::new(0),
+            first_message_by,
+            got_message: AtomicBool::new(false),
             followers: AtomicUsize::new(0),
             baton: Token::new(),
             reader_wake: Token::new(),

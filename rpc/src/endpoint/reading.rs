@@ -56,6 +56,10 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         if inner.is_closed() {
             return;
         }
+        if inner.first_message_left() == Some(Duration::ZERO) {
+            inner.cut_silent_peer();
+            return;
+        }
         // Relaxed: a counter read as a hint; no data is published through it.
         let epoch = inner.lead_epoch.load(Ordering::Relaxed);
         if epoch != seen_epoch && !inner.cfg.reader_yield.is_zero() {
@@ -76,7 +80,13 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         // lock is only contended while a caller leads; it is handed to us when that
         // caller steps down.
         let r = {
-            let mut rs = inner.reader.lock();
+            // While the peer's first message is awaited, wait for the read side no longer
+            // than that (a caller may lead meanwhile, for as long as its call takes).
+            let rs = match inner.first_message_left() {
+                Some(left) => inner.reader.try_lock_for(left),
+                None => Some(inner.reader.lock()),
+            };
+            let Some(mut rs) = rs else { continue };
             inner.read_frame_locked(&mut rs, Some(Instant::now()))
         };
         match r {
@@ -109,8 +119,9 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
             continue;
         }
         // Wait for the socket without holding the read side, so that a caller that starts
-        // waiting can take it. (EOF and shutdown wake this too.)
-        if let Err(e) = tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], None) {
+        // waiting can take it. (EOF and shutdown wake this too; so does the end of the
+        // time for the peer's first message.)
+        if let Err(e) = tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], inner.first_message_left()) {
             inner.shutdown_now(e.into());
             return;
         }
@@ -279,6 +290,11 @@ impl Inner {
     /// becomes.
     fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, on_reader_thread: bool) {
         let frame_len = payload.len();
+        // Relaxed: a flag only the reader thread acts on (a frame read by a caller counts
+        // as soon as it is seen; none is missed, only seen a loop later).
+        if !self.got_message.load(Ordering::Relaxed) {
+            self.got_message.store(true, Ordering::Relaxed);
+        }
         let msg = Message::decode_limited(&payload, self.cfg.json_limits());
         drop(payload); // the frame's text is not needed past decoding
         let msg = match msg {
@@ -329,6 +345,24 @@ impl Inner {
                 self.dispatch(req, on_reader_thread);
             }
         }
+    }
+
+    /// Time left for the peer's first complete message, while one is awaited (a
+    /// connection a server accepted; see `RpcConfig::first_message_timeout`).
+    fn first_message_left(&self) -> Option<Duration> {
+        let by = self.first_message_by?;
+        // Relaxed: as where it is set.
+        if self.got_message.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(by.saturating_duration_since(Instant::now()))
+    }
+
+    /// The first message did not come in time: tell the peer why (best effort) and close.
+    fn cut_silent_peer(&self) {
+        let e = RpcError::FirstMessageTimeout { after: self.cfg.first_message_timeout.unwrap_or_default() };
+        let _ = self.write_frame(&crate::message::connection_notice(&e.to_string()));
+        self.shutdown_now(e);
     }
 
     /// The reader thread is about to handle a request (an inline handler, or a response
