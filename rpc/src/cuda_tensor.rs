@@ -24,6 +24,7 @@
 use crate::error::{Result, RpcError};
 use std::sync::Arc;
 use tensorwire::Layout;
+use tensorwire::cuda::{CudaStream, DevicePtr};
 
 /// Device memory of ours, ready to send natively (see the module docs).
 pub struct CudaTensor {
@@ -51,7 +52,7 @@ impl CudaTensor {
                 "a {layout:?} CUDA view needs {need} bytes of storage, {nbytes} were given"
             )));
         }
-        let actual = tensorwire::cuda::driver::pointer_device(dptr)?;
+        let actual = tensorwire::cuda::driver::pointer_device(DevicePtr(dptr))?;
         if actual != device {
             return Err(RpcError::InvalidArgument(format!(
                 "device pointer {dptr:#x} belongs to device {actual}, not to device {device} as given"
@@ -78,7 +79,8 @@ impl CudaTensor {
     /// Export through `peer` under a new lease holding a clone of the owner.
     pub(crate) fn export(&self, peer: &tensorwire::Peer, tag: u64) -> Result<()> {
         let owner: tensorwire::Owner = Box::new(self.owner.clone());
-        peer.export_cuda(self.dptr, self.nbytes, &self.layout, self.stream, owner, tensorwire::ExportOptions { tag, window: None })?;
+        let (dptr, stream) = (DevicePtr(self.dptr), CudaStream(self.stream));
+        peer.export_cuda(dptr, self.nbytes, &self.layout, stream, owner, tensorwire::ExportOptions { tag, window: None })?;
         Ok(())
     }
 }

@@ -234,7 +234,7 @@ fn native_hello_is_accepted_once_per_connection() {
             refused.push(resp);
         }
         // Answer the setup as a real peer would (the costly case for the server).
-        let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(3), ..Default::default() };
+        let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(3).into(), ..Default::default() };
         attackers.push(std::thread::spawn(move || tensorwire::Peer::from_fd(mine, cfg).ok()));
     }
     let peers: Vec<_> = attackers.into_iter().map(|t| t.join().unwrap()).collect();
