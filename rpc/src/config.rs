@@ -7,6 +7,7 @@ use crate::frame;
 use crate::json;
 use crate::tensor::FsStrategy;
 use std::time::Duration;
+use tensorwire::Wait;
 
 /// Default [`RpcConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
@@ -46,8 +47,9 @@ pub struct RpcConfig {
     /// Endpoints made with `Endpoint::new`, `connect`, `from_fd` or `pair` have no such
     /// limit.
     pub first_message_timeout: Option<Duration>,
-    /// Timeout for calls that give none (`None`: until the response or peer death).
-    pub default_timeout: Option<Duration>,
+    /// How long a call waits for its response when its `CallOptions` say nothing
+    /// (default `Wait::Forever`: until the response or the connection's end).
+    pub default_timeout: Wait,
     /// How long one frame write may block before the peer counts as not reading (the
     /// connection is then closed).
     pub send_timeout: Duration,
@@ -91,7 +93,7 @@ impl Default for RpcConfig {
             max_tensor_copy: DEFAULT_MAX_TENSOR_COPY,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             first_message_timeout: Some(DEFAULT_FIRST_MESSAGE_TIMEOUT),
-            default_timeout: None,
+            default_timeout: Wait::Forever,
             send_timeout: Duration::from_secs(30),
             max_workers: 64,
             spin: Duration::from_micros(50),

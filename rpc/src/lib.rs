@@ -59,4 +59,5 @@ pub use remote::RemoteObject;
 pub use server::Server;
 pub use stream::Stream;
 pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};
+pub use tensorwire::Wait;
 pub use value::{Map, Value};

@@ -21,6 +21,14 @@ fn frame(payload: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A handler that sleeps `d`, then answers `None`.
+fn sleeps(d: Duration) -> impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static {
+    move |_, _| {
+        std::thread::sleep(d);
+        Ok(Value::Null)
+    }
+}
+
 fn closed_with(ep: &Endpoint) -> String {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !ep.is_closed() && Instant::now() < deadline {
@@ -269,25 +277,9 @@ fn inline_requests_waiting_for_a_worker_are_bounded_by_frame_bytes() {
     // the (one-worker) pool cannot take wait in the lane — at most max_frame bytes of
     // their frames; beyond that they are answered "server busy", never held.
     let s_reg = Registry::new();
-    s_reg
-        .register(
-            "calc",
-            Service::new("Calc").method_inline("hold", |_, _| {
-                std::thread::sleep(Duration::from_millis(100));
-                Ok(Value::Null)
-            }),
-        )
-        .unwrap();
+    s_reg.register("calc", Service::new("Calc").method_inline("hold", sleeps(Duration::from_millis(100)))).unwrap();
     let c_reg = Registry::new();
-    c_reg
-        .register(
-            "peer",
-            Service::new("Peer").method("slow", |_, _| {
-                std::thread::sleep(Duration::from_secs(1));
-                Ok(Value::Null)
-            }),
-        )
-        .unwrap();
+    c_reg.register("peer", Service::new("Peer").method("slow", sleeps(Duration::from_secs(1)))).unwrap();
     let (a, b) = Stream::pair().unwrap();
     let s = Endpoint::new(a, s_reg, RpcConfig { max_workers: 1, max_frame: 8192, ..RpcConfig::default() }).unwrap();
     let c = Endpoint::new(b, c_reg, RpcConfig::default()).unwrap();

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tensorwire::Wait;
 
 /// The sending half of a call's reply channel (capacity 1). The response, a cancel, a
 /// timeout or the connection's end completes it; the first completion is the one the
@@ -34,7 +35,8 @@ pub struct PendingCall {
     pub(super) reply: ReplyRx,
     /// For cancellers; holding it also keeps the channel connected while we may wait.
     pub(super) complete: ReplyTx,
-    pub(super) timeout: Option<Duration>,
+    /// How long `wait` waits.
+    pub(super) timeout: Wait,
     pub(super) what: String,
 }
 
@@ -70,28 +72,41 @@ impl PendingCall {
     pub fn is_done(&self) -> bool {
         !self.reply.is_empty()
     }
-    /// Wait with the call's timeout.
+    /// Wait as long as the call's options (or `RpcConfig::default_timeout`) say.
     pub fn wait(self) -> Result<Value> {
         let t = self.timeout;
         self.wait_timeout(t)
     }
-    /// Wait at most `timeout` (`None`: until the response or the connection ends).
-    pub fn wait_timeout(self, timeout: Option<Duration>) -> Result<Value> {
-        // A timeout too large for an `Instant` is no deadline at all.
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    /// Wait as `wait` says: a `Duration` (at most that long), an `Instant` (until then),
+    /// `Wait::Forever` or `None` (until the response or the connection's end),
+    /// `Wait::Never` (the response if it is in, else `Timeout` at once).
+    pub fn wait_timeout(self, wait: impl Into<Wait>) -> Result<Value> {
+        let (deadline, asked) = deadline_of(wait.into());
         if let Some(r) = self.inner.wait_reply(&self.reply, deadline) {
             return r;
         }
         // Timed out: stop expecting the response (a late one is dropped and counted) —
         // unless it was completed between the deadline and this removal.
         self.inner.pending.lock().remove(&self.id);
-        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after: timeout.unwrap_or_default() }))
+        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after: asked }))
+    }
+}
+
+/// The instant a wait that starts now ends (`None`: no limit), and what the caller asked
+/// for (for the `Timeout` error). A timeout too long for an `Instant` is no limit.
+pub(super) fn deadline_of(wait: Wait) -> (Option<Instant>, Duration) {
+    let now = Instant::now();
+    match wait {
+        Wait::Never => (Some(now), Duration::ZERO),
+        Wait::For(d) => (now.checked_add(d), d),
+        Wait::Until(t) => (Some(t), t.saturating_duration_since(now)),
+        Wait::Forever => (None, Duration::MAX),
     }
 }
 
 impl Inner {
     /// A new call id with its reply channel, registered as pending.
-    pub(super) fn register_call(self: &Arc<Self>, what: String, timeout: Option<Duration>) -> PendingCall {
+    pub(super) fn register_call(self: &Arc<Self>, what: String, timeout: Wait) -> PendingCall {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, reply) = crossbeam_channel::bounded(1);
         let complete = ReplyTx(tx);
@@ -106,7 +121,7 @@ impl Inner {
         let parent = opts.parent_call_id.or_else(|| {
             HANDLING.with(|h| h.borrow().iter().rev().find(|(ep, _)| *ep == self.id).map(|(_, c)| *c))
         });
-        let call = self.register_call(what, opts.timeout.or(self.cfg.default_timeout));
+        let call = self.register_call(what, opts.timeout.unwrap_or(self.cfg.default_timeout));
         let payload = match self.encode(&build(call.id, parent)) {
             Ok(p) => p,
             Err(e) => {

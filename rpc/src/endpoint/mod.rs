@@ -65,7 +65,8 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+use tensorwire::Wait;
 
 /// Reserved object id for tensorwire's own negotiation (native tensors).
 pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
@@ -73,8 +74,8 @@ pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
 /// Options of one call.
 #[derive(Debug, Clone, Default)]
 pub struct CallOptions {
-    /// Overrides `RpcConfig::default_timeout`.
-    pub timeout: Option<Duration>,
+    /// How long to wait for the response (`None`: `RpcConfig::default_timeout`).
+    pub timeout: Option<Wait>,
     /// `parent_call_id` to send; `None`: the request this thread is handling, if any.
     pub parent_call_id: Option<i64>,
 }
@@ -315,18 +316,23 @@ impl Endpoint {
         }
     }
 
-    /// Send the `null` close frame, wait (at most `timeout`) for the peer to answer or
-    /// hang up, then close.
-    pub fn close(&self, timeout: Duration) {
+    /// Send the `null` close frame, wait as `wait` says (a `Duration`, an `Instant`,
+    /// `Wait::Forever`, `Wait::Never`) for the peer to answer or hang up, then close.
+    pub fn close(&self, wait: impl Into<Wait>) {
         let inner = self.inner();
         if !inner.closed.load(Ordering::Acquire) && !inner.sent_close.swap(true, Ordering::AcqRel) {
             let _ = inner.write_frame(b"null");
         }
-        let deadline = Instant::now() + timeout;
+        let (deadline, _) = calls::deadline_of(wait.into());
         let mut g = inner.close_reason.lock();
         while g.is_none() {
-            if inner.closed_cv.wait_until(&mut g, deadline).timed_out() {
-                break;
+            match deadline {
+                Some(d) => {
+                    if inner.closed_cv.wait_until(&mut g, d).timed_out() {
+                        break;
+                    }
+                }
+                None => inner.closed_cv.wait(&mut g),
             }
         }
         drop(g);
