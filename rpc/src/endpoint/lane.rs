@@ -69,6 +69,8 @@ impl Inner {
         if queued > 0 && queued.saturating_add(frame_len) > self.cfg.max_frame {
             return Err(job);
         }
+        // Relaxed: only the thread holding the read side gets here (as above); the flag
+        // guards nothing but the one spawn.
         if !lane.started.swap(true, Ordering::Relaxed) {
             let (rx, bytes, id) = (lane.rx.clone(), lane.bytes.clone(), self.id);
             let spawned = std::thread::Builder::new().name("tensorwire-rpc-inline".into()).spawn(move || {
