@@ -1,6 +1,8 @@
 //! The README's C examples compile against the generated header, as a C program would
-//! build them (its Rust examples are doctests: `ReadmeExamples` in src/lib.rs; its Python
-//! examples are compiled by tests/python/test_readme.py).
+//! build them; its layout table names every source file of `src/`, `cpp/src/` and
+//! `rpc/src/` (by path, or in its directory's row) and no file that does not exist. (Its
+//! Rust examples are doctests: `ReadmeExamples` in src/lib.rs; its Python examples are
+//! compiled by tests/python/test_readme.py.)
 
 use std::path::Path;
 use std::process::Command;
@@ -118,7 +120,7 @@ fn layout_table_names_every_source_file() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let rows = layout_rows(&std::fs::read_to_string(root.join("README.md")).unwrap());
     let mut missing = Vec::new();
-    for file in ["src", "cpp/src"].iter().flat_map(|d| files_below(root, d)) {
+    for file in ["src", "cpp/src", "rpc/src"].iter().flat_map(|d| files_below(root, d)) {
         if !SOURCE_EXTENSIONS.iter().any(|e| file.ends_with(e)) || file.ends_with("/mod.rs") {
             continue;
         }
@@ -128,7 +130,7 @@ fn layout_table_names_every_source_file() {
                 *p == file
                     || (p.ends_with('/')
                         && file.starts_with(p.as_str())
-                        && text.iter().any(|t| t == base || *t == file[p.len()..]))
+                        && text.iter().any(|t| t == base || file.ends_with(&format!("/{t}"))))
             })
         });
         if !named {
