@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use crate::spin_policy::{Outcome, Plan, SpinClock, SpinPolicy};
+use crate::spin_policy::{hand_over, Outcome, Plan, SpinClock, SpinPolicy};
 use crate::wait::{Deadline, Wait};
 use std::time::{Duration, Instant};
 
@@ -257,19 +257,14 @@ impl Connection {
             loop {
                 ready = sys::poll_readable(&wait[..1], Wait::Never)?;
                 let now = Instant::now();
-                // A step this long means another task ran on our core meanwhile (the
-                // yield handed it over): the peer, likely, replying from our core.
-                let handed_over = clock.step(now);
+                // What ran on our core during that step: a reply that came with another
+                // task's turn (the yield handed it the core) came from our core.
+                let step = clock.step(now);
                 if ready[0] {
                     // Only a wait counts: not a message there at the first look.
                     if !first {
-                        self.recv_spin_policy.record(if handed_over { Outcome::CoreShared } else { Outcome::Spun });
+                        self.recv_spin_policy.record(SpinClock::outcome(step));
                     }
-                    break;
-                }
-                if handed_over {
-                    // Sleep from now on: the peer gets our core without asking for it.
-                    self.recv_spin_policy.record(Outcome::CoreShared);
                     break;
                 }
                 if clock.spun(now) >= cap {
@@ -278,7 +273,7 @@ impl Connection {
                 }
                 first = false;
                 // Yield, not a bare spin: when the peer shares this CPU, it may run now
-                // and reply (then the step above sees the hand-over); when it runs
+                // and reply (then the next step sees the hand-over); when it runs
                 // elsewhere, this returns at once. Not `crossbeam_utils::Backoff`: this
                 // poll is bounded by the configured time (`recv_spin`), not by Backoff's
                 // step count, each round is already a poll(2) call, and Backoff's first
@@ -287,10 +282,10 @@ impl Connection {
                 std::thread::yield_now();
             }
         } else if plan == Plan::Yield {
-            // The peer shares our core: no spin, but one yield before sleeping. When the
-            // scheduler runs the peer at it, the reply is there when we look again, with
-            // no wake-up; when it does not, this costs one system call.
-            std::thread::yield_now();
+            // The peer shares our core: no spin, but a few yields before sleeping. When
+            // the scheduler runs the peer at one, the reply is there with no wake-up; when
+            // it does not, they cost a few system calls.
+            ready[0] = hand_over(|| Ok::<_, Error>(sys::poll_readable(&wait[..1], Wait::Never)?[0]))?;
         }
         if !ready[0] {
             let slept_from = ran_out.map(|_| Instant::now());

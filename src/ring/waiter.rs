@@ -6,8 +6,9 @@
 
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
-use crate::spin_policy::{Outcome, Plan, SpinPolicy};
+use crate::spin_policy::{hand_over, Outcome, Plan, SpinPolicy};
 use crate::wait::Deadline;
+use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 /// How long one sleep lasts before the peer's liveness is checked again.
@@ -74,12 +75,12 @@ impl<'a, 'd> Waiter<'a, 'd> {
             }
             ran_out = Some(start.elapsed());
         } else if plan == Plan::Yield {
-            // The other side shares our core: no spin, but one yield before sleeping. When
-            // the scheduler runs the other side at it, the doorbell has moved when we
-            // look again, with no futex call on either side; when it does not, this
-            // costs one system call.
-            std::thread::yield_now();
-            if self.bell.current() != seen {
+            // The other side shares our core: no spin, but a few yields before sleeping.
+            // When the scheduler runs the other side at one, the doorbell has moved with
+            // no futex call on either side; when it does not, they cost a few system calls.
+            let bell = self.bell;
+            let Ok(moved) = hand_over(|| Ok::<_, Infallible>(bell.current() != seen));
+            if moved {
                 return Ok(());
             }
         }
