@@ -1,6 +1,6 @@
 //! Layouts (views) and descriptors in C. Plain value types: no thread-safety concerns.
 
-use super::{arg, guard, need, put, quiet, tw_result_e};
+use super::{arg, get, guard, need, put, quiet, tw_result_e};
 use crate::desc::{DType, Layout, TensorDesc, DESC_SIZE, MAX_NDIM};
 use crate::error::Error;
 
@@ -118,13 +118,8 @@ pub unsafe extern "C" fn tw_layout_contiguous(dtype: u8, sizes: *const i64, ndim
 /// `layout` must be readable, `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_layout_extent_bytes(layout: *const tw_layout_t, out: *mut u64) -> tw_result_e {
-    guard("tw_layout_extent_bytes", || {
-        // SAFETY: readable per the contract; NULL refused.
-        let l = unsafe { arg(layout, "layout")? }.to_layout()?;
-        let n = l.extent_bytes()?;
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, n, "out") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_layout_extent_bytes", (layout, "layout"), out, |l| Ok(l.to_layout()?.extent_bytes()?)) }
 }
 
 /// Copy `len` untrusted bytes into `out` and validate them as a descriptor: version,
@@ -171,13 +166,12 @@ pub unsafe extern "C" fn tw_desc_encode(desc: *const TensorDesc, out: *mut u8, o
 /// `desc` readable; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_desc_layout(desc: *const TensorDesc, out: *mut tw_layout_t) -> tw_result_e {
-    guard("tw_desc_layout", || {
-        // SAFETY: readable per the contract; NULL refused.
-        let d = unsafe { arg(desc, "desc")? };
+    let read = |d: &TensorDesc| {
         d.validate()?;
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, tw_layout_t::from_layout(&d.layout()), "out") }
-    })
+        Ok(tw_layout_t::from_layout(&d.layout()))
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_desc_layout", (desc, "desc"), out, read) }
 }
 
 
