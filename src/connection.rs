@@ -13,8 +13,9 @@ use parking_lot::Mutex;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use crate::spin_policy::{Outcome, Plan, SpinClock, SpinPolicy};
 use crate::wait::{Deadline, Wait};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MSG_MAGIC: u32 = u32::from_le_bytes(*b"TWM1");
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
@@ -54,6 +55,8 @@ pub struct Connection {
     recv_buf: Mutex<Vec<u8>>,
     /// How long `recv` polls without blocking before it sleeps (see `set_recv_spin`).
     recv_spin: Duration,
+    /// Whether `recv` may spin now (not while the peer shares our core).
+    recv_spin_policy: SpinPolicy,
     /// How long `send` waits for room in the peer's socket buffer.
     send_timeout: Wait,
 }
@@ -126,6 +129,7 @@ impl Connection {
             max_message,
             recv_buf: Mutex::new(vec![0u8; max_message + HEADER + 1]),
             recv_spin: Duration::ZERO,
+            recv_spin_policy: SpinPolicy::default(),
             send_timeout: DEFAULT_SEND_TIMEOUT,
         })
     }
@@ -146,7 +150,8 @@ impl Connection {
 
     /// Poll for up to `spin` without blocking before `recv` sleeps: a reply that comes
     /// within it is taken without a wake-up (a sleeping receiver costs the sender a
-    /// cross-CPU wake-up, tens of µs on some VMs). Zero: block at once.
+    /// cross-CPU wake-up, tens of µs on some VMs). Zero: block at once. A cap: while the
+    /// peer seems to share our core, `recv` spins less or not at all (`spin_policy`).
     pub fn set_recv_spin(&mut self, spin: Duration) {
         self.recv_spin = spin;
     }
@@ -237,26 +242,62 @@ impl Connection {
         if let Some(p) = &self.pidfd {
             wait.push(p.as_fd());
         }
-        let spin = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
+        let cap = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
         let mut ready = vec![false];
-        if !spin.is_zero() {
-            let mut spun = Wait::For(spin).deadline();
+        // How long a spin ran before it gave up on seeing the message (None: no spin, or
+        // it ended otherwise).
+        let mut ran_out = None;
+        // How this wait goes: not a spin while the peer shares our core (`spin_policy`
+        // says why: on one core, a spin that does not hand the core over burns its whole
+        // window every time — the 55 µs torch round trip).
+        let plan = if cap.is_zero() { Plan::Sleep } else { self.recv_spin_policy.next() };
+        if plan == Plan::Spin {
+            let mut clock = SpinClock::start(Instant::now());
+            let mut first = true;
             loop {
                 ready = sys::poll_readable(&wait[..1], Wait::Never)?;
-                if ready[0] || spun.expired() {
+                let now = Instant::now();
+                // A step this long means another task ran on our core meanwhile (the
+                // yield handed it over): the peer, likely, replying from our core.
+                let handed_over = clock.step(now);
+                if ready[0] {
+                    // Only a wait counts: not a message there at the first look.
+                    if !first {
+                        self.recv_spin_policy.record(if handed_over { Outcome::CoreShared } else { Outcome::Spun });
+                    }
                     break;
                 }
-                // Yield, not a bare spin: when the peer shares this CPU, it runs now and
-                // replies; when it runs elsewhere, this returns at once. Not
-                // `crossbeam_utils::Backoff`: this poll is bounded by the configured time
-                // (`recv_spin`), not by Backoff's step count, each round is already a
-                // poll(2) call, and Backoff's first steps spin without yielding — the
-                // very thing that keeps a peer on this CPU from replying.
+                if handed_over {
+                    // Sleep from now on: the peer gets our core without asking for it.
+                    self.recv_spin_policy.record(Outcome::CoreShared);
+                    break;
+                }
+                if clock.spun(now) >= cap {
+                    ran_out = Some(clock.spun(now));
+                    break;
+                }
+                first = false;
+                // Yield, not a bare spin: when the peer shares this CPU, it may run now
+                // and reply (then the step above sees the hand-over); when it runs
+                // elsewhere, this returns at once. Not `crossbeam_utils::Backoff`: this
+                // poll is bounded by the configured time (`recv_spin`), not by Backoff's
+                // step count, each round is already a poll(2) call, and Backoff's first
+                // steps spin without yielding — the very thing that keeps a peer on this
+                // CPU from replying.
                 std::thread::yield_now();
             }
+        } else if plan == Plan::Yield {
+            // The peer shares our core: no spin, but one yield before sleeping. When the
+            // scheduler runs the peer at it, the reply is there when we look again, with
+            // no wake-up; when it does not, this costs one system call.
+            std::thread::yield_now();
         }
         if !ready[0] {
+            let slept_from = ran_out.map(|_| Instant::now());
             ready = sys::poll_readable(&wait, deadline.as_wait())?;
+            if let (Some(spun), Some(from), true) = (ran_out, slept_from, ready[0]) {
+                self.recv_spin_policy.record(Outcome::after_sleep(spun, from.elapsed()));
+            }
         }
         if !ready[0] {
             if ready.get(1).copied().unwrap_or(false) {

@@ -54,6 +54,8 @@ pub mod segment;
 #[cfg(not(loom))]
 mod shared_tensor;
 #[cfg(not(loom))]
+mod spin_policy;
+#[cfg(not(loom))]
 pub mod sys;
 
 cfg_not_loom! {

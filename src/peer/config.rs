@@ -39,15 +39,19 @@ pub struct PeerConfig {
     /// Largest message reassembled from ring chunks (bounds what a peer can make us
     /// allocate).
     pub max_ring_message: u64,
-    /// Polls before a ring wait sleeps in the futex.
+    /// Most polls before a ring wait sleeps in the futex. A cap: while the other process
+    /// seems to share our core, where the spin would only keep it from ringing, a wait
+    /// spins less or not at all (see `spin_policy`). 0: sleep at once.
     pub ring_spin: u32,
     /// While leases are live, how often the reaper looks for releases. A consumer's
     /// release is a compare-and-swap in shared memory that wakes no one (a wake-up per
     /// release would cost a context switch on the producer); owners are dropped within
     /// this interval, at the producer's next export, or at once with `reap_now`.
     pub reap_interval: Duration,
-    /// How long a receive polls the socket before sleeping (0: sleep at once). A reply
-    /// within it avoids a wake-up, which on some machines costs tens of µs.
+    /// Most time a receive polls the socket before sleeping (0: sleep at once). A reply
+    /// within it avoids a wake-up, which on some machines costs tens of µs. A cap: while
+    /// the peer seems to share our core, a receive spins less or not at all (see
+    /// `spin_policy`).
     pub recv_spin: Duration,
     /// A GPU bounce ring for this side's CUDA sends (`None`: none). Creating the peer
     /// then needs a CUDA driver; the other side opens the ring at setup.

@@ -10,6 +10,7 @@ use crate::desc::{StorageKind, TensorDesc, DESC_SIZE};
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::segment::Segment;
+use crate::spin_policy::SpinPolicy;
 use crate::wait::{Deadline, Wait};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -248,6 +249,8 @@ impl RecvState {
 pub struct RingReceiver {
     state: Arc<Mutex<RecvState>>,
     data_bell: Doorbell<'static>,
+    /// Whether a receive may spin now (not while the producer shares our core).
+    spin_policy: SpinPolicy,
     // Keeps the mapping `data_bell` points into alive.
     _seg: Arc<Segment>,
 }
@@ -269,7 +272,7 @@ impl RingReceiver {
             broken: None,
             _shared: shared,
         };
-        RingReceiver { state: Arc::new(Mutex::new(state)), data_bell: ctrl.data_bell, _seg: seg }
+        RingReceiver { state: Arc::new(Mutex::new(state)), data_bell: ctrl.data_bell, spin_policy: SpinPolicy::default(), _seg: seg }
     }
 
     /// Receive one message: a copy (`borrow` false), or, for a message that fits one
@@ -277,7 +280,7 @@ impl RingReceiver {
     /// Waits as `wait` says; `spin` polls come before each sleep.
     pub fn recv(&self, borrow: bool, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
         let mut deadline = wait.into().deadline();
-        let mut waiter = Waiter::new(self.data_bell, spin, &mut deadline, RECV_WAITS_FOR, RECV_GONE);
+        let mut waiter = Waiter::new(self.data_bell, spin, &self.spin_policy, &mut deadline, RECV_WAITS_FOR, RECV_GONE);
         loop {
             let seen = waiter.current();
             if let Some(m) = self.state.lock().poll(borrow, &self.state)? {
@@ -301,7 +304,7 @@ impl RingReceiver {
         spin: u32,
         gone: &dyn Fn() -> bool,
     ) -> Result<(u64, Option<TensorDesc>)> {
-        let mut waiter = Waiter::new(self.data_bell, spin, deadline, RECV_WAITS_FOR, RECV_GONE);
+        let mut waiter = Waiter::new(self.data_bell, spin, &self.spin_policy, deadline, RECV_WAITS_FOR, RECV_GONE);
         let mut desc = None;
         loop {
             let seen = waiter.current();

@@ -6,6 +6,7 @@ use super::spsc::{Producer, FLAG_FIRST, FLAG_LAST};
 use super::waiter::Waiter;
 use crate::desc::{Layout, PackCursor, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
+use crate::spin_policy::SpinPolicy;
 use crate::wait::{Deadline, Wait};
 use bytemuck::Zeroable;
 use std::marker::PhantomData;
@@ -57,6 +58,8 @@ impl<'a> RingItem<'a> {
 /// The sending half of a ring.
 pub struct RingSender {
     producer: Producer<'static, MmapRegion>,
+    /// Whether a wait for space may spin now (not while the consumer shares our core).
+    spin_policy: SpinPolicy,
     // Declared after `producer`: keeps the mapping its references point into alive.
     shared: RingShared,
 }
@@ -64,7 +67,7 @@ pub struct RingSender {
 impl RingSender {
     pub fn new(shared: RingShared) -> RingSender {
         let (ctrl, region) = shared.parts();
-        RingSender { producer: Producer::new(ctrl, region), shared }
+        RingSender { producer: Producer::new(ctrl, region), spin_policy: SpinPolicy::default(), shared }
     }
 
     pub fn capacity(&self) -> u64 {
@@ -83,6 +86,7 @@ impl RingSender {
         let mut waiter = Waiter::new(
             self.producer.doorbells().space_bell,
             spin,
+            &self.spin_policy,
             deadline,
             "space in the ring (the consumer is not draining it)",
             "the consumer went away while the ring was full",

@@ -1,22 +1,31 @@
 //! Waiting for the other side of a ring: the sender for space, the receiver for a
-//! message. Both wait the same way: poll the doorbell the other side rings, then sleep on
-//! it in slices, checking between slices that the other process still lives, until the
-//! caller's deadline.
+//! message. Both wait the same way: poll the doorbell the other side rings (while the
+//! side's [`SpinPolicy`] allows: not while the other process shares our core), then sleep
+//! on it in slices, checking between slices that the other process still lives, until
+//! the caller's deadline.
 
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
+use crate::spin_policy::{Outcome, Plan, SpinPolicy};
 use crate::wait::Deadline;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long one sleep lasts before the peer's liveness is checked again.
 const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+
+/// Polls a spin makes before it reads the clock: a reply within them (a ring round trip
+/// between two cores takes well under a microsecond) costs no clock read; only a spin
+/// that lasts is timed, for its [`Outcome`].
+const UNTIMED_POLLS: u32 = 256;
 
 /// The slow half of one blocking ring call, on the call's deadline (its clock starts at
 /// the first wait that finds nothing, so a call that never waits reads no clock).
 pub(super) struct Waiter<'a, 'd> {
     bell: Doorbell<'a>,
-    /// Polls before each sleep.
+    /// Most polls before each sleep.
     spin: u32,
+    /// Whether this side may spin now (the ring half's, kept across calls).
+    policy: &'a SpinPolicy,
     deadline: &'d mut Deadline,
     /// What the call waits for (the timeout error names it).
     waiting_for: &'static str,
@@ -28,11 +37,12 @@ impl<'a, 'd> Waiter<'a, 'd> {
     pub(super) fn new(
         bell: Doorbell<'a>,
         spin: u32,
+        policy: &'a SpinPolicy,
         deadline: &'d mut Deadline,
         waiting_for: &'static str,
         gone: &'static str,
     ) -> Self {
-        Waiter { bell, spin, deadline, waiting_for, gone }
+        Waiter { bell, spin, policy, deadline, waiting_for, gone }
     }
 
     /// The doorbell's sequence now: read it before looking at the ring, so that a ring
@@ -41,12 +51,37 @@ impl<'a, 'd> Waiter<'a, 'd> {
         self.bell.current()
     }
 
-    /// Wait for the doorbell to move on from `seen`: spin, then (with the clock and a
-    /// liveness check from `peer_gone`) sleep one slice. Returns to let the caller look
-    /// again; fails past the deadline or once the peer is gone.
+    /// Wait for the doorbell to move on from `seen`: spin (if the policy allows), then
+    /// (with the clock and a liveness check from `peer_gone`) sleep one slice. Returns to
+    /// let the caller look again; fails past the deadline or once the peer is gone.
     pub(super) fn wait(&mut self, seen: u32, peer_gone: &dyn Fn() -> bool) -> Result<()> {
-        if self.bell.spin(seen, self.deadline.spins(self.spin)) {
-            return Ok(());
+        let cap = self.deadline.spins(self.spin);
+        // A spin that ran out: how long it lasted (its untimed polls aside).
+        let mut ran_out = None;
+        // How this wait goes: not a spin while the other process shares our core, where
+        // the spin would hold the core it needs to ring for the whole budget, every time
+        // (`spin_policy` has the numbers). A spin of 0 sleeps at once.
+        let plan = if cap == 0 { Plan::Sleep } else { self.policy.next() };
+        if plan == Plan::Spin {
+            if self.bell.spin(seen, cap.min(UNTIMED_POLLS)) {
+                self.policy.record(Outcome::Spun);
+                return Ok(());
+            }
+            let start = Instant::now();
+            if self.bell.spin(seen, cap.saturating_sub(UNTIMED_POLLS)) {
+                self.policy.record(Outcome::Spun);
+                return Ok(());
+            }
+            ran_out = Some(start.elapsed());
+        } else if plan == Plan::Yield {
+            // The other side shares our core: no spin, but one yield before sleeping. When
+            // the scheduler runs the other side at it, the doorbell has moved when we
+            // look again, with no futex call on either side; when it does not, this
+            // costs one system call.
+            std::thread::yield_now();
+            if self.bell.current() != seen {
+                return Ok(());
+            }
         }
         let Some(nap) = self.deadline.slice(LIVENESS_SLICE) else {
             return Err(self.deadline.timed_out(self.waiting_for));
@@ -54,7 +89,11 @@ impl<'a, 'd> Waiter<'a, 'd> {
         if peer_gone() {
             return Err(Error::peer_gone(self.gone));
         }
-        self.bell.wait(seen, 0, nap);
+        let slept_from = ran_out.map(|_| Instant::now());
+        let rang = self.bell.wait(seen, 0, nap);
+        if let (Some(spun), Some(from), true) = (ran_out, slept_from, rang) {
+            self.policy.record(Outcome::after_sleep(spun, from.elapsed()));
+        }
         Ok(())
     }
 }

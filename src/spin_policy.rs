@@ -1,0 +1,268 @@
+//! When a wait may spin: not while the process it waits for shares our core.
+//!
+//! Every blocking receive here spins before it sleeps (the socket receive polls and yields
+//! for up to `PeerConfig::recv_spin`, a ring wait polls its doorbell up to
+//! `PeerConfig::ring_spin` times): a reply that comes within the spin is taken without a
+//! wake-up. That pays only while the other process runs on another core. When both run on
+//! one core — which the scheduler often chooses on its own (a woken process is placed next
+//! to its waker when no core is idle; two processes that never sleep are not re-placed at
+//! all), and which `taskset -c 0` forces — the reply cannot come until we stop:
+//!
+//! * a ring spin (pause, poll) holds the core for its whole budget every time. Measured
+//!   (examples/pingpong.rs, 64-byte ring round trip, loaded 2-core VM, kernel 6.18):
+//!   both processes on one core, `ring_spin` 2000 → 47–51 µs p50, every spin running out
+//!   after 22 µs and its sleep then lasting ~25 µs (the other side's own spin, then its
+//!   reply); `ring_spin` 0 → 2.8–3.0 µs. Unpinned, the scheduler kept the two processes on
+//!   one core for whole runs (every round trip on the same CPU) at 47–49 µs, or split them
+//!   (0.6 µs, as when pinned to two cores), or both within one run: bimodal.
+//! * a socket spin yields, which hands the core over only if the scheduler picks the other
+//!   process at that yield. With EEVDF it need not (a yield reorders only the yielder's
+//!   own group, and only while it is eligible): on a quiet machine the torch round trip
+//!   sat at 55 µs, the 50 µs window burned before the sleep let the other side run. Here,
+//!   loaded, the yield did hand over (8.1–8.9 µs; each spin's longest step, one poll and
+//!   one yield, lasted 5.3–5.7 µs: the other side's turn, against 0.5 µs with the two on
+//!   different cores).
+//!
+//! So each waiting side keeps a [`SpinPolicy`], fed with what its waits found
+//! ([`Outcome`]). A spin that saw the reply keeps spinning on. Signs that the core is
+//! shared — the spin ran out and the reply came soon after we went to sleep (the other
+//! side needed our core), or a step of a yielding spin handed the core to another task —
+//! stop spinning for a pause of 1, 2, 4 … up to [`MAX_PAUSE`] waits, each pause ended by
+//! one wait that probes with a spin again (so two processes the scheduler separates get
+//! their spin back within one pause). The first wait of a pause sleeps at once: its
+//! wake-up lets the scheduler place the two processes on different cores if one is idle
+//! (it picks an idle core for a woken process). The others yield once, then sleep: when
+//! the scheduler runs the other side at that yield, the reply is there without a wake-up
+//! (measured, one core: ring 1.4 µs against 2.5 µs sleeping at once; socket 8.0–8.3 µs
+//! against 8.7–9.1 µs). A spin that ran out before a long sleep (the other side was busy or
+//! idle) says nothing about where it runs and changes nothing. The configured spin stays a
+//! cap: the policy only ever spins less (and a configured spin of 0 still sleeps at once,
+//! without the yield).
+//!
+//! Private state of one process, read and written by the waits of one side: nothing here
+//! comes from the peer, so a hostile peer can at most make us spin less.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Most waits in a row that do not spin before one probes with a spin again.
+pub(crate) const MAX_PAUSE: u32 = 256;
+
+/// A sleep after a spin that ran out counts as "soon" if it lasted at most this many
+/// times the spin. Co-scheduled, the sleep holds the other side's work plus its own
+/// spin (as long as ours with the same settings); on another core a reply this close
+/// after a full spin that saw nothing would be a coincidence.
+const SOON: u32 = 2;
+
+/// A step of a yielding spin (one poll and one yield) that took longer than this let
+/// another task run on our core. Measured on the 2-core VM: 0.5 µs p50 and 0.85–1.8 µs p99
+/// with the other process on another core; 5.3–5.7 µs when the yield ran the other
+/// process (its turn of a round trip).
+pub(crate) const HANDED_OVER: Duration = Duration::from_micros(3);
+
+/// What one wait that spun found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The spin saw what it waited for with our core to itself: spinning pays.
+    Spun,
+    /// The side we wait for runs on our core: the spin ran out and the reply came soon
+    /// after we slept, or a yield during the spin handed the core to another task.
+    CoreShared,
+    /// The spin ran out and the sleep after it was long: the other side was busy or
+    /// idle, which says nothing about where it runs.
+    Slow,
+}
+
+impl Outcome {
+    /// A wait whose spin ran out after `spun` and whose sleep then ended, with what it
+    /// waited for, after `slept`.
+    pub(crate) fn after_sleep(spun: Duration, slept: Duration) -> Outcome {
+        if slept <= spun.saturating_mul(SOON) { Outcome::CoreShared } else { Outcome::Slow }
+    }
+}
+
+/// How the next wait of a side goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Spin (up to the configured cap), then sleep.
+    Spin,
+    /// The other side shares our core: sleep at once (the first wait of a pause, whose
+    /// wake-up lets the scheduler move one of the two processes to an idle core).
+    Sleep,
+    /// The other side shares our core: yield once, then sleep.
+    Yield,
+}
+
+/// How a waiting side waits (see the module docs). One per waiting side (a connection's
+/// receive, a ring's receiver, a ring's sender), shared by its waits.
+///
+/// Relaxed loads and stores, not read-modify-writes: waits of one side are serialised
+/// (or, when two threads wait on one ring at once, a lost update only shifts a pause by a
+/// wait); the words publish nothing.
+#[derive(Debug, Default)]
+pub(crate) struct SpinPolicy {
+    /// Waits left in the current pause (they do not spin).
+    skip: AtomicU32,
+    /// Length of the last pause (0: spinning, no pause since the last spin that paid);
+    /// each probe that finds the core still shared doubles it, up to `MAX_PAUSE`.
+    pause: AtomicU32,
+}
+
+impl SpinPolicy {
+    /// How the wait about to start goes (only asked by waits whose cap allows a spin).
+    /// A wait that may not spin counts the pause down.
+    pub(crate) fn next(&self) -> Plan {
+        let skip = self.skip.load(Ordering::Relaxed);
+        if skip == 0 {
+            return Plan::Spin;
+        }
+        self.skip.store(skip - 1, Ordering::Relaxed);
+        if skip == self.pause.load(Ordering::Relaxed) { Plan::Sleep } else { Plan::Yield }
+    }
+
+    /// What a wait that spun found.
+    pub(crate) fn record(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Spun => self.pause.store(0, Ordering::Relaxed),
+            Outcome::CoreShared => {
+                let pause = self.pause.load(Ordering::Relaxed).saturating_mul(2).clamp(1, MAX_PAUSE);
+                self.pause.store(pause, Ordering::Relaxed);
+                self.skip.store(pause, Ordering::Relaxed);
+            }
+            Outcome::Slow => {}
+        }
+    }
+}
+
+/// The clock of a yielding spin: started at the spin's first poll, read once per step.
+pub(crate) struct SpinClock {
+    start: Instant,
+    last: Instant,
+}
+
+impl SpinClock {
+    pub(crate) fn start(now: Instant) -> SpinClock {
+        SpinClock { start: now, last: now }
+    }
+
+    /// A step ended at `now`: true if it took long enough that another task ran on our
+    /// core meanwhile (see [`HANDED_OVER`]).
+    pub(crate) fn step(&mut self, now: Instant) -> bool {
+        let took = now.saturating_duration_since(self.last);
+        self.last = now;
+        took > HANDED_OVER
+    }
+
+    /// How long the spin has lasted at `now`.
+    pub(crate) fn spun(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    /// The next `n` waits of `p`: `s` spins, `z` sleeps at once, `y` yields then sleeps.
+    fn next(p: &SpinPolicy, n: usize) -> String {
+        (0..n)
+            .map(|_| match p.next() {
+                Plan::Spin => 's',
+                Plan::Sleep => 'z',
+                Plan::Yield => 'y',
+            })
+            .collect()
+    }
+
+    /// The next `n` waits of `p` once it has recorded `outcomes`.
+    fn after(p: &SpinPolicy, outcomes: &[Outcome], n: usize) -> String {
+        outcomes.iter().for_each(|&o| p.record(o));
+        next(p, n)
+    }
+
+    #[test]
+    fn spins_while_spinning_pays() {
+        let p = SpinPolicy::default();
+        assert_eq!(next(&p, 5), "sssss");
+        for _ in 0..100 {
+            assert_eq!(after(&p, &[Outcome::Spun], 1), "s");
+        }
+    }
+
+    #[test]
+    fn a_shared_core_pauses_spinning_for_doubling_pauses_each_ended_by_one_probe() {
+        let p = SpinPolicy::default();
+        let mut pauses = Vec::new();
+        for _ in 0..11 {
+            // The first wait, then each probe, spins and finds the core shared.
+            p.record(Outcome::CoreShared);
+            let mut pause = String::new();
+            loop {
+                match p.next() {
+                    Plan::Spin => break, // the probe: recorded by the next round
+                    Plan::Sleep => pause.push('z'),
+                    Plan::Yield => pause.push('y'),
+                }
+                assert!(pause.len() <= MAX_PAUSE as usize, "a pause longer than MAX_PAUSE");
+            }
+            // Each pause opens with one sleep (a chance to be placed apart), then yields.
+            assert_eq!(pause, format!("z{}", "y".repeat(pause.len() - 1)));
+            pauses.push(pause.len());
+        }
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 256]);
+    }
+
+    #[test]
+    fn a_probe_that_pays_resumes_spinning_and_the_next_pause_starts_short() {
+        let p = SpinPolicy::default();
+        for _ in 0..4 {
+            p.record(Outcome::CoreShared);
+            while p.next() != Plan::Spin {}
+        }
+        // The probe saw the reply on its own core: spinning is back, for good.
+        assert_eq!(after(&p, &[Outcome::Spun], 10), "ssssssssss");
+        // Shared again later: the pause starts over at one wait.
+        assert_eq!(after(&p, &[Outcome::CoreShared], 3), "zss");
+    }
+
+    #[test]
+    fn a_slow_wait_neither_pauses_nor_ends_a_pause() {
+        let p = SpinPolicy::default();
+        assert_eq!(after(&p, &[Outcome::Slow], 3), "sss");
+        // A pause of 2, then a slow wait (as a probe would record it): the pause runs on.
+        assert_eq!(after(&p, &[Outcome::CoreShared, Outcome::CoreShared, Outcome::Slow], 3), "zys");
+        // The doubling carries on from where it was: Slow did not reset it.
+        assert_eq!(after(&p, &[Outcome::CoreShared], 5), "zyyys");
+    }
+
+    #[test]
+    fn a_sleep_soon_after_a_spin_that_ran_out_means_a_shared_core() {
+        // Measured shapes: a socket spin of 50 µs whose yields did not hand over, then the
+        // reply 5 µs into the sleep; a ring spin of 22 µs, then the other side's own spin
+        // and reply, 25 µs.
+        assert_eq!(Outcome::after_sleep(50 * US, 5 * US), Outcome::CoreShared);
+        assert_eq!(Outcome::after_sleep(22 * US, 25 * US), Outcome::CoreShared);
+        assert_eq!(Outcome::after_sleep(22 * US, 44 * US), Outcome::CoreShared);
+        // Longer: the other side was busy or idle.
+        assert_eq!(Outcome::after_sleep(22 * US, 45 * US), Outcome::Slow);
+        assert_eq!(Outcome::after_sleep(50 * US, Duration::from_millis(3)), Outcome::Slow);
+        assert_eq!(Outcome::after_sleep(Duration::MAX, Duration::MAX), Outcome::CoreShared);
+    }
+
+    #[test]
+    fn a_long_step_of_a_yielding_spin_means_the_core_was_handed_over() {
+        let t0 = Instant::now();
+        let mut c = SpinClock::start(t0);
+        // Steps of poll + yield with nobody else to run: no hand-over.
+        assert!(!c.step(t0 + US / 2));
+        assert!(!c.step(t0 + US / 2 + HANDED_OVER));
+        // A yield that ran the other process for its turn.
+        let t = t0 + US / 2 + HANDED_OVER + 5 * US;
+        assert!(c.step(t));
+        assert_eq!(c.spun(t), US / 2 + HANDED_OVER + 5 * US);
+        // A clock read before the last one (never, but no panic): no hand-over.
+        assert!(!c.step(t0));
+    }
+}
