@@ -397,8 +397,6 @@ typedef struct {
   uint64_t reclaimed;
 } tw_lease_stats_t;
 
-
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

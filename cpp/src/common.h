@@ -3,10 +3,11 @@
 //
 // Files: library.cpp (the one TORCH_LIBRARY block: every schema; the handle registry),
 // storage.cpp (segment- and import-backed storages, dtype and layout checks, the ops that
-// make segment tensors), transfer.cpp (send / recv under leases, stats), connection.cpp
-// (opening and closing connections), ring.cpp (the CPU ring), cuda_info.cpp (CUDA ops
-// that need no CUDA headers, and the answers of a build without CUDA), cuda.cpp (the CUDA
-// backend, where a toolkit is found). Each file registers the ops it implements.
+// make segment tensors), transfer.cpp (send / recv under leases, stats, the forward of a
+// received tensor, CPU or CUDA), connection.cpp (opening and closing connections),
+// ring.cpp (the CPU ring), cuda_info.cpp (CUDA ops that need no CUDA headers, and the
+// answers of a build without CUDA), cuda.cpp (the CUDA backend, where a toolkit is
+// found). Each file registers the ops it implements.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "tensorwire.h"
@@ -55,6 +57,10 @@ tw_imported_t* import_of(const c10::Storage& storage);
 // Bytes the view needs, as tensorwire computes it (overflow, negative values checked).
 uint64_t extent_bytes(const tw_layout_t& l);
 
+// Check that `t` is strided (dense; else "<layout> tensors cannot be <verb>", e.g.
+// "shared", "sent") and of a dtype tensorwire carries.
+void check_strided_dtype(const at::Tensor& t, const char* what, const char* verb);
+
 // Check that `t` is a defined, strided CPU tensor of a dtype tensorwire carries.
 void check_exportable(const at::Tensor& t, const char* what);
 
@@ -86,6 +92,14 @@ void release_storage(void* ctx);
 
 // The layout and dtype of an import, checked against this torch.
 at::ScalarType imported_dtype(const tw_layout_t& l, const char* what);
+
+// `send` of `t`, a view of a tensor `recv` returned (its storage is `imp`'s): forwarded as
+// the producer's memory, never a copy — a CPU import with tw_peer_export_imported, a CUDA
+// one with tw_peer_export_imported_cuda on `cuda_stream` (it first waits there for the
+// producer, then orders the consumer after our work queued there). The lease holds the
+// storage (and so the import) until the peer is done with it.
+void forward_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, int64_t tag, int64_t window_ms,
+                    std::optional<size_t> cuda_stream = std::nullopt);
 
 // The GPU ring's receive: cuda.cpp with CUDA; without, cuda_info.cpp answers with the
 // library's error (no ring, no driver) or says the extension lacks CUDA.

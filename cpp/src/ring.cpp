@@ -17,9 +17,7 @@ void ring_send(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t time
   if (tensor.is_cuda() && tensor.layout() == at::kStrided) return ring_send_cuda(conn, tensor, tag, timeout_ms);
   TORCH_CHECK(tensor.device().is_cpu() || tensor.is_cuda(), "tensorwire.ring_send: tensor is on ", tensor.device(),
               "; the rings carry CPU tensors (CPU ring) and CUDA tensors (GPU ring)");
-  TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.ring_send: ", tensor.layout(),
-              " tensors cannot be sent; only strided (dense) ones");
-  check_dtype(tensor.scalar_type(), "ring_send");
+  check_strided_dtype(tensor, "ring_send", "sent");
   TORCH_CHECK(tag >= 0, "tensorwire.ring_send: tag must be >= 0, got ", tag);
   auto live = connection(conn, "ring_send");
   // The ring carries bytes: a lazy conjugate/negative bit is applied first.

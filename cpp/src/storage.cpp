@@ -43,13 +43,17 @@ void check_dtype(at::ScalarType dtype, const char* what) {
               c10::elementSize(dtype), "-byte elements in torch but ", tw, " in tensorwire");
 }
 
+void check_strided_dtype(const at::Tensor& t, const char* what, const char* verb) {
+  TORCH_CHECK(t.layout() == at::kStrided, "tensorwire.", what, ": ", t.layout(), " tensors cannot be ", verb,
+              "; only strided (dense) ones");
+  check_dtype(t.scalar_type(), what);
+}
+
 void check_exportable(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), "tensorwire.", what, ": undefined tensor");
   TORCH_CHECK(t.device().is_cpu(), "tensorwire.", what, ": tensor is on ", t.device(),
               "; only CPU tensors can be shared here");
-  TORCH_CHECK(t.layout() == at::kStrided, "tensorwire.", what, ": ", t.layout(),
-              " tensors cannot be shared; only strided (dense) ones");
-  check_dtype(t.scalar_type(), what);
+  check_strided_dtype(t, what, "shared");
 }
 
 tw_layout_t make_layout(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t storage_offset,

@@ -18,18 +18,6 @@ bool is_zero_copy(const at::Tensor& t) {
   return s != nullptr && s->sealed;
 }
 
-// Forward a view of a received CPU tensor without a copy: the producer's fd travels on;
-// the lease holds the storage (and so the import) until the peer is done with it.
-void forward_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, int64_t tag, int64_t window_ms) {
-  const c10::Storage& storage = t.storage();
-  // recv's storage starts at the import's storage: the view's offset is relative to it.
-  TORCH_INTERNAL_ASSERT(storage.data_ptr().get() == tw_imported_storage(imp));
-  tw_layout_t l = make_layout(t.scalar_type(), t.sizes(), t.strides(), t.storage_offset(), "send");
-  auto* owner = new c10::Storage(storage);
-  TW_CHECK(tw_peer_export_imported(peer, imp, &l, static_cast<uint64_t>(tag), static_cast<uint64_t>(window_ms),
-                                   &release_storage, owner, nullptr));
-}
-
 bool is_shared(const at::Tensor& self) {
   check_exportable(self, "is_shared");
   return is_zero_copy(self);
@@ -112,6 +100,21 @@ std::vector<int64_t> stats(int64_t conn) {
 }
 
 }  // namespace
+
+void forward_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, int64_t tag, int64_t window_ms,
+                    std::optional<size_t> cuda_stream) {
+  const c10::Storage& storage = t.storage();
+  // recv's storage starts at the import's storage: the view's offset is relative to it.
+  TORCH_INTERNAL_ASSERT(storage.data_ptr().get() == tw_imported_storage(imp));
+  tw_layout_t l = make_layout(t.scalar_type(), t.sizes(), t.strides(), t.storage_offset(), "send");
+  // tw_peer_export_imported(_cuda) calls release_storage exactly once (also when it fails,
+  // before returning).
+  auto* owner = new c10::Storage(storage);
+  auto utag = static_cast<uint64_t>(tag), window = static_cast<uint64_t>(window_ms);
+  TW_CHECK(cuda_stream ? tw_peer_export_imported_cuda(peer, imp, &l, *cuda_stream, utag, window, &release_storage, owner,
+                                                      nullptr)
+                       : tw_peer_export_imported(peer, imp, &l, utag, window, &release_storage, owner, nullptr));
+}
 
 TORCH_LIBRARY_IMPL(tensorwire, CPU, m) {
   m.impl("is_shared", &is_shared);

@@ -9,7 +9,7 @@
 use super::config::{config, tw_peer_config_t};
 use super::imported::{tw_imported_t, AnyImport};
 use super::message::tw_message_t;
-use super::{arg, guard, need, put, quiet, tw_result_e, Fail};
+use super::{arg, get, guard, need, put, put_opt, quiet, slice_arg, tw_result_e, Fail};
 use crate::error::Error;
 use crate::lease::LeaseStats;
 use crate::peer::{Incoming, Peer};
@@ -146,18 +146,10 @@ pub unsafe extern "C" fn tw_peer_send_message(
     guard("tw_peer_send_message", || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
-        let payload = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: non-null (checked) and readable for len bytes per the contract.
-            unsafe { std::slice::from_raw_parts(arg(data, "data")?, len) }
-        };
-        let raw = if nfds == 0 {
-            &[][..]
-        } else {
-            // SAFETY: non-null (checked) and readable for nfds ints per the contract.
-            unsafe { std::slice::from_raw_parts(arg(fds, "fds")?, nfds) }
-        };
+        // SAFETY: readable for len bytes per the contract (NULL allowed if 0).
+        let payload = unsafe { slice_arg(data, len, "data")? };
+        // SAFETY: readable for nfds ints per the contract (NULL allowed if 0).
+        let raw = unsafe { slice_arg(fds, nfds, "fds")? };
         if raw.iter().any(|&f| f < 0) {
             return Err(Error::InvalidArgument("negative fd in fds".into()).into());
         }
@@ -208,12 +200,8 @@ pub unsafe extern "C" fn tw_peer_recv(
 /// `peer` live; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_peer_stats(peer: *const tw_peer_t, out: *mut LeaseStats) -> tw_result_e {
-    guard("tw_peer_stats", || {
-        // SAFETY: live per the contract; NULL refused.
-        let s = unsafe { arg(peer, "peer")? }.inner.export_stats();
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, s, "out") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_peer_stats", (peer, "peer"), out, |p| Ok(p.inner.export_stats())) }
 }
 
 /// Process releases, expired windows and peer death now (the background reaper does
@@ -226,10 +214,8 @@ pub unsafe extern "C" fn tw_peer_reap(peer: *const tw_peer_t, out: *mut LeaseSta
     guard("tw_peer_reap", || {
         // SAFETY: live per the contract; NULL refused.
         let s = unsafe { arg(peer, "peer")? }.inner.reap_now();
-        if !out.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { out.write(s) };
-        }
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_opt(out, s) };
         Ok(())
     })
 }

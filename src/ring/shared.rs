@@ -133,22 +133,14 @@ impl RingShared {
             )));
         }
         let seg = Segment::from_fd_exact(fd, DATA_OFFSET + claimed as usize, "the peer's ring segment")?;
-        let mut hdr = [0u8; 24];
-        seg.read_at(0, &mut hdr)?;
-        let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
-        let version = u32::from_le_bytes(hdr[8..12].try_into().unwrap());
-        let cap = u64::from_le_bytes(hdr[16..24].try_into().unwrap());
-        if magic != RING_MAGIC || version != RING_VERSION || cap != claimed {
-            return Err(Error::Protocol(format!(
-                "ring header invalid (magic {magic:#x}, version {version}, capacity {cap}, claimed {claimed})"
-            )));
-        }
+        // The capacity is the u64 at 16 (see `create`).
+        seg.check_header("ring", (RING_MAGIC, RING_VERSION), 16..24, claimed)?;
         // Map the pages the producer allocated (read faults only; bounded, since the size
         // is the peer's choice: beyond it pages are mapped on first use as before).
         if claimed <= POPULATE_PEER_MAX {
             populate(&seg, libc::MADV_POPULATE_READ);
         }
-        Ok(RingShared { seg: Arc::new(seg), cap })
+        Ok(RingShared { seg: Arc::new(seg), cap: claimed })
     }
 
     pub fn segment(&self) -> &Arc<Segment> {

@@ -218,6 +218,34 @@ impl std::fmt::Display for RingError {
     }
 }
 
+/// The data area's capacity, checked: a power of two, at least 256 bytes.
+fn checked_capacity(region: &impl Region) -> u64 {
+    let cap = region.capacity();
+    assert!(cap.is_power_of_two() && cap >= 256, "ring capacity must be a power of two ≥ 256");
+    cap
+}
+
+/// Whether a side found the ring broken, and why. Sticky: the first reason stays, and
+/// every later call on that side fails with it.
+#[derive(Clone, Copy, Default)]
+struct Broken(Option<RingBroken>);
+
+impl Broken {
+    /// `Err` with the first reason once the ring is broken.
+    fn check(self) -> Result<(), RingError> {
+        match self.0 {
+            Some(why) => Err(RingError::Broken(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Record `why` (unless a reason is recorded already) and return it as the error.
+    fn mark(&mut self, why: RingBroken) -> RingError {
+        self.0.get_or_insert(why);
+        RingError::Broken(why)
+    }
+}
+
 /// The producer's half. Private state only; the shared words are read as hostile.
 pub struct Producer<'a, R: Region> {
     ctrl: Ctrl<'a>,
@@ -227,15 +255,14 @@ pub struct Producer<'a, R: Region> {
     tail_seen: u64,
     seq: u64,
     unpublished: bool,
-    broken: Option<RingBroken>,
+    broken: Broken,
 }
 
 impl<'a, R: Region> Producer<'a, R> {
     /// A producer over a fresh ring (head = tail = 0).
     pub fn new(ctrl: Ctrl<'a>, region: R) -> Self {
-        let cap = region.capacity();
-        assert!(cap.is_power_of_two() && cap >= 256, "ring capacity must be a power of two ≥ 256");
-        Producer { ctrl, region, cap, head: 0, tail_seen: 0, seq: 0, unpublished: false, broken: None }
+        let cap = checked_capacity(&region);
+        Producer { ctrl, region, cap, head: 0, tail_seen: 0, seq: 0, unpublished: false, broken: Broken::default() }
     }
 
     /// Largest record (header + meta + data) the ring accepts: half the data area, so
@@ -253,21 +280,14 @@ impl<'a, R: Region> Producer<'a, R> {
         self.ctrl
     }
 
-    fn broken(&mut self, why: RingBroken) -> RingError {
-        self.broken.get_or_insert(why);
-        RingError::Broken(why)
-    }
-
     /// Bytes free right now.
     fn free(&mut self) -> Result<u64, RingError> {
-        if let Some(why) = self.broken {
-            return Err(RingError::Broken(why));
-        }
+        self.broken.check()?;
         // Acquire: pairs with the consumer's Release store in `Consumer::release_to`, so
         // its reads of every byte below `tail` are done before we overwrite them.
         let tail = self.ctrl.tail.load(Ordering::Acquire);
         if tail < self.tail_seen || tail > self.head {
-            return Err(self.broken(RingBroken::TailOutOfRange { tail, seen: self.tail_seen, head: self.head }));
+            return Err(self.broken.mark(RingBroken::TailOutOfRange { tail, seen: self.tail_seen, head: self.head }));
         }
         self.tail_seen = tail;
         Ok(self.cap - (self.head - tail))
@@ -305,9 +325,7 @@ impl<'a, R: Region> Producer<'a, R> {
         let to_end = self.cap - idx;
         let wrap = to_end < size;
         let need = if wrap { to_end + size } else { size };
-        if let Some(why) = self.broken {
-            return Err(RingError::Broken(why));
-        }
+        self.broken.check()?;
         // Free space from the tail we last saw is a lower bound (the tail only moves
         // forward); re-read the consumer's cache line only when that is not enough.
         if need > self.cap - (self.head - self.tail_seen) && need > self.free()? {
@@ -385,38 +403,30 @@ pub struct Consumer<'a, R: Region> {
     read: u64,
     released: u64,
     seq: u64,
-    broken: Option<RingBroken>,
+    broken: Broken,
 }
 
 impl<'a, R: Region> Consumer<'a, R> {
     pub fn new(ctrl: Ctrl<'a>, region: R) -> Self {
-        let cap = region.capacity();
-        assert!(cap.is_power_of_two() && cap >= 256, "ring capacity must be a power of two ≥ 256");
-        Consumer { ctrl, region, cap, read: 0, released: 0, seq: 0, broken: None }
+        let cap = checked_capacity(&region);
+        Consumer { ctrl, region, cap, read: 0, released: 0, seq: 0, broken: Broken::default() }
     }
 
     pub fn doorbells(&self) -> Ctrl<'a> {
         self.ctrl
     }
 
-    fn broken(&mut self, why: RingBroken) -> RingError {
-        self.broken.get_or_insert(why);
-        RingError::Broken(why)
-    }
-
     pub fn is_broken(&self) -> Option<RingBroken> {
-        self.broken
+        self.broken.0
     }
 
     /// Take the next DATA record if one is published (skipping PAD records).
     pub fn try_pop(&mut self) -> Result<Option<Record>, RingError> {
-        if let Some(why) = self.broken {
-            return Err(RingError::Broken(why));
-        }
+        self.broken.check()?;
         // Acquire: pairs with the producer's Release store in `publish`.
         let head = self.ctrl.head.load(Ordering::Acquire);
         if head < self.read || head - self.released > self.cap {
-            return Err(self.broken(RingBroken::HeadOutOfRange { head, read: self.read, limit: self.released + self.cap }));
+            return Err(self.broken.mark(RingBroken::HeadOutOfRange { head, read: self.read, limit: self.released + self.cap }));
         }
         if head != self.read {
             // The header and the first payload line are read one after the other below:
@@ -432,7 +442,7 @@ impl<'a, R: Region> Consumer<'a, R> {
             let idx = self.read & (self.cap - 1);
             let to_end = self.cap - idx;
             if avail < HEADER_BYTES || idx % RECORD_ALIGN != 0 {
-                return Err(self.broken(RingBroken::NoRoomForHeader { avail, offset: idx }));
+                return Err(self.broken.mark(RingBroken::NoRoomForHeader { avail, offset: idx }));
             }
             let mut raw = [0u8; 64];
             // SAFETY: [idx, idx+64) is inside the area (idx < cap, 64-aligned, cap a
@@ -442,7 +452,7 @@ impl<'a, R: Region> Consumer<'a, R> {
             match h.kind {
                 KIND_PAD => {
                     if to_end > avail {
-                        return Err(self.broken(RingBroken::PadPastHead { offset: idx }));
+                        return Err(self.broken.mark(RingBroken::PadPastHead { offset: idx }));
                     }
                     self.read += to_end;
                 }
@@ -450,7 +460,7 @@ impl<'a, R: Region> Consumer<'a, R> {
                     let size = match h.size() {
                         Some(s) if h.meta_len <= MAX_META && s <= self.cap / 2 => s,
                         _ => {
-                            return Err(self.broken(RingBroken::RecordOverLimits {
+                            return Err(self.broken.mark(RingBroken::RecordOverLimits {
                                 offset: idx,
                                 meta_len: h.meta_len,
                                 data_len: h.data_len,
@@ -458,13 +468,13 @@ impl<'a, R: Region> Consumer<'a, R> {
                         }
                     };
                     if size > to_end || size > avail {
-                        return Err(self.broken(RingBroken::RecordPastEnd { size, offset: idx }));
+                        return Err(self.broken.mark(RingBroken::RecordPastEnd { size, offset: idx }));
                     }
                     if h.seq != self.seq {
-                        return Err(self.broken(RingBroken::Sequence { got: h.seq, due: self.seq }));
+                        return Err(self.broken.mark(RingBroken::Sequence { got: h.seq, due: self.seq }));
                     }
                     if h.flags & !(FLAG_FIRST | FLAG_LAST) != 0 {
-                        return Err(self.broken(RingBroken::UnknownFlags { flags: h.flags }));
+                        return Err(self.broken.mark(RingBroken::UnknownFlags { flags: h.flags }));
                     }
                     let mut meta = vec![0u8; h.meta_len as usize];
                     // SAFETY: meta lies inside the record, which was checked to be inside the
@@ -475,7 +485,7 @@ impl<'a, R: Region> Consumer<'a, R> {
                     self.seq += 1;
                     return Ok(Some(Record { header: h, meta, data_offset, end: self.read }));
                 }
-                kind => return Err(self.broken(RingBroken::UnknownKind { kind, offset: idx })),
+                kind => return Err(self.broken.mark(RingBroken::UnknownKind { kind, offset: idx })),
             }
         }
     }

@@ -1,9 +1,10 @@
 /* Scaffolding shared by the C tests: the assertion macros (check.h), a forked child with
  * a connection to it, waiting for a child, for leases to end and for the peer to hang up,
- * and the expectations every test makes of what the peer sends. Each test defines
- * _GNU_SOURCE before including it. */
+ * the expectations every test makes of what the peer sends, and the release callback
+ * they export with. Each test defines _GNU_SOURCE before including it. */
 #ifndef TW_TEST_COMMON_H
 #define TW_TEST_COMMON_H
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -13,6 +14,10 @@
 
 /* How long any wait for the peer may take before the test fails (ms). */
 #define TW_TEST_TIMEOUT_MS 20000
+
+/* The release callback of the tests' exports: counts its calls in the atomic_int `ctx`
+ * (it may run on any thread). */
+static inline void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
 
 static inline void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -72,7 +77,10 @@ static inline void expect_message(tw_peer_t *peer, const char *want) {
   EXPECT(t == NULL && m != NULL);
   size_t len = 0;
   const uint8_t *data = tw_message_data(m, &len);
-  EXPECT(len == strlen(want) && memcmp(data, want, len) == 0);
+  if (len != strlen(want) || memcmp(data, want, len) != 0) {
+    fprintf(stderr, "expected the message \"%s\", got \"%.*s\"\n", want, (int)len, (const char *)data);
+    exit(1);
+  }
   tw_message_free(m);
 }
 
@@ -94,6 +102,22 @@ static inline void expect_peer_gone(tw_peer_t *peer) {
 
 static inline void send_text(tw_peer_t *peer, const char *s) {
   CHECK(tw_peer_send_message(peer, (const uint8_t *)s, strlen(s), NULL, 0));
+}
+
+/* The first process's half of a forward through a relay to a last process (forward.c,
+ * cuda_forward.c), after the relay said "holding": the last holds the forward, so the
+ * relay's import, and with it our one lease, must stay (its callback, counted in
+ * `released`, not run); then "go", and once the relay says "forwarded" the lease must be
+ * back, its callback run once. */
+static inline void expect_forward_held_then_released(tw_peer_t *peer, atomic_int *released) {
+  sleep_ms(30);
+  tw_lease_stats_t s;
+  CHECK(tw_peer_reap(peer, &s));
+  EXPECT(s.live_leases == 1 && atomic_load(released) == 0);
+  send_text(peer, "go");
+  expect_message(peer, "forwarded");
+  s = wait_released(peer, TW_TEST_TIMEOUT_MS);
+  EXPECT(s.released == 1 && atomic_load(released) == 1);
 }
 
 /* Element (i, j) of the matrices the tests share. */

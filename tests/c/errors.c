@@ -8,7 +8,6 @@
 #include "common.h"
 
 static atomic_int calls;
-static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
 
 struct setup { int fd; tw_peer_t *peer; tw_result_e r; };
 static void *connect_side(void *arg) {

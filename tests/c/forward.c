@@ -15,10 +15,8 @@
 #define COLS 32
 
 static atomic_int released;
-static int relay_callbacks; /* in the relay process */
+static atomic_int relay_callbacks; /* in the relay process */
 
-static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
-static void on_relay_release(void *ctx) { ++*(int *)ctx; }
 
 static int last(int up_fd) {
   tw_peer_t *up = NULL;
@@ -48,10 +46,10 @@ static int relay(int host_fd) {
   tw_layout_t big;
   int64_t sizes[2] = {ROWS, COLS + 1};
   CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, sizes, 2, &big));
-  EXPECT_ERR(tw_peer_export_imported(down, imp, &big, 1, 0, on_relay_release, &relay_callbacks, NULL),
+  EXPECT_ERR(tw_peer_export_imported(down, imp, &big, 1, 0, on_release, &relay_callbacks, NULL),
              TW_ERR_INVALID_ARGUMENT, "view needs");
-  EXPECT(relay_callbacks == 1);
-  CHECK(tw_peer_export_imported(down, imp, NULL, 9, 0, on_relay_release, &relay_callbacks, NULL));
+  EXPECT(atomic_load(&relay_callbacks) == 1);
+  CHECK(tw_peer_export_imported(down, imp, NULL, 9, 0, on_release, &relay_callbacks, NULL));
   /* The forward's lease holds the import now: freeing our handle releases nothing. */
   tw_imported_free(imp);
   expect_message(down, "written");
@@ -60,7 +58,7 @@ static int relay(int host_fd) {
   send_text(down, "release");
   expect_message(down, "released");
   tw_lease_stats_t s = wait_released(down, 10000);
-  EXPECT(s.released == 1 && relay_callbacks == 2);
+  EXPECT(s.released == 1 && atomic_load(&relay_callbacks) == 2);
   send_text(host, "forwarded");
   expect_message(host, "bye");
   tw_peer_free(down);
@@ -78,15 +76,7 @@ int main(void) {
   CHECK(tw_peer_export(peer, seg, 0, tw_segment_len(seg), &l, 4, 0, on_release, &released, NULL));
   expect_message(peer, "holding");
   EXPECT(data[0] == -7.0f);
-  /* The last holds the forward: the relay's import, and so our lease, must stay. */
-  sleep_ms(30);
-  tw_lease_stats_t s;
-  CHECK(tw_peer_reap(peer, &s));
-  EXPECT(s.live_leases == 1 && atomic_load(&released) == 0);
-  send_text(peer, "go");
-  expect_message(peer, "forwarded");
-  s = wait_released(peer, 10000);
-  EXPECT(s.released == 1 && atomic_load(&released) == 1);
+  expect_forward_held_then_released(peer, &released);
   send_text(peer, "bye");
   expect_child_ok(pid);
   tw_peer_free(peer);

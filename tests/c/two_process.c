@@ -15,7 +15,6 @@
 
 static atomic_int released[2 + HOLD];
 
-static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
 
 static int child_verify(int fd) {
   tw_peer_t *peer = NULL;
