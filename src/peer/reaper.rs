@@ -27,9 +27,15 @@ impl Inner {
         // Relaxed: only a hint of whether anything was released since the last pass; the
         // slot words themselves carry the Acquire/Release pairing.
         self.reaped_seq.store(self.release_doorbell().current(), Ordering::Relaxed);
+        let closing = gone || self.stop.load(Ordering::Acquire);
+        // Reclaiming everything waits for an export that is sending (it holds `send_lock`
+        // from grant to send): if its send fails, that export takes its own lease back
+        // (revoked: its descriptor never went out), rather than this pass counting it as
+        // reclaimed from a peer that never saw it. Same lock order as the export path.
+        let sending = closing.then(|| self.send_lock.lock());
         let (next, forget, live) = {
             let mut ex = self.exporter.lock();
-            if gone || self.stop.load(Ordering::Acquire) {
+            if closing {
                 ex.reclaim_all(&mut dead);
                 (None, Vec::new(), 0)
             } else {
@@ -37,6 +43,7 @@ impl Inner {
                 (next, ex.forgettable_segments(), ex.stats().live_leases)
             }
         };
+        drop(sending);
         // Owners run arbitrary drop code (a C callback): never under our locks.
         dead.settle(&self.exporter);
         for id in forget {
