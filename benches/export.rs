@@ -214,7 +214,7 @@ fn consumer(fd: i32) {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let peer = Peer::from_fd(fd, PeerConfig::default()).expect("consumer: connect");
     loop {
-        match peer.recv(None) {
+        match peer.recv(tensorwire::Wait::Forever) {
             Ok(Incoming::Tensor(t)) => {
                 let n = t.storage_nbytes();
                 let mut byte = [0u8; 1];

@@ -27,7 +27,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use tensorwire::{Peer, PeerConfig, RingItem, Segment, Wait};
+use tensorwire::{Peer, PeerConfig, RingItem, Segment};
 
 const ENV: &str = "TW_RING_BENCH";
 const SPIN_FOREVER: u32 = 1 << 28;
@@ -139,8 +139,8 @@ fn child(mode: &str, fd: OwnedFd) {
             let peer = Peer::from_fd(fd, latency_cfg(spin, size)).unwrap();
             let mut buf = Vec::new();
             loop {
-                match peer.ring_recv_into(&mut buf, Wait { spin, timeout: T }) {
-                    Ok((tag, _)) => peer.ring_send_with(&[RingItem::bytes(tag, &buf)], Wait { spin, timeout: T }).unwrap(),
+                match peer.ring_recv_into(&mut buf, T) {
+                    Ok((tag, _)) => peer.ring_send(&[RingItem::bytes(tag, &buf)], T).unwrap(),
                     Err(e) if e.is_peer_gone() => return,
                     Err(e) => panic!("{e}"),
                 }
@@ -150,7 +150,7 @@ fn child(mode: &str, fd: OwnedFd) {
             let peer = Peer::from_fd(fd, cfg(BULK_SPIN)).unwrap();
             let mut buf = Vec::new();
             loop {
-                match peer.ring_recv_into(&mut buf, Wait { spin: BULK_SPIN, timeout: T }) {
+                match peer.ring_recv_into(&mut buf, T) {
                     Ok((tag, _)) if tag == u64::MAX => peer.send_message(b"done", &[]).unwrap(),
                     Ok(_) => {}
                     Err(e) if e.is_peer_gone() => return,
@@ -247,10 +247,10 @@ fn ring_pingpong(size: usize, iters: usize, spin: bool) -> Stats {
     let peer = Peer::from_fd(fd, latency_cfg(spin, size)).unwrap();
     let msg = vec![7u8; size];
     let mut back = Vec::with_capacity(size);
-    let w = Wait { spin, timeout: T };
+    let w = T;
     let mut tag = 0u64;
     let st = one_way(iters, || {
-        peer.ring_send_with(&[RingItem::bytes(tag, &msg)], w).unwrap();
+        peer.ring_send(&[RingItem::bytes(tag, &msg)], w).unwrap();
         let (t, _) = peer.ring_recv_into(&mut back, w).unwrap();
         assert_eq!((t, back.len()), (tag, size));
         tag += 1;
@@ -263,13 +263,13 @@ fn ring_pingpong(size: usize, iters: usize, spin: bool) -> Stats {
 /// µs for one 64-byte send + receive within one thread (no waiting, no cache misses).
 fn same_thread_cost(iters: usize) -> f64 {
     let (a, b) = Peer::pair(latency_cfg(0, 64)).unwrap();
-    let w = Wait { spin: 0, timeout: T };
+    let w = T;
     let msg = [7u8; 64];
     let mut buf = Vec::with_capacity(64);
     let mut run = |n: usize| {
         let t = Instant::now();
         for i in 0..n as u64 {
-            a.ring_send_with(&[RingItem::bytes(i, &msg)], w).unwrap();
+            a.ring_send(&[RingItem::bytes(i, &msg)], w).unwrap();
             b.ring_recv_into(&mut buf, w).unwrap();
         }
         t.elapsed().as_secs_f64() * 1e6 / n as f64
@@ -283,14 +283,14 @@ fn ring_throughput(size: usize, count: usize) -> f64 {
     let (mut child, fd) = spawn("ring_sink");
     let peer = Peer::from_fd(fd, cfg(BULK_SPIN)).unwrap();
     let data: Vec<u8> = (0..size).map(|k| k as u8).collect();
-    let w = Wait { spin: BULK_SPIN, timeout: T };
+    let w = T;
     let round = |n: usize| {
         let t = Instant::now();
         for i in 0..n {
-            peer.ring_send_with(&[RingItem::bytes(i as u64, &data)], w).unwrap();
+            peer.ring_send(&[RingItem::bytes(i as u64, &data)], w).unwrap();
         }
-        peer.ring_send_with(&[RingItem::bytes(u64::MAX, b"")], w).unwrap();
-        match peer.recv(Some(T)).unwrap() {
+        peer.ring_send(&[RingItem::bytes(u64::MAX, b"")], w).unwrap();
+        match peer.recv(T).unwrap() {
             tensorwire::Incoming::Message { payload, .. } => assert_eq!(payload, b"done"),
             other => panic!("{other:?}"),
         }

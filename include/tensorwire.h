@@ -7,6 +7,10 @@
  * Thread-safety: tw_segment_t and tw_listener_t may be shared; tw_peer_t may be shared
  * for export/send/stats/reap, with tw_peer_recv called by one thread at a time;
  * tw_imported_t and tw_message_t belong to one thread at a time.
+ * Waiting: every blocking function takes int64_t timeout_ms, and every *_timeout_ms
+ * field of tw_peer_config_t means the same: negative waits without limit, 0 does not
+ * wait (what is ready now is taken, else TW_ERR_TIMEOUT at once), n > 0 waits at most
+ * n ms.
  */
 
 #ifndef TENSORWIRE_H
@@ -218,9 +222,10 @@ typedef struct {
    */
   uint64_t max_import_segments;
   /*
-   Connection setup timeout in ms.
+   How long (ms) each step of connection setup may wait for the peer (negative: no
+   limit, 0: do not wait).
    */
-  uint64_t handshake_timeout_ms;
+  int64_t handshake_timeout_ms;
   /*
    Data area of the ring this side sends through (power of two ≥ 4096; 0: none).
    */
@@ -269,9 +274,10 @@ typedef struct {
   uint64_t max_import_mapped_bytes;
   /*
    How long (ms) a send may wait for room in the peer's socket buffer before it fails
-   with `TW_ERR_TIMEOUT` (the export's lease is taken back).
+   with `TW_ERR_TIMEOUT` (the export's lease is taken back); negative: no limit, 0: do
+   not wait.
    */
-  uint64_t send_timeout_ms;
+  int64_t send_timeout_ms;
 } tw_peer_config_t;
 
 /*
@@ -438,7 +444,7 @@ tw_result_e tw_cuda_device_count(int32_t *out);
  GPU ring (`tw_peer_config_t::cuda_ring_device` ≥ 0), ordered after the work already
  enqueued on `stream` (a CUstream; 0: the legacy default stream) — the copies are
  enqueued there, nothing synchronizes. Larger than a slot: in chunks. Waits for free
- slots at most `timeout_ms` (negative: no limit).
+ slots as `timeout_ms` says.
 
  # Safety
  `peer` live, `layout` readable; `src` device memory of the ring's device holding the
@@ -453,7 +459,7 @@ tw_result_e tw_peer_cuda_ring_send(const tw_peer_t *peer,
                                    int64_t timeout_ms);
 
 /*
- Wait (at most `timeout_ms`; negative: no limit) for the next message in the peer's GPU
+ Wait (as `timeout_ms` says) for the next message in the peer's GPU
  ring and describe it: tag, contiguous layout, device and byte count (outputs may be
  NULL except `layout`). Then call `tw_peer_cuda_ring_recv_finish` with memory of that
  size on that device, or `tw_peer_cuda_ring_discard`. Calling this again first
@@ -567,7 +573,7 @@ tw_result_e tw_doorbell_ring(const tw_segment_t *seg, size_t offset);
 
 /*
  Wait until the sequence differs from `seen`: spin `spin` times, then sleep in
- FUTEX_WAIT, at most `timeout_ms` (negative: no limit). `TW_ERR_TIMEOUT` if it did not
+ FUTEX_WAIT, as `timeout_ms` says (0: spin not at all). `TW_ERR_TIMEOUT` if it did not
  change in time.
 
  # Safety
@@ -611,7 +617,9 @@ tw_result_e tw_peer_export(const tw_peer_t *peer,
  `imp` has been freed or released — `tw_imported_release` of a forwarded import
  returns `TW_OK` and leaves the release to the last forward. `release(ctx)` as for
  `tw_peer_export` (called when this lease ends, or before a failing call returns).
- `TW_ERR_INVALID_ARGUMENT` for a CUDA import or a view that does not fit the storage.
+ `TW_ERR_INVALID_ARGUMENT` for a CUDA import (forwarded with
+ `tw_peer_export_imported_cuda`, which takes a stream) or a view that does not fit the
+ storage.
 
  # Safety
  `peer`, `imp` live; `layout` NULL or readable; `out_lease` NULL or writable;
@@ -625,6 +633,32 @@ tw_result_e tw_peer_export_imported(const tw_peer_t *peer,
                                     tw_release_fn release,
                                     void *ctx,
                                     tw_lease_t *out_lease);
+
+/*
+ Forward a CUDA tensor received from a peer (on any connection, this one included) to
+ this peer as the same device memory: the IPC handle or the producer's VMM fd travels
+ on as it came (nothing is opened or exported through the driver again), under a new
+ lease whose owner holds the import. `stream` (a CUstream of the import's device; 0:
+ the legacy default stream) first waits for the producer's writes, then an event
+ recorded there orders the consumer: it sees the producer's writes and this process's
+ work enqueued on `stream` before the call. `layout`, the lease's life, `imp`'s release
+ (`tw_imported_release` or `tw_imported_release_after` of a forwarded import return
+ `TW_OK` and leave the lease to the last forward) and `release(ctx)` as for
+ `tw_peer_export_imported`. `TW_ERR_INVALID_ARGUMENT` for a CPU import, a view that does
+ not fit the storage, or a connection that already carries another device's memory.
+
+ # Safety
+ As for `tw_peer_export_imported`; `stream` a valid stream of the import's device.
+ */
+tw_result_e tw_peer_export_imported_cuda(const tw_peer_t *peer,
+                                         const tw_imported_t *imp,
+                                         const tw_layout_t *layout,
+                                         size_t stream,
+                                         uint64_t tag,
+                                         uint64_t window_ms,
+                                         tw_release_fn release,
+                                         void *ctx,
+                                         tw_lease_t *out_lease);
 
 /*
  Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
@@ -726,7 +760,10 @@ tw_result_e tw_imported_cuda_wait(const tw_imported_t *imp, size_t stream);
 /*
  Release the lease once the work enqueued so far on `stream` has completed, without
  blocking (a CUDA import: an event is recorded on the stream and the lease released
- when it is reached; a CPU import is released now), and free the handle either way.
+ when it is reached; a CPU import is released now), and free the handle either way. A
+ CUDA import forwarded with `tw_peer_export_imported_cuda` whose forward is still
+ leased: the handle lets go once the stream's work is done, and the lease goes back
+ when the last forward ends (`TW_OK`).
 
  # Safety
  `imp` a live handle, not used afterwards; `stream` valid for the import's device.
@@ -762,12 +799,14 @@ void tw_imported_free(tw_imported_t *imp);
 tw_result_e tw_listener_bind(const char *path, tw_listener_t **out);
 
 /*
- Accept and handshake one connection (waits at most the config's handshake timeout).
+ Accept one connection, waiting for it as `timeout_ms` says, and set it up (each step
+ waiting at most the config's handshake timeout).
 
  # Safety
  `listener` live; `cfg` NULL or readable; `out` writable.
  */
 tw_result_e tw_listener_accept(const tw_listener_t *listener,
+                               int64_t timeout_ms,
                                const tw_peer_config_t *cfg,
                                tw_peer_t **out);
 
@@ -874,7 +913,7 @@ tw_result_e tw_peer_send_message(const tw_peer_t *peer,
                                  size_t nfds);
 
 /*
- Receive the next tensor or user message, waiting at most `timeout_ms` (negative: until
+ Receive the next tensor or user message, waiting as `timeout_ms` says (negative: until
  one arrives or the peer dies). On success exactly one of `*out_tensor` and
  `*out_message` is set non-NULL and the other to NULL.
 
@@ -904,8 +943,7 @@ tw_result_e tw_peer_stats(const tw_peer_t *peer, tw_lease_stats_t *out);
 tw_result_e tw_peer_reap(const tw_peer_t *peer, tw_lease_stats_t *out);
 
 /*
- Copy `len` bytes through the ring (waiting for space at most `timeout_ms`; negative:
- no limit). Messages larger than half the ring go through in chunks.
+ Copy `len` bytes through the ring (waiting for space as `timeout_ms` says). Messages larger than half the ring go through in chunks.
 
  # Safety
  `peer` live; `data` readable for `len` bytes (may be NULL if 0).
@@ -931,7 +969,7 @@ tw_result_e tw_peer_ring_send_view(const tw_peer_t *peer,
                                    int64_t timeout_ms);
 
 /*
- Receive the next ring message (at most `timeout_ms`; negative: no limit). With
+ Receive the next ring message (waiting as `timeout_ms` says). With
  `borrow`, a message that fits one ring record stays in the ring (no copy) until the
  message is freed; otherwise, and for chunked messages, it is a private copy.
 

@@ -31,7 +31,8 @@
 # end; exit status non-zero if any part failed (or no GPU is visible):
 #   rust       the Rust CUDA suite (tests/cuda_sim*.rs) built by `prepare`, run against the
 #              real driver: IPC of every dtype and view, zero-copy, handle cache, stream
-#              order, VMM, GPU ring, SIGKILL cases, the C ABI's CUDA calls
+#              order, VMM, GPU ring, SIGKILL cases, the C ABI's CUDA calls, forwarding a
+#              CUDA import host -> relay -> last (IPC and VMM)
 #   build      cpp/build.sh with TENSORWIRE_PREFIX (no cargo) against python3's torch; the
 #              configure log must say "CUDA toolkit: ON"; tensorwire.cuda_available()
 #   pytest     (tests) tests/python (CPU suite + the CUDA smoke tests) if pytest is installed
@@ -74,7 +75,7 @@ if [[ "${1:-}" == "prepare" ]]; then
   # The Rust CUDA suite: the same test binaries that run on simcuda in every test run.
   mkdir -p "$out/rust-tests"
   cargo test --release --locked --no-run --message-format=json \
-      --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi 2>/dev/null |
+      --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward 2>/dev/null |
     "${PYTHON:-python3}" -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use crate::wait::{Deadline, Wait};
+use std::time::Duration;
 
 const MSG_MAGIC: u32 = u32::from_le_bytes(*b"TWM1");
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
@@ -41,7 +42,7 @@ pub struct Message {
 }
 
 /// How long a send waits for room in the peer's socket buffer by default.
-pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SEND_TIMEOUT: Wait = Wait::For(Duration::from_secs(10));
 
 /// A connected, handshaken peer socket.
 pub struct Connection {
@@ -54,7 +55,7 @@ pub struct Connection {
     /// How long `recv` polls without blocking before it sleeps (see `set_recv_spin`).
     recv_spin: Duration,
     /// How long `send` waits for room in the peer's socket buffer.
-    send_timeout: Duration,
+    send_timeout: Wait,
 }
 
 impl std::fmt::Debug for Connection {
@@ -66,12 +67,14 @@ impl std::fmt::Debug for Connection {
 impl Connection {
     /// Handshake over a connected SEQPACKET socket (either end of a socketpair, an
     /// accepted or a connecting socket). Both sides call this; it fails with `Timeout`
-    /// if the peer says nothing within `timeout`.
-    pub fn establish(sock: OwnedFd, timeout: Duration) -> Result<Connection> {
-        Self::establish_with(sock, timeout, DEFAULT_MAX_MESSAGE)
+    /// if the peer's hello does not come within what `wait` says.
+    pub fn establish(sock: OwnedFd, wait: impl Into<Wait>) -> Result<Connection> {
+        Self::establish_with(sock, wait, DEFAULT_MAX_MESSAGE)
     }
 
-    pub fn establish_with(sock: OwnedFd, timeout: Duration, max_message: usize) -> Result<Connection> {
+    pub fn establish_with(sock: OwnedFd, wait: impl Into<Wait>, max_message: usize) -> Result<Connection> {
+        // One clock for sending our hello and reading the peer's.
+        let mut deadline = wait.into().deadline();
         // SO_PASSCRED before the peer's hello can be read: the kernel then delivers the
         // credentials it verified for the sender.
         sys::set_passcred(sock.as_fd(), true)?;
@@ -79,17 +82,15 @@ impl Connection {
         hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&(max_message as u32).to_le_bytes());
-        send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true, Some(timeout))?;
+        send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true, &mut deadline)?;
 
-        let deadline = crate::deadline::after(timeout);
-        let ready = sys::poll_readable(&[sock.as_fd()], Some(timeout))?;
+        let ready = sys::poll_readable(&[sock.as_fd()], deadline.as_wait())?;
         if !ready[0] {
-            return Err(Error::Timeout { what: "the peer's hello", after: timeout });
+            return Err(deadline.timed_out("the peer's hello"));
         }
         let mut buf = vec![0u8; 256];
         let got = sys::recv_msg(sock.as_fd(), &mut buf)?
             .ok_or_else(|| Error::peer_gone("closed the connection during the handshake"))?;
-        let _ = deadline;
         if got.truncated || got.len < HEADER + 16 || !got.fds.is_empty() {
             return Err(Error::Protocol(format!("malformed hello ({} bytes, {} fds)", got.len, got.fds.len())));
         }
@@ -138,9 +139,9 @@ impl Connection {
         Ok((a, b))
     }
 
-    /// Connect to a listener at `path`.
-    pub fn connect(path: &Path, timeout: Duration) -> Result<Connection> {
-        Connection::establish(sys::seqpacket_connect(path)?, timeout)
+    /// Connect to a listener at `path` (the handshake waits as `wait` says).
+    pub fn connect(path: &Path, wait: impl Into<Wait>) -> Result<Connection> {
+        Connection::establish(sys::seqpacket_connect(path)?, wait)
     }
 
     /// Poll for up to `spin` without blocking before `recv` sleeps: a reply that comes
@@ -151,9 +152,10 @@ impl Connection {
     }
 
     /// How long a send may wait for room in the peer's socket buffer before it fails
-    /// with `Timeout` (a peer that stops reading cannot block us for ever).
-    pub fn set_send_timeout(&mut self, timeout: Duration) {
-        self.send_timeout = timeout;
+    /// with `Timeout` (a peer that stops reading cannot block us for ever, unless this is
+    /// `Wait::Forever`).
+    pub fn set_send_timeout(&mut self, wait: impl Into<Wait>) {
+        self.send_timeout = wait.into();
     }
 
     /// The peer's process id, as verified by the kernel at the handshake.
@@ -178,7 +180,7 @@ impl Connection {
             }
             None => std::slice::from_ref(&sock),
         };
-        let hung = sys::poll_events(fds, Some(Duration::ZERO))
+        let hung = sys::poll_events(fds, Wait::Never)
             .map(|r| r.iter().any(|&ev| ev & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLIN) != 0))
             .unwrap_or(false);
         if hung {
@@ -205,17 +207,17 @@ impl Connection {
                 self.max_message
             )));
         }
-        match send_framed(self.sock.as_fd(), kind, payload, fds, false, Some(self.send_timeout)) {
+        match send_framed(self.sock.as_fd(), kind, payload, fds, false, &mut self.send_timeout.deadline()) {
             Err(Error::PeerGone { .. }) => Err(self.gone_error("closed the connection")),
             r => r,
         }
     }
 
-    /// Receive the next message, waiting at most `timeout` (`None`: until the peer sends
-    /// or dies). One receiver at a time (serialised internally). A message whose fds this
-    /// process could not take (open-file limit) is `Error::Resource`.
-    pub fn recv(&self, timeout: Option<Duration>) -> Result<Message> {
-        let msg = self.recv_lossy(timeout)?;
+    /// Receive the next message, waiting as `wait` says (`Wait::Forever`: until the peer
+    /// sends or dies). One receiver at a time (serialised internally). A message whose fds
+    /// this process could not take (open-file limit) is `Error::Resource`.
+    pub fn recv(&self, wait: impl Into<Wait>) -> Result<Message> {
+        let msg = self.recv_lossy(wait)?;
         if msg.fds_lost {
             return Err(fds_lost_error());
         }
@@ -224,19 +226,24 @@ impl Connection {
 
     /// `recv`, but a message whose fds were dropped for our open-file limit is returned
     /// (with `fds_lost` set) so the caller can undo what it stood for.
-    pub fn recv_lossy(&self, timeout: Option<Duration>) -> Result<Message> {
+    pub fn recv_lossy(&self, wait: impl Into<Wait>) -> Result<Message> {
+        self.recv_lossy_until(&mut wait.into().deadline())
+    }
+
+    /// `recv_lossy` within a caller's deadline (one clock for a larger wait).
+    pub(crate) fn recv_lossy_until(&self, deadline: &mut Deadline) -> Result<Message> {
         let mut buf = self.recv_buf.lock();
         let mut wait: Vec<BorrowedFd<'_>> = vec![self.sock.as_fd()];
         if let Some(p) = &self.pidfd {
             wait.push(p.as_fd());
         }
-        let spin = timeout.map_or(self.recv_spin, |t| t.min(self.recv_spin));
+        let spin = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
         let mut ready = vec![false];
         if !spin.is_zero() {
-            let end = crate::deadline::after(spin);
+            let mut spun = Wait::For(spin).deadline();
             loop {
-                ready = sys::poll_readable(&wait[..1], Some(Duration::ZERO))?;
-                if ready[0] || Instant::now() >= end {
+                ready = sys::poll_readable(&wait[..1], Wait::Never)?;
+                if ready[0] || spun.expired() {
                     break;
                 }
                 // Yield, not a bare spin: when the peer shares this CPU, it runs now and
@@ -245,13 +252,13 @@ impl Connection {
             }
         }
         if !ready[0] {
-            ready = sys::poll_readable(&wait, timeout.map(|t| t.saturating_sub(spin)))?;
+            ready = sys::poll_readable(&wait, deadline.as_wait())?;
         }
         if !ready[0] {
             if ready.get(1).copied().unwrap_or(false) {
                 return Err(self.gone_error("exited"));
             }
-            return Err(Error::Timeout { what: "a message from the peer", after: timeout.unwrap_or_default() });
+            return Err(deadline.timed_out("a message from the peer"));
         }
         let got = match sys::recv_msg(self.sock.as_fd(), &mut buf)? {
             Some(g) => g,
@@ -303,13 +310,13 @@ fn send_framed(
     payload: &[u8],
     fds: &[BorrowedFd<'_>],
     creds: bool,
-    timeout: Option<Duration>,
+    deadline: &mut Deadline,
 ) -> Result<()> {
     let mut buf = Vec::with_capacity(HEADER + payload.len());
     buf.extend_from_slice(&MSG_MAGIC.to_le_bytes());
     buf.extend_from_slice(&kind.to_le_bytes());
     buf.extend_from_slice(payload);
-    sys::send_msg(sock, &buf, fds, creds, timeout)
+    sys::send_msg_until(sock, &buf, fds, creds, deadline)
 }
 
 fn parse_header(msg: &[u8]) -> Result<(u32, &[u8])> {
@@ -336,13 +343,16 @@ impl Listener {
         Ok(Listener { sock: sys::seqpacket_listen(&path)?, path })
     }
 
-    /// Accept one connection and handshake it.
-    pub fn accept(&self, timeout: Duration) -> Result<Connection> {
-        if !sys::poll_readable(&[self.sock.as_fd()], Some(timeout))?[0] {
-            return Err(Error::Timeout { what: "a connection", after: timeout });
+    /// Accept one connection (waiting for it as `wait` says) and handshake it (waiting
+    /// for the peer's hello as `handshake` says: a client that connects and says nothing
+    /// must not hold the accept for ever).
+    pub fn accept(&self, wait: impl Into<Wait>, handshake: impl Into<Wait>) -> Result<Connection> {
+        let mut deadline = wait.into().deadline();
+        if !sys::poll_readable(&[self.sock.as_fd()], deadline.as_wait())?[0] {
+            return Err(deadline.timed_out("a connection"));
         }
         let fd = sys::accept(self.sock.as_fd())?;
-        let conn = Connection::establish(fd, timeout)?;
+        let conn = Connection::establish(fd, handshake)?;
         // For accepted sockets SO_PEERCRED is the connecting process: it must agree with
         // the credentials the hello carried.
         let pc = sys::peer_cred(conn.socket())?;
@@ -376,12 +386,37 @@ mod tests {
         assert_eq!(a.peer_pid(), std::process::id() as i32);
         let seg = crate::Segment::create(128).unwrap();
         a.send(7, b"hi", &[seg.fd()]).unwrap();
-        let m = b.recv(Some(Duration::from_secs(5))).unwrap();
+        let m = b.recv(Duration::from_secs(5)).unwrap();
         assert_eq!((m.kind, &m.payload[..], m.fds.len()), (7, &b"hi"[..], 1));
-        assert!(matches!(b.recv(Some(Duration::from_millis(10))), Err(Error::Timeout { .. })));
+        assert!(matches!(b.recv(Duration::from_millis(10)), Err(Error::Timeout { .. })));
         assert!(a.send(1, &vec![0; DEFAULT_MAX_MESSAGE + 1], &[]).is_err());
         drop(a);
-        assert!(b.recv(Some(Duration::from_secs(5))).unwrap_err().is_peer_gone());
+        assert!(b.recv(Wait::Forever).unwrap_err().is_peer_gone());
+    }
+
+    #[test]
+    fn no_wait_is_over_at_once_and_a_huge_wait_is_no_limit() {
+        let (a, b) = Connection::pair().unwrap();
+        let t = std::time::Instant::now();
+        let e = b.recv(Wait::Never).unwrap_err();
+        assert!(matches!(e, Error::Timeout { after, .. } if after.is_zero()), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // What is there is taken without waiting.
+        a.send(4, b"now", &[]).unwrap();
+        assert_eq!(b.recv(Wait::Never).unwrap().kind, 4);
+        // A wait too long for the clock waits (here for a message sent later), not zero.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                a.send(5, b"later", &[]).unwrap();
+            });
+            assert_eq!(b.recv(Duration::MAX).unwrap().kind, 5);
+        });
+        let dir = std::env::temp_dir().join(format!("tw-listen-never-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let l = Listener::bind(&dir).unwrap();
+        let e = l.accept(Wait::Never, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, Error::Timeout { what: "a connection", .. }), "{e}");
     }
 
     #[test]
@@ -394,7 +429,7 @@ mod tests {
         hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&1024u32.to_le_bytes());
-        send_framed(raw.as_fd(), KIND_HELLO, &hello, &[], false, Some(Duration::from_secs(1))).unwrap();
+        send_framed(raw.as_fd(), KIND_HELLO, &hello, &[], false, &mut Wait::For(Duration::from_secs(1)).deadline()).unwrap();
         let e = Connection::establish(ours, Duration::from_secs(5)).unwrap_err();
         assert!(matches!(&e, Error::Protocol(m) if m.contains("no SCM_CREDENTIALS")), "{e}");
     }
@@ -406,9 +441,9 @@ mod tests {
         let l = Listener::bind(&dir).unwrap();
         let p = dir.clone();
         let t = std::thread::spawn(move || Connection::connect(&p, Duration::from_secs(5)).unwrap());
-        let server = l.accept(Duration::from_secs(5)).unwrap();
+        let server = l.accept(Duration::from_secs(5), Duration::from_secs(5)).unwrap();
         let client = t.join().unwrap();
         client.send(3, b"x", &[]).unwrap();
-        assert_eq!(server.recv(Some(Duration::from_secs(5))).unwrap().kind, 3);
+        assert_eq!(server.recv(Duration::from_secs(5)).unwrap().kind, 3);
     }
 }

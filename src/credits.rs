@@ -13,7 +13,8 @@
 
 use crate::doorbell::{Doorbell, DoorbellWords};
 use crate::sync::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use crate::wait::Wait;
+use std::time::Duration;
 
 /// Why a producer may not use its next slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,34 +53,31 @@ impl<'a> Credits<'a> {
     }
 
     /// Producer: wait until use `seq` may start: spin `spin` polls, then sleep on the
-    /// doorbell in slices of at most `slice` (checking `gone` between them), at most
-    /// `timeout` in all.
+    /// doorbell in slices of at most `slice` (checking `gone` between them), for as long
+    /// as `wait` says in all.
     pub fn wait(
         &self,
         seq: u64,
         spin: u32,
-        timeout: Duration,
+        wait: impl Into<Wait>,
         slice: Duration,
         gone: &dyn Fn() -> bool,
     ) -> Result<(), CreditError> {
-        let mut deadline: Option<Instant> = None;
+        // The clock starts when the spin is over: the fast path reads none.
+        let mut deadline = wait.into().deadline();
         loop {
             let seen = self.bell.current();
             if self.poll(seq)? {
                 return Ok(());
             }
-            if self.bell.spin(seen, spin) {
+            if self.bell.spin(seen, deadline.spins(spin)) {
                 continue;
             }
-            let now = Instant::now();
-            let end = *deadline.get_or_insert_with(|| crate::deadline::after(timeout));
-            if now >= end {
-                return Err(CreditError::Timeout);
-            }
+            let Some(nap) = deadline.slice(slice) else { return Err(CreditError::Timeout) };
             if gone() {
                 return Err(CreditError::Gone);
             }
-            self.bell.wait(seen, 0, Some((end - now).min(slice)));
+            self.bell.wait(seen, 0, nap);
         }
     }
 
@@ -134,6 +132,9 @@ mod tests {
         let slice = Duration::from_millis(2);
         assert_eq!(c.wait(1, 10, Duration::from_millis(20), slice, &|| false), Err(CreditError::Timeout));
         assert_eq!(c.wait(1, 10, Duration::from_secs(60), slice, &|| true), Err(CreditError::Gone));
+        let t = std::time::Instant::now();
+        assert_eq!(c.wait(1, 0, Wait::Never, Duration::from_secs(60), &|| false), Err(CreditError::Timeout));
+        assert!(t.elapsed() < Duration::from_secs(30), "not waiting is over at once");
     }
 
     #[test]

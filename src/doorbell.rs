@@ -12,7 +12,7 @@
 //! has a timeout) or spurious FUTEX_WAKE calls; nothing is read from them but "changed?".
 
 use crate::sync::{futex, spin_hint, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use crate::wait::Wait;
 
 /// The two shared words a doorbell lives on.
 #[repr(C)]
@@ -64,13 +64,13 @@ impl<'a> Doorbell<'a> {
     }
 
     /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.
-    /// Returns false if `timeout` passed first (`None` waits without limit; the
+    /// Returns false if the wait ran out first (`Wait::Forever` waits without limit; the
     /// transport always passes a limit).
-    pub fn wait(&self, seen: u32, spin: u32, timeout: Option<Duration>) -> bool {
-        if self.spin(seen, spin) {
+    pub fn wait(&self, seen: u32, spin: u32, wait: impl Into<Wait>) -> bool {
+        let mut deadline = wait.into().deadline();
+        if self.spin(seen, deadline.spins(spin)) {
             return true;
         }
-        let deadline = timeout.map(crate::deadline::after);
         // SeqCst: the waiter half of the Dekker pair with `ring`.
         self.words.waiters.fetch_add(1, Ordering::SeqCst);
         let changed = loop {
@@ -82,13 +82,10 @@ impl<'a> Doorbell<'a> {
             if self.words.seq.fetch_add(0, Ordering::SeqCst) != seen {
                 break true;
             }
-            let remaining = match deadline {
-                None => None,
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(r) if !r.is_zero() => Some(r),
-                    _ => break false,
-                },
-            };
+            let remaining = deadline.remaining();
+            if remaining.is_some_and(|r| r.is_zero()) {
+                break false;
+            }
             futex::wait(&self.words.seq, seen, remaining);
         };
         // Relaxed: only a hint for `ring`; a stale count costs one spare FUTEX_WAKE.
@@ -101,19 +98,32 @@ impl<'a> Doorbell<'a> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn wait_times_out_then_wakes() {
         let w = Arc::new(DoorbellWords::default());
         let d = Doorbell::new(&w);
+        let ring_later = || {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                Doorbell::new(&w).ring();
+            })
+        };
         let seen = d.current();
-        assert!(!d.wait(seen, 10, Some(Duration::from_millis(20))));
-        let w2 = w.clone();
-        let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(30));
-            Doorbell::new(&w2).ring();
-        });
-        assert!(d.wait(seen, 0, Some(Duration::from_secs(10))));
+        assert!(!d.wait(seen, 10, Duration::from_millis(20)));
+        // Not waiting is over at once.
+        let t = Instant::now();
+        assert!(!d.wait(seen, 0, Wait::Never));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let t = ring_later();
+        assert!(d.wait(seen, 0, Duration::from_secs(10)));
+        t.join().unwrap();
+        // A timeout too long for the clock is no limit (the ring ends it), not zero.
+        let seen = d.current();
+        let t = ring_later();
+        assert!(d.wait(seen, 0, Duration::MAX));
         t.join().unwrap();
     }
 }

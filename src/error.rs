@@ -15,7 +15,8 @@ pub enum Error {
     Io { op: &'static str, source: io::Error },
     /// The peer process exited or closed its end of the connection.
     PeerGone { detail: String },
-    /// A wait ran past its timeout.
+    /// A wait ran out: `after` is what the caller asked for (the timeout, or from the
+    /// call to its deadline; zero for `Wait::Never`).
     Timeout { what: &'static str, after: std::time::Duration },
     /// A descriptor (from the peer or the caller) failed validation.
     InvalidDescriptor(String),
@@ -32,8 +33,9 @@ pub enum Error {
     InvalidArgument(String),
     /// CUDA was asked for but no driver is present on this machine.
     CudaUnavailable(String),
-    /// A CUDA driver call failed.
-    Cuda { call: &'static str, code: i32, name: String },
+    /// A CUDA driver call failed: `code` is the driver's result, `name` its name for it
+    /// (e.g. `CUDA_ERROR_INVALID_VALUE`), for messages.
+    Cuda { call: &'static str, code: crate::cuda::CudaCode, name: String },
     /// The machine or a process limit said no: no fd (`EMFILE`/`ENFILE`), no address
     /// space or memory (`ENOMEM`, e.g. under `RLIMIT_AS`), no room on a file system or
     /// under a file-size limit (`ENOSPC`/`EFBIG`), no lockable memory (`EPERM`/`EAGAIN`
@@ -74,6 +76,9 @@ impl fmt::Display for Error {
         match self {
             Error::Io { op, source } => write!(f, "{op} failed: {source}"),
             Error::PeerGone { detail } => write!(f, "peer gone: {detail}"),
+            Error::Timeout { what, after } if after.is_zero() => {
+                write!(f, "timed out at once (no wait was asked for) waiting for {what}")
+            }
             Error::Timeout { what, after } => write!(f, "timed out after {after:?} waiting for {what}"),
             Error::InvalidDescriptor(m) => write!(f, "invalid tensor descriptor: {m}"),
             Error::InvalidSegment(m) => write!(f, "invalid segment: {m}"),

@@ -6,12 +6,12 @@
 //! Unix-socket [`Connection`].
 //!
 //! ```no_run
-//! use tensorwire::{DType, ExportOptions, Layout, Peer, PeerConfig, SharedTensor};
+//! use tensorwire::{DType, ExportOptions, Layout, Peer, PeerConfig, SharedTensor, Wait};
 //! # fn main() -> tensorwire::Result<()> {
 //! let (a, b) = Peer::pair(PeerConfig::default())?;
 //! let t = SharedTensor::zeros(Layout::contiguous(DType::Float32, &[2, 3])?)?;
 //! a.export(&t.view(t.layout().transpose(0, 1)?)?, ExportOptions::default())?;
-//! let imported = b.recv_tensor(None)?;        // aliases a's memory, zero-copy
+//! let imported = b.recv_tensor(Wait::Forever)?; // aliases a's memory, zero-copy
 //! assert_eq!(imported.layout().sizes(), &[3, 2]);
 //! imported.release()?;                         // a's owner is dropped now
 //! # Ok(()) }
@@ -20,7 +20,9 @@
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 /// Items that exist only outside the loom model build (`--cfg loom` compiles just the
-/// shared-memory protocols and their `sync` shim), as tokio's `cfg_*!` macros do.
+/// shared-memory protocols and their `sync` shim), as tokio's `cfg_*!` macros do: every
+/// such re-export, here and in the modules (`lease`, `ring`). (`sync` picks std's or
+/// loom's atomics with a `cfg` pair: both builds have them.)
 macro_rules! cfg_not_loom {
     ($($item:item)*) => { $( #[cfg(not(loom))] $item )* };
 }
@@ -30,7 +32,7 @@ pub mod lease;
 pub mod sync;
 pub mod doorbell;
 pub mod credits;
-pub(crate) mod deadline;
+pub mod wait;
 pub mod ring;
 
 // Module declarations stay outside the macro: cbindgen does not expand macros, and it
@@ -58,9 +60,10 @@ cfg_not_loom! {
     pub use connection::{Connection, Listener};
     pub use desc::{DType, DeviceType, Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE, MAX_NDIM};
     pub use lease::{LeaseId, LeaseStats, Owner};
-    pub use ring::{RingItem, RingMessage, Wait};
+    pub use ring::{RingItem, RingMessage};
     pub use peer::{CudaImported, ExportOptions, Imported, Incoming, Peer, PeerConfig, SharedTensor};
     pub use segment::Segment;
 }
 
 pub use error::{Error, Result};
+pub use wait::Wait;

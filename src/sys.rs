@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
+use crate::wait::{Deadline, Wait};
 
 /// Most fds one control message may carry; more is a protocol error.
 pub const MAX_FDS_PER_MSG: usize = 8;
@@ -247,10 +247,21 @@ struct CmsgBuf([u8; 256]);
 /// Send one SEQPACKET message with optional fds and, if `with_creds`, our own ucred
 /// (SCM_CREDENTIALS: the kernel checks it is really ours).
 ///
-/// Waits at most `timeout` for room in the socket buffer: a peer that stops reading must
-/// not block the sender for ever. `None`: a plain blocking send (for stream sockets, whose
-/// sends may be partial without blocking, and which carry their own SO_SNDTIMEO).
-pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], with_creds: bool, timeout: Option<Duration>) -> Result<()> {
+/// Waits for room in the socket buffer as `wait` says: a peer that stops reading must not
+/// block the sender for ever. `Wait::Forever`: a plain blocking send (for stream sockets,
+/// whose sends may be partial without blocking, and which carry their own SO_SNDTIMEO).
+pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], with_creds: bool, wait: impl Into<Wait>) -> Result<()> {
+    send_msg_until(sock, payload, fds, with_creds, &mut wait.into().deadline())
+}
+
+/// `send_msg` within a caller's deadline (one clock for a larger wait).
+pub(crate) fn send_msg_until(
+    sock: BorrowedFd<'_>,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    with_creds: bool,
+    deadline: &mut Deadline,
+) -> Result<()> {
     if fds.len() > MAX_FDS_PER_MSG {
         return Err(Error::InvalidArgument(format!("{} fds in one message, at most {MAX_FDS_PER_MSG}", fds.len())));
     }
@@ -293,24 +304,20 @@ pub fn send_msg(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>], wi
             }
         }
     }
-    let deadline = timeout.map(crate::deadline::after);
+    let forever = deadline.remaining().is_none();
     let r = loop {
         // MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE; MSG_DONTWAIT lets
         // a full buffer come back as EAGAIN, waited for below.
-        let flags = libc::MSG_NOSIGNAL | if deadline.is_some() { libc::MSG_DONTWAIT } else { 0 };
+        let flags = libc::MSG_NOSIGNAL | if forever { 0 } else { libc::MSG_DONTWAIT };
         // SAFETY: `msg` describes `iov` (pointing at `payload`) and `cbuf`, all alive for
         // the call.
         let r = retry(-1, || unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, flags) });
         match r {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-                if left.is_some_and(|l| l.is_zero()) {
-                    return Err(Error::Timeout {
-                        what: "room in the peer's socket buffer (the peer is not reading)",
-                        after: timeout.unwrap_or_default(),
-                    });
+                if deadline.expired() {
+                    return Err(deadline.timed_out("room in the peer's socket buffer (the peer is not reading)"));
                 }
-                let ev = poll_events(&[(sock, libc::POLLOUT)], left)?;
+                let ev = poll_events(&[(sock, libc::POLLOUT)], deadline.as_wait())?;
                 if ev[0] & (libc::POLLHUP | libc::POLLERR) != 0 && ev[0] & libc::POLLOUT == 0 {
                     return Err(Error::peer_gone("the peer closed the connection while we waited to send"));
                 }
@@ -412,23 +419,25 @@ pub fn fd_table_full(probe: BorrowedFd<'_>) -> bool {
 
 /// True if the peer shut down or closed its end of `sock` (POLLRDHUP / POLLHUP now).
 fn peer_hung_up(sock: BorrowedFd<'_>) -> bool {
-    poll_events(&[(sock, libc::POLLRDHUP)], Some(Duration::ZERO))
+    poll_events(&[(sock, libc::POLLRDHUP)], Wait::Never)
         .map(|r| r[0] & (libc::POLLRDHUP | libc::POLLHUP) != 0)
         .unwrap_or(true)
 }
 
-/// `poll` on up to a few fds for readability; returns which are ready (or hung up).
-pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Result<Vec<bool>> {
+/// `poll` on up to a few fds for readability, waiting as `wait` says; returns which are
+/// ready (or hung up).
+pub fn poll_readable(fds: &[BorrowedFd<'_>], wait: impl Into<Wait>) -> Result<Vec<bool>> {
     let with: Vec<_> = fds.iter().map(|f| (*f, libc::POLLIN)).collect();
-    Ok(poll_events(&with, timeout)?[..fds.len()].iter().map(|&r| r != 0).collect())
+    Ok(poll_events(&with, wait)?[..fds.len()].iter().map(|&r| r != 0).collect())
 }
 
 /// Most fds `poll_events` takes at once.
 pub const MAX_POLL_FDS: usize = 4;
 
 /// `poll` with explicit event masks on up to `MAX_POLL_FDS` fds; returns each fd's
-/// `revents` (entries past `fds.len()` are 0). No allocation: it sits on hot paths.
-pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], timeout: Option<Duration>) -> Result<[libc::c_short; MAX_POLL_FDS]> {
+/// `revents` (entries past `fds.len()` are 0), waiting as `wait` says (all zero if it ran
+/// out). No allocation: it sits on hot paths.
+pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], wait: impl Into<Wait>) -> Result<[libc::c_short; MAX_POLL_FDS]> {
     if fds.len() > MAX_POLL_FDS {
         return Err(Error::InvalidArgument(format!("poll on {} fds, at most {MAX_POLL_FDS}", fds.len())));
     }
@@ -439,25 +448,28 @@ pub fn poll_events(fds: &[(BorrowedFd<'_>, libc::c_short)], timeout: Option<Dura
     let mut out = [0; MAX_POLL_FDS];
     // A signal (EINTR) is not the end of the wait: poll again for what is left of it, so
     // a signal storm neither cuts a wait short (a false timeout) nor stretches it.
-    let deadline = timeout.map(crate::deadline::after);
+    let mut deadline = wait.into().deadline();
     loop {
-        let ms: libc::c_int = match deadline {
+        // Rounded up to whole ms (a wait of 0.5 ms is not "do not wait"); a remaining wait
+        // longer than poll's `int` of ms sleeps that long, then polls again.
+        let ms: libc::c_int = match deadline.remaining() {
             None => -1,
-            Some(d) => {
-                let t = d.saturating_duration_since(std::time::Instant::now());
-                t.as_millis().min(i32::MAX as u128) as libc::c_int + i32::from(t.subsec_nanos() % 1_000_000 != 0)
-            }
+            Some(t) => (t.as_millis() + u128::from(t.subsec_nanos() % 1_000_000 != 0)).min(i32::MAX as u128) as libc::c_int,
         };
         // SAFETY: `pfds` is a valid array of at least `fds.len()` pollfd for the call.
         let r = unsafe { libc::poll(pfds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if r >= 0 {
+        // Nothing ready before a capped wait ran out: wait for the rest.
+        if r > 0 || (r == 0 && deadline.expired()) {
             break;
+        }
+        if r == 0 {
+            continue;
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(Error::io("poll", e));
         }
-        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+        if deadline.expired() {
             return Ok(out);
         }
     }

@@ -106,7 +106,7 @@ fn producer_sigkilled_mappings_stay_readable_and_next_call_is_peer_gone() {
         assert_eq!(v, vec![t.tag() as u8 + 1; 4096], "mapping unreadable after the producer died");
     }
     let start = std::time::Instant::now();
-    let err = peer.recv(Some(Duration::from_secs(20))).unwrap_err();
+    let err = peer.recv(Duration::from_secs(20)).unwrap_err();
     assert!(matches!(err, Error::PeerGone { .. }), "{err}");
     assert!(start.elapsed() < Duration::from_secs(5), "peer death took {:?} to notice", start.elapsed());
     for t in imported {
@@ -158,7 +158,7 @@ fn listener_path_between_processes() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let peer = Peer::accept(&listener, PeerConfig::default()).unwrap();
+    let peer = Peer::accept(&listener, T, PeerConfig::default()).unwrap();
     assert_eq!(peer.peer_pid() as u32, child.id());
     let t = peer.recv_tensor(T).unwrap();
     assert_eq!(t.to_vec().unwrap(), (0..64u8).collect::<Vec<_>>());

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tensorwire::cuda::driver::DeviceBuffer;
+use tensorwire::cuda::CudaStream;
 use tensorwire::cuda::ring::CudaRingConfig;
 use tensorwire::cuda::vmm::VmmAllocation;
 use tensorwire::{DType, ExportOptions, Incoming, Layout, Peer, PeerConfig};
@@ -49,7 +50,7 @@ fn simcuda_is_loaded_when_expected() {
     }
     assert!(tensorwire::cuda::available(), "simcuda/run.sh ran the suite but no CUDA driver loaded");
     let s = sim_stats().expect("the loaded libcuda is not simcuda (no simcuda_stats)");
-    assert_eq!(s.version, 1);
+    assert_eq!(s.version, 2);
 }
 
 #[test]
@@ -71,7 +72,7 @@ fn ipc_export_of_every_dtype_and_view_arrives_exactly_and_is_zero_copy() {
             let data = pattern(nbytes, tag as u8);
             htod(ptr, &data);
             tag += 1;
-            peer.export_cuda(ptr, nbytes as u64, &l, 0, owner(&dropped), ExportOptions { tag, window: None }).unwrap();
+            peer.export_cuda(ptr, nbytes as u64, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag, window: None }).unwrap();
             let r = unwords(&recv_msg(&peer));
             let nd = l.sizes().len();
             assert_eq!(r[0], tag);
@@ -107,7 +108,7 @@ fn handle_cache_opens_each_handle_once_while_used_and_closes_it_when_unused() {
     htod(buf.ptr(), &pattern(4096, 1));
     let l = Layout::contiguous(DType::UInt8, &[1024]).unwrap();
     let send = |tag: u64, at: u64| {
-        peer.export_cuda(buf.ptr() + at, 1024, &l, 0, Box::new(()), ExportOptions { tag, window: None }).unwrap();
+        peer.export_cuda(buf.ptr() + at, 1024, &l, CudaStream::LEGACY, Box::new(()), ExportOptions { tag, window: None }).unwrap();
         assert_eq!(unwords(&recv_msg(&peer))[0], tag);
     };
     // keep_warm 0: one open per message, none left open.
@@ -195,7 +196,7 @@ fn vmm_memory_is_exported_by_fd_zero_copy_and_opens_no_ipc_handle() {
         let data = pattern(nbytes, i as u8 + 40);
         htod(ptr, &data);
         for l in views(dt) {
-            peer.export_cuda(ptr, nbytes as u64, &l, 0, Box::new(()), ExportOptions::default()).unwrap();
+            peer.export_cuda(ptr, nbytes as u64, &l, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
             let r = unwords(&recv_msg(&peer));
             assert_eq!(r[1], fnv1a(&data), "{dt:?}: the consumer read other bytes than the producer wrote");
             leases_back(&peer);
@@ -227,7 +228,7 @@ fn importer_sigkilled_gives_leases_back() {
     let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
     for (i, b) in bufs.iter().enumerate() {
         htod(b.ptr(), &pattern(4096, i as u8));
-        peer.export_cuda(b.ptr(), 4096, &l, 0, owner(&dropped), ExportOptions { tag: i as u64, window: None }).unwrap();
+        peer.export_cuda(b.ptr(), 4096, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag: i as u64, window: None }).unwrap();
         recv_msg(&peer);
     }
     assert_eq!(peer.reap_now().live_leases, 3);
@@ -258,7 +259,7 @@ fn injected_driver_failures_are_named_errors_and_leave_nothing_behind() {
     let buf = DeviceBuffer::alloc(0, 4096).unwrap();
     htod(buf.ptr(), &pattern(4096, 5));
     let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
-    let export = |tag| peer.export_cuda(buf.ptr(), 4096, &l, 0, owner(&dropped), ExportOptions { tag, window: None }).unwrap();
+    let export = |tag| peer.export_cuda(buf.ptr(), 4096, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag, window: None }).unwrap();
     export(1);
     let r = recv_msg(&peer);
     let s = String::from_utf8_lossy(&r);
@@ -317,7 +318,7 @@ fn both_ends_in_one_process_import_without_opening_handles() {
     let sender = std::thread::spawn({
         let src = src.ptr();
         move || {
-            a.cuda_ring_send(src, &rl, 0, 5, T).unwrap();
+            a.cuda_ring_send(src, &rl, CudaStream::LEGACY, 5, T).unwrap();
             a
         }
     });

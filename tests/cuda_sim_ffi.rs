@@ -11,6 +11,7 @@ use common::gpu::*;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tensorwire::cuda::driver::DeviceBuffer;
+use tensorwire::cuda::DevicePtr;
 use tensorwire::ffi::*;
 
 static RELEASED: AtomicUsize = AtomicUsize::new(0);
@@ -65,17 +66,17 @@ fn the_c_abi_moves_cuda_tensors_and_ring_messages() {
         for i in 0..4u8 {
             let data = pattern(n, i);
             htod_async(buf.ptr(), &data, ps.0);
-            let r = tw_peer_export_cuda(pa, buf.ptr(), n as u64, &l, ps.0, i.into(), 0, Some(on_release), std::ptr::null_mut(), std::ptr::null_mut());
+            let r = tw_peer_export_cuda(pa, buf.ptr().get(), n as u64, &l, ps.0.0, i.into(), 0, Some(on_release), std::ptr::null_mut(), std::ptr::null_mut());
             assert_eq!(r, tw_result_e::TW_OK);
             let (mut imp, mut msg) = (std::ptr::null_mut(), std::ptr::null_mut());
             assert_eq!(tw_peer_recv(pb, 10_000, &mut imp, &mut msg), tw_result_e::TW_OK);
             assert!(msg.is_null() && !imp.is_null());
             assert_eq!((tw_imported_device(imp), tw_imported_tag(imp), tw_imported_storage_len(imp)), (0, u64::from(i), n));
-            assert_eq!(tw_imported_cuda_wait(imp, cs.0), tw_result_e::TW_OK);
-            let dptr = tw_imported_storage(imp) as u64;
+            assert_eq!(tw_imported_cuda_wait(imp, cs.0.0), tw_result_e::TW_OK);
+            let dptr = DevicePtr(tw_imported_storage(imp) as u64);
             assert_eq!(fnv1a(&dtoh_on(dptr, n, cs.0)), fnv1a(&data), "round {i}");
             htod_async(dptr, &[!data[0]], cs.0);
-            assert_eq!(tw_imported_release_after(imp, cs.0), tw_result_e::TW_OK);
+            assert_eq!(tw_imported_release_after(imp, cs.0.0), tw_result_e::TW_OK);
             let mut st = std::mem::zeroed::<tw_lease_stats_t>();
             wait_until("the lease to come back", std::time::Duration::from_secs(10), || {
                 tw_peer_reap(pa, &mut st) == tw_result_e::TW_OK && st.live_leases == 0
@@ -96,7 +97,7 @@ fn the_c_abi_moves_cuda_tensors_and_ring_messages() {
         htod(src.ptr(), &data);
         let rl = layout_u8(m as i64);
         let sender = std::thread::spawn({
-            let (pb, src) = (P(pb), src.ptr());
+            let (pb, src) = (P(pb), src.ptr().get());
             move || {
                 let pb = pb;
                 assert_eq!(tw_peer_cuda_ring_send(pb.0, src, &rl, 0, 7, 10_000), tw_result_e::TW_OK);
@@ -108,7 +109,7 @@ fn the_c_abi_moves_cuda_tensors_and_ring_messages() {
         assert_eq!(tw_peer_cuda_ring_recv(pa, 10_000, &mut tag, &mut got, &mut dev, &mut nbytes), tw_result_e::TW_OK);
         assert_eq!((tag, dev, nbytes, got.sizes[0]), (7, 0, m as u64, m as i64));
         let dst = DeviceBuffer::alloc(0, m as u64).unwrap();
-        assert_eq!(tw_peer_cuda_ring_recv_finish(pa, dst.ptr(), m as u64, cs.0, 10_000), tw_result_e::TW_OK);
+        assert_eq!(tw_peer_cuda_ring_recv_finish(pa, dst.ptr().get(), m as u64, cs.0.0, 10_000), tw_result_e::TW_OK);
         assert_eq!(fnv1a(&dtoh_on(dst.ptr(), m, cs.0)), fnv1a(&data));
         let pb = sender.join().unwrap().0;
         tw_peer_free(pb);

@@ -14,7 +14,7 @@ use tensorwire::lease::Exporter;
 use tensorwire::peer::{KIND_CUDA_EVENTS, KIND_TABLE, KIND_TENSOR};
 use tensorwire::{Connection, DType, Error, Layout, Peer, PeerConfig, StorageKind, StorageRef, TensorDesc};
 
-const T: Option<Duration> = Some(Duration::from_secs(10));
+const T: Duration = Duration::from_secs(10);
 
 fn victim(table: &Exporter) -> (Peer, Connection) {
     let (a, b) = Connection::pair().unwrap();

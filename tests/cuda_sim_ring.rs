@@ -10,8 +10,9 @@ use common::gpu::*;
 use common::gpu_roles::*;
 use std::time::{Duration, Instant};
 use tensorwire::cuda::driver::DeviceBuffer;
+use tensorwire::cuda::CudaStream;
 use tensorwire::cuda::ring::CudaRingConfig;
-use tensorwire::{DType, Error, Incoming, Layout, PeerConfig};
+use tensorwire::{DType, Error, Incoming, Layout, PeerConfig, Wait};
 
 #[test]
 #[ignore = "entry point of the child processes"]
@@ -63,19 +64,24 @@ fn gpu_ring_backpressure_and_timeouts() {
     htod(src.ptr(), &pattern(64 << 10, 3));
     // Nobody receives: two messages fill the slots, the third times out before its first
     // chunk and leaves the ring usable.
-    peer.cuda_ring_send(src.ptr(), &l, 0, 0, T).unwrap();
-    peer.cuda_ring_send(src.ptr(), &l, 0, 1, T).unwrap();
+    peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 0, T).unwrap();
+    peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 1, T).unwrap();
     let t0 = Instant::now();
-    let e = peer.cuda_ring_send(src.ptr(), &l, 0, 2, Some(Duration::from_millis(200))).unwrap_err();
-    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 2, Duration::from_millis(200)).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }) && e.to_string().contains("after 200ms"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(5));
+    // One that may not wait fails at once.
+    let t0 = Instant::now();
+    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 2, Wait::Never).unwrap_err();
+    assert!(matches!(e, Error::Timeout { after, .. } if after.is_zero()), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
     // A slow consumer: the sender waits for slots (backpressure), everything arrives.
     peer.send_message(&words(&[RING, 8, 20, 0]), &[]).unwrap();
     for i in 0..2u64 {
         assert_eq!(unwords(&recv_msg(&peer))[0], i);
     }
     for i in 2..8u64 {
-        peer.cuda_ring_send(src.ptr(), &l, 0, i, T).unwrap();
+        peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, i, T).unwrap();
     }
     for i in 2..8u64 {
         let r = unwords(&recv_msg(&peer));
@@ -133,7 +139,7 @@ fn producer_killed_mid_ring_message_gives_the_consumer_peer_gone_in_bounded_time
     kill9(&mut child);
     let dst = DeviceBuffer::alloc(0, 8 * (64 << 10)).unwrap();
     let t0 = Instant::now();
-    let e = peer.cuda_ring_recv_finish(dst.ptr(), 8 * (64 << 10), 0, T).unwrap_err();
+    let e = peer.cuda_ring_recv_finish(dst.ptr(), 8 * (64 << 10), CudaStream::LEGACY, T).unwrap_err();
     assert!(e.is_peer_gone(), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(5), "PeerGone took {:?}", t0.elapsed());
 }
@@ -208,11 +214,11 @@ fn gpu_ring_consumer_that_dies_mid_message_gives_the_producer_peer_gone() {
     let l = Layout::contiguous(DType::UInt8, &[8 * (16 << 10)]).unwrap();
     peer.send_message(&words(&[RING_DIE]), &[]).unwrap();
     let t0 = Instant::now();
-    let e = peer.cuda_ring_send(src.ptr(), &l, 0, 1, T).unwrap_err();
+    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 1, T).unwrap_err();
     assert!(e.is_peer_gone(), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
     assert!(child.wait().unwrap().success());
-    let e = peer.cuda_ring_send(src.ptr(), &l, 0, 2, T).unwrap_err();
+    let e = peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 2, T).unwrap_err();
     assert!(e.is_peer_gone() || matches!(e, Error::Protocol(_)), "a later send fails at once: {e}");
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tensorwire::{DType, Error, ExportOptions, Layout, Peer, PeerConfig, RingItem, SharedTensor};
 
 const CHILD_ENV: &str = "TENSORWIRE_EXHAUSTION_CHILD";
-const T: Option<Duration> = Some(Duration::from_secs(10));
+const T: Duration = Duration::from_secs(10);
 
 /// Run `body` in a fresh child process (this test binary, only this test), so the limit
 /// it sets cannot disturb other tests. The parent waits at most 60 s.
@@ -157,7 +157,7 @@ fn a_full_socket_buffer_times_out_the_send_and_takes_the_lease_back() {
 }
 
 fn full_socket_buffer() {
-    let cfg = PeerConfig { send_timeout: Duration::from_millis(200), ..no_ring() };
+    let cfg = PeerConfig { send_timeout: Duration::from_millis(200).into(), ..no_ring() };
     let (a, b) = Peer::pair(cfg).unwrap();
     let t = SharedTensor::zeros(f32s(16)).unwrap();
     let mut sent = 0u64;
@@ -240,7 +240,7 @@ fn blocking_calls_survive_a_signal_storm() {
 
         // A receive with nothing to receive lasts its whole timeout.
         let t0 = Instant::now();
-        let e = b.recv(Some(Duration::from_millis(300))).unwrap_err();
+        let e = b.recv(Duration::from_millis(300)).unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }), "{e}");
         assert!(t0.elapsed() >= Duration::from_millis(300), "recv(300 ms) gave up after {:?}", t0.elapsed());
 
@@ -263,7 +263,7 @@ fn blocking_calls_survive_a_signal_storm() {
 
         // A ring wait with nothing coming also lasts its whole timeout.
         let t0 = Instant::now();
-        let e = b.ring_recv(Some(Duration::from_millis(300))).unwrap_err();
+        let e = b.ring_recv(Duration::from_millis(300)).unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }), "{e}");
         assert!(t0.elapsed() >= Duration::from_millis(300), "ring_recv(300 ms) gave up after {:?}", t0.elapsed());
 

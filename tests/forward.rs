@@ -66,7 +66,7 @@ fn child_entry() {
 /// row), reporting [tag, forwarded]; answer QUERY with the forward leases' stats.
 fn relay(up: Peer, down: Peer) {
     loop {
-        match up.recv(None).unwrap() {
+        match up.recv(tensorwire::Wait::Forever).unwrap() {
             Incoming::Tensor(t) => {
                 let tag = t.tag();
                 let view = (tag % 2 == 1).then(|| {
@@ -113,7 +113,7 @@ fn last(host: Peer, up: Peer) {
             },
             SEGS => {
                 // Take what the relay sent meanwhile (its FORGET) without waiting long.
-                let _ = up.recv(Some(Duration::from_millis(20)));
+                let _ = up.recv(Duration::from_millis(20));
                 vec![up.imported_segments() as u64]
             }
             _ => std::process::exit(0),

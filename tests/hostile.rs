@@ -15,7 +15,7 @@ use tensorwire::{
     StorageRef, TensorDesc,
 };
 
-const T: Option<Duration> = Some(Duration::from_secs(10));
+const T: Duration = Duration::from_secs(10);
 
 struct Attacker {
     conn: Connection,

@@ -16,7 +16,7 @@ use tensorwire::{
     Connection, DType, Error, Incoming, Layout, Peer, PeerConfig, Segment, StorageKind, StorageRef, TensorDesc,
 };
 
-const T: Option<Duration> = Some(Duration::from_secs(10));
+const T: Duration = Duration::from_secs(10);
 const GIB: u64 = 1 << 30;
 
 /// The tests of this file run one at a time: some count this process's open fds, which
@@ -333,7 +333,7 @@ fn a_flood_of_internal_messages_cannot_stretch_a_receive_past_its_timeout() {
     });
     std::thread::sleep(Duration::from_millis(50));
     let t0 = Instant::now();
-    let err = victim.recv(Some(Duration::from_secs(1))).unwrap_err();
+    let err = victim.recv(Duration::from_secs(1)).unwrap_err();
     let took = t0.elapsed();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // The flooder may be blocked in a full socket: closing the victim ends its send.

@@ -16,7 +16,7 @@ fn cfg() -> PeerConfig {
 }
 
 fn wait(ms: u64) -> Wait {
-    Wait { spin: 200, timeout: Duration::from_millis(ms) }
+    Wait::For(Duration::from_millis(ms))
 }
 
 fn payload(i: u64) -> Vec<u8> {
@@ -65,18 +65,18 @@ fn child_entry() {
             };
             let tag = m.tag;
             let v = m.into_vec();
-            peer.ring_send(&[RingItem::bytes(tag, &v)], Some(Duration::from_secs(20))).unwrap();
+            peer.ring_send(&[RingItem::bytes(tag, &v)], Duration::from_secs(20)).unwrap();
         },
         // Send a few messages, say so, then wait to be killed.
         "send_then_die" => {
             peer.ring_send(&[RingItem::bytes(1, b"one"), RingItem::bytes(2, b"two")], T).unwrap();
             peer.send_message(b"sent", &[]).unwrap();
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
         }
         // Never read the ring; wait to be killed.
         "stall" => {
             peer.send_message(b"ready", &[]).unwrap();
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
         }
         other => panic!("unknown role {other}"),
     }
@@ -91,7 +91,7 @@ fn a_million_small_messages_in_order_with_checksums() {
     while i < MILLION {
         let batch: Vec<(u64, Vec<u8>)> = (i..(i + 256).min(MILLION)).map(|k| (k, payload(k))).collect();
         let items: Vec<RingItem<'_>> = batch.iter().map(|(k, v)| RingItem::bytes(*k, v)).collect();
-        peer.ring_send(&items, Some(Duration::from_secs(20))).unwrap();
+        peer.ring_send(&items, Duration::from_secs(20)).unwrap();
         sum = batch.iter().fold(sum, |s, (_, v)| s.wrapping_add(fnv1a(v)));
         i += batch.len() as u64;
     }
@@ -159,10 +159,10 @@ fn borrowed_messages_stay_in_place_and_release_in_ring_order() {
     assert_eq!(unsafe { std::slice::from_raw_parts(m2.as_ptr(), m2.len()) }, &blob(2)[..]);
     // The ring is full until the oldest borrow goes: releasing m2 first frees nothing.
     drop(m2);
-    let err = a.ring_send(&[RingItem::bytes(3, &blob(3))], Some(Duration::from_millis(100))).unwrap_err();
+    let err = a.ring_send(&[RingItem::bytes(3, &blob(3))], Duration::from_millis(100)).unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     drop(m1); // now both records are released together
-    a.ring_send(&[RingItem::bytes(3, &blob(3))], Some(Duration::from_secs(5))).unwrap();
+    a.ring_send(&[RingItem::bytes(3, &blob(3))], Duration::from_secs(5)).unwrap();
     let m3 = b.ring_recv_with(true, wait(5000)).unwrap();
     assert_eq!((m3.tag, m3.into_vec()), (3, blob(3)));
     // Messages larger than a record are always copies.
@@ -176,6 +176,31 @@ fn borrowed_messages_stay_in_place_and_release_in_ring_order() {
 }
 
 #[test]
+fn no_wait_is_over_at_once_and_a_huge_wait_is_no_limit() {
+    let (a, b) = tensorwire::Peer::pair(PeerConfig { ring_bytes: 4096, ..PeerConfig::default() }).unwrap();
+    let start = Instant::now();
+    let err = b.ring_recv(Wait::Never).unwrap_err();
+    assert!(matches!(err, Error::Timeout { after, .. } if after.is_zero()), "{err}");
+    // A full ring: a send that may not wait fails at once, naming what it waited for.
+    let blob = vec![1u8; 1900];
+    a.ring_send(&[RingItem::bytes(1, &blob), RingItem::bytes(2, &blob)], T).unwrap();
+    let err = a.ring_send(&[RingItem::bytes(3, &blob)], Wait::Never).unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }) && err.to_string().contains("at once"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    // What is there is taken without waiting.
+    assert_eq!(b.ring_recv(Wait::Never).unwrap().tag, 1);
+    assert_eq!(b.ring_recv(Wait::Never).unwrap().tag, 2);
+    // A wait too long for the clock waits (for a message sent later), not zero.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            a.ring_send(&[RingItem::bytes(4, b"late")], T).unwrap();
+        });
+        assert_eq!(b.ring_recv(Duration::MAX).unwrap().tag, 4);
+    });
+}
+
+#[test]
 fn backpressure_and_timeouts_never_overwrite() {
     let (mut child, peer) = spawn_child("stall", cfg());
     match peer.recv(T).unwrap() {
@@ -185,7 +210,7 @@ fn backpressure_and_timeouts_never_overwrite() {
     let chunk = vec![1u8; 8000];
     let mut sent = 0;
     let err = loop {
-        match peer.ring_send(&[RingItem::bytes(sent, &chunk)], Some(Duration::from_millis(200))) {
+        match peer.ring_send(&[RingItem::bytes(sent, &chunk)], Duration::from_millis(200)) {
             Ok(()) => sent += 1,
             Err(e) => break e,
         }
@@ -201,7 +226,7 @@ fn backpressure_and_timeouts_never_overwrite() {
     kill9(&mut child);
     // Blocked on a full ring when the consumer dies: PeerGone, not a hang.
     let start = Instant::now();
-    let err = peer.ring_send(&[RingItem::bytes(0, &chunk)], Some(Duration::from_secs(30))).unwrap_err();
+    let err = peer.ring_send(&[RingItem::bytes(0, &chunk)], Duration::from_secs(30)).unwrap_err();
     assert!(err.is_peer_gone(), "{err}");
     assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
 }
@@ -218,7 +243,7 @@ fn producer_dying_mid_stream_is_peer_gone_after_the_data() {
     assert_eq!(peer.ring_recv(T).unwrap().into_vec(), b"one");
     assert_eq!(peer.ring_recv(T).unwrap().into_vec(), b"two");
     let start = Instant::now();
-    let err = peer.ring_recv(Some(Duration::from_secs(30))).unwrap_err();
+    let err = peer.ring_recv(Duration::from_secs(30)).unwrap_err();
     assert!(err.is_peer_gone(), "{err}");
     assert!(start.elapsed() < Duration::from_secs(5));
 }

@@ -55,7 +55,7 @@ fn setup(victim_cfg: PeerConfig) -> (Peer, Attacker) {
 }
 
 fn w(ms: u64) -> Wait {
-    Wait { spin: 10, timeout: Duration::from_millis(ms) }
+    Wait::For(Duration::from_millis(ms))
 }
 
 fn expect_broken(victim: &Peer, needle: &str) {
@@ -159,7 +159,7 @@ fn hostile_consumer_scribbling_tail_breaks_the_sender_cleanly() {
     // is read (and refused) as soon as the ring needs the consumer's space.
     let blob = vec![0u8; 1000];
     let err = (2..20u64)
-        .find_map(|i| victim.ring_send(&[RingItem::bytes(i, &blob)], Some(Duration::from_millis(200))).err())
+        .find_map(|i| victim.ring_send(&[RingItem::bytes(i, &blob)], Duration::from_millis(200)).err())
         .expect("a 4 KiB ring cannot take 18 KB without reading the tail");
     assert!(err.to_string().contains("consumer tail 1125899906842624 outside [0, "), "{err}");
     let err = victim.ring_send(&[RingItem::bytes(3, b"x")], T).unwrap_err();

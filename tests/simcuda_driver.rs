@@ -55,7 +55,7 @@ fn child() {
             let b = DeviceBuffer::alloc(0, 4096).unwrap();
             // SAFETY: deliberately not: this must crash the child (device memory is not
             // host memory); volatile so the read is not optimised away.
-            let v = unsafe { std::ptr::read_volatile(b.ptr() as *const u8) };
+            let v = unsafe { std::ptr::read_volatile(b.ptr().get() as *const u8) };
             println!("{v}");
             std::process::exit(0);
         }
@@ -111,12 +111,12 @@ fn ipc_memory_handles_follow_the_documented_rules() {
     let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
     // SAFETY: valid out-pointers and handles throughout.
     unsafe {
-        assert_eq!(sys::cuIpcGetMemHandle(&mut h, b.ptr() + 256), CUresult::CUDA_ERROR_INVALID_VALUE, "interior pointer");
-        assert_eq!(sys::cuIpcGetMemHandle(&mut h, b.ptr()), CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuIpcGetMemHandle(&mut h, b.ptr().get() + 256), CUresult::CUDA_ERROR_INVALID_VALUE, "interior pointer");
+        assert_eq!(sys::cuIpcGetMemHandle(&mut h, b.ptr().get()), CUresult::CUDA_SUCCESS);
         let mut p = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         assert_eq!(sys::cuIpcOpenMemHandle_v2(&mut p, h, flags), CUresult::CUDA_ERROR_INVALID_CONTEXT, "exporting process");
-        assert_eq!(sys::cuIpcCloseMemHandle(b.ptr()), CUresult::CUDA_ERROR_INVALID_VALUE, "not opened");
+        assert_eq!(sys::cuIpcCloseMemHandle(b.ptr().get()), CUresult::CUDA_ERROR_INVALID_VALUE, "not opened");
         let mut forged = h;
         forged.reserved[16] ^= 1;
         assert_ne!(sys::cuIpcOpenMemHandle_v2(&mut p, forged, flags), CUresult::CUDA_SUCCESS, "forged handle");
@@ -202,7 +202,7 @@ fn events_follow_the_documented_rules() {
         for _ in 0..200 {
             memset_async(scratch.ptr(), 1, 1 << 16, s.0);
         }
-        assert_eq!(sys::cuEventRecord(ev, s.0 as sys::CUstream), CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuEventRecord(ev, raw(s.0)), CUresult::CUDA_SUCCESS);
         assert_eq!(sys::cuEventQuery(ev), CUresult::CUDA_ERROR_NOT_READY, "recorded behind 200 queued ops");
         assert_eq!(sys::cuEventSynchronize(ev), CUresult::CUDA_SUCCESS);
         assert_eq!(sys::cuEventQuery(ev), CUresult::CUDA_SUCCESS);
@@ -250,16 +250,16 @@ fn vmm_follows_the_documented_rules() {
     let mut h = 0;
     // SAFETY: valid out-pointers and addresses throughout.
     unsafe {
-        assert_eq!(sys::cuMemGetAddressRange_v2(&mut base, &mut size, a.ptr() + 12345), CUresult::CUDA_SUCCESS);
-        assert_eq!((base, size), (a.ptr(), 2 << 20), "VMM: the mapping");
-        assert_eq!(sys::cuMemGetAddressRange_v2(&mut base, &mut size, b.ptr() + 100), CUresult::CUDA_SUCCESS);
-        assert_eq!((base, size), (b.ptr(), 4096), "cuMemAlloc: the allocation");
-        assert_eq!(sys::cuMemRetainAllocationHandle(&mut h, (a.ptr() + 4096) as *mut _), CUresult::CUDA_SUCCESS, "interior address");
+        assert_eq!(sys::cuMemGetAddressRange_v2(&mut base, &mut size, a.ptr().get() + 12345), CUresult::CUDA_SUCCESS);
+        assert_eq!((base, size), (a.ptr().get(), 2 << 20), "VMM: the mapping");
+        assert_eq!(sys::cuMemGetAddressRange_v2(&mut base, &mut size, b.ptr().get() + 100), CUresult::CUDA_SUCCESS);
+        assert_eq!((base, size), (b.ptr().get(), 4096), "cuMemAlloc: the allocation");
+        assert_eq!(sys::cuMemRetainAllocationHandle(&mut h, (a.ptr().get() + 4096) as *mut _), CUresult::CUDA_SUCCESS, "interior address");
         let mut h2 = 0;
-        assert_eq!(sys::cuMemRetainAllocationHandle(&mut h2, b.ptr() as *mut _), CUresult::CUDA_ERROR_INVALID_VALUE, "not VMM");
+        assert_eq!(sys::cuMemRetainAllocationHandle(&mut h2, b.ptr().get() as *mut _), CUresult::CUDA_ERROR_INVALID_VALUE, "not VMM");
         assert_eq!(sys::cuMemRelease(h), CUresult::CUDA_SUCCESS);
         let mut ipc = sys::CUipcMemHandle { reserved: [0; 64] };
-        assert_eq!(sys::cuIpcGetMemHandle(&mut ipc, a.ptr()), CUresult::CUDA_ERROR_INVALID_VALUE, "VMM memory has no legacy handle");
+        assert_eq!(sys::cuIpcGetMemHandle(&mut ipc, a.ptr().get()), CUresult::CUDA_ERROR_INVALID_VALUE, "VMM memory has no legacy handle");
     }
     // Export by fd and import in this process: the same pages.
     let fd = a.export_fd().unwrap();

@@ -103,7 +103,7 @@ tw_peer_config_t config(int64_t max_leases, int64_t max_lease_bytes, int64_t win
   if (max_leases) c.max_leases = static_cast<uint32_t>(max_leases);
   if (max_lease_bytes) c.max_lease_bytes = static_cast<uint64_t>(max_lease_bytes);
   if (window_ms) c.default_window_ms = static_cast<uint64_t>(window_ms);
-  if (handshake_timeout_ms) c.handshake_timeout_ms = static_cast<uint64_t>(handshake_timeout_ms);
+  if (handshake_timeout_ms) c.handshake_timeout_ms = handshake_timeout_ms;
   if (ring_bytes) c.ring_bytes = static_cast<uint64_t>(ring_bytes);  // checked by tensorwire
   TORCH_CHECK(cuda_ring_device >= -1 && cuda_ring_device <= 255,
               "tensorwire: cuda_ring_device must be -1 (no GPU ring) or a device index, got ", cuda_ring_device);
@@ -455,14 +455,14 @@ int64_t listen(c10::string_view path) {
   return register_listener(l, p);
 }
 
-int64_t accept(int64_t listener_handle, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
+int64_t accept(int64_t listener_handle, int64_t timeout_ms, int64_t max_leases, int64_t max_lease_bytes, int64_t window_ms,
                int64_t handshake_timeout_ms, int64_t ring_bytes, int64_t cuda_ring_device, int64_t cuda_ring_slot_bytes,
                int64_t cuda_ring_slots) {
   tw_peer_config_t c = config(max_leases, max_lease_bytes, window_ms, handshake_timeout_ms, ring_bytes,
                               cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots);
   auto l = listener(listener_handle, "accept");
   tw_peer_t* p = nullptr;
-  TW_CHECK(tw_listener_accept(l->listener, &c, &p));
+  TW_CHECK(tw_listener_accept(l->listener, timeout_ms, &c, &p));
   return register_connection(p);
 }
 

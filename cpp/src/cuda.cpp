@@ -13,6 +13,11 @@
 // Import: the current stream of the device waits for the producer's event (a stream wait,
 // never a device synchronize); when the tensor dies, the lease is released once the work
 // queued on that stream has completed (tw_imported_release_after: an event, no blocking).
+//
+// Forward: `send` of a tensor (or any view) whose storage came from `recv` sends the same
+// device memory on (tw_peer_export_imported_cuda), never a copy; its lease holds the
+// storage, so the upstream lease goes back once both the forward and the local tensors
+// are done with it.
 #ifndef TENSORWIRE_WITH_CUDA
 #error "cuda.cpp is built only with TENSORWIRE_WITH_CUDA (cpp/CMakeLists.txt adds it when a CUDA toolkit is found)"
 #endif
@@ -45,6 +50,30 @@ void cuda_import_deleter(void* p) {
   delete c;
 }
 
+// The import a received CUDA tensor's storage is (wrap_cuda_import's deleter), else NULL.
+tw_imported_t* cuda_import_of(const c10::Storage& storage) {
+  if (!storage) return nullptr;
+  const c10::DataPtr& dp = storage.data_ptr();
+  if (dp.get_deleter() != &cuda_import_deleter) return nullptr;
+  return static_cast<CudaImportCtx*>(dp.get_context())->imp;
+}
+
+// Forward a view of a received CUDA tensor as the same device memory: the IPC handle or
+// the producer's VMM fd travels on (tw_peer_export_imported_cuda); `stream` first waits
+// for the producer, then orders the consumer after our work queued there. The lease
+// holds the storage (and so the import) until the peer is done with it.
+void forward_cuda_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, cudaStream_t stream, int64_t tag,
+                         int64_t window_ms) {
+  const c10::Storage& storage = t.storage();
+  // recv's storage starts at the import's storage: the view's offset is relative to it.
+  TORCH_INTERNAL_ASSERT(storage.data_ptr().get() == tw_imported_storage(imp));
+  tw_layout_t l = make_layout(t.scalar_type(), t.sizes(), t.strides(), t.storage_offset(), "send");
+  auto* owner = new c10::Storage(storage);
+  TW_CHECK(tw_peer_export_imported_cuda(peer, imp, &l, static_cast<size_t>(reinterpret_cast<uintptr_t>(stream)),
+                                        static_cast<uint64_t>(tag), static_cast<uint64_t>(window_ms), &release_storage,
+                                        owner, nullptr));
+}
+
 bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
   TORCH_CHECK(tensor.defined() && tensor.is_cuda(), "tensorwire.send: expected a CUDA tensor");
   TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.send: ", tensor.layout(),
@@ -55,6 +84,13 @@ bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t wind
   auto live = connection(conn, "send");
   c10::cuda::CUDAGuard device_guard(tensor.device());
   bool zero_copy = !tensor.is_conj() && !tensor.is_neg();
+  if (zero_copy) {
+    if (tw_imported_t* imp = cuda_import_of(tensor.storage())) {
+      forward_cuda_import(live->peer, imp, tensor, c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream(), tag,
+                          window_ms);
+      return true;
+    }
+  }
   // A conjugate/negative view would lose its lazy bit on the other side: resolve it (on the
   // device, on the current stream, ordered before the export's event).
   at::Tensor src = zero_copy ? tensor : tensor.resolve_conj().resolve_neg();

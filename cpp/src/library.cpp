@@ -97,7 +97,7 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
   m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
   m.def("listen(str path) -> int");
-  m.def("accept(int listener, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
+  m.def("accept(int listener, *, int timeout_ms=-1, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
   m.def("close(int conn) -> ()");
   m.def("close_listener(int listener) -> ()");
   m.def("peer_pid(int conn) -> int");
@@ -107,7 +107,8 @@ TORCH_LIBRARY(tensorwire, m) {
   // Returns whether it went zero-copy. `window_ms` > 0 bounds how long the peer may hold it.
   m.def("send(int conn, Tensor tensor, int tag=0, int window_ms=0) -> bool");
   // The next tensor from the peer (and its tag), aliasing the peer's memory; its lease is
-  // released when the last tensor using that memory dies. timeout_ms < 0: no limit.
+  // released when the last tensor using that memory dies. Every timeout_ms here (recv, the
+  // rings, accept): < 0 no limit, 0 do not wait (TW_ERR_TIMEOUT at once), n > 0 at most n ms.
   m.def("recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
   // [live_leases, live_bytes, granted, released, expired, reclaimed] of what this side
   // exported to the peer, after processing pending releases and peer death.

@@ -1,7 +1,11 @@
-"""Connections and listeners: one end of a tensorwire link between two processes."""
+"""Connections and listeners: one end of a tensorwire link between two processes.
+
+Every blocking method takes ``timeout``: seconds (a float), ``None`` for no limit, ``0``
+to not wait (what is ready is taken, else :class:`tensorwire.Timeout` at once)."""
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 from typing import Callable, Optional, TypeVar
 
@@ -20,8 +24,19 @@ _cuda_ring_recv = ops.cuda_ring_recv.default
 _STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
 
 
+_MAX_MS = 2**63 - 1
+
+
 def _ms(timeout: Optional[float]) -> int:
-    return -1 if timeout is None else max(0, int(timeout * 1000))
+    """``timeout`` in the C ABI's ``timeout_ms``: -1 no limit, 0 do not wait; a positive
+    timeout rounds up (0.0001 s still waits), one too long for int64 ms is no limit."""
+    if timeout is None:
+        return -1
+    if not timeout >= 0:  # also NaN
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
+    if math.isinf(timeout) or timeout * 1000 >= _MAX_MS:
+        return -1
+    return math.ceil(timeout * 1000)
 
 
 _C = TypeVar("_C", bound="_Closing")
@@ -153,10 +168,11 @@ class Listener(_Closing):
     def __init__(self, handle: int) -> None:
         self._h = handle
 
-    def accept(self, **limits: int) -> Connection:
-        """Wait for one connection and handshake with it (limits as in :func:`from_fd`)."""
+    def accept(self, timeout: Optional[float] = None, **limits: int) -> Connection:
+        """Wait for one connection (at most ``timeout`` seconds; None: no limit) and
+        handshake with it (limits as in :func:`from_fd`)."""
         try:
-            return Connection(ops.accept(self._h, **limits))
+            return Connection(ops.accept(self._h, timeout_ms=_ms(timeout), **limits))
         except RuntimeError as e:
             raise translate(e) from e
 

@@ -53,7 +53,7 @@ import tensorwire as _tw
 
 from . import connection as _connection
 from .connection import Connection, Listener
-from .errors import Error, PeerGone
+from .errors import Error, PeerGone, Timeout
 
 __all__ = ["TensorwireAdapter", "PendingExport", "TYPE_NAME", "SOCKET_ENV"]
 
@@ -67,6 +67,9 @@ SOCKET_ENV = "TENSORWIRE_PYISOLATE_SOCKET"
 RECV_TIMEOUT_S = 30.0
 #: How long the host waits for a child's tensorwire connection to show up.
 CONNECT_WAIT_S = 10.0
+#: How often the host's accept loop looks whether it is closing (a blocked accept would
+#: keep the listener, and its socket file, alive).
+ACCEPT_POLL_S = 1.0
 #: Tensors received ahead of the message naming them that one connection may hold.
 MAX_STASHED = 1024
 
@@ -150,7 +153,13 @@ class _Host:
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn = self.listener.accept()
+                conn = self.listener.accept(timeout=ACCEPT_POLL_S)
+            except Timeout:
+                # No child connected (or one connected and never finished its hello: it
+                # sees the failure itself).
+                if self.closing:
+                    return
+                continue
             except Error as e:
                 if self.closing:
                     return

@@ -12,7 +12,7 @@
 //! used when no address is given.
 
 use std::time::Duration;
-use tensorwire_rpc::{Args, CallCtx, CallOptions, Endpoint, Registry, RpcConfig, RpcError, Server, Service, Value};
+use tensorwire_rpc::{Args, CallCtx, CallOptions, Endpoint, Registry, RpcConfig, RpcError, Server, Service, Value, Wait};
 
 fn add(_: &CallCtx, a: Args) -> tensorwire_rpc::Result<Value> {
     let (x, y) = (a.req(0, "a")?, a.req(1, "b")?);
@@ -121,7 +121,7 @@ fn call(addr: &str, opt: &std::collections::HashMap<String, String>) -> tensorwi
         Value::Object(m) => m,
         _ => return Err(RpcError::InvalidArgument("--kwargs must be a JSON object".into())),
     };
-    let timeout = opt.get("timeout").and_then(|t| t.parse::<f64>().ok()).map(Duration::from_secs_f64);
+    let timeout = opt.get("timeout").and_then(|t| t.parse::<f64>().ok()).map(|s| Wait::For(Duration::from_secs_f64(s)));
     let ep = Endpoint::connect(addr, Registry::new(), RpcConfig::default())?;
     let r = ep.call_with(&object_id, &method, args, kwargs, CallOptions { timeout, ..Default::default() });
     ep.close(Duration::from_millis(200));

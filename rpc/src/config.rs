@@ -7,9 +7,12 @@ use crate::frame;
 use crate::json;
 use crate::tensor::FsStrategy;
 use std::time::Duration;
+use tensorwire::Wait;
 
 /// Default [`RpcConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default [`RpcConfig::first_message_timeout`].
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`RpcConfig::max_tensor_copy`]: 256 MiB.
 pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
 
@@ -35,14 +38,30 @@ pub struct RpcConfig {
     /// over it is told "server busy" and closed. Each costs one fd and one reader thread
     /// (and, once it negotiates native tensors, the transport's fds and threads).
     pub max_connections: usize,
-    /// Timeout for calls that give none (`None`: until the response or peer death).
-    pub default_timeout: Option<Duration>,
+    /// How long a connection a [`crate::Server`] accepted may go without a complete first
+    /// message from the peer (default 10 s; `None`: no limit). A peer that connects and
+    /// sends nothing, or part of a frame, would otherwise hold one of the
+    /// `max_connections` slots for good; when the time passes it is told why and the
+    /// connection is closed ([`crate::RpcError::FirstMessageTimeout`]). A server that
+    /// speaks first (a peer that only answers) should allow for its own first call.
+    /// Endpoints made with `Endpoint::new`, `connect`, `from_fd` or `pair` have no such
+    /// limit.
+    pub first_message_timeout: Option<Duration>,
+    /// How long a call waits for its response when its `CallOptions` say nothing
+    /// (default `Wait::Forever`: until the response or the connection's end).
+    pub default_timeout: Wait,
     /// How long one frame write may block before the peer counts as not reading (the
     /// connection is then closed).
     pub send_timeout: Duration,
-    /// Most worker threads (handlers running or blocked at once).
+    /// Most worker threads (handlers running or blocked at once); a request beyond it is
+    /// answered "server busy" — except one for an inline handler, which waits in the
+    /// connection's inline lane (up to 1024 requests and `max_frame` bytes of their
+    /// frames; see `endpoint::lane`) when it was a waiting caller that read it.
     pub max_workers: usize,
-    /// How long a caller spins before sleeping on its response.
+    /// How long a wait spins before it blocks (default 50 µs; zero: block at once): a
+    /// caller waiting for its response, and the reader thread once it has read all that
+    /// arrived. A reply that comes within it costs no sleep and wake-up; the spin is paced
+    /// by `crossbeam_utils::Backoff` (a few busy iterations, then yields to other threads).
     pub spin: Duration,
     /// How long the reader thread stays off the socket once a waiting caller has been
     /// reading it (callers that keep calling read their own responses and dispatch
@@ -73,7 +92,8 @@ impl Default for RpcConfig {
             max_values: json::DEFAULT_MAX_VALUES,
             max_tensor_copy: DEFAULT_MAX_TENSOR_COPY,
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            default_timeout: None,
+            first_message_timeout: Some(DEFAULT_FIRST_MESSAGE_TIMEOUT),
+            default_timeout: Wait::Forever,
             send_timeout: Duration::from_secs(30),
             max_workers: 64,
             spin: Duration::from_micros(50),

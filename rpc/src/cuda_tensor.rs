@@ -8,7 +8,8 @@
 //! the memory lives until the receiver gives every lease back and the caller drops its
 //! own `CudaTensor` — whichever comes last.
 //!
-//! Receiving: a [`CudaImportedTensor`] is the peer's allocation opened in this process.
+//! Receiving: a [`crate::tensor::CudaImportedTensor`] is the peer's allocation opened in
+//! this process.
 //! Before touching it on a stream, call `wait_on(stream)` (stream order with the peer's
 //! last write, never a device-wide synchronize); the lease is given back when the value
 //! is dropped (for a handler: when it returns and its arguments go), or explicitly with
@@ -21,9 +22,9 @@
 //! [`RpcError::CudaNotNative`].
 
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
 use std::sync::Arc;
-use tensorwire::{CudaImported, Layout};
+use tensorwire::Layout;
+use tensorwire::cuda::{CudaStream, DevicePtr};
 
 /// Device memory of ours, ready to send natively (see the module docs).
 pub struct CudaTensor {
@@ -51,7 +52,7 @@ impl CudaTensor {
                 "a {layout:?} CUDA view needs {need} bytes of storage, {nbytes} were given"
             )));
         }
-        let actual = tensorwire::cuda::driver::pointer_device(dptr)?;
+        let actual = tensorwire::cuda::driver::pointer_device(DevicePtr(dptr))?;
         if actual != device {
             return Err(RpcError::InvalidArgument(format!(
                 "device pointer {dptr:#x} belongs to device {actual}, not to device {device} as given"
@@ -78,37 +79,9 @@ impl CudaTensor {
     /// Export through `peer` under a new lease holding a clone of the owner.
     pub(crate) fn export(&self, peer: &tensorwire::Peer, tag: u64) -> Result<()> {
         let owner: tensorwire::Owner = Box::new(self.owner.clone());
-        peer.export_cuda(self.dptr, self.nbytes, &self.layout, self.stream, owner, tensorwire::ExportOptions { tag, window: None })?;
+        let (dptr, stream) = (DevicePtr(self.dptr), CudaStream(self.stream));
+        peer.export_cuda(dptr, self.nbytes, &self.layout, stream, owner, tensorwire::ExportOptions { tag, window: None })?;
         Ok(())
-    }
-}
-
-/// A CUDA tensor the peer exported to us natively, with the copy limit of the connection
-/// it arrived on. Derefs to the transport's [`CudaImported`] (`wait_on`, `data_ptr`,
-/// `storage_ptr`, `storage_nbytes`, `device`); the lease is released when it drops.
-pub struct CudaImportedTensor {
-    imported: CudaImported,
-    max_copy: usize,
-}
-
-impl CudaImportedTensor {
-    pub fn new(imported: CudaImported, max_copy: usize) -> CudaImportedTensor {
-        CudaImportedTensor { imported, max_copy }
-    }
-    /// `RpcConfig::max_tensor_copy` of the connection it arrived on.
-    pub fn max_copy(&self) -> usize {
-        self.max_copy
-    }
-    /// The transport's import, e.g. for `release_after(stream)`.
-    pub fn into_inner(self) -> CudaImported {
-        self.imported
-    }
-}
-
-impl std::ops::Deref for CudaImportedTensor {
-    type Target = CudaImported;
-    fn deref(&self) -> &CudaImported {
-        &self.imported
     }
 }
 
@@ -117,56 +90,9 @@ pub(crate) fn device_name(device: i32) -> String {
     format!("cuda:{device}")
 }
 
-/// The device a `TensorwireTensor`'s JSON names: `None` for CPU (no `device` field, as
-/// CPU tensors have always been sent, or `"cpu"`), `Some(n)` for `"cuda:N"`.
-pub(crate) fn device_from_ref(m: &Map) -> Result<Option<i32>> {
-    match m.get("device") {
-        None => Ok(None),
-        Some(Value::Str(s)) if s == "cpu" => Ok(None),
-        Some(Value::Str(s)) => s
-            .strip_prefix("cuda:")
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|n| n.parse::<u8>().ok())
-            .map(|n| Some(i32::from(n)))
-            .ok_or_else(|| RpcError::Decode(format!("TensorwireTensor names device {s:?}; expected \"cpu\" or \"cuda:N\""))),
-        Some(other) => Err(RpcError::Decode(format!("TensorwireTensor's device is a {}, not a string", other.type_name()))),
-    }
-}
-
 /// The message for host copies of a CUDA tensor, which this crate does not make.
 pub(crate) fn no_host_copy(layout: &Layout, what: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
         "{what} of a {layout:?} CUDA tensor: its bytes are device memory; read them with the driver on a stream after wait_on (storage_ptr/data_ptr)"
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_device(v: Option<Value>) -> Map {
-        let mut m = Map::new();
-        if let Some(v) = v {
-            m.insert("device".into(), v);
-        }
-        m
-    }
-
-    #[test]
-    fn device_field_parses_cpu_and_cuda() {
-        assert_eq!(device_from_ref(&with_device(None)).unwrap(), None);
-        assert_eq!(device_from_ref(&with_device(Some(Value::Str("cpu".into())))).unwrap(), None);
-        assert_eq!(device_from_ref(&with_device(Some(Value::Str(device_name(3))))).unwrap(), Some(3));
-    }
-
-    #[test]
-    fn bad_device_fields_are_decode_errors() {
-        for bad in ["cuda:", "cuda:-1", "cuda:+1", "cuda: 1", "cuda:256", "cuda:0x1", "gpu:0", "CUDA:0", ""] {
-            match device_from_ref(&with_device(Some(Value::Str(bad.into())))) {
-                Err(RpcError::Decode(m)) => assert!(m.contains("cuda:N"), "{bad:?}: {m}"),
-                other => panic!("device {bad:?} gave {other:?}"),
-            }
-        }
-        assert!(matches!(device_from_ref(&with_device(Some(Value::Int(0)))), Err(RpcError::Decode(_))));
-    }
 }

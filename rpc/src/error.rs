@@ -35,6 +35,9 @@ pub enum RpcError {
     /// A server already serves `RpcConfig::max_connections` connections; the new one was
     /// refused (told so, then closed).
     ConnectionLimit { open: usize, cap: usize },
+    /// A connection a server accepted brought no complete message within
+    /// `RpcConfig::first_message_timeout`; the peer was told so and the connection closed.
+    FirstMessageTimeout { after: Duration },
     /// A frame holds more JSON than a decode limit allows (`field`: the `RpcConfig` field
     /// that sets it, e.g. `max_values`, `max_depth`); the connection is closed.
     DecodeLimit { what: String, field: &'static str },
@@ -88,6 +91,10 @@ impl fmt::Display for RpcError {
             RpcError::ConnectionLimit { open, cap } => write!(
                 f,
                 "server busy: {open} connections are open, the cap is {cap} (RpcConfig::max_connections); try again later"
+            ),
+            RpcError::FirstMessageTimeout { after } => write!(
+                f,
+                "the peer sent no complete message within {after:?} of connecting (RpcConfig::first_message_timeout); connection closed"
             ),
             RpcError::DecodeLimit { what, field } => {
                 write!(f, "protocol violation by peer: {what} (limit set by RpcConfig::{field})")

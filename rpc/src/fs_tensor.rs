@@ -1,11 +1,10 @@
 //! PyTorch `file_system` shared-memory tensors: `/dev/shm/<key>` files laid out as
 //! PyTorch's `RefcountedMapAllocator` does (an `int32` refcount at offset 0, data at
 //! offset 64), created for peers that only speak pyisolate and opened when such a peer
-//! names one. See [`crate::tensor`] on trust.
+//! names one. The `TensorRef` dicts that name them are in [`crate::tensor`] (see there on
+//! trust).
 
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
-use crate::tensor::{FsStrategy, int_field, layout_fields, layout_from_ref};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use tensorwire::Layout;
@@ -160,56 +159,19 @@ impl FsTensor {
         Ok(t)
     }
 
-    /// Decode a CPU `TensorRef` dict (strategy `file_system` or `file_system_borrowed`).
-    pub fn from_tensor_ref(m: &Map) -> Result<FsTensor> {
-        match m.get("device").and_then(Value::as_str) {
-            Some("cpu") => {}
-            Some(d) => return Err(RpcError::Decode(format!("TensorRef on device {d:?}: only CPU TensorRefs can be opened here"))),
-            None => return Err(RpcError::Decode("TensorRef has no \"device\"".into())),
-        }
-        let strategy = m.get("strategy").and_then(Value::as_str).unwrap_or("");
-        let transit = match strategy {
-            "file_system" => true,
-            "file_system_borrowed" => false,
-            s => return Err(RpcError::Decode(format!("unsupported CPU TensorRef strategy {s:?}"))),
-        };
-        let key = m.get("storage_key").and_then(Value::as_str).ok_or_else(|| RpcError::Decode("TensorRef has no storage_key".into()))?;
-        let size = int_field(m, "storage_size")?;
-        let size = u64::try_from(size).map_err(|_| RpcError::Decode(format!("negative storage_size {size}")))?;
-        let layout = layout_from_ref(m)?;
-        let mut t = FsTensor::open(key, size, layout)?;
-        t.requires_grad = m.get("requires_grad").and_then(Value::as_bool).unwrap_or(false);
-        if transit {
-            // The sender counted one reference for the message; it is ours to drop (as
-            // torch's rebuild_storage_filename does with _shared_decref). We hold our own
-            // reference from `open`, so this cannot reach zero unless the peer lied.
-            if t.refcount().fetch_sub(1, Ordering::SeqCst) <= 1 {
-                t.refcount().fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        Ok(t)
+    /// One more reference, for a `file_system` `TensorRef` in transit: its receiver
+    /// drops it after opening the file.
+    pub(crate) fn add_transit_ref(&self) {
+        self.refcount().fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The `TensorRef` dict naming this file. With `Transit`, one reference is added for
-    /// the receiver to drop.
-    pub fn to_tensor_ref(&self, strategy: FsStrategy) -> Value {
-        let mut m = Map::new();
-        m.insert("__type__".into(), "TensorRef".into());
-        m.insert("device".into(), "cpu".into());
-        let s = match strategy {
-            FsStrategy::Borrowed => "file_system_borrowed",
-            FsStrategy::Transit => {
-                self.refcount().fetch_add(1, Ordering::SeqCst);
-                "file_system"
-            }
-        };
-        m.insert("strategy".into(), s.into());
-        m.insert("manager_path".into(), "".into());
-        m.insert("storage_key".into(), self.key.clone().into());
-        m.insert("storage_size".into(), Value::from(self.storage_size as u64));
-        layout_fields(&mut m, &self.layout);
-        m.insert("requires_grad".into(), Value::Bool(self.requires_grad));
-        Value::Object(m)
+    /// Drop the reference a received `file_system` `TensorRef` carried (as torch's
+    /// `rebuild_storage_filename` does with `_shared_decref`). We hold our own reference
+    /// from `open`, so this cannot reach zero unless the peer lied; then it is put back.
+    pub(crate) fn drop_transit_ref(&self) {
+        if self.refcount().fetch_sub(1, Ordering::SeqCst) <= 1 {
+            self.refcount().fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     pub fn key(&self) -> &str {
@@ -270,31 +232,7 @@ impl Drop for FsTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Tensor, dtype_from_torch};
-    use std::sync::Arc;
     use tensorwire::DType;
-
-    #[test]
-    fn fs_roundtrip_and_refcount() {
-        let l = Layout::contiguous(DType::Float32, &[2, 2]).unwrap();
-        let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_ne_bytes()).collect();
-        let a = FsTensor::create(l, &data).unwrap();
-        assert_eq!(a.refcount_now(), 1);
-        let r = a.to_tensor_ref(FsStrategy::Borrowed);
-        let b = FsTensor::from_tensor_ref(r.as_object().unwrap()).unwrap();
-        assert_eq!(a.refcount_now(), 2);
-        assert_eq!(Tensor::File(Arc::new(b)).to_f64_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(a.refcount_now(), 1);
-        let r = a.to_tensor_ref(FsStrategy::Transit);
-        assert_eq!(a.refcount_now(), 2);
-        let c = FsTensor::from_tensor_ref(r.as_object().unwrap()).unwrap();
-        assert_eq!(a.refcount_now(), 2);
-        let key = a.key().to_owned();
-        drop(a);
-        assert!(std::path::Path::new(&format!("/dev/shm{key}")).exists());
-        drop(c);
-        assert!(!std::path::Path::new(&format!("/dev/shm{key}")).exists(), "last reference unlinks");
-    }
 
     #[test]
     fn fs_open_rejects_bad_refs() {
@@ -307,6 +245,5 @@ mod tests {
         assert!(e.contains("needs"), "{e}");
         let big = Layout::contiguous(DType::Float32, &[8]).unwrap();
         assert!(FsTensor::open(a.key(), 16, big).is_err(), "view larger than storage");
-        assert!(dtype_from_torch("torch.float32").is_ok() && dtype_from_torch("torch.nope").is_err());
     }
 }

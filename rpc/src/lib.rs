@@ -2,8 +2,8 @@
 //!
 //! Frames are a 4-byte big-endian length and UTF-8 JSON ([`frame`]); messages are
 //! pyisolate's `call` / `callback` / `response` and the `null` close frame ([`message`]);
-//! values are JSON as Python writes it, plus pyisolate 0.10.2's tagged forms ([`json`],
-//! [`tagged`]) and tensors ([`tensor`]). An [`Endpoint`] runs one full-duplex connection:
+//! values ([`value`]) are JSON as Python writes it ([`json`]), plus pyisolate 0.10.2's
+//! tagged forms ([`tagged`]) and tensors ([`tensor`]). An [`Endpoint`] runs one full-duplex connection:
 //! many calls outstanding both ways, nested calls with `parent_call_id`, timeouts,
 //! cancellation, and `PeerGone` for every pending call when the peer dies. Objects are
 //! served from a [`Registry`] of [`Service`]s (sync, inline and async handlers); remote
@@ -44,17 +44,20 @@ pub mod fs_tensor;
 pub mod json;
 mod limits;
 pub mod message;
+pub mod remote;
 pub mod server;
-pub mod service;
 pub mod stream;
 pub mod tagged;
 pub mod tensor;
+pub mod tensor_handle;
+pub mod value;
 
-pub use endpoint::{CallOptions, Canceller, Endpoint, PendingCall, RpcConfig, Stats};
+pub use endpoint::{Args, CallCtx, CallOptions, Canceller, Endpoint, PendingCall, Registry, Responder, RpcConfig, Service, Stats};
 pub use error::{Result, RpcError};
-pub use json::{Map, Value};
 pub use message::Message;
+pub use remote::RemoteObject;
 pub use server::Server;
-pub use service::{Args, CallCtx, Registry, RemoteObject, Responder, Service};
 pub use stream::Stream;
 pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};
+pub use tensorwire::Wait;
+pub use value::{Map, Value};

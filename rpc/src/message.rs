@@ -3,8 +3,8 @@
 //! (`rpc_serialization.RPCRequest` / `RPCCallback` / `RPCResponse`) define them.
 
 use crate::error::{Result, RpcError};
-use crate::json::{self, Map, Value};
-use crate::tensor::Tensor;
+use crate::json;
+use crate::value::{Map, TensorEncoder, Value};
 
 /// One decoded frame.
 #[allow(clippy::large_enum_variant)] // one per frame, moved rarely
@@ -116,7 +116,7 @@ impl Message {
     }
 
     /// Encode the JSON payload (no frame header) into `out`.
-    pub fn encode(&self, out: &mut Vec<u8>, tensor: &mut dyn FnMut(&Tensor) -> Result<Value>) -> Result<()> {
+    pub fn encode(&self, out: &mut Vec<u8>, tensor: &mut TensorEncoder<'_>) -> Result<()> {
         let parent = |out: &mut Vec<u8>, p: &Option<i64>| match p {
             Some(p) => out.extend_from_slice(p.to_string().as_bytes()),
             None => out.extend_from_slice(b"null"),
@@ -177,7 +177,7 @@ pub fn connection_notice(reason: &str) -> Vec<u8> {
     out
 }
 
-fn encode_args(out: &mut Vec<u8>, args: &[Value], kwargs: &Map, tensor: &mut dyn FnMut(&Tensor) -> Result<Value>) -> Result<()> {
+fn encode_args(out: &mut Vec<u8>, args: &[Value], kwargs: &Map, tensor: &mut TensorEncoder<'_>) -> Result<()> {
     out.extend_from_slice(b", \"args\": [");
     for (i, a) in args.iter().enumerate() {
         if i > 0 {

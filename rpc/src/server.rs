@@ -1,12 +1,13 @@
 //! Accept loop: serve a [`Registry`] to every peer that connects to a Unix socket path
 //! (or a TCP address), at most `RpcConfig::max_connections` at once. A failed accept is
 //! logged and survived (the policy is in `accept.rs`); a connection over the
-//! cap is told "server busy" and closed, never left waiting.
+//! cap is told "server busy" and closed, never left waiting; one that brings no complete
+//! message within `RpcConfig::first_message_timeout` is told why and closed, so silent
+//! connections cannot hold the slots for good.
 
 use crate::accept::{self, AcceptFailure, Backoff, RateLimitedLog, SpareFd};
-use crate::endpoint::{Endpoint, RpcConfig};
+use crate::endpoint::{Endpoint, Registry, RpcConfig};
 use crate::error::{Result, RpcError};
-use crate::service::Registry;
 use crate::stream::Stream;
 use parking_lot::Mutex;
 use std::net::TcpListener;
@@ -79,7 +80,7 @@ impl Server {
             accept::refuse(s, &e.to_string());
             return Err(e);
         }
-        let ep = Endpoint::new(s, self.registry.clone(), self.cfg.clone())?;
+        let ep = Endpoint::accepted(s, self.registry.clone(), self.cfg.clone())?;
         c.push(ep.clone());
         Ok(ep)
     }

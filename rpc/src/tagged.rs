@@ -5,7 +5,7 @@
 
 use crate::base64;
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
+use crate::value::{Map, Value};
 
 pub const BYTES_TAG: &str = "__pyisolate_bytes__";
 pub const EXCEPTION_TAG: &str = "__pyisolate_exception__";

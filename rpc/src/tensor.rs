@@ -1,6 +1,6 @@
-//! Tensors in RPC values.
+//! Tensors in RPC values, and what they look like on the wire.
 //!
-//! A [`Tensor`] is one of
+//! A [`Tensor`] (defined in [`crate::tensor_handle`], below the value type) is one of
 //! - `Shared`: a tensorwire [`SharedTensor`] (memfd segment) of ours, ready to send;
 //! - `Imported`: a tensor the peer exported to us natively ([`ImportedTensor`]: leased;
 //!   released on drop);
@@ -9,18 +9,15 @@
 //! - `CudaImported`: a CUDA tensor the peer exported to us natively
 //!   ([`CudaImportedTensor`]: leased; released on drop). See [`crate::cuda_tensor`].
 //!
-//! Private copies (`to_vec`, `to_f64_vec`, `storage_copy`, `TensorValue`s) of a tensor a
-//! peer sent are limited to `RpcConfig::max_tensor_copy` bytes each (the limit travels
-//! with the tensor; see [`Tensor::max_copy`]): a view names its element count, and a
-//! stride-0 view of a 4-byte storage can name 2^28 elements.
-//!
 //! On the wire a tensor is either a native descriptor (storage by fd over the transport,
 //! under a lease; JSON carries `{"__type__": "TensorwireTensor", "tag": N, ...}`) or, for
 //! peers that only speak pyisolate, a CPU `TensorRef` with strategy `file_system` /
 //! `file_system_borrowed` naming a `/dev/shm` file laid out as PyTorch's
 //! `RefcountedMapAllocator` does: an `int32` refcount at offset 0, data at offset 64.
 //! Whoever brings the refcount to 0 unlinks the file — the same rule torch follows, so a
-//! Python peer with plain torch and this crate can share files both ways.
+//! Python peer with plain torch and this crate can share files both ways. Over TCP a tensor
+//! is copied into the JSON as a `TensorValue` (nested lists), within
+//! `RpcConfig::max_tensor_copy`.
 //!
 //! Trust: file_system mode names files in `/dev/shm`, like pyisolate. A peer could name a
 //! file of ours it should not see (we refuse files not owned by our uid, non-regular files
@@ -28,14 +25,17 @@
 //! (sealed memfds passed by fd) with peers you do not trust, and set
 //! `RpcConfig::accept_fs_tensors = false`.
 
+use crate::cuda_tensor::device_name;
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
-use crate::limits::{check_tensor_copy, try_with_capacity, try_zeroed};
-use std::sync::Arc;
-use tensorwire::{DType, Imported, Layout, SharedTensor};
+use crate::limits::check_tensor_copy;
+use crate::value::{Map, Value};
+use tensorwire::{DType, Layout};
+#[cfg(doc)]
+use tensorwire::SharedTensor;
 
-pub use crate::cuda_tensor::{CudaImportedTensor, CudaTensor};
+pub use crate::cuda_tensor::CudaTensor;
 pub use crate::fs_tensor::{FS_DATA_OFFSET, FsTensor};
+pub use crate::tensor_handle::{CudaImportedTensor, FromPeer, ImportedTensor, Tensor};
 
 /// Which `TensorRef` strategy we emit for file_system tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,229 +49,6 @@ pub enum FsStrategy {
     /// extra reference travels with the message and the receiver drops it after opening.
     /// If the receiver never opens the file, that reference (and the file) leaks.
     Transit,
-}
-
-/// A tensor value (boxed inside [`Value`], so its size does not matter there).
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone)]
-pub enum Tensor {
-    Shared(SharedTensor),
-    Imported(Arc<ImportedTensor>),
-    File(Arc<FsTensor>),
-    Cuda(Arc<CudaTensor>),
-    CudaImported(Arc<CudaImportedTensor>),
-}
-
-/// A tensor the peer exported to us natively, with the copy limit of the connection it
-/// arrived on (`RpcConfig::max_tensor_copy`). Derefs to the transport's [`Imported`].
-pub struct ImportedTensor {
-    imported: Imported,
-    max_copy: usize,
-}
-
-impl ImportedTensor {
-    pub fn new(imported: Imported, max_copy: usize) -> ImportedTensor {
-        ImportedTensor { imported, max_copy }
-    }
-    /// Largest private copy of this tensor allowed, in bytes.
-    pub fn max_copy(&self) -> usize {
-        self.max_copy
-    }
-    /// The transport's import (e.g. to release it explicitly).
-    pub fn into_inner(self) -> Imported {
-        self.imported
-    }
-}
-
-impl std::ops::Deref for ImportedTensor {
-    type Target = Imported;
-    fn deref(&self) -> &Imported {
-        &self.imported
-    }
-}
-
-impl std::fmt::Debug for Tensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self {
-            Tensor::Shared(_) => "Shared",
-            Tensor::Imported(_) => "Imported",
-            Tensor::File(_) => "File",
-            Tensor::Cuda(_) => "Cuda",
-            Tensor::CudaImported(_) => "CudaImported",
-        };
-        write!(f, "Tensor::{kind}({:?})", self.layout())
-    }
-}
-
-impl Tensor {
-    /// A new tensor in a fresh memfd segment holding `data` (packed row-major).
-    pub fn from_bytes(dtype: DType, sizes: &[i64], data: &[u8]) -> Result<Tensor> {
-        let layout = Layout::contiguous(dtype, sizes)?;
-        if layout.packed_bytes() != data.len() as u64 {
-            return Err(RpcError::InvalidArgument(format!(
-                "{} bytes of data for a {:?} tensor of {} bytes",
-                data.len(),
-                layout,
-                layout.packed_bytes()
-            )));
-        }
-        let t = SharedTensor::zeros(layout)?;
-        t.write_storage(0, data)?;
-        Ok(Tensor::Shared(t))
-    }
-
-    /// A float32 tensor.
-    pub fn from_f32(sizes: &[i64], data: &[f32]) -> Result<Tensor> {
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_ne_bytes()).collect();
-        Tensor::from_bytes(DType::Float32, sizes, &bytes)
-    }
-
-    pub fn layout(&self) -> Layout {
-        match self {
-            Tensor::Shared(t) => *t.layout(),
-            Tensor::Imported(t) => t.layout(),
-            Tensor::File(t) => t.layout(),
-            Tensor::Cuda(t) => t.layout(),
-            Tensor::CudaImported(t) => t.layout(),
-        }
-    }
-
-    /// Largest private copy of this tensor allowed, in bytes: `RpcConfig::max_tensor_copy`
-    /// of the connection a peer's tensor arrived on; unlimited for tensors made here.
-    pub fn max_copy(&self) -> usize {
-        match self {
-            Tensor::Shared(_) | Tensor::Cuda(_) => usize::MAX,
-            Tensor::Imported(t) => t.max_copy(),
-            Tensor::File(t) => t.max_copy(),
-            Tensor::CudaImported(t) => t.max_copy(),
-        }
-    }
-
-    /// The CUDA device the tensor lives on; `None` for CPU tensors.
-    pub fn cuda_device(&self) -> Option<i32> {
-        match self {
-            Tensor::Cuda(t) => Some(t.device()),
-            Tensor::CudaImported(t) => Some(t.device()),
-            _ => None,
-        }
-    }
-    pub fn dtype(&self) -> DType {
-        self.layout().dtype
-    }
-    pub fn shape(&self) -> Vec<i64> {
-        self.layout().sizes().to_vec()
-    }
-
-    /// The storage bytes (a private copy) and the view's layout over them.
-    pub fn storage_copy(&self) -> Result<(Vec<u8>, Layout)> {
-        let layout = self.layout();
-        let nbytes = match self {
-            Tensor::Shared(t) => t.storage_nbytes(),
-            Tensor::Imported(t) => t.storage_nbytes(),
-            Tensor::File(t) => t.storage_size(),
-            Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(crate::cuda_tensor::no_host_copy(&layout, "a host copy of the storage")),
-        };
-        let what = || format!("a copy of the storage of a {layout:?} tensor");
-        let n = check_tensor_copy(what, nbytes as u64, self.max_copy())?;
-        let mut v = try_zeroed(n, what)?;
-        match self {
-            Tensor::Shared(t) => t.read_storage(0, &mut v)?,
-            Tensor::Imported(t) => t.read_storage(0, &mut v)?,
-            Tensor::File(t) => v.copy_from_slice(t.storage()),
-            Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(crate::cuda_tensor::no_host_copy(&layout, "a host copy of the storage")),
-        }
-        Ok((v, layout))
-    }
-
-    /// The view's elements packed row-major (a private copy).
-    pub fn to_vec(&self) -> Result<Vec<u8>> {
-        let layout = self.layout();
-        if self.cuda_device().is_some() {
-            return Err(crate::cuda_tensor::no_host_copy(&layout, "a packed host copy"));
-        }
-        check_tensor_copy(|| format!("a packed copy of a {layout:?} tensor"), layout.packed_bytes(), self.max_copy())?;
-        match self {
-            Tensor::Shared(t) => Ok(t.to_vec()?),
-            Tensor::Imported(t) => Ok(t.to_vec()?),
-            Tensor::File(t) => {
-                let mut v = Vec::new();
-                // SAFETY: the mapping holds `storage_size` bytes after the header, and
-                // `open`/`create` checked the layout's extent fits in them.
-                unsafe { layout.gather(t.data_ptr(), &mut v) }?;
-                Ok(v)
-            }
-            Tensor::Cuda(_) | Tensor::CudaImported(_) => Err(crate::cuda_tensor::no_host_copy(&layout, "a packed host copy")),
-        }
-    }
-
-    /// Elements converted to f64 (numeric dtypes commonly used; others are an error).
-    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
-        let layout = self.layout();
-        let dt = layout.dtype;
-        if !matches!(
-            dt,
-            DType::Float32
-                | DType::Float64
-                | DType::Int8
-                | DType::UInt8
-                | DType::Int16
-                | DType::Int32
-                | DType::Int64
-                | DType::UInt16
-                | DType::UInt32
-                | DType::UInt64
-                | DType::Bool
-        ) {
-            return Err(RpcError::InvalidArgument(format!("no f64 conversion for dtype {}", dt.name())));
-        }
-        // Checked before the packed copy: the f64s are the larger of the two.
-        let what = || format!("the f64 elements of a {layout:?} tensor");
-        let n = check_tensor_copy(what, layout.numel().saturating_mul(8), self.max_copy())? / 8;
-        let raw = self.to_vec()?;
-        let mut out: Vec<f64> = try_with_capacity(n, what)?;
-        macro_rules! conv {
-            ($t:ty) => {
-                out.extend(raw.chunks_exact(std::mem::size_of::<$t>()).map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as f64))
-            };
-        }
-        match dt {
-            DType::Float32 => conv!(f32),
-            DType::Float64 => conv!(f64),
-            DType::Int8 => conv!(i8),
-            DType::UInt8 => conv!(u8),
-            DType::Int16 => conv!(i16),
-            DType::Int32 => conv!(i32),
-            DType::Int64 => conv!(i64),
-            DType::UInt16 => conv!(u16),
-            DType::UInt32 => conv!(u32),
-            DType::UInt64 => conv!(u64),
-            _ => out.extend(raw.iter().map(|&b| f64::from(u8::from(b != 0)))),
-        }
-        Ok(out)
-    }
-
-    /// Same underlying object (not value equality).
-    pub fn same_as(&self, other: &Tensor) -> bool {
-        match (self, other) {
-            (Tensor::Shared(a), Tensor::Shared(b)) => {
-                Arc::ptr_eq(a.segment(), b.segment()) && a.layout() == b.layout() && a.storage_offset_bytes() == b.storage_offset_bytes()
-            }
-            (Tensor::Imported(a), Tensor::Imported(b)) => Arc::ptr_eq(a, b),
-            (Tensor::File(a), Tensor::File(b)) => Arc::ptr_eq(a, b),
-            (Tensor::Cuda(a), Tensor::Cuda(b)) => Arc::ptr_eq(a, b),
-            (Tensor::CudaImported(a), Tensor::CudaImported(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
-    }
-
-    /// As a file_system tensor: `File` as is, anything else copied into a new file.
-    pub fn to_fs(&self) -> Result<Arc<FsTensor>> {
-        if let Tensor::File(f) = self {
-            return Ok(f.clone());
-        }
-        let (storage, layout) = self.storage_copy()?;
-        Ok(Arc::new(FsTensor::create(layout, &storage)?))
-    }
 }
 
 /// `torch.float32` → `DType::Float32`.
@@ -402,9 +179,136 @@ pub fn native_ref(tag: u64, layout: &Layout, cuda_device: Option<i32>) -> Value 
     m.insert("__type__".into(), "TensorwireTensor".into());
     m.insert("tag".into(), Value::from(tag));
     if let Some(d) = cuda_device {
-        m.insert("device".into(), Value::Str(crate::cuda_tensor::device_name(d)));
+        m.insert("device".into(), Value::Str(device_name(d)));
     }
     layout_fields(&mut m, layout);
     Value::Object(m)
 }
 
+/// The device a `TensorwireTensor`'s JSON names: `None` for CPU (no `device` field, as
+/// CPU tensors have always been sent, or `"cpu"`), `Some(n)` for `"cuda:N"`.
+pub(crate) fn device_from_ref(m: &Map) -> Result<Option<i32>> {
+    match m.get("device") {
+        None => Ok(None),
+        Some(Value::Str(s)) if s == "cpu" => Ok(None),
+        Some(Value::Str(s)) => s
+            .strip_prefix("cuda:")
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u8>().ok())
+            .map(|n| Some(i32::from(n)))
+            .ok_or_else(|| RpcError::Decode(format!("TensorwireTensor names device {s:?}; expected \"cpu\" or \"cuda:N\""))),
+        Some(other) => Err(RpcError::Decode(format!("TensorwireTensor's device is a {}, not a string", other.type_name()))),
+    }
+}
+
+/// The `TensorRef` dicts naming file_system tensors.
+impl FsTensor {
+    /// Decode a CPU `TensorRef` dict (strategy `file_system` or `file_system_borrowed`).
+    pub fn from_tensor_ref(m: &Map) -> Result<FsTensor> {
+        match m.get("device").and_then(Value::as_str) {
+            Some("cpu") => {}
+            Some(d) => return Err(RpcError::Decode(format!("TensorRef on device {d:?}: only CPU TensorRefs can be opened here"))),
+            None => return Err(RpcError::Decode("TensorRef has no \"device\"".into())),
+        }
+        let strategy = m.get("strategy").and_then(Value::as_str).unwrap_or("");
+        let transit = match strategy {
+            "file_system" => true,
+            "file_system_borrowed" => false,
+            s => return Err(RpcError::Decode(format!("unsupported CPU TensorRef strategy {s:?}"))),
+        };
+        let key = m.get("storage_key").and_then(Value::as_str).ok_or_else(|| RpcError::Decode("TensorRef has no storage_key".into()))?;
+        let size = int_field(m, "storage_size")?;
+        let size = u64::try_from(size).map_err(|_| RpcError::Decode(format!("negative storage_size {size}")))?;
+        let layout = layout_from_ref(m)?;
+        let mut t = FsTensor::open(key, size, layout)?;
+        t.requires_grad = m.get("requires_grad").and_then(Value::as_bool).unwrap_or(false);
+        if transit {
+            // The sender counted one reference for the message; it is ours to drop.
+            t.drop_transit_ref();
+        }
+        Ok(t)
+    }
+
+    /// The `TensorRef` dict naming this file. With `Transit`, one reference is added for
+    /// the receiver to drop.
+    pub fn to_tensor_ref(&self, strategy: FsStrategy) -> Value {
+        let mut m = Map::new();
+        m.insert("__type__".into(), "TensorRef".into());
+        m.insert("device".into(), "cpu".into());
+        let s = match strategy {
+            FsStrategy::Borrowed => "file_system_borrowed",
+            FsStrategy::Transit => {
+                self.add_transit_ref();
+                "file_system"
+            }
+        };
+        m.insert("strategy".into(), s.into());
+        m.insert("manager_path".into(), "".into());
+        m.insert("storage_key".into(), self.key().into());
+        m.insert("storage_size".into(), Value::from(self.storage_size() as u64));
+        layout_fields(&mut m, &self.layout());
+        m.insert("requires_grad".into(), Value::Bool(self.requires_grad));
+        Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn fs_roundtrip_and_refcount() {
+        let l = Layout::contiguous(DType::Float32, &[2, 2]).unwrap();
+        let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let a = FsTensor::create(l, &data).unwrap();
+        assert_eq!(a.refcount_now(), 1);
+        let r = a.to_tensor_ref(FsStrategy::Borrowed);
+        let b = FsTensor::from_tensor_ref(r.as_object().unwrap()).unwrap();
+        assert_eq!(a.refcount_now(), 2);
+        assert_eq!(Tensor::File(Arc::new(b)).to_f64_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(a.refcount_now(), 1);
+        let r = a.to_tensor_ref(FsStrategy::Transit);
+        assert_eq!(a.refcount_now(), 2);
+        let c = FsTensor::from_tensor_ref(r.as_object().unwrap()).unwrap();
+        assert_eq!(a.refcount_now(), 2);
+        let key = a.key().to_owned();
+        drop(a);
+        assert!(std::path::Path::new(&format!("/dev/shm{key}")).exists());
+        drop(c);
+        assert!(!std::path::Path::new(&format!("/dev/shm{key}")).exists(), "last reference unlinks");
+    }
+
+    #[test]
+    fn torch_dtype_names() {
+        assert_eq!(dtype_from_torch("torch.float32").unwrap(), DType::Float32);
+        assert_eq!(dtype_from_torch("torch.long").unwrap(), DType::Int64);
+        assert!(dtype_from_torch("torch.nope").is_err());
+    }
+
+    fn with_device(v: Option<Value>) -> Map {
+        let mut m = Map::new();
+        if let Some(v) = v {
+            m.insert("device".into(), v);
+        }
+        m
+    }
+
+    #[test]
+    fn device_field_parses_cpu_and_cuda() {
+        assert_eq!(device_from_ref(&with_device(None)).unwrap(), None);
+        assert_eq!(device_from_ref(&with_device(Some(Value::Str("cpu".into())))).unwrap(), None);
+        assert_eq!(device_from_ref(&with_device(Some(Value::Str(device_name(3))))).unwrap(), Some(3));
+    }
+
+    #[test]
+    fn bad_device_fields_are_decode_errors() {
+        for bad in ["cuda:", "cuda:-1", "cuda:+1", "cuda: 1", "cuda:256", "cuda:0x1", "gpu:0", "CUDA:0", ""] {
+            match device_from_ref(&with_device(Some(Value::Str(bad.into())))) {
+                Err(RpcError::Decode(m)) => assert!(m.contains("cuda:N"), "{bad:?}: {m}"),
+                other => panic!("device {bad:?} gave {other:?}"),
+            }
+        }
+        assert!(matches!(device_from_ref(&with_device(Some(Value::Int(0)))), Err(RpcError::Decode(_))));
+    }
+}

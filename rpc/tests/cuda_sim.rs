@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tensorwire::cuda::CudaStream;
 use tensorwire::cuda::driver::{DeviceBuffer, call, ensure_context};
 use tensorwire::{DType, Layout};
 use tensorwire_rpc::*;
@@ -142,17 +143,17 @@ fn server_registry() -> Registry {
             let t = imported(&a)?;
             let seed = a.req(1, "seed")?.as_i64().unwrap_or(0) as u8;
             let s = stream();
-            t.wait_on(s)?;
+            t.wait_on(CudaStream(s))?;
             let n = t.storage_nbytes() as usize;
-            let got = dtoh_on(t.storage_ptr(), n, s);
+            let got = dtoh_on(t.storage_ptr().get(), n, s);
             if let Some(i) = first_difference(&got, &pattern(n, seed)) {
                 return Err(RpcError::Remote(format!("server read other bytes than the client wrote, first at byte {i}")));
             }
             let l = t.layout();
             let owner = Counted::alloc(n as u64, &answers());
             let ptr = owner._buf.ptr();
-            htod_queued(ptr, &pattern(n, seed.wrapping_add(1)), s);
-            let u = CudaTensor::new(ptr, n as u64, l, 0, s, owner)?;
+            htod_queued(ptr.get(), &pattern(n, seed.wrapping_add(1)), s);
+            let u = CudaTensor::new(ptr.get(), n as u64, l, 0, s, owner)?;
             let ints = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
             Ok(Value::Array(vec![Tensor::Cuda(Arc::new(u)).into(), ints(l.sizes()), ints(l.strides()), Value::Int(l.storage_offset)]))
         })
@@ -240,8 +241,8 @@ fn cuda_call_both_ways_then_leases_back() {
         let seed = 10 * round + 1;
         let owner = Counted::alloc(n, &alive);
         let ptr = owner._buf.ptr();
-        htod_queued(ptr, &pattern(n as usize, seed), s);
-        let t = CudaTensor::new(ptr, n, view, 0, s, owner).unwrap();
+        htod_queued(ptr.get(), &pattern(n as usize, seed), s);
+        let t = CudaTensor::new(ptr.get(), n, view, 0, s, owner).unwrap();
         let r = srv.ep.call("gpu", "check", vec![Tensor::Cuda(Arc::new(t)).into(), Value::Int(seed.into())]).unwrap();
         // The handler has returned and our value is gone: the lease comes back.
         wait_until("the client's lease back after the call", Duration::from_secs(10), || alive.load(Ordering::SeqCst) == 0);
@@ -252,8 +253,8 @@ fn cuda_call_both_ways_then_leases_back() {
         let Some(Tensor::CudaImported(u)) = r[0].as_tensor() else { panic!("the answer is not a CUDA tensor: {:?}", r[0]) };
         assert_eq!(u.layout(), view);
         assert_eq!(u.device(), 0);
-        u.wait_on(s).unwrap();
-        let got = dtoh_on(u.storage_ptr(), u.storage_nbytes() as usize, s);
+        u.wait_on(CudaStream(s)).unwrap();
+        let got = dtoh_on(u.storage_ptr().get(), u.storage_nbytes() as usize, s);
         assert_eq!(first_difference(&got, &pattern(n as usize, seed + 1)), None, "round {round}: the client read other bytes than the server wrote");
         assert_eq!(srv.int("answers_alive"), 1, "the server's answer must stay alive while the client holds it");
         drop(r);
@@ -273,7 +274,7 @@ fn cuda_lease_held_until_the_handler_drops_it() {
     let alive = Arc::new(AtomicUsize::new(0));
     let owner = Counted::alloc(4096, &alive);
     let ptr = owner._buf.ptr();
-    let t = CudaTensor::new(ptr, 4096, Layout::contiguous(DType::UInt8, &[4096]).unwrap(), 0, s, owner).unwrap();
+    let t = CudaTensor::new(ptr.get(), 4096, Layout::contiguous(DType::UInt8, &[4096]).unwrap(), 0, s, owner).unwrap();
     assert_eq!(srv.ep.call("gpu", "hold", vec![Tensor::Cuda(Arc::new(t)).into()]).unwrap(), Value::Null);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(alive.load(Ordering::SeqCst), 1, "the lease came back while the server still holds the tensor");
@@ -290,14 +291,14 @@ fn cuda_send_errors_are_named() {
     }
     let buf = DeviceBuffer::alloc(0, 256).unwrap();
     let l = Layout::contiguous(DType::Float32, &[128]).unwrap();
-    match CudaTensor::new(buf.ptr(), 256, l, 0, 0, ()) {
+    match CudaTensor::new(buf.ptr().get(), 256, l, 0, 0, ()) {
         Err(RpcError::InvalidArgument(m)) => assert!(m.contains("needs 512 bytes"), "{m}"),
         other => panic!("a 512-byte view of 256 bytes gave {:?}", other.map(|_| ())),
     }
     let reg = Registry::new();
     reg.register("echo", Service::new("Echo").method("id", |_, a| Ok(a.req(0, "x")?.clone()))).unwrap();
     let (_server, client) = Endpoint::pair(reg, Registry::new(), RpcConfig::default()).unwrap();
-    let t = CudaTensor::new(buf.ptr(), 256, Layout::contiguous(DType::Float32, &[64]).unwrap(), 0, 0, ()).unwrap();
+    let t = CudaTensor::new(buf.ptr().get(), 256, Layout::contiguous(DType::Float32, &[64]).unwrap(), 0, 0, ()).unwrap();
     match client.call("echo", "id", vec![Tensor::Cuda(Arc::new(t)).into()]) {
         Err(RpcError::CudaNotNative(m)) => assert!(m.contains("negotiate_native"), "{m}"),
         other => panic!("a CUDA tensor without native mode gave {other:?}"),

@@ -147,10 +147,79 @@ fn many_outstanding_calls_both_directions() {
 }
 
 #[test]
+fn a_burst_to_an_inline_handler_is_never_answered_busy() {
+    // Inline handlers need no worker thread. While a call of the serving side waits for
+    // its response (and so reads the socket itself), the requests it reads must not be
+    // charged to the worker pool: a burst of them beyond max_workers was answered "server
+    // busy" (why many_outstanding_calls_both_directions failed now and then).
+    let s_reg = Registry::new();
+    s_reg.register("calc", calc()).unwrap();
+    let c_reg = Registry::new();
+    c_reg.register("peer", Service::new("Peer").method("slow", |_, _| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Value::Null)
+    })).unwrap();
+    let cfg = RpcConfig { max_workers: 2, ..RpcConfig::default() };
+    let (s, c) = Endpoint::pair(s_reg, c_reg, cfg).unwrap();
+    // The server's call leads its side of the socket for about 300 ms ...
+    let s2 = s.clone();
+    let leading = std::thread::spawn(move || s2.call("peer", "slow", vec![]));
+    std::thread::sleep(Duration::from_millis(50));
+    // ... while 50 requests to the server's inline `add` arrive at once.
+    let pend: Vec<_> = (0..50i64).map(|i| c.start_call("calc", "add", vec![i.into(), 1.into()], Map::new(), CallOptions::default()).unwrap()).collect();
+    for (i, p) in pend.into_iter().enumerate() {
+        assert_eq!(p.wait().unwrap(), Value::Int(i as i64 + 1), "request {i}");
+    }
+    assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
+}
+
+#[test]
+fn inline_handlers_that_call_back_through_the_lane_do_not_deadlock() {
+    // The server has one worker, and one of its calls leads its socket: what arrives for
+    // its inline handlers waits in the lane. Each `outer` calls the client, whose `inner`
+    // calls the server's inline `add` — which then waits in the lane behind the `outer`
+    // whose nested call it answers. The lane thread must run it while it waits.
+    let s_reg = Registry::new();
+    s_reg
+        .register(
+            "calc",
+            calc().method_inline("outer", |ctx, a| {
+                let x = a.req(0, "x")?.clone();
+                ctx.call("peer", "inner", vec![x], Map::new())
+            }),
+        )
+        .unwrap();
+    let c_reg = Registry::new();
+    c_reg
+        .register(
+            "peer",
+            Service::new("Peer")
+                .method("inner", |ctx, a| ctx.call("calc", "add", vec![a.req(0, "x")?.clone(), 100.into()], Map::new()))
+                .method("slow", |_, _| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    Ok(Value::Null)
+                }),
+        )
+        .unwrap();
+    let (a, b) = Stream::pair().unwrap();
+    let s = Endpoint::new(a, s_reg, RpcConfig { max_workers: 1, ..RpcConfig::default() }).unwrap();
+    let c = Endpoint::new(b, c_reg, RpcConfig::default()).unwrap();
+    let s2 = s.clone();
+    let leading = std::thread::spawn(move || s2.call("peer", "slow", vec![]));
+    std::thread::sleep(Duration::from_millis(50));
+    let opts = CallOptions { timeout: Some(Wait::For(Duration::from_secs(10))), ..Default::default() };
+    let pend: Vec<_> = (0..6i64).map(|i| c.start_call("calc", "outer", vec![i.into()], Map::new(), opts.clone()).unwrap()).collect();
+    for (i, p) in pend.into_iter().enumerate() {
+        assert_eq!(p.wait().unwrap(), Value::Int(i as i64 + 100), "outer {i}");
+    }
+    assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
+}
+
+#[test]
 fn timeouts_cancellation_and_late_responses() {
     let (_s, c) = pair();
     let t0 = Instant::now();
-    let r = c.call_with("calc", "sleep", vec![0.3.into()], Map::new(), CallOptions { timeout: Some(Duration::from_millis(50)), ..Default::default() });
+    let r = c.call_with("calc", "sleep", vec![0.3.into()], Map::new(), CallOptions { timeout: Some(Wait::For(Duration::from_millis(50))), ..Default::default() });
     assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
     assert!(t0.elapsed() < Duration::from_millis(250));
     let p = c.start_call("calc", "sleep", vec![0.2.into()], Map::new(), CallOptions::default()).unwrap();
@@ -163,6 +232,44 @@ fn timeouts_cancellation_and_late_responses() {
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(c.stats().late_responses, 2, "both late responses were dropped and counted");
     assert_eq!(c.call("calc", "add", vec![1.into(), 1.into()]).unwrap(), Value::Int(2), "connection still fine");
+}
+
+#[test]
+fn calls_wait_as_a_tensorwire_wait_says() {
+    let (_s, c) = pair();
+    // Never: the response if it is in, else Timeout at once.
+    let p = c.start_call("calc", "sleep", vec![0.2.into()], Map::new(), CallOptions::default()).unwrap();
+    let t0 = Instant::now();
+    let r = p.wait_timeout(Wait::Never);
+    assert!(matches!(r, Err(RpcError::Timeout { after: Duration::ZERO, .. })), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_millis(100), "Never must not block: {:?}", t0.elapsed());
+    let p = c.start_call("calc", "add", vec![1.into(), 1.into()], Map::new(), CallOptions::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !p.is_done() {
+        assert!(Instant::now() < deadline, "the response should come in");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(p.wait_timeout(Wait::Never).unwrap(), Value::Int(2), "Never takes a response that is in");
+    // Until an instant.
+    let p = c.start_call("calc", "sleep", vec![0.3.into()], Map::new(), CallOptions::default()).unwrap();
+    let t0 = Instant::now();
+    let r = p.wait_timeout(t0 + Duration::from_millis(50));
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert!(t0.elapsed() >= Duration::from_millis(50) && t0.elapsed() < Duration::from_millis(250), "{:?}", t0.elapsed());
+    // A Duration and an Option<Duration> convert.
+    for w in [Wait::from(Duration::from_secs(5)), Wait::from(None::<Duration>)] {
+        let p = c.start_call("calc", "add", vec![2.into(), 3.into()], Map::new(), CallOptions::default()).unwrap();
+        assert_eq!(p.wait_timeout(w).unwrap(), Value::Int(5));
+    }
+    // A default timeout, and one call that waits for ever instead.
+    let reg = Registry::new();
+    reg.register("calc", calc()).unwrap();
+    let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_millis(50)), ..RpcConfig::default() };
+    let (_s, c) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
+    let r = c.call("calc", "sleep", vec![0.2.into()]);
+    assert!(matches!(r, Err(RpcError::Timeout { after, .. }) if after == Duration::from_millis(50)), "{r:?}");
+    let forever = CallOptions { timeout: Some(Wait::Forever), ..Default::default() };
+    assert_eq!(c.call_with("calc", "sleep", vec![0.2.into()], Map::new(), forever).unwrap(), Value::from("slept"));
 }
 
 #[test]

@@ -21,6 +21,14 @@ fn frame(payload: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A handler that sleeps `d`, then answers `None`.
+fn sleeps(d: Duration) -> impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static {
+    move |_, _| {
+        std::thread::sleep(d);
+        Ok(Value::Null)
+    }
+}
+
 fn closed_with(ep: &Endpoint) -> String {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !ep.is_closed() && Instant::now() < deadline {
@@ -213,4 +221,120 @@ fn a_client_refused_at_the_connection_cap_is_told_why() {
     assert!(why.contains("server busy") && why.contains("RpcConfig::max_connections"), "{why}");
     assert!(!first.is_closed());
     assert_eq!(server.connections(), 1);
+}
+
+#[test]
+fn requests_beyond_max_workers_are_answered_busy_and_the_pool_recovers() {
+    // Two workers, both held by requests that block until released: a third request to a
+    // pool handler is answered "server busy" at once (never queued behind them), and
+    // once they return the pool serves again.
+    let entered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = std::sync::Arc::new(std::sync::Mutex::new(release_rx));
+    let e = entered.clone();
+    let svc = Service::new("Slow")
+        .method("hold", move |_, _| {
+            e.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            release_rx.lock().unwrap().recv().unwrap();
+            Ok(Value::Null)
+        })
+        .method("quick", |_, _| Ok(Value::Int(1)));
+    let reg = Registry::new();
+    reg.register("slow", svc).unwrap();
+    let cfg = RpcConfig { max_workers: 2, ..RpcConfig::default() };
+    let (server, client) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
+    let held: Vec<_> = (0..2).map(|_| client.start_call("slow", "hold", vec![], Map::new(), CallOptions::default()).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while entered.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "both held requests should reach a worker");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match client.call("slow", "quick", vec![]) {
+        Err(RpcError::Remote(m)) => assert_eq!(m, "server busy: all 2 workers are occupied"),
+        other => panic!("a third request should be answered busy, got {other:?}"),
+    }
+    release_tx.send(()).unwrap();
+    release_tx.send(()).unwrap();
+    for p in held {
+        assert_eq!(p.wait().unwrap(), Value::Null);
+    }
+    // A worker that just answered may not be waiting for the next job yet: allow it a
+    // moment, then the pool must serve again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.call("slow", "quick", vec![]) {
+            Ok(v) => break assert_eq!(v, Value::Int(1)),
+            Err(RpcError::Remote(m)) if m.contains("busy") && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("the pool should serve again once its workers are free: {e}"),
+        }
+    }
+    drop(server);
+}
+
+#[test]
+fn inline_requests_waiting_for_a_worker_are_bounded_by_frame_bytes() {
+    // While a call of the server's leads its socket, requests for its inline handlers that
+    // the (one-worker) pool cannot take wait in the lane — at most max_frame bytes of
+    // their frames; beyond that they are answered "server busy", never held.
+    let s_reg = Registry::new();
+    s_reg.register("calc", Service::new("Calc").method_inline("hold", sleeps(Duration::from_millis(100)))).unwrap();
+    let c_reg = Registry::new();
+    c_reg.register("peer", Service::new("Peer").method("slow", sleeps(Duration::from_secs(1)))).unwrap();
+    let (a, b) = Stream::pair().unwrap();
+    let s = Endpoint::new(a, s_reg, RpcConfig { max_workers: 1, max_frame: 8192, ..RpcConfig::default() }).unwrap();
+    let c = Endpoint::new(b, c_reg, RpcConfig::default()).unwrap();
+    let s2 = s.clone();
+    let leading = std::thread::spawn(move || s2.call("peer", "slow", vec![]));
+    std::thread::sleep(Duration::from_millis(50));
+    // 20 requests of about 2 KiB each, at once: 8 KiB of them may wait.
+    let big = Value::Str("x".repeat(2000));
+    let pend: Vec<_> = (0..20).map(|_| c.start_call("calc", "hold", vec![big.clone()], Map::new(), CallOptions::default()).unwrap()).collect();
+    let (mut ok, mut busy) = (0, 0);
+    for p in pend {
+        match p.wait() {
+            Ok(_) => ok += 1,
+            Err(RpcError::Remote(m)) if m == "server busy: all 1 workers are occupied" => busy += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(busy > 0 && (2..=10).contains(&ok), "{ok} served, {busy} answered busy: the lane should hold about 8 KiB of requests");
+    assert_eq!(leading.join().unwrap().unwrap(), Value::Null);
+}
+
+#[test]
+fn a_connection_without_a_first_message_is_closed_and_frees_its_slot() {
+    // One slot, 300 ms for the first message: a client that connects and sends nothing,
+    // or half a frame, is told why and cut off, and its slot is free again; one that
+    // speaks in time stays, however long it is quiet afterwards.
+    let path = format!("/tmp/tw-hostile-first-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&path);
+    let reg = Registry::new();
+    reg.register("calc", Service::new("Calc").method_inline("echo", |_, a| Ok(Value::Array(a.args)))).unwrap();
+    let cfg = RpcConfig { max_connections: 1, first_message_timeout: Some(Duration::from_millis(300)), ..RpcConfig::default() };
+    let server = Server::bind(&path, reg, cfg).unwrap();
+    let read_to_end = |s: &mut UnixStream| {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let r = s.read_to_end(&mut got);
+        assert!(r.is_ok(), "the server should close the connection, not leave it open: {r:?}");
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    for first_bytes in [&b""[..], &[0, 0, 0, 50, b'{', b'"']] {
+        let mut raw = UnixStream::connect(&path).unwrap();
+        let t0 = Instant::now();
+        let ep = server.accept().unwrap();
+        raw.write_all(first_bytes).unwrap();
+        assert_eq!(server.connections(), 1);
+        let told = read_to_end(&mut raw);
+        assert!(told.contains("no complete message") && told.contains("RpcConfig::first_message_timeout"), "{told:?}");
+        assert!(t0.elapsed() >= Duration::from_millis(250), "cut off too early: {:?}", t0.elapsed());
+        assert!(matches!(ep.wait_closed(), RpcError::FirstMessageTimeout { after } if after == Duration::from_millis(300)));
+        assert_eq!(server.connections(), 0, "the slot is free again");
+    }
+    let client = Endpoint::connect(&path, Registry::new(), RpcConfig::default()).unwrap();
+    let ep = server.accept().unwrap();
+    assert_eq!(client.call("calc", "echo", vec![1.into()]).unwrap(), Value::Array(vec![1.into()]));
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!ep.is_closed(), "{:?}", ep.close_reason());
+    assert_eq!(client.call("calc", "echo", vec![2.into()]).unwrap(), Value::Array(vec![2.into()]));
 }

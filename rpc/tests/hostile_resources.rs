@@ -4,7 +4,9 @@
 //!
 //! - an idle-connection flood under a 1,024-fd limit must not stop the accept loop; over
 //!   the connection cap a new connection is refused with a message naming the cap; a
-//!   connection costs one fd;
+//!   connection costs one fd (these hold idle connections, so their victims turn off
+//!   `first_message_timeout`, which otherwise frees a silent connection's slot: see
+//!   `hostile.rs`);
 //! - `native_hello` is accepted once per connection;
 //! - a tiny file tensor viewed as a huge broadcast (stride 0) cannot make the server
 //!   allocate by its element count (under a 3 GiB address-space limit it used to abort);
@@ -137,7 +139,7 @@ fn flood_plan() -> (usize, u64) {
 #[test]
 fn idle_connection_flood_under_1024_fds_is_capped_and_survived() {
     if victim_role().is_some() {
-        run_victim(|_| {});
+        run_victim(|cfg| cfg.first_message_timeout = None); // counts idle connections: they stay
     }
     let _one_at_a_time = FLOOD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let (n, nofile) = flood_plan();
@@ -161,7 +163,10 @@ fn idle_connection_flood_under_1024_fds_is_capped_and_survived() {
 fn accept_out_of_fds_is_logged_and_survived() {
     if victim_role().is_some() {
         // A cap the fd limit cannot reach: accept itself runs out of fds.
-        run_victim(|cfg| cfg.max_connections = 100_000);
+        run_victim(|cfg| {
+            cfg.max_connections = 100_000;
+            cfg.first_message_timeout = None; // the idle flood keeps the fds taken
+        });
     }
     let _one_at_a_time = FLOOD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let (n, nofile) = flood_plan();
@@ -184,7 +189,7 @@ fn accept_out_of_fds_is_logged_and_survived() {
 #[test]
 fn a_connection_costs_one_fd() {
     if victim_role().is_some() {
-        run_victim(|_| {});
+        run_victim(|cfg| cfg.first_message_timeout = None); // measures idle connections
     }
     let v = Victim::spawn("a_connection_costs_one_fd", &VictimSpec::default());
     let (fds0, threads0) = (v.settle(Duration::from_secs(5), Victim::fds), v.threads());
@@ -229,7 +234,7 @@ fn native_hello_is_accepted_once_per_connection() {
             refused.push(resp);
         }
         // Answer the setup as a real peer would (the costly case for the server).
-        let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(3), ..Default::default() };
+        let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(3).into(), ..Default::default() };
         attackers.push(std::thread::spawn(move || tensorwire::Peer::from_fd(mine, cfg).ok()));
     }
     let peers: Vec<_> = attackers.into_iter().map(|t| t.join().unwrap()).collect();

@@ -98,7 +98,7 @@ fn rust_client_calls_pyisolate_server() {
     let mut child = start_python_server(py, &path);
     let reg = Registry::new();
     reg.register("rs", rust_echo()).unwrap();
-    let ep = Endpoint::connect(&path, reg, RpcConfig { default_timeout: Some(Duration::from_secs(30)), ..Default::default() }).unwrap();
+    let ep = Endpoint::connect(&path, reg, RpcConfig { default_timeout: Wait::For(Duration::from_secs(30)), ..Default::default() }).unwrap();
     let py_obj = RemoteObject::new(&ep, "py");
 
     let r: i64 = py_obj.call("add", (1, 2)).unwrap();

@@ -82,7 +82,7 @@ fn rpc_calls_survive_a_signal_storm() {
     // A call that outlives its timeout times out after it, not at the first signal.
     let t0 = Instant::now();
     let e = client
-        .call_with("calc", "sleep", vec![1.0.into()], Map::new(), CallOptions { timeout: Some(Duration::from_millis(300)), ..Default::default() })
+        .call_with("calc", "sleep", vec![1.0.into()], Map::new(), CallOptions { timeout: Some(Wait::For(Duration::from_millis(300))), ..Default::default() })
         .unwrap_err();
     assert!(matches!(e, RpcError::Timeout { .. }), "{e}");
     assert!(t0.elapsed() >= Duration::from_millis(300), "a 300 ms call gave up after {:?}", t0.elapsed());

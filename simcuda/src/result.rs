@@ -57,6 +57,7 @@ pub fn code_of(name: &str) -> Option<CuResult> {
 /// an injected fault answers first, and a panic becomes CUDA_ERROR_UNKNOWN (never unwinds
 /// into the caller's C frames).
 pub fn guard(name: &'static str, needs_init: bool, f: impl FnOnce() -> R) -> CuResult {
+    crate::stats::called(name);
     if needs_init && !crate::context::initialised() {
         return NOT_INITIALIZED;
     }

@@ -1,11 +1,27 @@
 //! `simcuda_stats`: what this process holds in the simulated driver, for tests that look
 //! the function up with dlsym (it exists only in simcuda, never in a real libcuda).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The calls that share or open memory, counted at every call (whatever its outcome) so a
+/// test can show that a path makes none of them: `opening_calls` in [`SimcudaStats`].
+const OPENING: [&str; 4] =
+    ["cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"];
+static OPENING_CALLS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Count a call of `name` if it is one of [`OPENING`].
+pub fn called(name: &str) {
+    if let Some(i) = OPENING.iter().position(|n| *n == name) {
+        // Relaxed: statistics.
+        OPENING_CALLS[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Counters of this process (a snapshot).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SimcudaStats {
-    /// Layout version of this struct (1).
+    /// Layout version of this struct (2: `opening_calls` added).
     pub version: u64,
     /// Live `cuMemAlloc` allocations.
     pub allocations: u64,
@@ -27,12 +43,16 @@ pub struct SimcudaStats {
     pub free_while_imported: u64,
     /// Calls failed on purpose by `SIMCUDA_FAIL`.
     pub faults_injected: u64,
+    /// Calls so far (cumulative, failed ones too) of `cuIpcGetMemHandle`,
+    /// `cuIpcOpenMemHandle_v2`, `cuMemExportToShareableHandle`,
+    /// `cuMemImportFromShareableHandle`, in that order.
+    pub opening_calls: [u64; 4],
 }
 
 pub fn snapshot() -> SimcudaStats {
     let (vmm_handles, vmm_mappings, vmm_reservations) = crate::vmm::counts();
     SimcudaStats {
-        version: 1,
+        version: 2,
         allocations: crate::memory::live_allocations(),
         ipc_open_handles: crate::ipc::open_handles(),
         events: crate::events::live_events(),
@@ -43,6 +63,8 @@ pub fn snapshot() -> SimcudaStats {
         vmm_reservations,
         free_while_imported: crate::ipc::free_while_open(),
         faults_injected: crate::faults::injected(),
+        // Relaxed: statistics.
+        opening_calls: std::array::from_fn(|i| OPENING_CALLS[i].load(Ordering::Relaxed)),
     }
 }
 

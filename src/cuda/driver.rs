@@ -7,29 +7,51 @@
 //! clear message, a missing symbol too (the panic is caught), and a failing call gets
 //! `Error::Cuda` naming the call and the CUDA error.
 
+use super::types::{CudaCode, CudaStream, DevicePtr};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-static DRIVER: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+/// Why this process has no usable driver: found once, then reported by every call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoDriver {
+    /// libcuda.so could not be loaded.
+    NoLibrary,
+    /// The library that loaded has no `cuInit`.
+    NoCuInit,
+    /// `cuInit` failed (no usable GPU).
+    InitFailed { code: CudaCode, name: String },
+}
 
-fn load() -> std::result::Result<(), String> {
+impl std::fmt::Display for NoDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoDriver::NoLibrary => write!(f, "no NVIDIA driver on this machine (libcuda.so could not be loaded)"),
+            NoDriver::NoCuInit => write!(f, "libcuda.so has no cuInit"),
+            NoDriver::InitFailed { name, .. } => write!(f, "cuInit failed: {name} — no usable GPU"),
+        }
+    }
+}
+
+static DRIVER: OnceLock<std::result::Result<(), NoDriver>> = OnceLock::new();
+
+fn load() -> std::result::Result<(), NoDriver> {
     // SAFETY: probing for the shared library has no preconditions.
     if !unsafe { sys::is_culib_present() } {
-        return Err("no NVIDIA driver on this machine (libcuda.so could not be loaded)".into());
+        return Err(NoDriver::NoLibrary);
     }
     // SAFETY: cuInit has no preconditions; a missing symbol panics and is caught.
     match catch_unwind(|| unsafe { sys::cuInit(0) }) {
         Ok(sys::CUresult::CUDA_SUCCESS) => Ok(()),
-        Ok(code) => Err(format!("cuInit failed: {} — no usable GPU", error_name(code))),
-        Err(_) => Err("libcuda.so has no cuInit".into()),
+        Ok(code) => Err(NoDriver::InitFailed { code: code.into(), name: error_name(code) }),
+        Err(_) => Err(NoDriver::NoCuInit),
     }
 }
 
-/// Load the driver once; `CudaUnavailable` if there is none.
+/// Load the driver once; `CudaUnavailable` (saying why) if there is none.
 pub fn init() -> Result<()> {
-    DRIVER.get_or_init(load).clone().map_err(Error::CudaUnavailable)
+    DRIVER.get_or_init(load).as_ref().map_err(|why| Error::CudaUnavailable(why.to_string())).copied()
 }
 
 /// True if a CUDA driver loaded and initialised.
@@ -56,7 +78,7 @@ pub fn call(what: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()>
     init()?;
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(sys::CUresult::CUDA_SUCCESS) => Ok(()),
-        Ok(code) => Err(Error::Cuda { call: what, code: code as i32, name: error_name(code) }),
+        Ok(code) => Err(Error::Cuda { call: what, code: code.into(), name: error_name(code) }),
         Err(_) => Err(Error::CudaUnavailable(format!("the installed driver does not provide {what}"))),
     }
 }
@@ -133,42 +155,42 @@ pub fn current_device() -> Result<i32> {
 }
 
 /// The device ordinal a device pointer belongs to.
-pub fn pointer_device(dptr: u64) -> Result<i32> {
+pub fn pointer_device(dptr: DevicePtr) -> Result<i32> {
     int_pointer_attribute(dptr, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuPointerGetAttribute(DEVICE_ORDINAL)", -1)
 }
 
 /// True if `dptr` lies in memory legacy IPC (`cuIpcGetMemHandle`) can share — false for
 /// VMM (`cuMemCreate`) memory such as PyTorch's expandable segments.
-pub fn is_legacy_ipc_capable(dptr: u64) -> Result<bool> {
+pub fn is_legacy_ipc_capable(dptr: DevicePtr) -> Result<bool> {
     let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE;
     // Starts at 0: the driver documents a boolean and may write fewer than 4 bytes.
     Ok(int_pointer_attribute(dptr, attr, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)", 0)? != 0)
 }
 
 /// A pointer attribute whose value is one `int` (or a narrower boolean), starting from `init`.
-fn int_pointer_attribute(dptr: u64, attr: sys::CUpointer_attribute, what: &'static str, init: i32) -> Result<i32> {
+fn int_pointer_attribute(dptr: DevicePtr, attr: sys::CUpointer_attribute, what: &'static str, init: i32) -> Result<i32> {
     let mut value: std::ffi::c_int = init;
     // SAFETY: the callers pass attributes whose value is one int, written to `value`; a
     // pointer the driver does not know is an error, not UB.
-    call(what, || unsafe { sys::cuPointerGetAttribute((&mut value as *mut std::ffi::c_int).cast(), attr, dptr) })?;
+    call(what, || unsafe { sys::cuPointerGetAttribute((&mut value as *mut std::ffi::c_int).cast(), attr, dptr.get()) })?;
     Ok(value)
 }
 
 /// Enqueue a device-to-device copy of `n` bytes on `stream` (a context of the devices
 /// must be current).
-pub fn memcpy_dtod_async(dst: u64, src: u64, n: u64, stream: usize) -> Result<()> {
+pub fn memcpy_dtod_async(dst: DevicePtr, src: DevicePtr, n: u64, stream: CudaStream) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     // SAFETY: the caller checked that both ranges lie inside live device allocations; the
     // copy is ordered on the caller's stream.
-    call("cuMemcpyDtoDAsync", || unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, n as usize, stream as sys::CUstream) })
+    call("cuMemcpyDtoDAsync", || unsafe { sys::cuMemcpyDtoDAsync_v2(dst.get(), src.get(), n as usize, stream.raw()) })
 }
 
 /// Device memory from `cuMemAlloc` (legacy-IPC shareable), freed on drop.
 pub struct DeviceBuffer {
     device: i32,
-    ptr: u64,
+    ptr: DevicePtr,
     size: u64,
 }
 
@@ -179,9 +201,9 @@ impl DeviceBuffer {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer.
         call("cuMemAlloc", || unsafe { sys::cuMemAlloc_v2(&mut ptr, size.max(1) as usize) })?;
-        Ok(DeviceBuffer { device, ptr, size })
+        Ok(DeviceBuffer { device, ptr: DevicePtr(ptr), size })
     }
-    pub fn ptr(&self) -> u64 {
+    pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }
     pub fn size(&self) -> u64 {
@@ -196,7 +218,7 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let _ctx = ensure_context(self.device);
         // SAFETY: memory we allocated, freed once.
-        let _ = call("cuMemFree", || unsafe { sys::cuMemFree_v2(self.ptr) });
+        let _ = call("cuMemFree", || unsafe { sys::cuMemFree_v2(self.ptr.get()) });
     }
 }
 

@@ -21,12 +21,14 @@
 //! reads anything else from it).
 
 use super::driver::{call, current_device, ensure_context};
+use super::types::CudaStream;
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use crate::wait::Wait;
+use std::time::Duration;
 
 /// Events per connection.
 pub const POOL_SIZE: usize = 32;
@@ -53,9 +55,9 @@ fn query_event(ev: sys::CUevent) -> Result<bool> {
 }
 
 /// Make `stream` wait for `ev`'s most recent record (a context of their device current).
-fn stream_wait(stream: usize, ev: sys::CUevent) -> Result<()> {
+fn stream_wait(stream: CudaStream, ev: sys::CUevent) -> Result<()> {
     // SAFETY: the callers pass a live event they own or opened and their stream handle.
-    call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream as sys::CUstream, ev, 0) })
+    call("cuStreamWaitEvent", || unsafe { sys::cuStreamWaitEvent(stream.raw(), ev, 0) })
 }
 
 /// One driver event, destroyed when the last holder drops it (in a context of its device:
@@ -156,15 +158,15 @@ impl IpcEventSet {
     }
 
     /// Record event `i` on `stream`.
-    pub fn record(&self, i: usize, stream: usize) -> Result<()> {
+    pub fn record(&self, i: usize, stream: CudaStream) -> Result<()> {
         let ev = self.event(i)?;
         // SAFETY: a live event of this set and the caller's stream handle.
-        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })
+        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream.raw()) })
     }
 
     /// Make `stream` wait for event `i`'s most recent record (a stream wait, never a
     /// device-wide synchronize).
-    pub fn wait(&self, stream: usize, i: usize) -> Result<()> {
+    pub fn wait(&self, stream: CudaStream, i: usize) -> Result<()> {
         stream_wait(stream, self.event(i)?)
     }
 }
@@ -199,12 +201,12 @@ impl Ledger {
         ack_word(&self.acks, self.next).load(Ordering::Acquire) >= self.issued[self.next]
     }
 
-    /// Wait (at most `timeout`) until the next slot is free; returns it.
-    fn reserve(&self, timeout: Duration) -> Result<usize> {
-        let deadline = crate::deadline::after(timeout);
+    /// Wait (as `wait` says) until the next slot is free; returns it.
+    fn reserve(&self, wait: impl Into<Wait>) -> Result<usize> {
+        let mut deadline = wait.into().deadline();
         while !self.next_free() {
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout { what: "the consumer to finish with an IPC event slot", after: timeout });
+            if deadline.expired() {
+                return Err(deadline.timed_out("the consumer to finish with an IPC event slot"));
             }
             std::thread::sleep(Duration::from_micros(20));
         }
@@ -258,11 +260,11 @@ impl EventPool {
         &self.ledger.acks
     }
 
-    /// Record the next slot on `stream` (waiting up to `timeout` for the consumer to
+    /// Record the next slot on `stream` (waiting as `wait` says for the consumer to
     /// acknowledge that slot's previous use). Returns (slot, sequence). If the record
     /// never reaches the consumer, the caller must [`cancel`](EventPool::cancel) it.
-    pub fn record(&mut self, stream: usize, timeout: Duration) -> Result<(u32, u64)> {
-        let slot = self.ledger.reserve(timeout)?;
+    pub fn record(&mut self, stream: CudaStream, wait: impl Into<Wait>) -> Result<(u32, u64)> {
+        let slot = self.ledger.reserve(wait)?;
         let _ctx = ensure_context(self.device)?;
         self.events.record(slot, stream)?;
         Ok((slot as u32, self.ledger.issue(slot)))
@@ -281,9 +283,9 @@ pub struct RemoteEvents {
     device: i32,
     /// How many events the producer announced (the ack table holds as many words).
     count: usize,
-    /// The opened events, or why they could not be opened here: the table still takes
-    /// acknowledgements then, so the producer's slots do not jam.
-    events: std::result::Result<IpcEventSet, String>,
+    /// The opened events, or why they could not be opened here (reported at every wait):
+    /// the table still takes acknowledgements then, so the producer's slots do not jam.
+    events: Result<IpcEventSet>,
     acks: Segment,
 }
 
@@ -299,13 +301,13 @@ impl RemoteEvents {
                 acks.len()
             )));
         }
-        let events = ensure_context(device).and_then(|_ctx| IpcEventSet::open(handles)).map_err(|e| e.to_string());
+        let events = ensure_context(device).and_then(|_ctx| IpcEventSet::open(handles));
         Ok(RemoteEvents { device, count: handles.len(), events, acks })
     }
 
     /// Could the events be opened here? (`Err`: why not.)
-    pub fn usable(&self) -> std::result::Result<(), &str> {
-        self.events.as_ref().map(|_| ()).map_err(String::as_str)
+    pub fn usable(&self) -> std::result::Result<(), &Error> {
+        self.events.as_ref().map(|_| ())
     }
 
     /// Claim the producer's record `seq` in `slot` (named by a descriptor): it is waited on
@@ -318,7 +320,7 @@ impl RemoteEvents {
     }
 
     /// Make `stream` wait for the record in `slot` (checked by `claim`).
-    fn wait(&self, slot: u32, stream: usize) -> Result<()> {
+    fn wait(&self, slot: u32, stream: CudaStream) -> Result<()> {
         let events = self.events.as_ref().map_err(|why| {
             Error::CudaUnavailable(format!("the producer's IPC events could not be opened here: {why}"))
         })?;
@@ -359,7 +361,7 @@ pub struct EventClaim {
 impl EventClaim {
     /// Make `stream` wait for the producer's write (a stream wait, never a device-wide
     /// synchronize).
-    pub fn wait_on(&self, stream: usize) -> Result<()> {
+    pub fn wait_on(&self, stream: CudaStream) -> Result<()> {
         let mut st = self.state.lock();
         match &*st {
             ClaimState::Waited(Some(mark)) => mark.order(stream),
@@ -402,14 +404,14 @@ unsafe impl Send for StreamMark {}
 
 impl StreamMark {
     /// Record a mark on `stream` of `device`.
-    pub fn record(device: i32, stream: usize) -> Result<StreamMark> {
+    pub fn record(device: i32, stream: CudaStream) -> Result<StreamMark> {
         let _ctx = ensure_context(device)?;
         let mut ev: sys::CUevent = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         call("cuEventCreate", || unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
         let mark = StreamMark { device, ev: ev as usize };
         // SAFETY: a live event of ours and the caller's stream.
-        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) })?;
+        call("cuEventRecord", || unsafe { sys::cuEventRecord(ev, stream.raw()) })?;
         Ok(mark)
     }
 
@@ -421,7 +423,7 @@ impl StreamMark {
     }
 
     /// Make `stream` (of the mark's device) wait for the mark.
-    pub fn order(&self, stream: usize) -> Result<()> {
+    pub fn order(&self, stream: CudaStream) -> Result<()> {
         let _ctx = ensure_context(self.device)?;
         stream_wait(stream, self.ev as sys::CUevent)
     }
@@ -471,5 +473,11 @@ mod tests {
         assert_eq!(l.reserve(short).unwrap(), 1);
         assert_eq!(l.issue(1), 6);
         assert!(matches!(l.reserve(short), Err(Error::Timeout { .. })), "slot 0's issue 5 is still unacknowledged");
+        // Not waiting fails at once; a timeout too long for the clock is not zero.
+        let t = std::time::Instant::now();
+        assert!(matches!(l.reserve(Wait::Never), Err(Error::Timeout { .. })));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        ack(&acks, 0, 5);
+        assert_eq!(l.reserve(Duration::MAX).unwrap(), 0);
     }
 }

@@ -20,6 +20,7 @@
 //! their exported blocks allocated (PyTorch's caching allocator, without `empty_cache`).
 
 use super::driver::{call, ensure_context};
+use super::types::DevicePtr;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
@@ -40,18 +41,18 @@ pub struct IpcExport {
 }
 
 /// Export `dptr` (any pointer into a `cudaMalloc`/`cuMemAlloc` allocation).
-pub fn export_pointer(dptr: u64) -> Result<IpcExport> {
+pub fn export_pointer(dptr: DevicePtr) -> Result<IpcExport> {
     let device = super::driver::pointer_device(dptr)?;
     let _ctx = ensure_context(device)?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: valid out-pointers.
-    call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) })?;
+    call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr.get()) })?;
     let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
     // SAFETY: valid out-pointer; `base` is an allocation base.
     call("cuIpcGetMemHandle", || unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
     let handle = h.reserved.map(|c| c as u8);
     remember_export(device, handle, base, size as u64);
-    Ok(IpcExport { device, handle, alloc_size: size as u64, offset: dptr - base })
+    Ok(IpcExport { device, handle, alloc_size: size as u64, offset: dptr.get() - base })
 }
 
 /// Handles this process exported: (device, handle) → (base, size), most recent last.
@@ -117,8 +118,8 @@ pub struct IpcMapping {
 
 impl IpcMapping {
     /// Device address of the allocation base in this process.
-    pub fn base(&self) -> u64 {
-        self.base
+    pub fn base(&self) -> DevicePtr {
+        DevicePtr(self.base)
     }
     /// Size of the allocation (as this process's driver reports it).
     pub fn size(&self) -> u64 {

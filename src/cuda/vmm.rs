@@ -4,6 +4,7 @@
 //! allocators that legacy IPC cannot share (PyTorch's expandable segments).
 
 use super::driver::{call, ensure_context};
+use super::types::DevicePtr;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -32,14 +33,14 @@ pub struct VmmExport {
 /// with the POSIX-fd handle type, mapped in this process — PyTorch's expandable segments
 /// with IPC enabled). A range that crosses into another physical allocation (an
 /// expandable segment maps many side by side) cannot be shared as one: an error says so.
-pub fn export_pointer(dptr: u64, nbytes: u64) -> Result<VmmExport> {
+pub fn export_pointer(dptr: DevicePtr, nbytes: u64) -> Result<VmmExport> {
     let device = super::driver::pointer_device(dptr)?;
     let _ctx = ensure_context(device)?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: valid out-pointers. For VMM memory the driver reports the physical
     // allocation mapped at `dptr`, not the whole reserved range.
-    call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) })?;
-    let offset = dptr - base;
+    call("cuMemGetAddressRange", || unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr.get()) })?;
+    let offset = dptr.get() - base;
     if offset.checked_add(nbytes).is_none_or(|end| end > size as u64) {
         return Err(Error::InvalidArgument(format!(
             "{nbytes} bytes at offset {offset} cross the end of the {size}-byte VMM allocation that backs them \
@@ -163,8 +164,8 @@ impl VmmAllocation {
         Self::map(device, handle, size)
     }
 
-    pub fn ptr(&self) -> u64 {
-        self.ptr
+    pub fn ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr)
     }
     pub fn size(&self) -> u64 {
         self.size

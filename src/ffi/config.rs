@@ -1,6 +1,6 @@
 //! Connection limits in C: `tw_peer_config_t` and its defaults.
 
-use super::{guard, put, tw_result_e};
+use super::{guard, ms_of_wait, put, tw_result_e, wait_ms};
 use crate::peer::PeerConfig;
 use std::time::Duration;
 
@@ -20,8 +20,9 @@ pub struct tw_peer_config_t {
     pub max_message: u64,
     /// Most peer segments mapped at once.
     pub max_import_segments: u64,
-    /// Connection setup timeout in ms.
-    pub handshake_timeout_ms: u64,
+    /// How long (ms) each step of connection setup may wait for the peer (negative: no
+    /// limit, 0: do not wait).
+    pub handshake_timeout_ms: i64,
     /// Data area of the ring this side sends through (power of two ≥ 4096; 0: none).
     pub ring_bytes: u64,
     /// Largest ring accepted from the peer.
@@ -49,8 +50,9 @@ pub struct tw_peer_config_t {
     /// `TW_ERR_QUOTA_EXCEEDED`. Default: RAM plus swap.
     pub max_import_mapped_bytes: u64,
     /// How long (ms) a send may wait for room in the peer's socket buffer before it fails
-    /// with `TW_ERR_TIMEOUT` (the export's lease is taken back).
-    pub send_timeout_ms: u64,
+    /// with `TW_ERR_TIMEOUT` (the export's lease is taken back); negative: no limit, 0: do
+    /// not wait.
+    pub send_timeout_ms: i64,
 }
 
 impl From<&tw_peer_config_t> for PeerConfig {
@@ -62,9 +64,9 @@ impl From<&tw_peer_config_t> for PeerConfig {
             max_message: c.max_message as usize,
             max_import_segments: c.max_import_segments as usize,
             max_import_mapped_bytes: c.max_import_mapped_bytes,
-            send_timeout: Duration::from_millis(c.send_timeout_ms),
+            send_timeout: wait_ms(c.send_timeout_ms),
             max_peer_table_capacity: c.max_peer_table_capacity,
-            handshake_timeout: Duration::from_millis(c.handshake_timeout_ms),
+            handshake_timeout: wait_ms(c.handshake_timeout_ms),
             ring_bytes: c.ring_bytes as usize,
             max_peer_ring_bytes: c.max_peer_ring_bytes as usize,
             max_ring_message: c.max_ring_message,
@@ -95,7 +97,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             default_window_ms: d.default_window.map_or(0, |w| w.as_millis() as u64),
             max_message: d.max_message as u64,
             max_import_segments: d.max_import_segments as u64,
-            handshake_timeout_ms: d.handshake_timeout.as_millis() as u64,
+            handshake_timeout_ms: ms_of_wait(d.handshake_timeout),
             ring_bytes: d.ring_bytes as u64,
             max_peer_ring_bytes: d.max_peer_ring_bytes as u64,
             max_ring_message: d.max_ring_message,
@@ -107,7 +109,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             cuda_ring_slots: crate::cuda::ring::CudaRingConfig::default().slots,
             cuda_ring_slot_bytes: crate::cuda::ring::CudaRingConfig::default().slot_bytes,
             max_import_mapped_bytes: d.max_import_mapped_bytes,
-            send_timeout_ms: d.send_timeout.as_millis() as u64,
+            send_timeout_ms: ms_of_wait(d.send_timeout),
         };
         // SAFETY: writable per the contract; NULL refused.
         unsafe { put(out, c, "out") }

@@ -3,19 +3,15 @@
 //! shape, allocate, copy out on your stream.
 
 use super::desc::tw_layout_t;
+use crate::cuda::{CudaStream, DevicePtr};
 use super::peer::tw_peer_t;
-use super::{arg, guard, need, put, tw_result_e};
-use std::time::Duration;
-
-fn timeout(ms: i64) -> Option<Duration> {
-    (ms >= 0).then(|| Duration::from_millis(ms as u64))
-}
+use super::{arg, guard, need, put, tw_result_e, wait_ms};
 
 /// Copy the contiguous CUDA tensor `layout` at device address `src` through this side's
 /// GPU ring (`tw_peer_config_t::cuda_ring_device` ≥ 0), ordered after the work already
 /// enqueued on `stream` (a CUstream; 0: the legacy default stream) — the copies are
 /// enqueued there, nothing synchronizes. Larger than a slot: in chunks. Waits for free
-/// slots at most `timeout_ms` (negative: no limit).
+/// slots as `timeout_ms` says.
 ///
 /// # Safety
 /// `peer` live, `layout` readable; `src` device memory of the ring's device holding the
@@ -35,11 +31,11 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_send(
         let p = unsafe { arg(peer, "peer")? };
         // SAFETY: readable per the contract; NULL refused.
         let l = unsafe { arg(layout, "layout")? }.to_layout()?;
-        Ok(p.inner().cuda_ring_send(src, &l, stream, tag, timeout(timeout_ms))?)
+        Ok(p.inner().cuda_ring_send(DevicePtr(src), &l, CudaStream(stream), tag, wait_ms(timeout_ms))?)
     })
 }
 
-/// Wait (at most `timeout_ms`; negative: no limit) for the next message in the peer's GPU
+/// Wait (as `timeout_ms` says) for the next message in the peer's GPU
 /// ring and describe it: tag, contiguous layout, device and byte count (outputs may be
 /// NULL except `layout`). Then call `tw_peer_cuda_ring_recv_finish` with memory of that
 /// size on that device, or `tw_peer_cuda_ring_discard`. Calling this again first
@@ -60,7 +56,7 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_recv(
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
         need(layout, "layout")?;
-        let (tag, desc) = p.inner().cuda_ring_recv(timeout(timeout_ms))?;
+        let (tag, desc) = p.inner().cuda_ring_recv(wait_ms(timeout_ms))?;
         let l = desc.layout();
         // SAFETY: each output NULL or writable per the contract (checked non-null).
         unsafe {
@@ -97,7 +93,7 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_recv_finish(
     guard("tw_peer_cuda_ring_recv_finish", || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
-        Ok(p.inner().cuda_ring_recv_finish(dst, capacity, stream, timeout(timeout_ms))?)
+        Ok(p.inner().cuda_ring_recv_finish(DevicePtr(dst), capacity, CudaStream(stream), wait_ms(timeout_ms))?)
     })
 }
 
@@ -111,6 +107,6 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_discard(peer: *const tw_peer_t, timeo
     guard("tw_peer_cuda_ring_discard", || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
-        Ok(p.inner().cuda_ring_discard(timeout(timeout_ms))?)
+        Ok(p.inner().cuda_ring_discard(wait_ms(timeout_ms))?)
     })
 }

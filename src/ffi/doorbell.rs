@@ -1,11 +1,10 @@
 //! Doorbells on words inside a segment, for C code that builds its own shared-memory
 //! protocol next to tensorwire's.
 
-use super::{arg, guard, put, tw_result_e};
+use super::{arg, guard, put, tw_result_e, wait_ms};
 use super::segment::tw_segment_t;
 use crate::doorbell::{Doorbell, DoorbellWords};
 use crate::error::Error;
-use std::time::Duration;
 
 fn words(seg: &tw_segment_t, offset: usize) -> Result<&DoorbellWords, Error> {
     let size = std::mem::size_of::<DoorbellWords>();
@@ -18,10 +17,6 @@ fn words(seg: &tw_segment_t, offset: usize) -> Result<&DoorbellWords, Error> {
     // SAFETY: offset is 4-aligned and offset+8 ≤ len (checked), inside a live mapping
     // owned by `seg`; DoorbellWords is two AtomicU32 and is only accessed atomically.
     Ok(unsafe { &*seg.inner.as_ptr().add(offset).cast::<DoorbellWords>() })
-}
-
-fn timeout(ms: i64) -> Option<Duration> {
-    (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
 /// Current sequence of the doorbell at `offset` in `seg` (8 bytes, 4-aligned).
@@ -52,7 +47,7 @@ pub unsafe extern "C" fn tw_doorbell_ring(seg: *const tw_segment_t, offset: usiz
 }
 
 /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep in
-/// FUTEX_WAIT, at most `timeout_ms` (negative: no limit). `TW_ERR_TIMEOUT` if it did not
+/// FUTEX_WAIT, as `timeout_ms` says (0: spin not at all). `TW_ERR_TIMEOUT` if it did not
 /// change in time.
 ///
 /// # Safety
@@ -68,11 +63,11 @@ pub unsafe extern "C" fn tw_doorbell_wait(
     guard("tw_doorbell_wait", || {
         // SAFETY: live handle per the contract; NULL refused.
         let d = Doorbell::new(words(unsafe { arg(seg, "seg")? }, offset)?);
-        let t = timeout(timeout_ms);
-        if d.wait(seen, spin, t) {
+        let wait = wait_ms(timeout_ms);
+        if d.wait(seen, spin, wait) {
             Ok(())
         } else {
-            Err(Error::Timeout { what: "the doorbell", after: t.unwrap_or_default() }.into())
+            Err(wait.deadline().timed_out("the doorbell").into())
         }
     })
 }

@@ -1,11 +1,12 @@
-//! Exports in C: CPU views of segments, forwarded imports and CUDA memory, each under a
-//! lease whose end calls the caller's release callback.
+//! Exports in C: CPU views of segments, forwarded imports (CPU and CUDA) and CUDA memory,
+//! each under a lease whose end calls the caller's release callback.
 
 use super::desc::tw_layout_t;
 use super::imported::{tw_imported_t, AnyImport};
 use super::peer::{tw_lease_t, tw_peer_t};
 use super::segment::tw_segment_t;
 use super::{arg, guard, tw_result_e};
+use crate::cuda::{CudaStream, DevicePtr};
 use crate::error::Error;
 use crate::peer::{ExportOptions, SharedTensor};
 use std::ffi::c_void;
@@ -101,7 +102,9 @@ pub unsafe extern "C" fn tw_peer_export(
 /// `imp` has been freed or released — `tw_imported_release` of a forwarded import
 /// returns `TW_OK` and leaves the release to the last forward. `release(ctx)` as for
 /// `tw_peer_export` (called when this lease ends, or before a failing call returns).
-/// `TW_ERR_INVALID_ARGUMENT` for a CUDA import or a view that does not fit the storage.
+/// `TW_ERR_INVALID_ARGUMENT` for a CUDA import (forwarded with
+/// `tw_peer_export_imported_cuda`, which takes a stream) or a view that does not fit the
+/// storage.
 ///
 /// # Safety
 /// `peer`, `imp` live; `layout` NULL or readable; `out_lease` NULL or writable;
@@ -117,32 +120,82 @@ pub unsafe extern "C" fn tw_peer_export_imported(
     ctx: *mut c_void,
     out_lease: *mut tw_lease_t,
 ) -> tw_result_e {
-    // Built first so that every failure below drops it, which runs the callback.
+    let send = move |p: &crate::Peer, imp: &AnyImport, view, extra| match imp {
+        AnyImport::Cpu(i) => p.export_imported_with(i.clone(), view, extra, options(tag, window_ms)),
+        AnyImport::Cuda(_) => Err(Error::InvalidArgument(
+            "a CUDA import is forwarded with tw_peer_export_imported_cuda (it orders the forward on a stream)".into(),
+        )),
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { forward("tw_peer_export_imported", peer, imp, layout, (release, ctx), out_lease, send) }
+}
+
+/// Forward a CUDA tensor received from a peer (on any connection, this one included) to
+/// this peer as the same device memory: the IPC handle or the producer's VMM fd travels
+/// on as it came (nothing is opened or exported through the driver again), under a new
+/// lease whose owner holds the import. `stream` (a CUstream of the import's device; 0:
+/// the legacy default stream) first waits for the producer's writes, then an event
+/// recorded there orders the consumer: it sees the producer's writes and this process's
+/// work enqueued on `stream` before the call. `layout`, the lease's life, `imp`'s release
+/// (`tw_imported_release` or `tw_imported_release_after` of a forwarded import return
+/// `TW_OK` and leave the lease to the last forward) and `release(ctx)` as for
+/// `tw_peer_export_imported`. `TW_ERR_INVALID_ARGUMENT` for a CPU import, a view that does
+/// not fit the storage, or a connection that already carries another device's memory.
+///
+/// # Safety
+/// As for `tw_peer_export_imported`; `stream` a valid stream of the import's device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_export_imported_cuda(
+    peer: *const tw_peer_t,
+    imp: *const tw_imported_t,
+    layout: *const tw_layout_t,
+    stream: usize,
+    tag: u64,
+    window_ms: u64,
+    release: tw_release_fn,
+    ctx: *mut c_void,
+    out_lease: *mut tw_lease_t,
+) -> tw_result_e {
+    let send = move |p: &crate::Peer, imp: &AnyImport, view, extra| match imp {
+        AnyImport::Cuda(i) => p.export_cuda_imported_with(i.clone(), view, CudaStream(stream), extra, options(tag, window_ms)),
+        AnyImport::Cpu(_) => Err(Error::InvalidArgument("a CPU import is forwarded with tw_peer_export_imported (no stream)".into())),
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { forward("tw_peer_export_imported_cuda", peer, imp, layout, (release, ctx), out_lease, send) }
+}
+
+/// What both forwards share: the C owner built first (so that every failure drops it,
+/// which runs the callback), the arguments checked behind `name`'s panic boundary, the
+/// view (NULL: the import's own), the owner riding in the forward's lease, the lease
+/// written out.
+///
+/// # Safety
+/// As for `tw_peer_export_imported`.
+unsafe fn forward(
+    name: &'static str,
+    peer: *const tw_peer_t,
+    imp: *const tw_imported_t,
+    layout: *const tw_layout_t,
+    (release, ctx): (tw_release_fn, *mut c_void),
+    out_lease: *mut tw_lease_t,
+    send: impl FnOnce(&crate::Peer, &AnyImport, Option<crate::Layout>, crate::Owner) -> crate::Result<crate::LeaseId>,
+) -> tw_result_e {
     let owner = release.map(|f| CallbackOwner { release: f, ctx });
-    guard("tw_peer_export_imported", move || {
+    guard(name, move || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
         // SAFETY: live per the contract; NULL refused.
-        let i = match &unsafe { arg(imp, "imp")? }.inner {
-            AnyImport::Cpu(i) => i.clone(),
-            AnyImport::Cuda(_) => {
-                return Err(Error::InvalidArgument(
-                    "a CUDA import cannot be forwarded (only CPU imports can); copy it to memory of this process first".into(),
-                )
-                .into());
-            }
-        };
+        let i = unsafe { arg(imp, "imp")? };
         // SAFETY: NULL or readable per the contract.
         let view = match unsafe { layout.as_ref() } {
             Some(l) => Some(l.to_layout()?),
             None => None,
         };
-        let opts = options(tag, window_ms);
-        // The C owner (if any) ends with the lease: it rides in the lease of the forward.
-        let id = match owner {
-            Some(o) => p.inner.export_imported_with(i, view, Box::new(o), opts)?,
-            None => p.inner.export_imported(i, view, opts)?,
+        let extra: crate::Owner = match owner {
+            Some(o) => Box::new(o),
+            None => Box::new(()),
         };
+        let id = send(&p.inner, &i.inner, view, extra)?;
         // SAFETY: NULL or writable per the contract.
         unsafe { put_lease(out_lease, id) };
         Ok(())
@@ -180,7 +233,7 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
             Some(o) => Box::new(o),
             None => Box::new(()),
         };
-        let id = p.inner.export_cuda(dptr, nbytes, &l, stream, owner, options(tag, window_ms))?;
+        let id = p.inner.export_cuda(DevicePtr(dptr), nbytes, &l, CudaStream(stream), owner, options(tag, window_ms))?;
         // SAFETY: NULL or writable per the contract.
         unsafe { put_lease(out_lease, id) };
         Ok(())

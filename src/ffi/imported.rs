@@ -4,9 +4,10 @@
 use super::desc::tw_layout_t;
 use super::peer::tw_lease_t;
 use super::{arg, guard, need, put, quiet, tw_result_e};
+use crate::cuda::CudaStream;
 use crate::desc::TensorDesc;
 use crate::error::Error;
-use crate::peer::Imported;
+use crate::peer::{CudaImported, Imported};
 use std::ffi::c_void;
 
 
@@ -22,7 +23,8 @@ pub struct tw_imported_t {
 pub(super) enum AnyImport {
     /// Shared with the leases of its forwards (`tw_peer_export_imported`).
     Cpu(std::sync::Arc<Imported>),
-    Cuda(crate::peer::CudaImported),
+    /// Shared with the leases of its forwards (`tw_peer_export_imported_cuda`).
+    Cuda(std::sync::Arc<CudaImported>),
 }
 
 impl AnyImport {
@@ -35,13 +37,13 @@ impl AnyImport {
     fn data_ptr(&self) -> *mut c_void {
         match self {
             AnyImport::Cpu(i) => i.data_ptr().cast(),
-            AnyImport::Cuda(i) => i.data_ptr() as usize as *mut c_void,
+            AnyImport::Cuda(i) => i.data_ptr().get() as usize as *mut c_void,
         }
     }
     fn storage_ptr(&self) -> *mut c_void {
         match self {
             AnyImport::Cpu(i) => i.storage_ptr().cast(),
-            AnyImport::Cuda(i) => i.storage_ptr() as usize as *mut c_void,
+            AnyImport::Cuda(i) => i.storage_ptr().get() as usize as *mut c_void,
         }
     }
     fn tag(&self) -> u64 {
@@ -59,7 +61,7 @@ impl AnyImport {
             // Forwarded and still leased downstream: the forward's lease holds the
             // import, and the lease goes back when the last forward ends.
             AnyImport::Cpu(i) => std::sync::Arc::try_unwrap(i).map_or(Ok(()), Imported::release),
-            AnyImport::Cuda(i) => i.release(),
+            AnyImport::Cuda(i) => std::sync::Arc::try_unwrap(i).map_or(Ok(()), CudaImported::release),
         }
     }
 }
@@ -169,7 +171,7 @@ pub unsafe extern "C" fn tw_imported_cuda_wait(imp: *const tw_imported_t, stream
     guard("tw_imported_cuda_wait", || {
         // SAFETY: live per the contract; NULL refused.
         match &unsafe { arg(imp, "imp")? }.inner {
-            AnyImport::Cuda(c) => Ok(c.wait_on(stream)?),
+            AnyImport::Cuda(c) => Ok(c.wait_on(CudaStream(stream))?),
             AnyImport::Cpu(_) => Err(Error::InvalidArgument("not a CUDA import".into()).into()),
         }
     })
@@ -177,7 +179,10 @@ pub unsafe extern "C" fn tw_imported_cuda_wait(imp: *const tw_imported_t, stream
 
 /// Release the lease once the work enqueued so far on `stream` has completed, without
 /// blocking (a CUDA import: an event is recorded on the stream and the lease released
-/// when it is reached; a CPU import is released now), and free the handle either way.
+/// when it is reached; a CPU import is released now), and free the handle either way. A
+/// CUDA import forwarded with `tw_peer_export_imported_cuda` whose forward is still
+/// leased: the handle lets go once the stream's work is done, and the lease goes back
+/// when the last forward ends (`TW_OK`).
 ///
 /// # Safety
 /// `imp` a live handle, not used afterwards; `stream` valid for the import's device.
@@ -188,7 +193,7 @@ pub unsafe extern "C" fn tw_imported_release_after(imp: *mut tw_imported_t, stre
         // SAFETY: live handle from Box::into_raw, consumed once.
         let b = unsafe { Box::from_raw(imp) };
         match b.inner {
-            AnyImport::Cuda(c) => c.release_after(stream)?,
+            AnyImport::Cuda(c) => c.release_shared_after(CudaStream(stream))?,
             cpu => cpu.release()?,
         }
         Ok(())

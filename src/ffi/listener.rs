@@ -2,7 +2,7 @@
 
 use super::config::{config, tw_peer_config_t};
 use super::peer::{boxed_peer, path_arg, tw_peer_t};
-use super::{arg, guard, need, put, tw_result_e};
+use super::{arg, guard, need, put, tw_result_e, wait_ms};
 use crate::Listener;
 use crate::peer::Peer;
 use std::ffi::c_char;
@@ -26,13 +26,15 @@ pub unsafe extern "C" fn tw_listener_bind(path: *const c_char, out: *mut *mut tw
     })
 }
 
-/// Accept and handshake one connection (waits at most the config's handshake timeout).
+/// Accept one connection, waiting for it as `timeout_ms` says, and set it up (each step
+/// waiting at most the config's handshake timeout).
 ///
 /// # Safety
 /// `listener` live; `cfg` NULL or readable; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_listener_accept(
     listener: *const tw_listener_t,
+    timeout_ms: i64,
     cfg: *const tw_peer_config_t,
     out: *mut *mut tw_peer_t,
 ) -> tw_result_e {
@@ -41,7 +43,7 @@ pub unsafe extern "C" fn tw_listener_accept(
         let l = unsafe { arg(listener, "listener")? };
         need(out, "out")?;
         // SAFETY: per the contract.
-        let p = Peer::accept(&l.inner, unsafe { config(cfg) })?;
+        let p = Peer::accept(&l.inner, wait_ms(timeout_ms), unsafe { config(cfg) })?;
         // SAFETY: checked non-null.
         unsafe { put(out, boxed_peer(p), "out") }
     })

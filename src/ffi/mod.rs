@@ -6,6 +6,9 @@
 //! required is `TW_ERR_NULL_ARGUMENT`, never a crash. The human message of the last error
 //! on the calling thread is `tw_last_error_message()`. Owning handles are opaque
 //! pointers with `_new`/`_free` (or `_from_*`/`_free`) pairs, and `_free(NULL)` is a no-op.
+//! Every blocking function takes `int64_t timeout_ms` (and every timeout field of the
+//! config is the same): negative waits without limit, 0 does not wait (what is ready is
+//! taken, else `TW_ERR_TIMEOUT` at once), a positive value waits at most that many ms.
 
 #![allow(non_camel_case_types)]
 
@@ -36,6 +39,7 @@ pub use ring::*;
 pub use segment::*;
 
 use crate::error::Error;
+use crate::wait::Wait;
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -224,6 +228,26 @@ pub(crate) unsafe fn put<T>(out: *mut T, v: T, name: &'static str) -> Result<(),
 }
 
 /// Check an out-pointer is non-null before doing work whose result it will receive.
+/// The C convention for a wait (`timeout_ms`: negative no limit, 0 do not wait).
+pub(crate) fn wait_ms(ms: i64) -> Wait {
+    match ms {
+        ..0 => Wait::Forever,
+        0 => Wait::Never,
+        ms => Wait::For(std::time::Duration::from_millis(ms as u64)),
+    }
+}
+
+/// A wait in the C convention (`wait_ms` undone; an instant is the time left to it).
+pub(crate) fn ms_of_wait(w: Wait) -> i64 {
+    let ms = |d: std::time::Duration| d.as_millis().min(i64::MAX as u128) as i64;
+    match w {
+        Wait::Forever => -1,
+        Wait::Never => 0,
+        Wait::For(d) => ms(d),
+        Wait::Until(t) => ms(t.saturating_duration_since(std::time::Instant::now())),
+    }
+}
+
 pub(crate) fn need<T>(out: *const T, name: &'static str) -> Result<(), Fail> {
     if out.is_null() { Err(Fail::Null(name)) } else { Ok(()) }
 }

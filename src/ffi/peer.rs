@@ -12,10 +12,9 @@ use super::message::tw_message_t;
 use super::{arg, guard, need, put, quiet, tw_result_e, Fail};
 use crate::error::Error;
 use crate::lease::LeaseStats;
-use crate::peer::{Incoming, Peer, PeerConfig};
+use crate::peer::{Incoming, Peer};
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::time::Duration;
 
 /// Names a lease: slot in the producer's table and its generation.
 #[repr(C)]
@@ -58,9 +57,6 @@ pub struct tw_peer_t {
 impl tw_peer_t {
     pub(crate) fn inner(&self) -> &Peer {
         &self.inner
-    }
-    pub(crate) fn config(&self) -> &PeerConfig {
-        self.inner.config()
     }
 }
 
@@ -200,7 +196,7 @@ pub unsafe extern "C" fn tw_peer_send_message(
     })
 }
 
-/// Receive the next tensor or user message, waiting at most `timeout_ms` (negative: until
+/// Receive the next tensor or user message, waiting as `timeout_ms` says (negative: until
 /// one arrives or the peer dies). On success exactly one of `*out_tensor` and
 /// `*out_message` is set non-NULL and the other to NULL.
 ///
@@ -218,10 +214,9 @@ pub unsafe extern "C" fn tw_peer_recv(
         let p = unsafe { arg(peer, "peer")? };
         need(out_tensor, "out_tensor")?;
         need(out_message, "out_message")?;
-        let t = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
-        let (tensor, message) = match p.inner.recv(t)? {
+        let (tensor, message) = match p.inner.recv(super::wait_ms(timeout_ms))? {
             Incoming::Tensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cpu(i.into()) })), std::ptr::null_mut()),
-            Incoming::CudaTensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cuda(i) })), std::ptr::null_mut()),
+            Incoming::CudaTensor(i) => (Box::into_raw(Box::new(tw_imported_t { inner: AnyImport::Cuda(i.into()) })), std::ptr::null_mut()),
             Incoming::Message { payload, fds } => (
                 std::ptr::null_mut(),
                 Box::into_raw(Box::new(tw_message_t { payload, fds: fds.into_iter().map(Some).collect() })),

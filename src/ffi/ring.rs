@@ -7,22 +7,16 @@ use super::peer::tw_peer_t;
 use super::{arg, guard, need, put, quiet, tw_result_e};
 use crate::desc::TensorDesc;
 
-use crate::ring::{RingItem, RingMessage, Wait};
+use super::wait_ms;
+use crate::ring::{RingItem, RingMessage};
 use std::ffi::c_void;
-use std::time::Duration;
 
 /// Opaque received ring message.
 pub struct tw_ring_message_t {
     inner: RingMessage,
 }
 
-fn wait(timeout_ms: i64, spin: u32) -> Wait {
-    let timeout = if timeout_ms < 0 { Duration::MAX / 4 } else { Duration::from_millis(timeout_ms as u64) };
-    Wait { spin, timeout }
-}
-
-/// Copy `len` bytes through the ring (waiting for space at most `timeout_ms`; negative:
-/// no limit). Messages larger than half the ring go through in chunks.
+/// Copy `len` bytes through the ring (waiting for space as `timeout_ms` says). Messages larger than half the ring go through in chunks.
 ///
 /// # Safety
 /// `peer` live; `data` readable for `len` bytes (may be NULL if 0).
@@ -44,8 +38,7 @@ pub unsafe extern "C" fn tw_peer_ring_send_bytes(
             // SAFETY: non-null and readable for len bytes per the contract.
             unsafe { std::slice::from_raw_parts(data, len) }
         };
-        let spin = p.config().ring_spin;
-        Ok(p.inner().ring_send_with(&[RingItem::bytes(tag, bytes)], wait(timeout_ms, spin))?)
+        Ok(p.inner().ring_send(&[RingItem::bytes(tag, bytes)], wait_ms(timeout_ms))?)
     })
 }
 
@@ -76,12 +69,11 @@ pub unsafe extern "C" fn tw_peer_ring_send_view(
             unsafe { std::slice::from_raw_parts(storage.cast::<u8>(), storage_len) }
         };
         let item = RingItem::tensor(tag, l, bytes)?;
-        let spin = p.config().ring_spin;
-        Ok(p.inner().ring_send_with(&[item], wait(timeout_ms, spin))?)
+        Ok(p.inner().ring_send(&[item], wait_ms(timeout_ms))?)
     })
 }
 
-/// Receive the next ring message (at most `timeout_ms`; negative: no limit). With
+/// Receive the next ring message (waiting as `timeout_ms` says). With
 /// `borrow`, a message that fits one ring record stays in the ring (no copy) until the
 /// message is freed; otherwise, and for chunked messages, it is a private copy.
 ///
@@ -98,8 +90,7 @@ pub unsafe extern "C" fn tw_peer_ring_recv(
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
         need(out, "out")?;
-        let spin = p.config().ring_spin;
-        let m = p.inner().ring_recv_with(borrow, wait(timeout_ms, spin))?;
+        let m = p.inner().ring_recv_with(borrow, wait_ms(timeout_ms))?;
         // SAFETY: checked non-null.
         unsafe { put(out, Box::into_raw(Box::new(tw_ring_message_t { inner: m })), "out") }
     })

@@ -11,5 +11,6 @@ pub mod slot;
 
 #[cfg(not(loom))]
 mod table;
-#[cfg(not(loom))]
-pub use table::{release_doorbell, Exporter, Reclaimed, ImportTable, LeaseId, LeaseStats, Owner, StorageKeeper, TABLE_HEADER_BYTES};
+cfg_not_loom! {
+    pub use table::{release_doorbell, Exporter, Reclaimed, ImportTable, LeaseId, LeaseStats, Owner, StorageKeeper, TABLE_HEADER_BYTES};
+}

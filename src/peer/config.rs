@@ -1,5 +1,6 @@
 //! Per-connection limits and defaults (`PeerConfig`) and per-export options.
 
+use crate::wait::Wait;
 use std::time::Duration;
 
 /// Limits and defaults for one connection.
@@ -24,12 +25,13 @@ pub struct PeerConfig {
     pub max_import_mapped_bytes: u64,
     /// Largest lease table accepted from the peer.
     pub max_peer_table_capacity: u32,
-    /// How long connection setup may wait for the peer.
-    pub handshake_timeout: Duration,
+    /// How long connection setup may wait for the peer (each step: its hello, its setup
+    /// messages), and a CUDA export for a free event slot.
+    pub handshake_timeout: Wait,
     /// How long a send (an export, a user message) may wait for room in the peer's
     /// socket buffer; a peer that stops reading then gets `Timeout`, and the export's
     /// lease is taken back.
-    pub send_timeout: Duration,
+    pub send_timeout: Wait,
     /// Data area of the ring this side sends through (a power of two ≥ 4 KiB; 0: none).
     pub ring_bytes: usize,
     /// Largest ring accepted from the peer.
@@ -62,7 +64,7 @@ impl Default for PeerConfig {
             max_import_segments: 1024,
             max_import_mapped_bytes: crate::sys::memory_and_swap_bytes(),
             max_peer_table_capacity: 1 << 20,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Wait::For(Duration::from_secs(10)),
             send_timeout: crate::connection::DEFAULT_SEND_TIMEOUT,
             ring_bytes: 4 << 20,
             max_peer_ring_bytes: 1 << 30,

@@ -1,6 +1,8 @@
 //! Exports: CPU views under leases (`send_leased`, the one path every CPU export takes)
-//! and CUDA memory by IPC handle or VMM fd; user messages.
+//! and CUDA memory by IPC handle or VMM fd (`send_cuda_leased`, the one path every CUDA
+//! export takes); user messages.
 
+use crate::cuda::{CudaCode, CudaStream, DevicePtr};
 use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseId, Owner, Reclaimed};
@@ -18,6 +20,35 @@ pub(crate) struct CpuStorage<'a> {
     pub fd: BorrowedFd<'a>,
     pub base_offset: u64,
     pub nbytes: u64,
+}
+
+/// CUDA memory as a descriptor names it: its device, how the consumer opens it, the
+/// allocation's size and the storage's byte range in it.
+pub(super) struct CudaStorage<'a> {
+    pub device: i32,
+    pub handle: CudaHandle<'a>,
+    pub alloc_size: u64,
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// How the consumer opens CUDA memory: the legacy IPC handle of its allocation (opened
+/// through the consumer's handle cache), or the fd of its VMM allocation (sent with the
+/// descriptor).
+pub(super) enum CudaHandle<'a> {
+    Ipc([u8; 64]),
+    Vmm(BorrowedFd<'a>),
+}
+
+/// Legacy IPC for cudaMalloc memory, an fd for VMM memory (expandable segments), from the
+/// driver's answer to "is this pointer legacy-IPC capable". A driver too old to know the
+/// attribute answers CUDA_ERROR_INVALID_VALUE: legacy IPC then, as before the attribute
+/// existed. Decided by the code, never by its name.
+fn legacy_ipc(answer: Result<bool>) -> Result<bool> {
+    match answer {
+        Err(Error::Cuda { code: CudaCode::INVALID_VALUE, .. }) => Ok(true),
+        r => r,
+    }
 }
 
 impl Peer {
@@ -51,7 +82,7 @@ impl Peer {
         }
         self.inner.reap_if_released();
         let window = opts.window.or(self.inner.cfg.default_window);
-        let deadline = window.map(crate::deadline::after);
+        let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
         let _send = self.inner.send_lock.lock();
         let sid = storage.id;
         let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
@@ -102,14 +133,30 @@ impl Peer {
     /// SCM_RIGHTS and mapped by the consumer for each import.
     pub fn export_cuda(
         &self,
-        dptr: u64,
+        dptr: DevicePtr,
         nbytes: u64,
         layout: &Layout,
-        stream: usize,
+        stream: CudaStream,
         owner: Owner,
         opts: ExportOptions,
     ) -> Result<LeaseId> {
-        use crate::cuda::{event::EventPool, ipc};
+        use crate::cuda::{ipc, vmm};
+        self.check_cuda_export(layout, nbytes)?;
+        let legacy = legacy_ipc(crate::cuda::driver::is_legacy_ipc_capable(dptr))?;
+        let vmm_export = if legacy { None } else { Some(vmm::export_pointer(dptr, nbytes)?) };
+        let storage = match &vmm_export {
+            None => {
+                let e = ipc::export_pointer(dptr)?;
+                CudaStorage { device: e.device, handle: CudaHandle::Ipc(e.handle), alloc_size: e.alloc_size, offset: e.offset, nbytes }
+            }
+            Some(v) => CudaStorage { device: v.device, handle: CudaHandle::Vmm(v.fd.as_fd()), alloc_size: v.alloc_size, offset: v.offset, nbytes },
+        };
+        self.send_cuda_leased(storage, layout, stream, owner, opts)
+    }
+
+    /// What every CUDA export checks before touching the driver: the peer is there, and
+    /// the view fits the `nbytes` of storage it is sent over.
+    pub(super) fn check_cuda_export(&self, layout: &Layout, nbytes: u64) -> Result<()> {
         if self.inner.conn.is_peer_gone() {
             return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
         }
@@ -117,31 +164,34 @@ impl Peer {
         if need > nbytes {
             return Err(Error::InvalidArgument(format!("view needs {need} bytes of storage, storage has {nbytes}")));
         }
-        // Legacy IPC for cudaMalloc memory; an fd for VMM memory (expandable segments).
-        // A driver too old to know the attribute answers CUDA_ERROR_INVALID_VALUE: legacy
-        // IPC then, as before the attribute existed.
-        let legacy = match crate::cuda::driver::is_legacy_ipc_capable(dptr) {
-            Err(Error::Cuda { name, .. }) if name == "CUDA_ERROR_INVALID_VALUE" => true,
-            r => r?,
-        };
-        let (exp, vmm_fd) = if legacy {
-            (ipc::export_pointer(dptr)?, None)
-        } else {
-            let v = crate::cuda::vmm::export_pointer(dptr, nbytes)?;
-            (ipc::IpcExport { device: v.device, handle: [0; 64], alloc_size: v.alloc_size, offset: v.offset }, Some(v.fd))
-        };
-        ipc::check_range(exp.offset, nbytes, exp.alloc_size).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "{nbytes} bytes at offset {} pass the end of a {}-byte CUDA allocation",
-                exp.offset, exp.alloc_size
-            ))
+        Ok(())
+    }
+
+    /// Grant a lease holding `owner` on CUDA `storage` and send its descriptor (`layout`
+    /// over it), ordered after the work enqueued on `stream` by an event of this
+    /// connection's pool (created, and announced to the peer, at the first CUDA export).
+    /// On failure the event record is given back, the lease taken back and `owner`
+    /// dropped (after our locks). The one path every CUDA export takes (own memory and
+    /// forwarded imports alike).
+    pub(super) fn send_cuda_leased(
+        &self,
+        storage: CudaStorage<'_>,
+        layout: &Layout,
+        stream: CudaStream,
+        owner: Owner,
+        opts: ExportOptions,
+    ) -> Result<LeaseId> {
+        use crate::cuda::{event::EventPool, ipc};
+        let CudaStorage { device, handle, alloc_size, offset, nbytes } = storage;
+        ipc::check_range(offset, nbytes, alloc_size).map_err(|_| {
+            Error::InvalidArgument(format!("{nbytes} bytes at offset {offset} pass the end of a {alloc_size}-byte CUDA allocation"))
         })?;
-        let device = u8::try_from(exp.device).map_err(|_| Error::InvalidArgument(format!("device {} out of range", exp.device)))?;
+        let device_index = u8::try_from(device).map_err(|_| Error::InvalidArgument(format!("device {device} out of range")))?;
         let _send = self.inner.send_lock.lock();
         let mut pool_guard = self.inner.cuda_tx.lock();
         if pool_guard.is_none() {
-            let p = EventPool::new(exp.device)?;
-            let mut payload = exp.device.to_le_bytes().to_vec();
+            let p = EventPool::new(device)?;
+            let mut payload = device.to_le_bytes().to_vec();
             payload.extend_from_slice(&(p.handles().len() as u32).to_le_bytes());
             for h in p.handles() {
                 payload.extend_from_slice(h);
@@ -150,16 +200,15 @@ impl Peer {
             *pool_guard = Some(p);
         }
         let pool = pool_guard.as_mut().expect("created above");
-        if pool.device() != exp.device {
+        if pool.device() != device {
             return Err(Error::InvalidArgument(format!(
-                "this connection exports CUDA memory of device {}; device {} needs its own connection",
-                pool.device(),
-                exp.device
+                "this connection exports CUDA memory of device {}; device {device} needs its own connection",
+                pool.device()
             )));
         }
         let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
         let window = opts.window.or(self.inner.cfg.default_window);
-        let deadline = window.map(crate::deadline::after);
+        let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
         let granted = self.inner.exporter.lock().grant(None, nbytes, owner, deadline);
         let id = match granted {
             Ok((id, _)) => id,
@@ -173,25 +222,27 @@ impl Peer {
                 return Err(e);
             }
         };
-        let storage = StorageRef {
+        let (kind, segment_id, cuda_ipc_handle, fd) = match handle {
+            CudaHandle::Ipc(h) => (StorageKind::CudaIpc, 0, h, None),
             // For VMM: the allocation's size (the fd does not carry it).
-            segment_id: if vmm_fd.is_some() { exp.alloc_size } else { 0 },
-            base_offset: exp.offset,
+            CudaHandle::Vmm(fd) => (StorageKind::CudaVmm, alloc_size, [0; 64], Some(fd)),
+        };
+        let sref = StorageRef {
+            segment_id,
+            base_offset: offset,
             nbytes,
             lease_slot: id.slot,
             lease_gen: id.generation,
-            cuda_ipc_handle: exp.handle,
+            cuda_ipc_handle,
             event_slot: slot,
             event_seq: seq,
             ..Zeroable::zeroed()
         };
-        let kind = if vmm_fd.is_some() { StorageKind::CudaVmm } else { StorageKind::CudaIpc };
-        let desc = TensorDesc::new_cuda(layout, device, kind, storage);
+        let desc = TensorDesc::new_cuda(layout, device_index, kind, sref);
         let mut payload = [0u8; 8 + DESC_SIZE];
         payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
         payload[8..].copy_from_slice(desc.encode());
-        let fds: Vec<BorrowedFd<'_>> = vmm_fd.iter().map(|f| f.as_fd()).collect();
-        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, &fds) {
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fd.as_slice()) {
             pool.cancel(slot, seq);
             let mut dead = Reclaimed::default();
             self.inner.exporter.lock().revoke(id, &mut dead);
@@ -207,5 +258,25 @@ impl Peer {
     /// Send a user message with up to 8 fds.
     pub fn send_message(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         self.inner.conn.send(KIND_USER, payload, fds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cuda(code: CudaCode, name: &str) -> Result<bool> {
+        Err(Error::Cuda { call: "cuPointerGetAttribute", code, name: name.into() })
+    }
+
+    #[test]
+    fn an_old_drivers_invalid_value_means_legacy_ipc_by_its_code_not_its_name() {
+        assert!(legacy_ipc(Ok(true)).unwrap());
+        assert!(!legacy_ipc(Ok(false)).unwrap());
+        assert!(legacy_ipc(cuda(CudaCode::INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE")).unwrap());
+        assert!(legacy_ipc(cuda(CudaCode::INVALID_VALUE, "a name this driver made up")).unwrap());
+        let e = legacy_ipc(cuda(CudaCode::NOT_SUPPORTED, "CUDA_ERROR_INVALID_VALUE")).unwrap_err();
+        assert!(matches!(e, Error::Cuda { code: CudaCode::NOT_SUPPORTED, .. }), "{e}");
+        assert!(matches!(legacy_ipc(Err(Error::CudaUnavailable("no driver".into()))), Err(Error::CudaUnavailable(_))));
     }
 }

@@ -9,7 +9,7 @@ use crate::shared_tensor::check_in;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use crate::wait::Wait;
 use super::cuda_import::{CudaImported, CudaMemory};
 use super::wire::{KIND_CUDA_EVENTS, KIND_FORGET, KIND_TENSOR, KIND_USER};
 use super::{Inner, Peer};
@@ -36,23 +36,22 @@ impl std::fmt::Debug for Incoming {
 }
 
 impl Peer {
-    /// Receive the next tensor or user message (`timeout` per call; `None` waits until
-    /// something arrives or the peer dies).
-    pub fn recv(&self, timeout: Option<Duration>) -> Result<Incoming> {
-        let deadline = timeout.map(crate::deadline::after);
-        let timed_out = || Error::Timeout { what: "a tensor or message from the peer", after: timeout.unwrap_or_default() };
+    /// Receive the next tensor or user message, waiting as `wait` says (`Wait::Forever`:
+    /// until something arrives or the peer dies).
+    pub fn recv(&self, wait: impl Into<Wait>) -> Result<Incoming> {
+        const WHAT: &str = "a tensor or message from the peer";
+        let mut deadline = wait.into().deadline();
         let mut first = true;
         loop {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             // The deadline holds across internal messages (FORGET, CUDA events): a peer
             // that keeps sending them must not stretch one receive past its timeout. The
-            // first pass always looks, so a zero timeout still takes what is there.
-            if !first && left.is_some_and(|l| l.is_zero()) {
-                return Err(timed_out());
+            // first pass always looks, so not waiting still takes what is there.
+            if !first && deadline.expired() {
+                return Err(deadline.timed_out(WHAT));
             }
             first = false;
-            let msg = match self.inner.conn.recv_lossy(left) {
-                Err(Error::Timeout { .. }) => return Err(timed_out()),
+            let msg = match self.inner.conn.recv_lossy_until(&mut deadline) {
+                Err(Error::Timeout { .. }) => return Err(deadline.timed_out(WHAT)),
                 r => r?,
             };
             if msg.fds_lost {
@@ -86,8 +85,8 @@ impl Peer {
     }
 
     /// Receive, expecting a tensor.
-    pub fn recv_tensor(&self, timeout: Option<Duration>) -> Result<Imported> {
-        match self.recv(timeout)? {
+    pub fn recv_tensor(&self, wait: impl Into<Wait>) -> Result<Imported> {
+        match self.recv(wait)? {
             Incoming::Tensor(t) => Ok(t),
             other => Err(Error::Protocol(format!("expected a tensor, got {other:?}"))),
         }
@@ -167,9 +166,9 @@ impl Peer {
         let opened = (|| {
             let claim = claim?;
             let device = i32::from(desc.device_index);
-            let mapping = match vmm_fd {
+            let mapping = match &vmm_fd {
                 // Mapped per message (a VMM fd has no cheap identity to cache by).
-                Some(fd) => CudaMemory::Vmm(crate::cuda::vmm::VmmAllocation::import_fd(&fd, device, desc.storage.segment_id)?),
+                Some(fd) => CudaMemory::Vmm(crate::cuda::vmm::VmmAllocation::import_fd(fd, device, desc.storage.segment_id)?),
                 None => CudaMemory::Ipc(crate::cuda::ipc::cache().open(device, desc.storage.cuda_ipc_handle)?),
             };
             crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
@@ -178,7 +177,8 @@ impl Peer {
         match opened {
             Ok((mapping, claim)) => {
                 let held = HeldLease { inner: self.inner.clone(), lease, released: false };
-                Ok(CudaImported { held, mapping, claim, desc, tag })
+                // A VMM import keeps the producer's fd: forwarding sends it on as it came.
+                Ok(CudaImported { held, mapping, vmm_fd, claim, desc, tag })
             }
             Err(e) => {
                 let _ = self.inner.import.release(lease);

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::lease::{Exporter, ImportTable, LeaseStats};
 use crate::ring::{RingReceiver, RingSender, RingShared};
 use crate::segment::Segment;
+use crate::wait::Wait;
 use parking_lot::Mutex;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -76,8 +77,18 @@ struct Inner {
     deferred: Mutex<Vec<(crate::cuda::event::StreamMark, CudaImported)>>,
     /// Our GPU bounce ring (sending side), if configured.
     cuda_ring_tx: Option<Mutex<crate::cuda::ring::CudaRingSender>>,
-    /// The peer's GPU bounce ring, if it offered one: opened, or why it could not be.
-    cuda_ring_rx: Option<std::result::Result<crate::cuda::ring::CudaRingReceiver, String>>,
+    /// The peer's GPU bounce ring, if it offered one.
+    cuda_ring_rx: Option<PeerCudaRing>,
+}
+
+/// The peer's GPU bounce ring as this side holds it.
+#[allow(clippy::large_enum_variant)] // one per connection, held for its life: boxing would only add an allocation
+enum PeerCudaRing {
+    /// Opened: its messages can be received.
+    Open(crate::cuda::ring::CudaRingReceiver),
+    /// Refused here (no usable CUDA, or the ring could not be mapped): why, reported at
+    /// every receive.
+    Refused(Error),
 }
 
 /// One end of a connection. `Send + Sync`: export from any thread; one thread at a time
@@ -112,7 +123,7 @@ impl Peer {
             let (payload, fds) = tx.setup();
             conn.send(KIND_CUDA_RING, &payload, &fds)?;
         }
-        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        let msg = conn.recv(cfg.handshake_timeout)?;
         if msg.kind != KIND_TABLE || msg.payload.len() != 16 || msg.fds.is_empty() || msg.fds.len() > 2 {
             return Err(Error::Protocol(format!(
                 "expected the peer's setup (kind {KIND_TABLE}, 16 bytes, lease table fd + optional ring fd), got kind {} with {} bytes and {} fds",
@@ -174,9 +185,9 @@ impl Peer {
     /// Receive the peer's GPU ring setup and open it. A malformed setup fails the
     /// connection; a ring this side cannot open (no CUDA here) is refused in its control
     /// segment, so the producer's sends fail with a clear error, and remembered for ours.
-    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig) -> Result<std::result::Result<crate::cuda::ring::CudaRingReceiver, String>> {
+    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig) -> Result<PeerCudaRing> {
         use crate::cuda::ring::{CudaRingReceiver, RingSetup};
-        let msg = conn.recv(Some(cfg.handshake_timeout))?;
+        let msg = conn.recv(cfg.handshake_timeout)?;
         if msg.kind != KIND_CUDA_RING || msg.fds.len() != 2 {
             return Err(Error::Protocol(format!(
                 "expected the peer's GPU ring setup (kind {KIND_CUDA_RING}, 2 fds), got kind {} with {} fds",
@@ -189,10 +200,10 @@ impl Peer {
         let ctrl = CudaRingReceiver::map_control(&setup, fds.next().expect("checked"))?;
         let desc_ring = fds.next().expect("checked");
         match CudaRingReceiver::open(setup, ctrl.clone(), desc_ring, cfg.max_peer_ring_bytes, cfg.max_ring_message) {
-            Ok(rx) => Ok(Ok(rx)),
+            Ok(rx) => Ok(PeerCudaRing::Open(rx)),
             Err(e) => {
                 CudaRingReceiver::refuse(&ctrl);
-                Ok(Err(e.to_string()))
+                Ok(PeerCudaRing::Refused(e))
             }
         }
     }
@@ -233,10 +244,11 @@ impl Peer {
         Peer::from_fd(fd, cfg)
     }
 
-    /// Accept one connection from `listener`.
-    pub fn accept(listener: &Listener, cfg: PeerConfig) -> Result<Peer> {
+    /// Accept one connection from `listener`, waiting for it as `wait` says (its setup
+    /// then waits at most `cfg.handshake_timeout` per step).
+    pub fn accept(listener: &Listener, wait: impl Into<Wait>, cfg: PeerConfig) -> Result<Peer> {
         Self::check_cuda_ring(&cfg)?;
-        let conn = listener.accept(cfg.handshake_timeout)?;
+        let conn = listener.accept(wait, cfg.handshake_timeout)?;
         Peer::new(conn, cfg)
     }
 

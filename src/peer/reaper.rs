@@ -8,7 +8,6 @@ use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use super::cuda_import::CudaMemory;
 use super::wire::KIND_FORGET;
 use super::Inner;
 
@@ -135,12 +134,27 @@ impl Inner {
     }
 }
 
-/// Mappings of released CUDA imports whose readers on the GPU had not finished when their
-/// connection closed: unmapped by [`collect_lingering`] once their marks are reached (at
-/// every reaper pass of any connection of this process).
-pub(super) static LINGERING: Mutex<Vec<(crate::cuda::event::StreamMark, CudaMemory)>> = Mutex::new(Vec::new());
+/// What must outlive GPU work that may still use it — mappings of released CUDA imports
+/// whose readers had not finished when their connection closed, forwarded imports whose
+/// relay-side work had not finished when the forward's lease ended, shared imports
+/// released after a stream — each with the mark that work ends at. Dropped by
+/// [`collect_lingering`] once its mark is reached (at every reaper pass of any connection
+/// of this process).
+static LINGERING: Mutex<Vec<(crate::cuda::event::StreamMark, Box<dyn Send>)>> = Mutex::new(Vec::new());
 
-/// Unmap lingering mappings whose marks were reached (or can no longer be queried).
+/// Keep `what` (a CUDA mapping, or an import holding one) until `mark` is reached: GPU
+/// work enqueued before the mark may still use the memory, and an unmapping under it
+/// faults (which poisons this process's context). At once if the mark is reached (or can
+/// no longer be queried) already.
+pub(super) fn hold_until(mark: crate::cuda::event::StreamMark, what: Box<dyn Send>) {
+    if mark.done().unwrap_or(true) {
+        drop(what);
+        return;
+    }
+    LINGERING.lock().push((mark, what));
+}
+
+/// Drop what lingers whose marks were reached (or can no longer be queried).
 /// True when none lingers any more.
 pub(super) fn collect_lingering() -> bool {
     let done: Vec<_> = {
@@ -152,7 +166,7 @@ pub(super) fn collect_lingering() -> bool {
         *l = wait;
         done
     };
-    // Unmapped outside the lock (driver calls).
+    // Dropped outside the lock (driver calls, lease releases).
     drop(done);
     LINGERING.lock().is_empty()
 }

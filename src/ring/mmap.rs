@@ -12,7 +12,8 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use crate::wait::{Deadline, Wait};
+use std::time::Duration;
 
 const RING_MAGIC: u64 = u64::from_le_bytes(*b"TWRING01");
 const RING_VERSION: u32 = 1;
@@ -238,15 +239,6 @@ impl<'a> RingItem<'a> {
     }
 }
 
-/// Spin budget and timeout for one blocking ring call.
-#[derive(Debug, Clone, Copy)]
-pub struct Wait {
-    /// Polls before sleeping in the futex.
-    pub spin: u32,
-    /// Give up after this long.
-    pub timeout: Duration,
-}
-
 /// The sending half of a ring.
 pub struct RingSender {
     producer: Producer<'static, MmapRegion>,
@@ -266,9 +258,13 @@ impl RingSender {
 
     /// Send all `items` (one publish and at most one wake-up for the batch, unless the
     /// ring fills and the consumer must drain part of it first). `gone` is polled while
-    /// waiting for space.
-    pub fn send_many(&mut self, items: &[RingItem<'_>], wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
-        let mut deadline: Option<Instant> = None;
+    /// waiting for space, which lasts as `wait` says; `spin` polls come before each sleep.
+    pub fn send_many(&mut self, items: &[RingItem<'_>], wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
+        self.send_many_until(items, &mut wait.into().deadline(), spin, gone)
+    }
+
+    /// `send_many` within a caller's deadline (one clock for a larger wait).
+    pub(crate) fn send_many_until(&mut self, items: &[RingItem<'_>], deadline: &mut Deadline, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         for item in items {
             let total = item.len();
             let desc = match &item.payload {
@@ -325,18 +321,16 @@ impl RingSender {
                     if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill).map_err(ring_err)? {
                         break;
                     }
-                    if bell.spin(seen, wait.spin) {
+                    if bell.spin(seen, deadline.spins(spin)) {
                         continue;
                     }
-                    let now = Instant::now();
-                    let end = *deadline.get_or_insert_with(|| crate::deadline::after(wait.timeout));
-                    if now >= end {
-                        return Err(Error::Timeout { what: "space in the ring (the consumer is not draining it)", after: wait.timeout });
-                    }
+                    let Some(nap) = deadline.slice(LIVENESS_SLICE) else {
+                        return Err(deadline.timed_out("space in the ring (the consumer is not draining it)"));
+                    };
                     if gone() {
                         return Err(Error::peer_gone("the consumer went away while the ring was full"));
                     }
-                    bell.wait(seen, 0, Some((end - now).min(LIVENESS_SLICE)));
+                    bell.wait(seen, 0, nap);
                 }
                 sent += chunk;
                 first = false;
@@ -650,30 +644,24 @@ impl RecvState {
 
 /// The slow half of a receive wait: spin, then (with the clock and a liveness check)
 /// sleep in slices until the deadline.
-struct Waiter<'a> {
+struct Waiter<'a, 'd> {
     bell: Doorbell<'a>,
-    wait: Wait,
-    deadline: Option<Instant>,
+    spin: u32,
+    deadline: &'d mut Deadline,
 }
 
-impl<'a> Waiter<'a> {
-    fn new(bell: Doorbell<'a>, wait: Wait) -> Self {
-        Waiter { bell, wait, deadline: None }
-    }
-
+impl Waiter<'_, '_> {
     fn wait(&mut self, seen: u32, gone: &dyn Fn() -> bool) -> Result<()> {
-        if self.bell.spin(seen, self.wait.spin) {
+        if self.bell.spin(seen, self.deadline.spins(self.spin)) {
             return Ok(());
         }
-        let now = Instant::now();
-        let end = *self.deadline.get_or_insert(now + self.wait.timeout);
-        if now >= end {
-            return Err(Error::Timeout { what: "a message in the ring", after: self.wait.timeout });
-        }
+        let Some(nap) = self.deadline.slice(LIVENESS_SLICE) else {
+            return Err(self.deadline.timed_out("a message in the ring"));
+        };
         if gone() {
             return Err(Error::peer_gone("the producer went away with nothing left in the ring"));
         }
-        self.bell.wait(seen, 0, Some((end - now).min(LIVENESS_SLICE)));
+        self.bell.wait(seen, 0, nap);
         Ok(())
     }
 }
@@ -709,8 +697,9 @@ impl RingReceiver {
 
     /// Receive one message: a copy (`borrow` false), or, for a message that fits one
     /// record, the bytes in place until the message is dropped (`borrow` true).
-    pub fn recv(&self, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
-        let mut waiter = Waiter::new(self.data_bell, wait);
+    /// Waits as `wait` says; `spin` polls come before each sleep.
+    pub fn recv(&self, borrow: bool, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<RingMessage> {
+        let mut waiter = Waiter { bell: self.data_bell, spin, deadline: &mut wait.into().deadline() };
         loop {
             let seen = self.data_bell.current();
             if let Some(m) = self.state.lock().poll(borrow, &self.state)? {
@@ -722,8 +711,19 @@ impl RingReceiver {
 
     /// Receive one message into `buf` (replacing its contents, reusing its capacity —
     /// also for messages reassembled from chunks). Returns the tag and descriptor.
-    pub fn recv_into(&self, buf: &mut Vec<u8>, wait: Wait, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
-        let mut waiter = Waiter::new(self.data_bell, wait);
+    pub fn recv_into(&self, buf: &mut Vec<u8>, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<(u64, Option<TensorDesc>)> {
+        self.recv_into_until(buf, &mut wait.into().deadline(), spin, gone)
+    }
+
+    /// `recv_into` within a caller's deadline (one clock for a larger wait).
+    pub(crate) fn recv_into_until(
+        &self,
+        buf: &mut Vec<u8>,
+        deadline: &mut Deadline,
+        spin: u32,
+        gone: &dyn Fn() -> bool,
+    ) -> Result<(u64, Option<TensorDesc>)> {
+        let mut waiter = Waiter { bell: self.data_bell, spin, deadline };
         let mut desc = None;
         loop {
             let seen = self.data_bell.current();
@@ -736,8 +736,8 @@ impl RingReceiver {
 
     /// Receive up to `max` messages: wait for the first, then take whatever else is
     /// already published (one wake-up for a batch).
-    pub fn recv_many(&self, max: usize, borrow: bool, wait: Wait, gone: &dyn Fn() -> bool) -> Result<Vec<RingMessage>> {
-        let mut out = vec![self.recv(borrow, wait, gone)?];
+    pub fn recv_many(&self, max: usize, borrow: bool, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<Vec<RingMessage>> {
+        let mut out = vec![self.recv(borrow, wait, spin, gone)?];
         let mut st = self.state.lock();
         while out.len() < max {
             match st.poll(borrow, &self.state)? {

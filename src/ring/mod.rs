@@ -23,5 +23,6 @@ pub mod spsc;
 
 #[cfg(not(loom))]
 mod mmap;
-#[cfg(not(loom))]
-pub use mmap::*;
+cfg_not_loom! {
+    pub use mmap::*;
+}

@@ -17,96 +17,19 @@
  * The child forks before anyone in the parent calls into the driver: CUDA state does not
  * survive fork, so each process initialises the driver itself. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "cuda_driver.h"
 
 #define ROWS 48
 #define COLS 80
 #define OFFSET 4096 /* the transposed view starts this far into the allocation */
 #define NBYTES (ROWS * COLS * 4)
 #define ALLOC (OFFSET + NBYTES)
-
-/* The few driver entry points used, resolved by name (the _v2 ABI, as cuda.h maps them). */
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUstream;
-typedef void *CUcontext;
-static struct {
-  void *lib;
-  CUresult (*Init)(unsigned);
-  CUresult (*DeviceGet)(int *, int);
-  CUresult (*PrimaryCtxRetain)(CUcontext *, int);
-  CUresult (*PrimaryCtxRelease)(int);
-  CUresult (*CtxSetCurrent)(CUcontext);
-  CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-  CUresult (*MemFree)(CUdeviceptr);
-  CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
-  CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
-  CUresult (*StreamCreate)(CUstream *, unsigned);
-  CUresult (*StreamDestroy)(CUstream);
-  CUresult (*StreamSynchronize)(CUstream);
-} cu;
-
-#define CU(call)                                                                        \
-  do {                                                                                  \
-    CUresult e_ = (call);                                                               \
-    if (e_ != 0) {                                                                      \
-      fprintf(stderr, "%s:%d: %s -> CUDA error %d\n", __FILE__, __LINE__, #call, e_);   \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-
-static void *sym(const char *name) {
-  void *p = dlsym(cu.lib, name);
-  if (p == NULL) {
-    fprintf(stderr, "libcuda.so.1 has no %s\n", name);
-    exit(1);
-  }
-  return p;
-}
-
-/* Resolve the driver; false if no libcuda.so.1 can be loaded. */
-static bool load_driver(void) {
-  cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (cu.lib == NULL) return false;
-  cu.Init = (__typeof__(cu.Init))sym("cuInit");
-  cu.DeviceGet = (__typeof__(cu.DeviceGet))sym("cuDeviceGet");
-  cu.PrimaryCtxRetain = (__typeof__(cu.PrimaryCtxRetain))sym("cuDevicePrimaryCtxRetain");
-  cu.PrimaryCtxRelease = (__typeof__(cu.PrimaryCtxRelease))sym("cuDevicePrimaryCtxRelease_v2");
-  cu.CtxSetCurrent = (__typeof__(cu.CtxSetCurrent))sym("cuCtxSetCurrent");
-  cu.MemAlloc = (__typeof__(cu.MemAlloc))sym("cuMemAlloc_v2");
-  cu.MemFree = (__typeof__(cu.MemFree))sym("cuMemFree_v2");
-  cu.MemcpyHtoDAsync = (__typeof__(cu.MemcpyHtoDAsync))sym("cuMemcpyHtoDAsync_v2");
-  cu.MemcpyDtoHAsync = (__typeof__(cu.MemcpyDtoHAsync))sym("cuMemcpyDtoHAsync_v2");
-  cu.StreamCreate = (__typeof__(cu.StreamCreate))sym("cuStreamCreate");
-  cu.StreamDestroy = (__typeof__(cu.StreamDestroy))sym("cuStreamDestroy_v2");
-  cu.StreamSynchronize = (__typeof__(cu.StreamSynchronize))sym("cuStreamSynchronize");
-  return true;
-}
-
-/* Driver up on device 0 in this process, primary context current; returns a new stream. */
-static CUstream start_driver(void) {
-  int dev;
-  CUcontext ctx;
-  CUstream s;
-  CU(cu.Init(0));
-  CU(cu.DeviceGet(&dev, 0));
-  CU(cu.PrimaryCtxRetain(&ctx, dev));
-  CU(cu.CtxSetCurrent(ctx));
-  CU(cu.StreamCreate(&s, 0));
-  return s;
-}
-
-static void stop_driver(CUstream s) {
-  CU(cu.StreamDestroy(s));
-  CU(cu.CtxSetCurrent(NULL));
-  CU(cu.PrimaryCtxRelease(0));
-}
 
 /* Byte `p` of the allocation. */
 static uint8_t pattern(size_t p) { return (uint8_t)((p * 31 + 7) % 251); }

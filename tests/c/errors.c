@@ -1,6 +1,6 @@
 /* Error paths through the C ABI: NULL arguments, a corrupt descriptor, a stale
- * (expired) lease, a too-small segment, an oversized view, calls after the peer is gone.
- * Each returns its code and a message that names the problem. */
+ * (expired) lease, a too-small segment, an oversized view, calls after the peer is gone,
+ * waits that may not wait. Each returns its code and a message that names the problem. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
@@ -16,6 +16,28 @@ struct setup { int fd; tw_peer_t *peer; tw_result_e r; };
 static void *connect_side(void *arg) {
   struct setup *s = arg;
   s->r = tw_peer_from_fd(s->fd, NULL, &s->peer);
+  return NULL;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sends to a waiting consumer a little later: an export, then ring bytes. */
+struct later { tw_peer_t *peer; tw_segment_t *seg; const tw_layout_t *layout; tw_result_e r; };
+static void *send_later(void *arg) {
+  struct later *l = arg;
+  sleep_ms(50);
+  l->r = tw_peer_export(l->peer, l->seg, 0, 100, l->layout, 4, 0, NULL, NULL, NULL);
+  sleep_ms(50);
+  if (l->r == TW_OK) l->r = tw_peer_ring_send_bytes(l->peer, 8, (const uint8_t *)"late", 4, 1000);
   return NULL;
 }
 
@@ -112,10 +134,43 @@ int main(void) {
              "offered no GPU ring");
   EXPECT_ERR(tw_peer_cuda_ring_discard(NULL, 100), TW_ERR_NULL_ARGUMENT, "`peer`");
 
-  /* The corrupted descriptor of a real import. */
-  CHECK(tw_peer_export(producer, small, 0, 100, &layout, 5, 0, NULL, NULL, NULL));
+  /* Waiting, one convention for every blocking call: 0 does not wait (TW_ERR_TIMEOUT at
+   * once), a long timeout is not read as 0, a negative one has no limit. */
   tw_imported_t *imp = NULL;
   tw_message_t *msg = NULL;
+  tw_ring_message_t *rmsg = NULL;
+  tw_segment_t *bell = NULL;
+  CHECK(tw_segment_new(64, &bell));
+  uint32_t seq = 0;
+  CHECK(tw_doorbell_current(bell, 0, &seq));
+  char lpath[64];
+  snprintf(lpath, sizeof lpath, "/tmp/tw-c-errors-%d.sock", (int)getpid());
+  unlink(lpath);
+  tw_listener_t *listener = NULL;
+  CHECK(tw_listener_bind(lpath, &listener));
+  tw_peer_t *accepted = NULL;
+  double t0 = now_s();
+  EXPECT_ERR(tw_peer_recv(consumer, 0, &imp, &msg), TW_ERR_TIMEOUT, "timed out at once");
+  EXPECT_ERR(tw_peer_ring_recv(consumer, 0, false, &rmsg), TW_ERR_TIMEOUT, "timed out at once");
+  EXPECT_ERR(tw_doorbell_wait(bell, 0, seq, 1000, 0), TW_ERR_TIMEOUT, "timed out at once");
+  EXPECT_ERR(tw_listener_accept(listener, 0, NULL, &accepted), TW_ERR_TIMEOUT, "a connection");
+  EXPECT(now_s() - t0 < 1.0);
+  EXPECT(imp == NULL && msg == NULL && rmsg == NULL && accepted == NULL);
+  tw_listener_free(listener);
+  tw_segment_free(bell);
+  struct later later = {producer, small, &layout, TW_OK};
+  EXPECT(pthread_create(&th, NULL, send_later, &later) == 0);
+  CHECK(tw_peer_recv(consumer, INT64_MAX, &imp, &msg));
+  EXPECT(imp != NULL && tw_imported_tag(imp) == 4);
+  CHECK(tw_imported_release(imp));
+  CHECK(tw_peer_ring_recv(consumer, -1, false, &rmsg));
+  EXPECT(tw_ring_message_tag(rmsg) == 8);
+  tw_ring_message_free(rmsg);
+  pthread_join(th, NULL);
+  CHECK(later.r);
+
+  /* The corrupted descriptor of a real import. */
+  CHECK(tw_peer_export(producer, small, 0, 100, &layout, 5, 0, NULL, NULL, NULL));
   CHECK(tw_peer_recv(consumer, 10000, &imp, &msg));
   EXPECT(imp != NULL);
   uint8_t wire[1024];

@@ -13,10 +13,11 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tensorwire::cuda::driver::{call, ensure_context};
+use tensorwire::cuda::{CudaStream, DevicePtr};
 use tensorwire::cuda::ring::CudaRingConfig;
 use tensorwire::{Incoming, Peer, PeerConfig};
 
-pub const T: Option<Duration> = Some(Duration::from_secs(30));
+pub const T: Duration = Duration::from_secs(30);
 const ROLE_ENV: &str = "TW_SIM_ROLE";
 const FD_ENV: &str = "TW_SIM_FD";
 const RING_ENV: &str = "TW_SIM_RING";
@@ -46,6 +47,9 @@ pub struct SimStats {
     pub vmm_reservations: u64,
     pub free_while_imported: u64,
     pub faults_injected: u64,
+    /// Calls of cuIpcGetMemHandle, cuIpcOpenMemHandle_v2, cuMemExportToShareableHandle,
+    /// cuMemImportFromShareableHandle so far.
+    pub opening_calls: [u64; 4],
 }
 
 /// The simulated driver's counters for this process; `None` on a real driver.
@@ -72,50 +76,55 @@ pub fn sim_stats() -> Option<SimStats> {
 
 /// Copy `bytes` to device memory at `dptr` (legacy stream; the copy is ordered before
 /// later legacy-stream work and blocking streams' work).
-pub fn htod(dptr: u64, bytes: &[u8]) {
+pub fn htod(dptr: DevicePtr, bytes: &[u8]) {
     let _c = ensure_context(0).unwrap();
     // SAFETY: `bytes` is readable for its length; dptr is a live allocation of the caller's.
-    call("cuMemcpyHtoD", || unsafe { sys::cuMemcpyHtoD_v2(dptr, bytes.as_ptr().cast(), bytes.len()) }).unwrap();
+    call("cuMemcpyHtoD", || unsafe { sys::cuMemcpyHtoD_v2(dptr.get(), bytes.as_ptr().cast(), bytes.len()) }).unwrap();
 }
 
 /// Queue a copy of `bytes` to `dptr` on `stream` (staged at once: `bytes` may go).
-pub fn htod_async(dptr: u64, bytes: &[u8], stream: usize) {
+pub fn htod_async(dptr: DevicePtr, bytes: &[u8], stream: CudaStream) {
     let _c = ensure_context(0).unwrap();
     // SAFETY: as in `htod`; pageable memory is staged before the call returns.
-    call("cuMemcpyHtoDAsync", || unsafe { sys::cuMemcpyHtoDAsync_v2(dptr, bytes.as_ptr().cast(), bytes.len(), stream as sys::CUstream) })
+    call("cuMemcpyHtoDAsync", || unsafe { sys::cuMemcpyHtoDAsync_v2(dptr.get(), bytes.as_ptr().cast(), bytes.len(), raw(stream)) })
         .unwrap();
 }
 
 /// Read `n` bytes at `dptr` (legacy stream, synchronous).
-pub fn dtoh(dptr: u64, n: usize) -> Vec<u8> {
+pub fn dtoh(dptr: DevicePtr, n: usize) -> Vec<u8> {
     let _c = ensure_context(0).unwrap();
     let mut v = vec![0u8; n];
     // SAFETY: `v` has room for n bytes.
-    call("cuMemcpyDtoH", || unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), dptr, n) }).unwrap();
+    call("cuMemcpyDtoH", || unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), dptr.get(), n) }).unwrap();
     v
 }
 
 /// Read `n` bytes at `dptr`, ordered on `stream` (returns once read).
-pub fn dtoh_on(dptr: u64, n: usize, stream: usize) -> Vec<u8> {
+pub fn dtoh_on(dptr: DevicePtr, n: usize, stream: CudaStream) -> Vec<u8> {
     let _c = ensure_context(0).unwrap();
     let mut v = vec![0u8; n];
     // SAFETY: `v` has room for n bytes; the call returns once the copy completed, then
     // the stream is synchronised (pinned-memory drivers return earlier).
-    call("cuMemcpyDtoHAsync", || unsafe { sys::cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), dptr, n, stream as sys::CUstream) })
+    call("cuMemcpyDtoHAsync", || unsafe { sys::cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), dptr.get(), n, raw(stream)) })
         .unwrap();
     sync(stream);
     v
 }
 
 /// Queue a memset of `n` bytes at `dptr` on `stream`.
-pub fn memset_async(dptr: u64, v: u8, n: usize, stream: usize) {
+pub fn memset_async(dptr: DevicePtr, v: u8, n: usize, stream: CudaStream) {
     let _c = ensure_context(0).unwrap();
     // SAFETY: dptr is a live allocation of the caller's with room for n bytes.
-    call("cuMemsetD8Async", || unsafe { sys::cuMemsetD8Async(dptr, v, n, stream as sys::CUstream) }).unwrap();
+    call("cuMemsetD8Async", || unsafe { sys::cuMemsetD8Async(dptr.get(), v, n, raw(stream)) }).unwrap();
+}
+
+/// The driver's handle of `stream`.
+pub fn raw(stream: CudaStream) -> sys::CUstream {
+    stream.0 as sys::CUstream
 }
 
 /// A stream of device 0.
-pub struct Stream(pub usize);
+pub struct Stream(pub CudaStream);
 
 impl Stream {
     pub fn new() -> Stream {
@@ -123,7 +132,7 @@ impl Stream {
         let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         call("cuStreamCreate", || unsafe { sys::cuStreamCreate(&mut s, 0) }).unwrap();
-        Stream(s as usize)
+        Stream(CudaStream(s as usize))
     }
 }
 
@@ -131,14 +140,14 @@ impl Drop for Stream {
     fn drop(&mut self) {
         let _c = ensure_context(0);
         // SAFETY: a stream we created, destroyed once.
-        let _ = call("cuStreamDestroy", || unsafe { sys::cuStreamDestroy_v2(self.0 as sys::CUstream) });
+        let _ = call("cuStreamDestroy", || unsafe { sys::cuStreamDestroy_v2(raw(self.0)) });
     }
 }
 
-pub fn sync(stream: usize) {
+pub fn sync(stream: CudaStream) {
     let _c = ensure_context(0).unwrap();
     // SAFETY: a live stream of the current context.
-    call("cuStreamSynchronize", || unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) }).unwrap();
+    call("cuStreamSynchronize", || unsafe { sys::cuStreamSynchronize(raw(stream)) }).unwrap();
 }
 
 /// A patterned buffer: byte i is `(i * 31 + seed) % 251`.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tensorwire::cuda::driver::DeviceBuffer;
+use tensorwire::cuda::CudaStream;
 use tensorwire::{DType, ExportOptions, Incoming, Layout, Peer};
 
 pub const QUERY: u64 = u64::MAX;
@@ -167,7 +168,7 @@ pub fn child_ring_produce_die(peer: &Peer) {
     htod(buf.ptr(), &pattern(8 * slot as usize, 9));
     peer.send_message(&words(&[READY]), &[]).unwrap();
     let l = Layout::contiguous(DType::UInt8, &[8 * slot as i64]).unwrap();
-    let _ = peer.cuda_ring_send(buf.ptr(), &l, 0, 1, T);
+    let _ = peer.cuda_ring_send(buf.ptr(), &l, CudaStream::LEGACY, 1, T);
     std::thread::sleep(Duration::from_secs(60));
 }
 
@@ -182,7 +183,7 @@ pub fn child_fault_export(peer: &Peer) {
     let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
     let export = |tag: u64| {
         htod(buf.ptr(), &pattern(4096, tag as u8));
-        peer.export_cuda(buf.ptr(), 4096, &l, 0, owner(&dropped), ExportOptions { tag, window: None })
+        peer.export_cuda(buf.ptr(), 4096, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag, window: None })
     };
     let wait_lease = || {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -198,11 +199,11 @@ pub fn child_fault_export(peer: &Peer) {
     peer.send_message(&words(&[RING, 2]), &[]).unwrap();
     let rl = Layout::contiguous(DType::UInt8, &[8192]).unwrap();
     htod(buf.ptr(), &pattern(8192, 51));
-    peer.cuda_ring_send(buf.ptr(), &rl, 0, 51, T).unwrap();
-    let e = peer.cuda_ring_send(buf.ptr(), &rl, 0, 52, T).unwrap_err().to_string();
+    peer.cuda_ring_send(buf.ptr(), &rl, CudaStream::LEGACY, 51, T).unwrap();
+    let e = peer.cuda_ring_send(buf.ptr(), &rl, CudaStream::LEGACY, 52, T).unwrap_err().to_string();
     let ring_named = e.contains("cuMemcpyDtoDAsync") && e.contains("CUDA_ERROR_UNKNOWN");
     htod(buf.ptr(), &pattern(8192, 53));
-    peer.cuda_ring_send(buf.ptr(), &rl, 0, 53, T).unwrap();
+    peer.cuda_ring_send(buf.ptr(), &rl, CudaStream::LEGACY, 53, T).unwrap();
     for tag in 100..140 {
         export(tag).unwrap();
         wait_lease();

@@ -16,7 +16,7 @@ pub const DONE: u64 = u64::MAX - 1;
 
 pub const ROLE_ENV: &str = "TW_TEST_ROLE";
 pub const FD_ENV: &str = "TW_TEST_FD";
-pub const T: Option<Duration> = Some(Duration::from_secs(30));
+pub const T: Duration = Duration::from_secs(30);
 
 /// Spawn this test binary as a child playing `role`; returns it and our connected peer.
 pub fn spawn_child(role: &str, cfg: PeerConfig) -> (Child, Peer) {
@@ -124,7 +124,7 @@ pub fn child_main() {
                     Incoming::CudaTensor(t) => panic!("unexpected CUDA tensor {:?}", t.layout()),
                 }
             }
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
             std::process::exit(0);
         }
         // Export three patterned tensors, say so, then wait to be killed.
@@ -137,7 +137,7 @@ pub fn child_main() {
                 keep.push(t);
             }
             peer.send_message(b"ready", &[]).unwrap();
-            let _ = peer.recv(None);
+            let _ = peer.recv(tensorwire::Wait::Forever);
             std::process::exit(0);
         }
         other => panic!("unknown child role {other}"),

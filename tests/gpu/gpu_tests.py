@@ -29,6 +29,12 @@ device every test is reported SKIPPED and the exit status is 2 (never a silent p
                      legacy IPC cannot share): send exports by fd, the consumer reads the
                      values and its in-place write is seen by the producer (zero-copy), and
                      its IPC handle cache opened nothing (not legacy IPC by accident)
+  forward            host -> relay -> last: the relay sends a view of what it received on
+                     (`send(u[1:])`, zero-copy) after writing into it, opening no IPC handle
+                     for the forward; the host's write was queued behind a GPU sleep right
+                     before its send (no synchronize): the last reads it and the relay's
+                     write; the last's write lands in the host's tensor; the host's lease
+                     lives while the last holds the tensor and comes back when it drops it
 
 A test that cannot run on this machine prints a line starting with "SKIPPED <name>:"
 (scripts/gpu_test.sh greps for those).
@@ -59,6 +65,8 @@ RING_MINMAX = 999_995    # control message: payload n: min/max of the next n GPU
 VMM_NO_FD = 999_994      # from the VMM producer: its allocator's memory cannot be exported by fd
 HOLD = 999_993           # control message to the child: keep the next tensor alive (until DROP_HELD)
 DROP_HELD = 999_992      # control message: drop the held tensors and flush their release
+TAKE = 999_991           # forward test, to the last: take the relay's tensor, report, keep it
+RELEASE = 999_990        # forward test, to the last: drop the tensor and flush its release
 
 DTYPES = [
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
@@ -541,6 +549,94 @@ def vmm_producer(fd):
     conn.close()
 
 
+def forward_child(role, host_fd, link_fd):
+    """The relay or the last of test_forward: HOST_FD to the test, LINK_FD between them."""
+    host = tensorwire.from_fd(host_fd, handshake_timeout_ms=120_000)
+    link = tensorwire.from_fd(link_fd, handshake_timeout_ms=120_000)
+    held = None
+    while True:
+        if role == "relay":
+            u, tag = host.recv_tagged(timeout=120)
+            if tag == STOP:
+                break
+            opens0 = tensorwire.cuda_ipc_cache_stats()["opens"]
+            u[1, 0] = -5  # queued on the current stream, before the forward
+            zero_copy = link.send(u[1:], tag)
+            opens1 = tensorwire.cuda_ipc_cache_stats()["opens"]
+            del u  # only the forward's lease holds the import now
+            ack(host, tag, [int(zero_copy), opens1 - opens0])
+        else:
+            cmd, tag = host.recv_tagged(timeout=120)
+            del cmd
+            if tag == STOP:
+                break
+            if tag == TAKE:
+                held = link.recv(timeout=120)
+                vals = [*held.shape, held[0, 0].item(), held[1, 3].item()]
+                held[0, 1] = 42  # into the host's memory
+                ack(host, tag, vals)
+            elif tag == RELEASE:
+                held = None
+                flush_releases(link)
+                ack(host, tag)
+    link.close()
+    host.close()
+
+
+def test_forward():
+    rows, cols = 64, 1024
+    h_r, r_h = tensorwire.socketpair()
+    h_l, l_h = tensorwire.socketpair()
+    r_l, l_r = tensorwire.socketpair()
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--forward", role, str(a), str(b)], pass_fds=[a, b])
+        for role, a, b in (("relay", r_h, r_l), ("last", l_h, l_r))
+    ]
+    for fd in (r_h, r_l, l_h, l_r):
+        os.close(fd)
+    to_relay = tensorwire.from_fd(h_r, handshake_timeout_ms=120_000)
+    to_last = tensorwire.from_fd(h_l, handshake_timeout_ms=120_000)
+
+    def ask_last(tag):
+        to_last.send(tensorwire.to_shared(torch.tensor([0])), tag)
+        t, got = to_last.recv_tagged(timeout=120)
+        check(got == tag, f"reply tag {got}, expected {tag}")
+        return t.tolist()
+
+    try:
+        cycles = sleep_cycles_for(200)
+        values = torch.arange(rows * cols, dtype=torch.float32, device="cuda").reshape(rows, cols)
+        t = torch.zeros(rows, cols, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)  # the stream is busy ~200 ms ...
+        t.copy_(values)            # ... then the values, queued before the send
+        to_relay.send(t, 1)        # no synchronize: the events order the relay and the last
+        busy = not torch.cuda.current_stream().query()
+        check(busy, "the copy finished before send returned: sleep too short to prove ordering")
+        r, tag = to_relay.recv_tagged(timeout=120)
+        check(tag == 1 and r.tolist() == [1, 0], f"relay: [zero-copy forward, IPC opens for it] = {r.tolist()}")
+        got = ask_last(TAKE)
+        check(got == [rows - 1, cols, -5.0, float(values[2, 3])], f"the last read {got}")
+        time.sleep(0.05)
+        s = to_relay.stats()
+        check(s["live_leases"] == 1, f"the host's lease ended while the last holds the forward: {s}")
+        ask_last(RELEASE)
+        s = wait_stats(to_relay, lambda s: s["live_leases"] == 0)
+        check((s["live_leases"], s["released"], s["reclaimed"]) == (0, 1, 0), f"after the last released: {s}")
+        torch.cuda.synchronize()
+        check(t[1, 1].item() == 42 and t[1, 0].item() == -5, "the last's / relay's write is not in the host's tensor")
+        to_relay.send(tensorwire.zeros(1), STOP)
+        to_last.send(tensorwire.zeros(1), STOP)
+        check([p.wait(timeout=120) for p in procs] == [0, 0], "relay or last failed")
+        return "host -> relay -> last, one CUDA allocation, no IPC open in the relay"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        to_relay.close()
+        to_last.close()
+
+
 TESTS = {
     "dtypes_and_views": test_dtypes_and_views,
     "zero_copy": test_zero_copy,
@@ -549,6 +645,7 @@ TESTS = {
     "handle_cache": test_handle_cache,
     "gpu_ring": test_gpu_ring,
     "vmm": test_vmm,
+    "forward": test_forward,
 }
 
 
@@ -557,6 +654,8 @@ def main():
         return child_main(sys.argv[2], int(sys.argv[3]))
     if len(sys.argv) >= 2 and sys.argv[1] == "--vmm-producer":
         return vmm_producer(int(sys.argv[2]))
+    if len(sys.argv) >= 2 and sys.argv[1] == "--forward":
+        return forward_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     names = sys.argv[1:] or list(TESTS)
     if not torch.cuda.is_available():
         for name in names:

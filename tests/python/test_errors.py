@@ -46,6 +46,34 @@ def test_recv_timeout_peer_gone_and_closed():
     b.close()
 
 
+def test_waits_follow_one_convention(tmp_path):
+    """timeout: None no limit, 0 do not wait, seconds otherwise (rounded up to whole ms,
+    never down to "do not wait"; too long for the clock: no limit); negative is refused."""
+    import time
+
+    a, b = pair()
+    start = time.monotonic()
+    with pytest.raises(tensorwire.Timeout, match=r"timed out at once"):
+        b.recv(timeout=0)
+    with pytest.raises(tensorwire.Timeout, match=r"timed out at once"):
+        b.ring_recv(timeout=0)
+    with tensorwire.listen(str(tmp_path / "l.sock")) as listener:
+        with pytest.raises(tensorwire.Timeout, match=r"timed out at once.*a connection"):
+            listener.accept(timeout=0)
+    assert time.monotonic() - start < 2
+    with pytest.raises(tensorwire.Timeout, match=r"timed out after 1ms"):
+        b.ring_recv(timeout=0.0001)
+    with pytest.raises(ValueError, match="non-negative"):
+        b.recv(timeout=-1)
+    # A huge timeout waits (here for a tensor sent a little later).
+    later = threading.Timer(0.05, lambda: a.send(tensorwire.zeros(3)))
+    later.start()
+    assert b.recv(timeout=1e30).shape == (3,)
+    later.join()
+    a.close()
+    b.close()
+
+
 def test_quota_exceeded():
     a, b = pair(max_leases=1)  # b may hold at most one of a's leases at once
     t = tensorwire.zeros(4)

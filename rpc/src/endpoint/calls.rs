@@ -1,43 +1,42 @@
-//! Calls this side makes: the per-call slot a response completes, `PendingCall` and its
-//! `Canceller`, and starting a call (id, parent id, send).
+//! Calls this side makes: the one-shot reply channel a response completes, `PendingCall`
+//! and its `Canceller`, and starting a call (id, parent id, send).
 
 use super::dispatch::HANDLING;
 use super::{CallOptions, Inner};
 use crate::error::{Result, RpcError};
-use crate::json::Value;
+use crate::value::Value;
 use crate::message::Message;
-use parking_lot::{Condvar, Mutex};
+use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tensorwire::Wait;
 
-pub(super) struct Slot {
-    pub(super) done: AtomicBool,
-    pub(super) result: Mutex<Option<Result<Value>>>,
-    pub(super) cv: Condvar,
-}
+/// The sending half of a call's reply channel (capacity 1). The response, a cancel, a
+/// timeout or the connection's end completes it; the first completion is the one the
+/// caller reads, and any later one is never read (dropped with the channel).
+#[derive(Clone)]
+pub(super) struct ReplyTx(Sender<Result<Value>>);
 
-impl Slot {
-    pub(super) fn new() -> Arc<Slot> {
-        Arc::new(Slot { done: AtomicBool::new(false), result: Mutex::new(None), cv: Condvar::new() })
-    }
+impl ReplyTx {
     pub(super) fn complete(&self, r: Result<Value>) {
-        let mut g = self.result.lock();
-        if g.is_none() && !self.done.load(Ordering::Relaxed) {
-            *g = Some(r);
-            // Release: pairs with the Acquire load in `wait`, publishing the result.
-            self.done.store(true, Ordering::Release);
-            self.cv.notify_all();
-        }
+        // Full: completed already. Never blocks.
+        let _ = self.0.try_send(r);
     }
 }
+
+/// The receiving half: whoever waits for the call reads it (see `Inner::wait_reply`).
+pub(super) type ReplyRx = Receiver<Result<Value>>;
 
 /// A call in flight: wait for it, or cancel it.
 pub struct PendingCall {
     pub(super) inner: Arc<Inner>,
     pub(super) id: i64,
-    pub(super) slot: Arc<Slot>,
-    pub(super) timeout: Option<Duration>,
+    pub(super) reply: ReplyRx,
+    /// For cancellers; holding it also keeps the channel connected while we may wait.
+    pub(super) complete: ReplyTx,
+    /// How long `wait` waits.
+    pub(super) timeout: Wait,
     pub(super) what: String,
 }
 
@@ -46,7 +45,7 @@ pub struct PendingCall {
 pub struct Canceller {
     inner: std::sync::Weak<Inner>,
     id: i64,
-    slot: Arc<Slot>,
+    complete: ReplyTx,
 }
 
 impl Canceller {
@@ -54,7 +53,7 @@ impl Canceller {
         if let Some(i) = self.inner.upgrade() {
             i.pending.lock().remove(&self.id);
         }
-        self.slot.complete(Err(RpcError::Cancelled));
+        self.complete.complete(Err(RpcError::Cancelled));
     }
 }
 
@@ -64,61 +63,89 @@ impl PendingCall {
         self.id
     }
     pub fn canceller(&self) -> Canceller {
-        Canceller { inner: Arc::downgrade(&self.inner), id: self.id, slot: self.slot.clone() }
+        Canceller { inner: Arc::downgrade(&self.inner), id: self.id, complete: self.complete.clone() }
     }
     pub fn cancel(self) {
         self.canceller().cancel();
     }
     /// Has the response (or an error) arrived?
     pub fn is_done(&self) -> bool {
-        self.slot.done.load(Ordering::Acquire)
+        !self.reply.is_empty()
     }
-    /// Wait with the call's timeout.
+    /// Wait as long as the call's options (or `RpcConfig::default_timeout`) say.
     pub fn wait(self) -> Result<Value> {
         let t = self.timeout;
         self.wait_timeout(t)
     }
-    /// Wait at most `timeout` (`None`: until the response or the connection ends).
-    pub fn wait_timeout(self, timeout: Option<Duration>) -> Result<Value> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        self.inner.wait_slot(&self.slot, deadline);
-        let taken = self.slot.result.lock().take();
-        match taken {
-            Some(r) => r,
-            None => {
-                self.inner.pending.lock().remove(&self.id);
-                self.slot.complete(Err(RpcError::Cancelled));
-                Err(RpcError::Timeout { what: self.what.clone(), after: timeout.unwrap_or_default() })
-            }
+    /// Wait as `wait` says: a `Duration` (at most that long), an `Instant` (until then),
+    /// `Wait::Forever` or `None` (until the response or the connection's end),
+    /// `Wait::Never` (the response if it is in, else `Timeout` at once).
+    pub fn wait_timeout(self, wait: impl Into<Wait>) -> Result<Value> {
+        let (deadline, asked) = deadline_of(wait.into());
+        if let Some(r) = self.inner.wait_reply(&self.reply, deadline) {
+            return r;
         }
+        // Timed out: stop expecting the response (a late one is dropped and counted) —
+        // unless it was completed between the deadline and this removal.
+        self.inner.pending.lock().remove(&self.id);
+        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after: asked }))
+    }
+}
+
+/// The instant a wait that starts now ends (`None`: no limit), and what the caller asked
+/// for (for the `Timeout` error). A timeout too long for an `Instant` is no limit.
+pub(super) fn deadline_of(wait: Wait) -> (Option<Instant>, Duration) {
+    let now = Instant::now();
+    match wait {
+        Wait::Never => (Some(now), Duration::ZERO),
+        Wait::For(d) => (now.checked_add(d), d),
+        Wait::Until(t) => (Some(t), t.saturating_duration_since(now)),
+        Wait::Forever => (None, Duration::MAX),
     }
 }
 
 impl Inner {
+    /// A new call id with its reply channel, registered as pending.
+    pub(super) fn register_call(self: &Arc<Self>, what: String, timeout: Wait) -> PendingCall {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, reply) = crossbeam_channel::bounded(1);
+        let complete = ReplyTx(tx);
+        self.pending.lock().insert(id, complete.clone());
+        PendingCall { inner: self.clone(), id, reply, complete, timeout, what }
+    }
+
     pub(super) fn start(self: &Arc<Self>, opts: CallOptions, what: String, build: impl FnOnce(i64, Option<i64>) -> Message) -> Result<PendingCall> {
         if self.is_closed() {
-            return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
+            return Err(self.closed_error());
         }
         let parent = opts.parent_call_id.or_else(|| {
             HANDLING.with(|h| h.borrow().iter().rev().find(|(ep, _)| *ep == self.id).map(|(_, c)| *c))
         });
-        let call_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let msg = build(call_id, parent);
-        let payload = self.encode(&msg)?;
-        let slot = Slot::new();
-        self.pending.lock().insert(call_id, slot.clone());
+        let call = self.register_call(what, opts.timeout.unwrap_or(self.cfg.default_timeout));
+        let payload = match self.encode(&build(call.id, parent)) {
+            Ok(p) => p,
+            Err(e) => {
+                self.pending.lock().remove(&call.id);
+                return Err(e);
+            }
+        };
         self.calls_sent.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.write_frame(&payload) {
-            self.pending.lock().remove(&call_id);
+            self.pending.lock().remove(&call.id);
             return Err(e);
         }
         // The connection may have closed between the check and the insert: make sure
-        // nobody waits on a slot that no one will complete.
+        // nobody waits on a reply that no one will complete.
         if self.is_closed() {
-            if let Some(s) = self.pending.lock().remove(&call_id) {
-                s.complete(Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into()))));
+            if let Some(s) = self.pending.lock().remove(&call.id) {
+                s.complete(Err(self.closed_error()));
             }
         }
-        Ok(PendingCall { inner: self.clone(), id: call_id, slot, timeout: opts.timeout.or(self.cfg.default_timeout), what })
+        Ok(call)
+    }
+
+    /// Why calls fail now that the connection is closed.
+    pub(super) fn closed_error(&self) -> RpcError {
+        self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into()))
     }
 }

@@ -1,11 +1,13 @@
-//! Incoming requests: which handler runs where (inline, on the pool), the thread-local
-//! record of the requests a thread is handling (for `parent_call_id`), and responses.
+//! Incoming requests: which handler runs where (inline, on the pool, in the lane), the
+//! thread-local record of the requests a thread is handling (for `parent_call_id`), and
+//! responses.
 
-use super::{Endpoint, Inner, CONTROL_OBJECT_ID};
+use super::pool::Job;
+use super::service::{Args, CallCtx, Handler, Responder, SyncHandler};
+use super::{CONTROL_OBJECT_ID, Endpoint, Inner};
 use crate::error::{Result, RpcError};
-use crate::json::{Map, Value};
 use crate::message::Message;
-use crate::service::{Args, CallCtx, Handler, Responder};
+use crate::value::{Map, Value};
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -61,19 +63,12 @@ impl Inner {
         let _ = self.write_frame(&payload);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn dispatch(
-        self: &Arc<Self>,
-        call_id: i64,
-        parent_call_id: Option<i64>,
-        target: String,
-        method: String,
-        args: Vec<Value>,
-        kwargs: Map,
-        callback: bool,
-        may_inline: bool,
-    ) {
+    /// Run the handler of `req`: an inline one here if `on_reader_thread`, else (and
+    /// every other kind) on the pool — an inline one the pool cannot take waits in the
+    /// lane instead of being answered "server busy" (see `lane`).
+    pub(super) fn dispatch(self: &Arc<Self>, req: Request, on_reader_thread: bool) {
         self.handled.fetch_add(1, Ordering::Relaxed);
+        let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len } = req;
         if !callback && target == CONTROL_OBJECT_ID {
             let r = self.control(&method);
             self.respond(call_id, r);
@@ -116,26 +111,26 @@ impl Inner {
             method,
         };
         match handler {
-            Handler::Inline(f) if may_inline => {
+            Handler::Inline(f) if on_reader_thread => {
                 let r = {
                     let _g = HandlingGuard::enter(self.id, call_id);
                     f(&ctx, a)
                 };
                 self.respond(call_id, r);
             }
-            Handler::Inline(f) | Handler::Sync(f) => {
-                let me = self.clone();
-                self.submit(Box::new(move || {
-                    let r = {
-                        let _g = HandlingGuard::enter(me.id, call_id);
-                        f(&ctx, a)
-                    };
-                    me.respond(call_id, r);
-                }), call_id);
+            Handler::Inline(f) => {
+                let job = self.sync_job(f, ctx, a);
+                if let Err(job) = self.try_submit(job, call_id) {
+                    if self.queue_inline(job, frame_len).is_err() {
+                        self.respond(call_id, Err(self.busy()));
+                    }
+                }
             }
+            Handler::Sync(f) => self.submit(self.sync_job(f, ctx, a), call_id),
             Handler::Async(f) => {
                 let me = self.clone();
                 self.submit(Box::new(move || {
+                    let call_id = ctx.call_id;
                     let responder = Responder { endpoint: Some(ctx.endpoint.clone()), call_id };
                     let _g = HandlingGuard::enter(me.id, call_id);
                     f(ctx, a, responder);
@@ -143,4 +138,31 @@ impl Inner {
             }
         }
     }
+
+    /// A job that runs a handler and sends its response.
+    fn sync_job(self: &Arc<Self>, f: SyncHandler, ctx: CallCtx, a: Args) -> Job {
+        let me = self.clone();
+        Box::new(move || {
+            let call_id = ctx.call_id;
+            let r = {
+                let _g = HandlingGuard::enter(me.id, call_id);
+                f(&ctx, a)
+            };
+            me.respond(call_id, r);
+        })
+    }
+}
+
+/// A request read from the peer, on its way to its handler.
+pub(super) struct Request {
+    pub(super) call_id: i64,
+    pub(super) parent_call_id: Option<i64>,
+    /// The object id (calls) or callback id (callbacks).
+    pub(super) target: String,
+    pub(super) method: String,
+    pub(super) args: Vec<Value>,
+    pub(super) kwargs: Map,
+    pub(super) callback: bool,
+    /// Bytes of the frame it came in (what counts while it waits in the lane).
+    pub(super) frame_len: usize,
 }

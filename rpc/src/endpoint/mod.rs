@@ -3,17 +3,22 @@
 //! Threads: one reader thread per connection reads frames, matches responses to pending
 //! calls by `call_id`, and dispatches requests — inline handlers on itself, the rest on an
 //! elastic worker pool (grows when every worker is busy, e.g. blocked in a nested call, up
-//! to `max_workers`; beyond that requests are answered "busy").
+//! to `max_workers`; beyond that requests are answered "busy"). A waiting caller that
+//! reads an inline handler's request hands it to the pool too, or, when every worker is
+//! occupied, to the connection's inline lane (`lane`) rather than answer it "busy" for
+//! want of a worker it does not need (up to the lane's bounds).
 //!
 //! Reading is leader/follower: the read side of the socket (the `reader` lock) belongs to
 //! whoever holds it. A caller waiting for a response takes it if it is free and reads the
 //! socket itself — its own response then needs no thread hand-off — dispatching every
 //! other frame on the way (responses to their waiters, requests to the pool). A caller
-//! that finds it taken follows: a short spin, then a condvar on its per-call slot, until
-//! its response, its timeout, a cancel, the connection's end, or the lead is offered to it
-//! (a leader stepping down wakes one follower). The reader thread watches the socket
-//! without holding the lock, so a caller can always take it; while callers keep leading it
-//! steps back (for [`RpcConfig::reader_yield`] at a time) instead of waking for every frame they read.
+//! that finds it taken follows: a short spin, then a wait on its call's reply channel and
+//! the baton, until its response, its timeout, a cancel, the connection's end, or the lead
+//! is offered to it (whoever stops reading — a leader stepping down, the reader thread
+//! turning to a request or stepping back — leaves the baton, which wakes one follower).
+//! The reader thread watches the socket without holding the lock, so a caller can always
+//! take it; while callers keep leading it steps back (for [`RpcConfig::reader_yield`] at a
+//! time) instead of waking for every frame they read.
 //! Any thread that waits — the reader thread inside an inline handler, a worker inside a
 //! sync handler — can lead, so re-entrant calls never deadlock. On peer death every
 //! pending call fails with `PeerGone`.
@@ -28,26 +33,31 @@
 //! Files: this one holds `Endpoint`, its shared state, constructors and shutdown;
 //! `calls` (pending calls, starting a call), `reading` (reader thread, leader/follower
 //! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
-//! `wire` (frame writes, message and tensor encoding), `native` (native tensors).
+//! `lane` (inline requests the pool had no worker for), `service` (what an endpoint
+//! serves, and a handler's context), `wire` (frame writes, message and tensor encoding),
+//! `native` (native tensors).
 
 mod calls;
 mod dispatch;
+mod lane;
 mod native;
 mod pool;
 mod reading;
+mod service;
 mod wire;
 
 pub use calls::{Canceller, PendingCall};
-use calls::Slot;
+pub use service::{Args, AsyncHandler, CallCtx, Handler, Registry, Responder, Service, SyncHandler};
+use calls::ReplyTx;
+use lane::Lane;
 use native::NativeState;
-use pool::{Pool, PoolState};
-use reading::{reader_loop, ReaderState};
+use pool::Pool;
+use reading::{ReaderState, Token, reader_loop};
 pub use crate::config::RpcConfig;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
-use crate::json::{Map, Value};
+use crate::value::{Map, Value};
 use crate::message::Message;
-use crate::service::{Args, CallCtx, Registry};
 use crate::stream::Stream;
 use crate::tensor::FsTensor;
 use parking_lot::{Condvar, Mutex};
@@ -55,7 +65,8 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+use tensorwire::Wait;
 
 /// Reserved object id for tensorwire's own negotiation (native tensors).
 pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
@@ -63,8 +74,8 @@ pub const CONTROL_OBJECT_ID: &str = "__tensorwire__";
 /// Options of one call.
 #[derive(Debug, Clone, Default)]
 pub struct CallOptions {
-    /// Overrides `RpcConfig::default_timeout`.
-    pub timeout: Option<Duration>,
+    /// How long to wait for the response (`None`: `RpcConfig::default_timeout`).
+    pub timeout: Option<Wait>,
     /// `parent_call_id` to send; `None`: the request this thread is handling, if any.
     pub parent_call_id: Option<i64>,
 }
@@ -91,22 +102,31 @@ pub(crate) struct Inner {
     reader: Mutex<ReaderState>,
     /// Bumped each time a waiting caller takes the lead.
     lead_epoch: AtomicU64,
-    /// Callers waiting for a response while someone else leads (offered the lead in turn).
-    followers: Mutex<Vec<Arc<Slot>>>,
-    /// The reader thread sleeps here while callers lead.
-    idle: Mutex<()>,
-    idle_cv: Condvar,
+    /// When a connection a server accepted must have brought its first complete message
+    /// (`RpcConfig::first_message_timeout`); the reader thread enforces it.
+    first_message_by: Option<Instant>,
+    /// Set by the first complete frame from the peer.
+    got_message: AtomicBool,
+    /// Callers asleep waiting for a response while someone else leads (a hint for the
+    /// reader thread, which keeps reading while any wait).
+    followers: AtomicUsize,
+    /// The lead, offered: whoever stops reading leaves it, and it wakes one follower to
+    /// try the read side (see `reading`).
+    baton: Token,
+    /// Wakes the reader thread from stepping back (`RpcConfig::reader_yield`) at shutdown.
+    reader_wake: Token,
     /// fds that arrived on the socket, waiting for the message that claims them.
     fds: Mutex<VecDeque<OwnedFd>>,
-    callbacks: Mutex<HashMap<String, crate::service::SyncHandler>>,
-    pending: Mutex<HashMap<i64, Arc<Slot>>>,
+    callbacks: Mutex<HashMap<String, SyncHandler>>,
+    pending: Mutex<HashMap<i64, ReplyTx>>,
     next_id: AtomicI64,
     closed: AtomicBool,
     close_reason: Mutex<Option<RpcError>>,
     closed_cv: Condvar,
     sent_close: AtomicBool,
     pool: Pool,
-    busy: AtomicUsize,
+    /// Inline requests the pool had no worker for (see `lane`).
+    lane: Lane,
     keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
     native: Mutex<Option<Arc<NativeState>>>,
     /// Set by the first native negotiation (ours or the peer's): one per connection.
@@ -143,6 +163,18 @@ impl Drop for Handle {
 impl Endpoint {
     /// Start an endpoint on `stream`, serving `registry`.
     pub fn new(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        Endpoint::start(stream, registry, cfg, None)
+    }
+
+    /// A connection a [`crate::Server`] accepted: closed if no complete message arrives
+    /// within `RpcConfig::first_message_timeout`.
+    pub(crate) fn accepted(stream: Stream, registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
+        // A timeout too large for an `Instant` is no limit at all.
+        let by = cfg.first_message_timeout.and_then(|t| Instant::now().checked_add(t));
+        Endpoint::start(stream, registry, cfg, by)
+    }
+
+    fn start(stream: Stream, registry: Registry, cfg: RpcConfig, first_message_by: Option<Instant>) -> Result<Endpoint> {
         stream.set_write_timeout(Some(cfg.send_timeout))?;
         let is_unix = stream.is_unix();
         let inner = Arc::new(Inner {
@@ -155,9 +187,11 @@ impl Endpoint {
                 buf: vec![0u8; 64 * 1024],
             }),
             lead_epoch: AtomicU64::new(0),
-            followers: Mutex::new(Vec::new()),
-            idle: Mutex::new(()),
-            idle_cv: Condvar::new(),
+            first_message_by,
+            got_message: AtomicBool::new(false),
+            followers: AtomicUsize::new(0),
+            baton: Token::new(),
+            reader_wake: Token::new(),
             fds: Mutex::new(VecDeque::new()),
             callbacks: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
@@ -166,8 +200,8 @@ impl Endpoint {
             close_reason: Mutex::new(None),
             closed_cv: Condvar::new(),
             sent_close: AtomicBool::new(false),
-            pool: Pool { q: Mutex::new(PoolState { jobs: VecDeque::new(), idle: 0, total: 0, stop: false }), cv: Condvar::new() },
-            busy: AtomicUsize::new(0),
+            pool: Pool::new(),
+            lane: Lane::new(),
             keeper: Mutex::new(VecDeque::new()),
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
@@ -282,18 +316,23 @@ impl Endpoint {
         }
     }
 
-    /// Send the `null` close frame, wait (at most `timeout`) for the peer to answer or
-    /// hang up, then close.
-    pub fn close(&self, timeout: Duration) {
+    /// Send the `null` close frame, wait as `wait` says (a `Duration`, an `Instant`,
+    /// `Wait::Forever`, `Wait::Never`) for the peer to answer or hang up, then close.
+    pub fn close(&self, wait: impl Into<Wait>) {
         let inner = self.inner();
         if !inner.closed.load(Ordering::Acquire) && !inner.sent_close.swap(true, Ordering::AcqRel) {
             let _ = inner.write_frame(b"null");
         }
-        let deadline = Instant::now() + timeout;
+        let (deadline, _) = calls::deadline_of(wait.into());
         let mut g = inner.close_reason.lock();
         while g.is_none() {
-            if inner.closed_cv.wait_until(&mut g, deadline).timed_out() {
-                break;
+            match deadline {
+                Some(d) => {
+                    if inner.closed_cv.wait_until(&mut g, d).timed_out() {
+                        break;
+                    }
+                }
+                None => inner.closed_cv.wait(&mut g),
             }
         }
         drop(g);
@@ -361,20 +400,13 @@ impl Inner {
         for s in pending {
             s.complete(Err(reason.clone()));
         }
-        {
-            let mut q = self.pool.q.lock();
-            q.stop = true;
-            q.jobs.clear();
-            self.pool.cv.notify_all();
-        }
+        self.pool.stop();
+        self.lane.stop();
         self.sock.shutdown();
         self.callbacks.lock().clear();
         self.keeper.lock().clear();
         self.fds.lock().clear();
-        {
-            let _g = self.idle.lock();
-            self.idle_cv.notify_all();
-        }
+        self.reader_wake.give();
         if let Some(n) = self.native.lock().take() {
             n.wake();
         }

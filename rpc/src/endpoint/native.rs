@@ -10,10 +10,10 @@
 //! own [`Endpoint::negotiate_native`] — is refused with an error response and its fd
 //! closed, never set up beside the first.
 
-use super::{CONTROL_OBJECT_ID, Endpoint, Inner, PendingCall, Slot};
+use super::{CONTROL_OBJECT_ID, Endpoint, Inner};
 use crate::error::{Result, RpcError};
 use crate::frame;
-use crate::json::{Map, Value};
+use crate::value::{Map, Value};
 use crate::message::Message;
 use crate::tensor::{CudaImportedTensor, ImportedTensor, Tensor};
 use parking_lot::{Condvar, Mutex};
@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tensorwire::Wait;
 
 pub(super) struct NativeState {
     pub(super) peer: Arc<tensorwire::Peer>,
@@ -64,10 +65,13 @@ impl Endpoint {
     /// over this Unix socket, becomes a tensorwire [`tensorwire::Peer`]; from then on
     /// tensors we send travel as leased memfd segments (zero-copy). `Ok(false)` if the
     /// peer does not support it (e.g. a pyisolate peer) — tensors then go as file_system
-    /// `TensorRef`s. Once per connection: if a negotiation (ours or the peer's) already
-    /// started, this waits for it (at most `timeout`) and reports how it went.
-    pub fn negotiate_native(&self, timeout: Duration) -> Result<bool> {
+    /// `TensorRef`s. Waits for the peer's answer as `wait` says (a `Duration`, an
+    /// `Instant`, `Wait::Forever`, `Wait::Never`). Once per connection: if a negotiation
+    /// (ours or the peer's) already started, this waits for it (as long) and reports how it
+    /// went.
+    pub fn negotiate_native(&self, wait: impl Into<Wait>) -> Result<bool> {
         let inner = self.inner();
+        let wait = wait.into();
         if !inner.is_unix {
             return Ok(false);
         }
@@ -76,9 +80,9 @@ impl Endpoint {
         }
         // AcqRel: the flag is the only state; the swap makes exactly one negotiation win.
         if inner.native_claimed.swap(true, Ordering::AcqRel) {
-            return Ok(inner.wait_native(Instant::now() + timeout).is_some());
+            return Ok(inner.wait_native(super::calls::deadline_of(wait).0).is_some());
         }
-        let r = inner.negotiate_as_initiator(timeout);
+        let r = inner.negotiate_as_initiator(wait);
         if !matches!(r, Ok(true)) {
             // Ours failed or was refused: a later attempt (either side's) may try again.
             inner.native_claimed.store(false, Ordering::Release);
@@ -93,29 +97,30 @@ impl Endpoint {
 }
 
 impl Inner {
-    fn negotiate_as_initiator(self: &Arc<Self>, timeout: Duration) -> Result<bool> {
+    fn negotiate_as_initiator(self: &Arc<Self>, wait: Wait) -> Result<bool> {
         let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
-        let call_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot::new();
-        self.pending.lock().insert(call_id, slot.clone());
+        let call = self.register_call("native tensor negotiation".into(), wait);
         let msg = Message::Call {
             object_id: CONTROL_OBJECT_ID.into(),
-            call_id,
+            call_id: call.id,
             parent_call_id: None,
             method: "native_hello".into(),
             args: vec![Value::Int(1)],
             kwargs: Map::new(),
         };
-        let mut payload = Vec::new();
-        msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
-        let framed = frame::encode_frame(&payload)?;
-        {
+        let sent = (|| {
+            let mut payload = Vec::new();
+            msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
+            let framed = frame::encode_frame(&payload)?;
             let _w = self.writer.lock();
-            self.sock.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))?;
-        }
+            self.sock.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))
+        })();
         drop(theirs);
-        let pc = PendingCall { inner: self.clone(), id: call_id, slot, timeout: Some(timeout), what: "native tensor negotiation".into() };
-        match pc.wait() {
+        if let Err(e) = sent {
+            self.pending.lock().remove(&call.id);
+            return Err(e);
+        }
+        match call.wait() {
             Ok(Value::Bool(true)) => {}
             Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
             Err(e) => return Err(e),
@@ -195,13 +200,18 @@ impl Inner {
         Ok(())
     }
 
-    /// The native state once negotiated, waiting until `deadline` (or the end) for a
-    /// negotiation in progress.
-    fn wait_native(&self, deadline: Instant) -> Option<Arc<NativeState>> {
+    /// The native state once negotiated, waiting until `deadline` (`None`: no limit) or
+    /// the end for a negotiation in progress.
+    fn wait_native(&self, deadline: Option<Instant>) -> Option<Arc<NativeState>> {
         let mut g = self.native.lock();
         while g.is_none() && !self.is_closed() {
-            if self.native_ready.wait_until(&mut g, deadline).timed_out() {
-                break;
+            match deadline {
+                Some(d) => {
+                    if self.native_ready.wait_until(&mut g, d).timed_out() {
+                        break;
+                    }
+                }
+                None => self.native_ready.wait(&mut g),
             }
         }
         g.clone()
@@ -216,10 +226,10 @@ impl Inner {
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
         let want = crate::tensor::layout_from_ref(m)?;
-        let want_cuda = crate::cuda_tensor::device_from_ref(m)?;
+        let want_cuda = crate::tensor::device_from_ref(m)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let st = self
-            .wait_native(deadline)
+            .wait_native(Some(deadline))
             .ok_or_else(|| RpcError::Protocol("a native tensor arrived but native tensors were never negotiated".into()))?;
         let mut arrived = st.arrived.lock();
         loop {

@@ -1,11 +1,22 @@
 //! The read side: the reader thread, leader/follower waiting for a response (see the
 //! module docs of `endpoint`), frame reads and what a received frame becomes.
+//!
+//! Waits spin briefly before they block — for at most `RpcConfig::spin` (50 µs by
+//! default; zero: block at once), paced by `crossbeam_utils::Backoff` (a few busy
+//! iterations, then yields). Why: the response or request waited for often arrives within
+//! microseconds, and a thread that blocked must then be woken, which across CPUs costs
+//! tens of µs on some machines — more than the whole round trip otherwise. Past `spin`
+//! every wait blocks: in `poll` on the socket, or on the call's reply channel and the
+//! baton (`follow`).
 
 use super::Inner;
-use super::calls::Slot;
+use super::calls::ReplyRx;
+use super::dispatch::Request;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
 use crate::message::Message;
+use crossbeam_channel::{Receiver, Select, Sender};
+use crossbeam_utils::Backoff;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,9 +27,26 @@ pub(super) struct ReaderState {
     pub(super) buf: Vec<u8>,
 }
 
-/// Longest a leading caller blocks in `poll` before re-checking its slot (a cancel from
-/// another thread is seen within this), and longest a follower sleeps before re-trying the
-/// lead (a safety net: a stepping-down leader wakes a follower).
+/// A signal that holds at most one token: `give` leaves one unless one is already
+/// waiting (it never blocks), and one waiter takes it. A token given while nobody waits
+/// stays for the next waiter, so no give is lost.
+pub(super) struct Token {
+    tx: Sender<()>,
+    pub(super) rx: Receiver<()>,
+}
+
+impl Token {
+    pub(super) fn new() -> Token {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        Token { tx, rx }
+    }
+    pub(super) fn give(&self) {
+        let _ = self.tx.try_send(());
+    }
+}
+
+/// Longest a leading caller blocks in `poll` before re-checking its reply channel (a
+/// cancel from another thread completes the channel; the leader sees it within this).
 const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
@@ -28,26 +56,37 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         if inner.is_closed() {
             return;
         }
-        let epoch = inner.lead_epoch.load(Ordering::Acquire);
+        if inner.first_message_left() == Some(Duration::ZERO) {
+            inner.cut_silent_peer();
+            return;
+        }
+        // Relaxed: a counter read as a hint; no data is published through it.
+        let epoch = inner.lead_epoch.load(Ordering::Relaxed);
         if epoch != seen_epoch && !inner.cfg.reader_yield.is_zero() {
             // Callers have been reading their own responses: stay off the socket a while
             // (they dispatch whatever else arrives) rather than wake for each frame —
             // unless callers are waiting with no one leading for them.
             seen_epoch = epoch;
-            if !inner.followers.lock().is_empty() {
+            if inner.followers.load(Ordering::Relaxed) > 0 {
                 continue;
             }
-            let mut g = inner.idle.lock();
-            if !inner.is_closed() {
-                inner.idle_cv.wait_for(&mut g, inner.cfg.reader_yield);
-            }
+            // Stepping back from reading: a follower that arrives meanwhile takes the
+            // lead instead of sleeping until we are back.
+            inner.baton.give();
+            let _ = inner.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
             continue;
         }
         // Whatever is already there (or buffered in the decoder), without blocking. The
         // lock is only contended while a caller leads; it is handed to us when that
         // caller steps down.
         let r = {
-            let mut rs = inner.reader.lock();
+            // While the peer's first message is awaited, wait for the read side no longer
+            // than that (a caller may lead meanwhile, for as long as its call takes).
+            let rs = match inner.first_message_left() {
+                Some(left) => inner.reader.try_lock_for(left),
+                None => Some(inner.reader.lock()),
+            };
+            let Some(mut rs) = rs else { continue };
             inner.read_frame_locked(&mut rs, Some(Instant::now()))
         };
         match r {
@@ -61,30 +100,28 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
                 return;
             }
         }
-        // Nothing buffered: poll briefly (yielding) before sleeping — a frame that arrives
-        // within `spin` then costs no wake-up, which across CPUs is tens of µs on some
-        // machines; yielding lets a peer that shares this CPU run meanwhile.
+        // Nothing buffered: check the socket for up to `spin` before sleeping in poll
+        // (see the module docs).
         let until = Instant::now() + inner.cfg.spin;
-        let mut arrived = false;
-        while Instant::now() < until {
+        let backoff = Backoff::new();
+        let arrived = loop {
             match tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
-                Ok(r) if r[0] != 0 => {
-                    arrived = true;
-                    break;
-                }
-                Ok(_) => std::thread::yield_now(),
+                Ok(r) if r[0] != 0 => break true,
+                Ok(_) if Instant::now() < until => backoff.snooze(),
+                Ok(_) => break false,
                 Err(e) => {
                     inner.shutdown_now(e.into());
                     return;
                 }
             }
-        }
+        };
         if arrived {
             continue;
         }
         // Wait for the socket without holding the read side, so that a caller that starts
-        // waiting can take it. (EOF and shutdown wake this too.)
-        if let Err(e) = tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], None) {
+        // waiting can take it. (EOF and shutdown wake this too; so does the end of the
+        // time for the peer's first message.)
+        if let Err(e) = tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], inner.first_message_left()) {
             inner.shutdown_now(e.into());
             return;
         }
@@ -92,51 +129,70 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
 }
 
 impl Inner {
-    /// read side whenever it is free (see the module docs).
-    pub(super) fn wait_slot(self: &Arc<Self>, slot: &Arc<Slot>, deadline: Option<Instant>) {
+    /// Wait for a call's reply until `deadline`: lead (read the socket) whenever the read
+    /// side is free, else follow (see the module docs of `endpoint`). On this endpoint's
+    /// lane thread, run the lane's waiting requests meanwhile (see `lane`). `None`: the
+    /// deadline passed first.
+    pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
         let spin_until = Instant::now() + self.cfg.spin;
+        let backoff = Backoff::new();
+        let lane = self.on_lane_thread();
         loop {
-            if slot.done.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() >= d) {
-                return;
+            if let Ok(r) = reply.try_recv() {
+                return Some(r);
             }
-            if let Some(rs) = self.reader.try_lock() {
-                self.lead(rs, slot, deadline, spin_until);
-                return;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
             }
-            if Instant::now() < spin_until {
-                std::thread::yield_now();
+            if lane && self.run_lane_job() {
                 continue;
             }
-            self.follow(slot, deadline);
+            if let Some(rs) = self.reader.try_lock() {
+                self.lead(rs, reply, deadline, spin_until, lane);
+                continue;
+            }
+            // Someone leads. Within `spin`, look again shortly: the reply, or the lead
+            // freed by a leader whose own response came in, is often microseconds away.
+            if Instant::now() < spin_until {
+                backoff.snooze();
+                continue;
+            }
+            if let Some(r) = self.follow(reply, deadline, lane) {
+                return Some(r);
+            }
         }
     }
 
-    /// Read and dispatch frames until `slot` is done (or the deadline or the end), then
-    /// step down.
-    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, slot: &Arc<Slot>, deadline: Option<Instant>, spin_until: Instant) {
-        self.lead_epoch.fetch_add(1, Ordering::AcqRel);
+    /// Read and dispatch frames until `reply` is complete (or the deadline or the end, or
+    /// — on the lane thread — a request waits in the lane), then step down.
+    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin_until: Instant, lane: bool) {
+        // Relaxed: a counter the reader thread reads as a hint.
+        self.lead_epoch.fetch_add(1, Ordering::Relaxed);
+        let backoff = Backoff::new();
         loop {
-            if slot.done.load(Ordering::Acquire) {
+            if !reply.is_empty() || (lane && !self.lane.rx.is_empty()) {
                 break;
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 break;
             }
-            // Spin phase: check the socket without sleeping; then sleep in poll, in
-            // slices so that a cancel from another thread is noticed.
-            let until = if now < spin_until {
+            // Within `spin`, check the socket without sleeping; then sleep in poll, in
+            // slices, so that a cancel from another thread is noticed.
+            let spinning = now < spin_until;
+            let until = if spinning {
                 now
             } else {
                 let s = now + WAIT_SLICE;
                 deadline.map_or(s, |d| d.min(s))
             };
             match self.read_frame_locked(&mut rs, Some(until)) {
-                // Responses complete their slots; requests go to the pool (never inline
+                // Responses complete their calls; requests go to the pool (never inline
                 // here: this thread must get back to its own caller). Nothing in
                 // `handle_frame` takes the `reader` lock.
                 Ok(Some(f)) => self.handle_frame(f, false),
-                Ok(None) => std::thread::yield_now(),
+                Ok(None) if spinning => backoff.snooze(),
+                Ok(None) => {}
                 Err(e) => {
                     self.shutdown_now(e);
                     break;
@@ -144,32 +200,41 @@ impl Inner {
             }
         }
         drop(rs);
-        // Offer the lead to one follower (it re-checks its slot, then tries the lock).
-        // Taking its result lock orders this after its registration check (see `follow`).
-        let next = self.followers.lock().first().cloned();
-        if let Some(s) = next {
-            let _g = s.result.lock();
-            s.cv.notify_all();
-        }
+        // Offer the lead: a follower wakes and tries the read side.
+        self.baton.give();
     }
 
-    /// Someone else leads: sleep until our slot is done, the lead is offered to us, the
-    /// deadline, or a slice passes.
-    fn follow(&self, slot: &Arc<Slot>, deadline: Option<Instant>) {
-        let mut g = slot.result.lock();
-        self.followers.lock().push(slot.clone());
-        // A leader steps down by unlocking `reader`, then offering (under our result lock,
-        // which we hold) to the first follower: if it is already unlocked, retry now;
-        // otherwise its offer comes after our wait has begun.
-        if g.is_none() && self.reader.is_locked() && !self.is_closed() {
-            let s = Instant::now() + WAIT_SLICE;
-            let until = deadline.map_or(s, |d| d.min(s));
-            let _ = slot.cv.wait_until(&mut g, until);
+    /// Someone else leads: sleep until our reply, the lead is offered (the baton), the
+    /// deadline, or — on the lane thread — a request in the lane (which this runs).
+    /// `None`: no reply yet (try again).
+    fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>, lane: bool) -> Option<Result<crate::value::Value>> {
+        // Relaxed: a hint for the reader thread (see `reader_loop`); the baton, not this
+        // count, is what guarantees a follower is woken when the read side frees up.
+        self.followers.fetch_add(1, Ordering::Relaxed);
+        let mut sel = Select::new();
+        let on_reply = sel.recv(reply);
+        let on_baton = sel.recv(&self.baton.rx);
+        if lane {
+            sel.recv(&self.lane.rx);
         }
-        drop(g);
-        let mut f = self.followers.lock();
-        if let Some(i) = f.iter().position(|x| Arc::ptr_eq(x, slot)) {
-            f.swap_remove(i);
+        let ready = match deadline {
+            None => Some(sel.ready()),
+            Some(d) => sel.ready_deadline(d).ok(),
+        };
+        self.followers.fetch_sub(1, Ordering::Relaxed);
+        match ready {
+            Some(i) if i == on_reply => reply.try_recv().ok(),
+            Some(i) if i == on_baton => {
+                // Taken, so that a token left while the read side was already taken again
+                // wakes nobody twice; the lead is tried next.
+                let _ = self.baton.rx.try_recv();
+                None
+            }
+            Some(_) => {
+                self.run_lane_job();
+                None
+            }
+            None => None,
         }
     }
 
@@ -182,7 +247,7 @@ impl Inner {
                 return Ok(Some(f));
             }
             if self.is_closed() {
-                return Err(self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into())));
+                return Err(self.closed_error());
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let ready = tensorwire::sys::poll_events(&[(self.sock.fd(), libc::POLLIN)], left)?;
@@ -221,7 +286,15 @@ impl Inner {
         self.fds.lock().pop_front()
     }
 
-    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, may_inline: bool) {
+    /// What a frame read by the reader thread (`on_reader_thread`) or a leading caller
+    /// becomes.
+    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, on_reader_thread: bool) {
+        let frame_len = payload.len();
+        // Relaxed: a flag only the reader thread acts on (a frame read by a caller counts
+        // as soon as it is seen; none is missed, only seen a loop later).
+        if !self.got_message.load(Ordering::Relaxed) {
+            self.got_message.store(true, Ordering::Relaxed);
+        }
         let msg = Message::decode_limited(&payload, self.cfg.json_limits());
         drop(payload); // the frame's text is not needed past decoding
         let msg = match msg {
@@ -244,8 +317,8 @@ impl Inner {
                 self.shutdown_now(RpcError::PeerGone(format!("the peer ended the connection: {e}")));
             }
             Message::Response { call_id, result, error } => {
-                let slot = self.pending.lock().remove(&call_id);
-                match slot {
+                let waiting = self.pending.lock().remove(&call_id);
+                match waiting {
                     Some(s) => {
                         let r = match error {
                             Some(e) => Err(RpcError::Remote(e)),
@@ -262,11 +335,42 @@ impl Inner {
                 }
             }
             Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
-                self.dispatch(call_id, parent_call_id, object_id, method, args, kwargs, false, may_inline);
+                self.stepping_away(on_reader_thread);
+                let req = Request { call_id, parent_call_id, target: object_id, method, args, kwargs, callback: false, frame_len };
+                self.dispatch(req, on_reader_thread);
             }
             Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
-                self.dispatch(call_id, parent_call_id, callback_id, "__call__".into(), args, kwargs, true, may_inline);
+                self.stepping_away(on_reader_thread);
+                let req = Request { call_id, parent_call_id, target: callback_id, method: "__call__".into(), args, kwargs, callback: true, frame_len };
+                self.dispatch(req, on_reader_thread);
             }
+        }
+    }
+
+    /// Time left for the peer's first complete message, while one is awaited (a
+    /// connection a server accepted; see `RpcConfig::first_message_timeout`).
+    fn first_message_left(&self) -> Option<Duration> {
+        let by = self.first_message_by?;
+        // Relaxed: as where it is set.
+        if self.got_message.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(by.saturating_duration_since(Instant::now()))
+    }
+
+    /// The first message did not come in time: tell the peer why (best effort) and close.
+    fn cut_silent_peer(&self) {
+        let e = RpcError::FirstMessageTimeout { after: self.cfg.first_message_timeout.unwrap_or_default() };
+        let _ = self.write_frame(&crate::message::connection_notice(&e.to_string()));
+        self.shutdown_now(e);
+    }
+
+    /// The reader thread is about to handle a request (an inline handler, or a response
+    /// written to a peer that may not be reading): it stops reading for a while, so a
+    /// follower that found it holding the read side must not sleep until it is back.
+    fn stepping_away(&self, reader_thread: bool) {
+        if reader_thread {
+            self.baton.give();
         }
     }
 }

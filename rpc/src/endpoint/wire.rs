@@ -4,7 +4,7 @@
 use super::Inner;
 use crate::error::{Result, RpcError};
 use crate::frame;
-use crate::json::Value;
+use crate::value::Value;
 use crate::message::Message;
 use crate::tensor::{FsTensor, Tensor};
 use std::sync::Arc;

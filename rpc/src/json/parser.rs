@@ -44,6 +44,14 @@ pub fn parse_limited(bytes: &[u8], limits: Limits) -> Result<Value> {
     Ok(v)
 }
 
+/// `used` within `max`, else the limit error naming `field` (an `RpcConfig` field).
+fn within(used: usize, max: usize, field: &'static str, what: impl FnOnce() -> String) -> Result<()> {
+    if used > max {
+        return Err(RpcError::DecodeLimit { what: what(), field });
+    }
+    Ok(())
+}
+
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
@@ -77,13 +85,7 @@ impl Parser<'_> {
     /// Count one more value (or key) against the budget.
     fn count(&mut self) -> Result<()> {
         self.values += 1;
-        if self.values > self.limits.max_values {
-            return Err(RpcError::DecodeLimit {
-                what: format!("frame holds more than {} JSON values (at byte {})", self.limits.max_values, self.i),
-                field: "max_values",
-            });
-        }
-        Ok(())
+        within(self.values, self.limits.max_values, "max_values", || format!("frame holds more than {} JSON values (at byte {})", self.limits.max_values, self.i))
     }
     fn value(&mut self) -> Result<Value> {
         let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end of input")) };
@@ -104,71 +106,57 @@ impl Parser<'_> {
     }
     fn enter(&mut self) -> Result<()> {
         self.depth += 1;
-        if self.depth > self.limits.max_depth {
-            return Err(RpcError::DecodeLimit {
-                what: format!("JSON nesting deeper than {} levels (at byte {})", self.limits.max_depth, self.i),
-                field: "max_depth",
-            });
+        within(self.depth, self.limits.max_depth, "max_depth", || format!("JSON nesting deeper than {} levels (at byte {})", self.limits.max_depth, self.i))
+    }
+    /// The items of a list or dict, whose opening bracket is at `self.i`: `item` parses
+    /// one (whitespace around it is skipped here); items are separated by `,` and end at
+    /// `close` (`expected` names both for the error).
+    fn items(&mut self, close: &[u8], expected: &str, mut item: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
+        self.enter()?;
+        self.i += 1;
+        self.ws();
+        if !self.eat(close) {
+            loop {
+                self.ws();
+                item(self)?;
+                self.ws();
+                if self.eat(b",") {
+                    continue;
+                }
+                if self.eat(close) {
+                    break;
+                }
+                return Err(self.err(expected));
+            }
         }
+        self.depth -= 1;
         Ok(())
     }
     fn array(&mut self) -> Result<Value> {
-        self.enter()?;
-        self.i += 1;
         let mut out = Vec::new();
-        self.ws();
-        if self.eat(b"]") {
-            self.depth -= 1;
-            return Ok(Value::Array(out));
-        }
-        loop {
-            self.ws();
-            out.push(self.value()?);
-            self.ws();
-            if self.eat(b",") {
-                continue;
-            }
-            if self.eat(b"]") {
-                break;
-            }
-            return Err(self.err("expected ',' or ']'"));
-        }
-        self.depth -= 1;
+        self.items(b"]", "expected ',' or ']'", |p| {
+            out.push(p.value()?);
+            Ok(())
+        })?;
         Ok(Value::Array(out))
     }
     fn object(&mut self) -> Result<Value> {
-        self.enter()?;
-        self.i += 1;
         let mut out = Map::new();
-        self.ws();
-        if self.eat(b"}") {
-            self.depth -= 1;
-            return Ok(Value::Object(out));
-        }
-        loop {
-            self.ws();
-            if self.b.get(self.i) != Some(&b'"') {
-                return Err(self.err("expected a string key"));
+        self.items(b"}", "expected ',' or '}'", |p| {
+            if p.b.get(p.i) != Some(&b'"') {
+                return Err(p.err("expected a string key"));
             }
-            self.count()?;
-            let k = self.string()?;
-            self.ws();
-            if !self.eat(b":") {
-                return Err(self.err("expected ':'"));
+            p.count()?;
+            let k = p.string()?;
+            p.ws();
+            if !p.eat(b":") {
+                return Err(p.err("expected ':'"));
             }
-            self.ws();
-            let v = self.value()?;
+            p.ws();
+            let v = p.value()?;
             out.insert(k, v); // duplicate keys: the last wins, as in Python
-            self.ws();
-            if self.eat(b",") {
-                continue;
-            }
-            if self.eat(b"}") {
-                break;
-            }
-            return Err(self.err("expected ',' or '}'"));
-        }
-        self.depth -= 1;
+            Ok(())
+        })?;
         Ok(Value::Object(out))
     }
     fn hex4(&mut self) -> Result<u32> {

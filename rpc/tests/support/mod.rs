@@ -201,7 +201,7 @@ impl Victim {
 
     /// A well-behaved client's call through the public API.
     pub fn call(&self, method: &str, args: Vec<Value>) -> Result<Value> {
-        let cfg = RpcConfig { default_timeout: Some(Duration::from_secs(10)), ..RpcConfig::default() };
+        let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), ..RpcConfig::default() };
         let ep = Endpoint::connect(&self.addr, Registry::new(), cfg)?;
         let r = ep.call("calc", method, args);
         ep.close(Duration::from_secs(1));

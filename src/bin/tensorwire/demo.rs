@@ -17,7 +17,7 @@ const MSG_IMPORTED: u64 = 1;
 const MSG_GO_RELEASE: u64 = 2;
 const MSG_RELEASING: u64 = 3;
 const MSG_DONE: u64 = 4;
-const TIMEOUT: Option<Duration> = Some(Duration::from_secs(30));
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 type Fail = Box<dyn std::error::Error>;
 
@@ -229,9 +229,8 @@ fn ring_produce(peer: &Peer, direction: &'static str, max: usize) -> Result<Vec<
 
 fn ring_consume(peer: &Peer) -> Result<(), Fail> {
     let mut buf = Vec::new();
-    let wait = tensorwire::Wait { spin: peer.config().ring_spin, timeout: TIMEOUT.unwrap() };
     loop {
-        let (tag, desc) = peer.ring_recv_into(&mut buf, wait)?;
+        let (tag, desc) = peer.ring_recv_into(&mut buf, TIMEOUT)?;
         if tag == RING_DONE_TAG {
             return Ok(());
         }
@@ -393,6 +392,6 @@ fn child(args: &[String]) -> Result<(), Fail> {
         .collect();
     peer.send_message(text.as_bytes(), &[])?;
     // Wait for the parent to finish with us before tearing the connection down.
-    let _ = peer.recv(Some(Duration::from_secs(30)));
+    let _ = peer.recv(TIMEOUT);
     Ok(())
 }

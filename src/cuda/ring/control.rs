@@ -7,6 +7,7 @@ use crate::doorbell::DoorbellWords;
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 use std::sync::atomic::{AtomicU32, AtomicU64};
+use crate::wait::Deadline;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,12 +124,12 @@ impl Chunk {
     }
 }
 
-pub(super) fn credit_err(e: CreditError, timeout: Duration) -> Error {
+pub(super) fn credit_err(e: CreditError, deadline: &mut Deadline) -> Error {
     match e {
         CreditError::Corrupt { freed, issued } => Error::Protocol(format!(
             "GPU ring broken: the consumer claims {freed} chunks freed, only {issued} were sent"
         )),
-        CreditError::Timeout => Error::Timeout { what: "the consumer to free a GPU ring slot", after: timeout },
+        CreditError::Timeout => deadline.timed_out("the consumer to free a GPU ring slot"),
         CreditError::Gone => Error::peer_gone("the consumer went away while the GPU ring was full"),
     }
 }

@@ -1,6 +1,7 @@
 //! The consuming half: validates each chunk record against what is due, copies slots out
 //! on the caller's stream, frees them.
 
+use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
 use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, STATE_BROKEN, STATE_CLOSED, STATE_OFF, STATE_READY, STATE_REFUSED};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device};
@@ -8,10 +9,11 @@ use crate::cuda::event::IpcEventSet;
 use crate::cuda::ipc;
 use crate::desc::{DeviceType, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
-use crate::ring::{RingReceiver, RingShared, Wait};
+use crate::ring::{RingReceiver, RingShared};
 use crate::segment::Segment;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
+use crate::wait::{Deadline, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -155,10 +157,11 @@ impl CudaRingReceiver {
         st: &mut RecvState,
         expect: Option<&Pending>,
         offset: u64,
-        wait: Wait,
+        deadline: &mut Deadline,
+        spin: u32,
         gone: &dyn Fn() -> bool,
     ) -> Result<(u64, Chunk, Option<TensorDesc>)> {
-        let (tag, _) = self.descs.recv_into(&mut st.buf, wait, gone)?;
+        let (tag, _) = self.descs.recv_into_until(&mut st.buf, deadline, spin, gone)?;
         let (c, desc) = Chunk::decode(&st.buf)?;
         let due = Due { seq: st.seq, offset, message: expect.map(|p| (p.tag, p.first.total)) };
         check_chunk(&self.cfg, self.max_message, &due, tag, &c, desc.as_ref())?;
@@ -189,7 +192,8 @@ impl CudaRingReceiver {
 
     /// Wait for the next message's first record: its tag and (validated, contiguous)
     /// descriptor. Calling again before `finish`/`discard` returns the same message.
-    pub fn begin(&self, wait: Wait, gone: &dyn Fn() -> bool) -> Result<(u64, TensorDesc)> {
+    /// Waits as `wait` says, `spin` polls before each sleep.
+    pub fn begin(&self, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<(u64, TensorDesc)> {
         let mut st = self.state.lock();
         if let Some(m) = &st.broken {
             return Err(Error::Protocol(format!("GPU ring broken earlier: {m}")));
@@ -197,7 +201,7 @@ impl CudaRingReceiver {
         if let Some(p) = st.pending {
             return Ok((p.tag, p.desc));
         }
-        match self.next_chunk(&mut st, None, 0, wait, gone) {
+        match self.next_chunk(&mut st, None, 0, &mut wait.into().deadline(), spin, gone) {
             Ok((tag, first, Some(desc))) => {
                 st.pending = Some(Pending { tag, desc, first });
                 Ok((tag, desc))
@@ -210,7 +214,7 @@ impl CudaRingReceiver {
     /// Copy the pending message into `capacity` bytes of device memory at `dst` on
     /// `stream` (ordered after the producer's writes, without blocking on the GPU), and
     /// free its slots. Waits for later chunks as `wait` says.
-    pub fn finish(&self, dst: u64, capacity: u64, stream: usize, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    pub fn finish(&self, dst: DevicePtr, capacity: u64, stream: CudaStream, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         let mut st = self.state.lock();
         let p = st.pending.ok_or_else(|| Error::InvalidArgument("no GPU ring message is pending: call begin first".into()))?;
         if capacity < p.first.total {
@@ -234,7 +238,7 @@ impl CudaRingReceiver {
             return Err(Error::peer_gone("the producer went away before its GPU ring message was copied out"));
         }
         st.pending = None;
-        match self.consume(&mut st, &p, Some((dst, stream)), wait, gone) {
+        match self.consume(&mut st, &p, Some((dst, stream)), &mut wait.into().deadline(), spin, gone) {
             Ok(()) => Ok(()),
             // Nothing freed yet (e.g. a bad stream): the message stays pending, the ring usable.
             Err((e, false)) => {
@@ -246,10 +250,10 @@ impl CudaRingReceiver {
     }
 
     /// Free the pending message's slots without copying it.
-    pub fn discard(&self, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    pub fn discard(&self, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         let mut st = self.state.lock();
         let Some(p) = st.pending.take() else { return Ok(()) };
-        let r = self.consume(&mut st, &p, None, wait, gone);
+        let r = self.consume(&mut st, &p, None, &mut wait.into().deadline(), spin, gone);
         r.map_err(|(e, _)| self.cut_off(&mut st, e))
     }
 
@@ -260,12 +264,12 @@ impl CudaRingReceiver {
         &self,
         st: &mut RecvState,
         p: &Pending,
-        copy: Option<(u64, usize)>,
-        wait: Wait,
+        copy: Option<(DevicePtr, CudaStream)>,
+        deadline: &mut Deadline,
+        spin: u32,
         gone: &dyn Fn() -> bool,
     ) -> std::result::Result<(), (Error, bool)> {
         let credits = self.ctrl.credits(self.cfg.slots);
-        let deadline = crate::deadline::after(wait.timeout);
         let mut c = p.first;
         loop {
             let progressed = c.seq != p.first.seq;
@@ -284,13 +288,7 @@ impl CudaRingReceiver {
             if c.flags & FLAG_LAST != 0 {
                 return Ok(());
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (_, next, _) = self
-                .next_chunk(st, Some(p), c.offset + c.len, Wait { timeout: left, ..wait }, gone)
-                .map_err(|e| match e {
-                    Error::Timeout { what, .. } => (Error::Timeout { what, after: wait.timeout }, true),
-                    e => (e, true),
-                })?;
+            let (_, next, _) = self.next_chunk(st, Some(p), c.offset + c.len, deadline, spin, gone).map_err(|e| (e, true))?;
             c = next;
         }
     }

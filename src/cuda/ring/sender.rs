@@ -1,6 +1,7 @@
 //! The producing half: copies into arena slots on the caller's stream, records the
 //! "written" events, publishes chunk records.
 
+use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
 use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, LIVENESS_SLICE, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device, DeviceBuffer};
@@ -8,13 +9,14 @@ use crate::cuda::event::IpcEventSet;
 use crate::cuda::ipc;
 use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc};
 use crate::error::{Error, Result};
-use crate::ring::{RingItem, RingSender, RingShared, Wait};
+use crate::ring::{RingItem, RingSender, RingShared};
 use crate::segment::Segment;
 use bytemuck::Zeroable;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
+use crate::wait::{Deadline, Wait};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The producing half (one per direction, owned by the sending side).
 pub struct CudaRingSender {
@@ -114,12 +116,13 @@ impl CudaRingSender {
 
     /// Copy `layout.packed_bytes()` contiguous bytes at device address `src` through the
     /// ring, ordered after the work enqueued on `stream` so far (the copies are enqueued
-    /// there). `layout` must be contiguous. Waits for free slots as `wait` says: one
-    /// deadline for the whole message. A timeout before the first chunk leaves the ring
+    /// there). `layout` must be contiguous. Waits for free slots as `wait` says (`spin`
+    /// polls before each sleep): one deadline for the whole message. A timeout before the first chunk leaves the ring
     /// usable; one part-way through a message breaks it (the consumer holds a partial
     /// message that nothing can complete in order) — size `slots` and timeouts so that a
     /// live consumer keeps up.
-    pub fn send(&mut self, src: u64, layout: &Layout, stream: usize, tag: u64, wait: Wait, gone: &dyn Fn() -> bool) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn send(&mut self, src: DevicePtr, layout: &Layout, stream: CudaStream, tag: u64, wait: impl Into<Wait>, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         self.check_usable()?;
         if !layout.is_contiguous() {
             return Err(Error::InvalidArgument(
@@ -145,10 +148,8 @@ impl CudaRingSender {
             StorageRef { nbytes: total, ..Zeroable::zeroed() },
         );
         let chunks = total.div_ceil(self.cfg.slot_bytes).max(1);
-        let deadline = crate::deadline::after(wait.timeout);
+        let mut deadline = wait.into().deadline();
         for i in 0..chunks {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let chunk_wait = Wait { timeout: left, ..wait };
             let offset = i * self.cfg.slot_bytes;
             let len = (total - offset).min(self.cfg.slot_bytes);
             let mut flags = if i == 0 { FLAG_FIRST } else { 0 };
@@ -156,11 +157,7 @@ impl CudaRingSender {
                 flags |= FLAG_LAST;
             }
             let chunk = Chunk { flags, seq: self.seq, offset, len, total };
-            if let Err(e) = self.send_chunk(chunk, src, stream, tag, (i == 0).then_some(&desc), chunk_wait, gone) {
-                let e = match e {
-                    Error::Timeout { what, .. } => Error::Timeout { what, after: wait.timeout },
-                    e => e,
-                };
+            if let Err(e) = self.send_chunk(chunk, src, stream, tag, (i == 0).then_some(&desc), &mut deadline, spin, gone) {
                 if i > 0 || matches!(e, Error::Protocol(_)) {
                     // The consumer holds part of a message (or the peer broke the ring):
                     // nothing more can go through in order.
@@ -176,21 +173,22 @@ impl CudaRingSender {
     fn send_chunk(
         &mut self,
         c: Chunk,
-        src: u64,
-        stream: usize,
+        src: DevicePtr,
+        stream: CudaStream,
         tag: u64,
         desc: Option<&TensorDesc>,
-        wait: Wait,
+        deadline: &mut Deadline,
+        spin: u32,
         gone: &dyn Fn() -> bool,
     ) -> Result<()> {
         let slots = self.cfg.slots as u64;
         // A consumer that refuses the ring never frees a slot: stop waiting then too.
-        let waited = self.ctrl.credits(self.cfg.slots).wait(c.seq, wait.spin, wait.timeout, LIVENESS_SLICE, &|| {
+        let waited = self.ctrl.credits(self.cfg.slots).wait(c.seq, spin, deadline.as_wait(), LIVENESS_SLICE, &|| {
             gone() || self.refused()
         });
         if let Err(e) = waited {
             self.check_usable()?;
-            return Err(credit_err(e, wait.timeout));
+            return Err(credit_err(e, deadline));
         }
         self.check_usable()?;
         let slot = (c.seq % slots) as usize;
@@ -212,21 +210,22 @@ impl CudaRingSender {
             return Err(e);
         }
         let rec = c.encode(desc);
-        self.descs.send_many(&[RingItem::bytes(tag, &rec)], wait, gone)?;
+        self.descs.send_many_until(&[RingItem::bytes(tag, &rec)], deadline, spin, gone)?;
         self.seq += 1;
         Ok(())
     }
 
-    /// Wait (at most `timeout`, or until `gone`) for the consumer to have freed every chunk
+    /// Wait (as `wait` says, or until `gone`) for the consumer to have freed every chunk
     /// sent and for its copies out of the arena to complete, so the arena can be freed.
     /// A consumer that is gone copies nothing any more (its context died with it).
-    pub fn drain(&mut self, timeout: Duration, gone: &dyn Fn() -> bool) {
-        let deadline = crate::deadline::after(timeout);
+    pub fn drain(&mut self, wait: impl Into<Wait>, gone: &dyn Fn() -> bool) {
+        let mut deadline = wait.into().deadline();
+        deadline.start();
         let credits = self.ctrl.credits(self.cfg.slots);
         // A consumer that broke frees nothing more, but may still be copying out of
         // earlier chunks: stop counting credits, still wait for its read events below.
         while credits.freed() < self.seq && !self.refused() {
-            if Instant::now() >= deadline || gone() {
+            if deadline.expired() || gone() {
                 return;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -243,7 +242,7 @@ impl CudaRingSender {
         }
         let Some(read) = &self.read else { return };
         for i in 0..read.len() {
-            while matches!(read.query(i), Ok(false)) && Instant::now() < deadline && !gone() {
+            while matches!(read.query(i), Ok(false)) && !deadline.expired() && !gone() {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }

@@ -1,0 +1,245 @@
+//! The value an RPC carries: JSON as Python reads and writes it (with non-finite floats
+//! and integers beyond 64 bits), plus tensors, which travel out of band and appear in the
+//! JSON as tagged objects. The text codec is [`crate::json`]; tensors' wire forms are in
+//! [`crate::tensor`]; both build on this type.
+//!
+//! Conversions to and from `serde_json::Value` (and so any serde type) are here too; those
+//! map a NaN or infinity to `null` because serde_json cannot represent them.
+
+use crate::error::{Result, RpcError};
+use crate::tensor_handle::Tensor;
+use std::collections::BTreeMap;
+
+/// A JSON object (keys sorted; Python dicts do not depend on key order for equality).
+pub type Map = BTreeMap<String, Value>;
+
+/// Turns each tensor met while writing a value into the value written in its place (the
+/// endpoint encodes tensors per connection: native descriptor, `TensorRef`, `TensorValue`).
+pub type TensorEncoder<'a> = dyn FnMut(&Tensor) -> Result<Value> + 'a;
+
+/// A value on the wire: JSON plus non-finite floats, big integers, and tensors (which are
+/// carried out of band and appear in the JSON as a tagged object).
+#[derive(Clone, Debug, Default)]
+pub enum Value {
+    #[default]
+    Null,
+    Bool(bool),
+    Int(i64),
+    /// An integer outside `i64`, as its decimal digits (optional leading `-`).
+    BigInt(String),
+    Float(f64),
+    Str(String),
+    Array(Vec<Value>),
+    Object(Map),
+    /// A tensor: encoded per connection as a native descriptor, a file_system
+    /// `TensorRef` or a `TensorValue` (see [`crate::tensor`]).
+    Tensor(Box<Tensor>),
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        use Value::*;
+        match (self, other) {
+            (Null, Null) => true,
+            (Bool(a), Bool(b)) => a == b,
+            (Int(a), Int(b)) => a == b,
+            (BigInt(a), BigInt(b)) => a == b,
+            // Python: 1 == 1.0
+            (Float(a), Float(b)) => a == b,
+            (Int(a), Float(b)) | (Float(b), Int(a)) => (*a as f64) == *b && (*b as i64) == *a,
+            (Str(a), Str(b)) => a == b,
+            (Array(a), Array(b)) => a == b,
+            (Object(a), Object(b)) => a == b,
+            (Tensor(a), Tensor(b)) => a.same_as(b),
+            _ => false,
+        }
+    }
+}
+
+impl Value {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+    /// A number as f64 (ints convert).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Int(i) => Some(*i as f64),
+            Value::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&Vec<Value>> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+    pub fn as_object(&self) -> Option<&Map> {
+        match self {
+            Value::Object(m) => Some(m),
+            _ => None,
+        }
+    }
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+    /// `self[key]` for objects.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.as_object().and_then(|m| m.get(key))
+    }
+    /// The Python type name of this value (for error messages).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::BigInt(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Array(_) => "list",
+            Value::Object(_) => "dict",
+            Value::Tensor(_) => "Tensor",
+        }
+    }
+    /// Build an object from pairs.
+    pub fn object<K: Into<String>>(pairs: impl IntoIterator<Item = (K, Value)>) -> Value {
+        Value::Object(pairs.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+
+    /// From any serde-serializable value (via serde_json: non-finite floats become null).
+    pub fn from_serde<T: serde::Serialize + ?Sized>(v: &T) -> Result<Value> {
+        let j = serde_json::to_value(v).map_err(|e| RpcError::InvalidArgument(format!("cannot serialize: {e}")))?;
+        Ok(Value::from(j))
+    }
+
+    /// Into any serde-deserializable type (via serde_json).
+    pub fn to_serde<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        let j = serde_json::Value::try_from(self)?;
+        serde_json::from_value(j).map_err(|e| RpcError::Decode(format!("cannot convert the value: {e}")))
+    }
+}
+
+macro_rules! from_int {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Value {
+            fn from(v: $t) -> Value { Value::Int(v as i64) }
+        }
+    )*};
+}
+from_int!(i8, i16, i32, i64, u8, u16, u32);
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Value {
+        i64::try_from(v).map(Value::Int).unwrap_or_else(|_| Value::BigInt(v.to_string()))
+    }
+}
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::Float(v)
+    }
+}
+impl From<f32> for Value {
+    fn from(v: f32) -> Value {
+        Value::Float(v as f64)
+    }
+}
+impl From<bool> for Value {
+    fn from(v: bool) -> Value {
+        Value::Bool(v)
+    }
+}
+impl From<&str> for Value {
+    fn from(v: &str) -> Value {
+        Value::Str(v.to_owned())
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Value {
+        Value::Str(v)
+    }
+}
+impl From<Vec<Value>> for Value {
+    fn from(v: Vec<Value>) -> Value {
+        Value::Array(v)
+    }
+}
+impl From<Map> for Value {
+    fn from(v: Map) -> Value {
+        Value::Object(v)
+    }
+}
+impl From<Tensor> for Value {
+    fn from(v: Tensor) -> Value {
+        Value::Tensor(Box::new(v))
+    }
+}
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Value {
+        v.map_or(Value::Null, Into::into)
+    }
+}
+
+impl From<serde_json::Value> for Value {
+    fn from(j: serde_json::Value) -> Value {
+        match j {
+            serde_json::Value::Null => Value::Null,
+            serde_json::Value::Bool(b) => Value::Bool(b),
+            serde_json::Value::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    Value::Int(i)
+                } else if let Some(u) = n.as_u64() {
+                    Value::from(u)
+                } else {
+                    Value::Float(n.as_f64().unwrap_or(f64::NAN))
+                }
+            }
+            serde_json::Value::String(s) => Value::Str(s),
+            serde_json::Value::Array(a) => Value::Array(a.into_iter().map(Value::from).collect()),
+            serde_json::Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, Value::from(v))).collect()),
+        }
+    }
+}
+
+impl TryFrom<&Value> for serde_json::Value {
+    type Error = RpcError;
+    fn try_from(v: &Value) -> Result<serde_json::Value> {
+        Ok(match v {
+            Value::Null => serde_json::Value::Null,
+            Value::Bool(b) => serde_json::Value::Bool(*b),
+            Value::Int(i) => serde_json::Value::from(*i),
+            Value::BigInt(s) => match s.parse::<u64>() {
+                Ok(u) => serde_json::Value::from(u),
+                Err(_) => {
+                    return Err(RpcError::Decode(format!("integer {s} does not fit 64 bits")));
+                }
+            },
+            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(serde_json::Value::Null, serde_json::Value::Number),
+            Value::Str(s) => serde_json::Value::String(s.clone()),
+            Value::Array(a) => serde_json::Value::Array(a.iter().map(serde_json::Value::try_from).collect::<Result<_>>()?),
+            Value::Object(m) => serde_json::Value::Object(
+                m.iter().map(|(k, v)| Ok((k.clone(), serde_json::Value::try_from(v)?))).collect::<Result<_>>()?,
+            ),
+            Value::Tensor(_) => return Err(RpcError::Decode("a tensor has no plain-JSON form".into())),
+        })
+    }
+}
