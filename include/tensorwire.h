@@ -360,7 +360,7 @@ typedef struct {
 typedef void (*tw_release_fn)(void *ctx);
 
 /*
- Names a lease: slot in the producer's table and its generation.
+ Names a lease: slot in the producer's table and the generation it was granted with.
  */
 typedef struct {
   uint32_t slot;
@@ -368,18 +368,34 @@ typedef struct {
 } tw_lease_t;
 
 /*
- What a producer exported to one peer.
+ What a producer exported to one peer: its counters.
  */
 typedef struct {
+  /*
+   Leases granted and not yet given back.
+   */
   uint64_t live_leases;
+  /*
+   Bytes of storage under those leases.
+   */
   uint64_t live_bytes;
+  /*
+   Leases granted so far.
+   */
   uint64_t granted;
+  /*
+   Given back by the consumer's release.
+   */
   uint64_t released;
+  /*
+   Taken back because their window ran out.
+   */
   uint64_t expired;
+  /*
+   Taken back because the peer died or the connection ended.
+   */
   uint64_t reclaimed;
 } tw_lease_stats_t;
-
-
 
 #ifdef __cplusplus
 extern "C" {

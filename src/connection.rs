@@ -247,7 +247,11 @@ impl Connection {
                     break;
                 }
                 // Yield, not a bare spin: when the peer shares this CPU, it runs now and
-                // replies; when it runs elsewhere, this returns at once.
+                // replies; when it runs elsewhere, this returns at once. Not
+                // `crossbeam_utils::Backoff`: this poll is bounded by the configured time
+                // (`recv_spin`), not by Backoff's step count, each round is already a
+                // poll(2) call, and Backoff's first steps spin without yielding — the
+                // very thing that keeps a peer on this CPU from replying.
                 std::thread::yield_now();
             }
         }

@@ -53,6 +53,13 @@ impl<'a> Doorbell<'a> {
     }
 
     /// Poll up to `spin` times for the sequence to differ from `seen` (no syscall).
+    ///
+    /// Not `crossbeam_utils::Backoff`: the budget is the caller's, counted in polls
+    /// (`PeerConfig::ring_spin`, and the C and Python configs that carry it), and each
+    /// poll is one pause so that a waiting side sees a ring within one cache-line
+    /// transfer. Backoff's growing pauses (up to 64 per step) would add that much latency
+    /// to every hand-off, its yields would spend the budget in syscalls, and its own limit
+    /// would replace the configured one. Past the budget the wait sleeps in the futex.
     pub fn spin(&self, seen: u32, spin: u32) -> bool {
         for _ in 0..spin {
             if self.current() != seen {

@@ -1,6 +1,7 @@
 //! The one error type of the transport. Every variant says what was wrong in words a user
 //! can act on; `Display` is the message the C ABI and Python surface verbatim.
 
+use crate::ring::spsc::{RingBroken, RingError};
 use std::fmt;
 use std::io;
 
@@ -24,6 +25,9 @@ pub enum Error {
     InvalidSegment(String),
     /// The peer violated the wire protocol (bad message, bad handshake, bad table).
     Protocol(String),
+    /// The peer wrote something into a shared ring that its protocol does not allow; the
+    /// ring is unusable for good (every later call on it fails with the same reason).
+    RingBroken(RingBroken),
     /// A lease handle does not name a live lease (out of range, stale generation,
     /// already released, or expired by its window).
     StaleLease(String),
@@ -35,6 +39,8 @@ pub enum Error {
     CudaUnavailable(String),
     /// A CUDA driver call failed: `code` is the driver's result, `name` its name for it
     /// (e.g. `CUDA_ERROR_INVALID_VALUE`), for messages.
+    // Not in the loom model build, which compiles no CUDA code (`crate::cuda` is out).
+    #[cfg(not(loom))]
     Cuda { call: &'static str, code: crate::cuda::CudaCode, name: String },
     /// The machine or a process limit said no: no fd (`EMFILE`/`ENFILE`), no address
     /// space or memory (`ENOMEM`, e.g. under `RLIMIT_AS`), no room on a file system or
@@ -83,10 +89,12 @@ impl fmt::Display for Error {
             Error::InvalidDescriptor(m) => write!(f, "invalid tensor descriptor: {m}"),
             Error::InvalidSegment(m) => write!(f, "invalid segment: {m}"),
             Error::Protocol(m) => write!(f, "protocol violation by peer: {m}"),
+            Error::RingBroken(why) => write!(f, "protocol violation by peer: ring broken: {why}"),
             Error::StaleLease(m) => write!(f, "stale lease: {m}"),
             Error::QuotaExceeded(m) => write!(f, "quota exceeded: {m}"),
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             Error::CudaUnavailable(m) => write!(f, "CUDA unavailable: {m}"),
+            #[cfg(not(loom))]
             Error::Cuda { call, code, name } => write!(f, "CUDA call {call} failed: {name} ({code})"),
             Error::Resource { what, errno } => {
                 let hint = match *errno {
@@ -98,6 +106,17 @@ impl fmt::Display for Error {
                     _ => "a resource limit was reached",
                 };
                 write!(f, "out of resources: {what} failed: {} — {hint}", io::Error::from_raw_os_error(*errno))
+            }
+        }
+    }
+}
+
+impl From<RingError> for Error {
+    fn from(e: RingError) -> Self {
+        match e {
+            RingError::Broken(why) => Error::RingBroken(why),
+            RingError::TooLarge { size, max } => {
+                Error::InvalidArgument(format!("record of {size} bytes exceeds the ring's {max}-byte record limit"))
             }
         }
     }

@@ -67,3 +67,9 @@ cfg_not_loom! {
 
 pub use error::{Error, Result};
 pub use wait::Wait;
+
+/// The README's Rust examples, compiled and run as this crate's doctests so that they
+/// stay true (its C examples are compiled by `tests/readme.rs`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;

@@ -145,6 +145,29 @@ impl Segment {
         Segment::from_fd(fd, len)
     }
 
+    /// Check the header that a structure the peer announced (a ring, a lease table) opens
+    /// with, read to private memory: magic (u64 at 0) and version (u32 at 8) as this build
+    /// writes them, and the capacity field at `cap_at` (little-endian, 4 or 8 bytes) equal
+    /// to what the peer's setup message `claimed`. The error names `what` and every field.
+    pub(crate) fn check_header(
+        &self,
+        what: &str,
+        (want_magic, want_version): (u64, u32),
+        cap_at: std::ops::Range<usize>,
+        claimed: u64,
+    ) -> Result<()> {
+        let mut hdr = vec![0u8; cap_at.end.max(12)];
+        self.read_at(0, &mut hdr)?;
+        let le = |r: std::ops::Range<usize>| hdr[r].iter().rev().fold(0u64, |v, &b| v << 8 | u64::from(b));
+        let (magic, version, cap) = (le(0..8), le(8..12), le(cap_at));
+        if magic != want_magic || version != u64::from(want_version) || cap != claimed {
+            return Err(Error::Protocol(format!(
+                "{what} header invalid (magic {magic:#x}, version {version}, capacity {cap}, claimed {claimed})"
+            )));
+        }
+        Ok(())
+    }
+
     /// Map an fd from a peer you trust not to truncate it: any regular shared-memory file
     /// of at least `min_len` bytes, sealed or not (e.g. a storage PyTorch shared with
     /// its `file_descriptor` strategy, which is an unsealed shm file). A peer that shrinks
@@ -321,6 +344,26 @@ mod tests {
         assert_eq!(seals & REQUIRED_SEALS, REQUIRED_SEALS);
         // The seal really holds: the kernel refuses to shrink.
         assert!(sys::ftruncate(s.fd(), 0).is_err());
+    }
+
+    #[test]
+    fn check_header_refuses_each_field_by_name() {
+        let s = Segment::create(4096).unwrap();
+        s.write_at(0, &7u64.to_le_bytes()).unwrap();
+        s.write_at(8, &2u32.to_le_bytes()).unwrap();
+        s.write_at(12, &9u32.to_le_bytes()).unwrap();
+        s.write_at(16, &(1u64 << 40).to_le_bytes()).unwrap();
+        // A u32 capacity at 12 and a u64 one at 16, as the lease table and the ring have.
+        s.check_header("table", (7, 2), 12..16, 9).unwrap();
+        s.check_header("ring", (7, 2), 16..24, 1 << 40).unwrap();
+        for (magic_version, claimed, needle) in [
+            ((8, 2), 9, "table header invalid (magic 0x7, version 2, capacity 9, claimed 9)"),
+            ((7, 1), 9, "version 2"),
+            ((7, 2), 10, "capacity 9, claimed 10"),
+        ] {
+            let err = s.check_header("table", magic_version, 12..16, claimed).unwrap_err();
+            assert!(matches!(err, Error::Protocol(_)) && err.to_string().contains(needle), "{err}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensorwire::lease::Exporter;
 use tensorwire::peer::KIND_TABLE;
-use tensorwire::ring::spsc::{RecordHeader, FLAG_FIRST, FLAG_LAST, KIND_DATA, KIND_PAD};
+use tensorwire::ring::spsc::{RecordHeader, RingBroken, FLAG_FIRST, FLAG_LAST, KIND_DATA, KIND_PAD};
 use tensorwire::ring::{RingShared, DATA_OFFSET};
 use tensorwire::{Connection, Error, Peer, PeerConfig, RingItem, Segment, Wait};
 
@@ -58,64 +58,66 @@ fn w(ms: u64) -> Wait {
     Wait::For(Duration::from_millis(ms))
 }
 
-fn expect_broken(victim: &Peer, needle: &str) {
+fn expect_broken(victim: &Peer, needle: &str, why: RingBroken) {
     let start = Instant::now();
     let err = victim.ring_recv_with(false, w(500)).unwrap_err();
     assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
+    assert!(matches!(err, Error::RingBroken(w) if w == why), "expected {why:?}, got {err:?}");
     assert!(start.elapsed() < Duration::from_secs(3));
     // Broken for good: the next call fails at once with the same reason.
     let start = Instant::now();
     let again = victim.ring_recv_with(false, w(10_000)).unwrap_err();
     assert!(again.to_string().contains("ring broken"), "{again}");
+    assert!(matches!(again, Error::RingBroken(w) if w == why), "expected {why:?} again, got {again:?}");
     assert!(start.elapsed() < Duration::from_secs(1), "a broken ring must fail fast");
 }
 
 #[test]
 fn adversarial_producer_cases_each_name_the_violation() {
-    type Case = (&'static str, Box<dyn Fn(&Attacker)>);
+    type Case = (&'static str, RingBroken, Box<dyn Fn(&Attacker)>);
     let cases: Vec<Case> = vec![
-        ("outside [0, 4096]", Box::new(|a| a.set_head(CAP + 64))),
-        ("outside [0, 4096]", Box::new(|a| a.set_head(u64::MAX))),
-        ("cannot hold a record header", Box::new(|a| a.set_head(32))),
-        ("unknown record kind 77", Box::new(|a| {
+        ("outside [0, 4096]", RingBroken::HeadOutOfRange { head: CAP + 64, read: 0, limit: CAP }, Box::new(|a| a.set_head(CAP + 64))),
+        ("outside [0, 4096]", RingBroken::HeadOutOfRange { head: u64::MAX, read: 0, limit: CAP }, Box::new(|a| a.set_head(u64::MAX))),
+        ("cannot hold a record header", RingBroken::NoRoomForHeader { avail: 32, offset: 0 }, Box::new(|a| a.set_head(32))),
+        ("unknown record kind 77", RingBroken::UnknownKind { kind: 77, offset: 0 }, Box::new(|a| {
             a.record(0, Attacker::data(77, 0, 8));
             a.set_head(128);
         })),
-        ("over the limits", Box::new(|a| {
+        ("over the limits", RingBroken::RecordOverLimits { offset: 0, meta_len: 0, data_len: u64::MAX - 10 }, Box::new(|a| {
             a.record(0, Attacker::data(KIND_DATA, 0, u64::MAX - 10));
             a.set_head(128);
         })),
-        ("passes the end of the area or the published head", Box::new(|a| {
+        ("passes the end of the area or the published head", RingBroken::RecordPastEnd { size: 64 + 1024, offset: 0 }, Box::new(|a| {
             a.record(0, Attacker::data(KIND_DATA, 0, 1000));
             a.set_head(128);
         })),
-        ("record sequence 5 where 0 was due", Box::new(|a| {
+        ("record sequence 5 where 0 was due", RingBroken::Sequence { got: 5, due: 0 }, Box::new(|a| {
             a.record(0, Attacker::data(KIND_DATA, 5, 8));
             a.set_head(128);
         })),
-        ("pad record at offset 0 runs past the published head", Box::new(|a| {
+        ("pad record at offset 0 runs past the published head", RingBroken::PadPastHead { offset: 0 }, Box::new(|a| {
             a.record(0, Attacker::data(KIND_PAD, 0, 0));
             a.set_head(64);
         })),
-        ("flags 0x10 unknown", Box::new(|a| {
+        ("flags 0x10 unknown", RingBroken::UnknownFlags { flags: 0x10 }, Box::new(|a| {
             let mut h = Attacker::data(KIND_DATA, 0, 8);
             h.flags = 0x10;
             a.record(0, h);
             a.set_head(128);
         })),
-        ("continuation chunk arrived with no message started", Box::new(|a| {
+        ("continuation chunk arrived with no message started", RingBroken::ContinuationWithoutStart, Box::new(|a| {
             let mut h = Attacker::data(KIND_DATA, 0, 8);
             h.flags = FLAG_LAST;
             a.record(0, h);
             a.set_head(128);
         })),
-        ("chunk of 64 bytes for a message of 8", Box::new(|a| {
+        ("chunk of 64 bytes for a message of 8", RingBroken::ChunkLargerThanMessage { chunk: 64, total: 8 }, Box::new(|a| {
             let mut h = Attacker::data(KIND_DATA, 0, 64);
             h.total_len = 8;
             a.record(0, h);
             a.set_head(128);
         })),
-        ("chunks exceed the announced 100 bytes", Box::new(|a| {
+        ("chunks exceed the announced 100 bytes", RingBroken::ChunksExceedTotal { total: 100 }, Box::new(|a| {
             let mut h = Attacker::data(KIND_DATA, 0, 64);
             h.flags = FLAG_FIRST;
             h.total_len = 100;
@@ -126,17 +128,17 @@ fn adversarial_producer_cases_each_name_the_violation() {
             a.record(128, h2);
             a.set_head(256);
         })),
-        ("meta of 3 bytes is not a descriptor", Box::new(|a| {
+        ("meta of 3 bytes is not a descriptor", RingBroken::MetaNotDescriptor { len: 3 }, Box::new(|a| {
             let mut h = Attacker::data(KIND_DATA, 0, 8);
             h.meta_len = 3;
             a.record(0, h);
             a.set_head(192);
         })),
     ];
-    for (needle, attack) in cases {
+    for (needle, why, attack) in cases {
         let (victim, at) = setup(PeerConfig::default());
         attack(&at);
-        expect_broken(&victim, needle);
+        expect_broken(&victim, needle, why);
     }
     // A message bigger than the victim allows to be reassembled.
     let (victim, at) = setup(PeerConfig { max_ring_message: 1000, ..PeerConfig::default() });
@@ -162,8 +164,12 @@ fn hostile_consumer_scribbling_tail_breaks_the_sender_cleanly() {
         .find_map(|i| victim.ring_send(&[RingItem::bytes(i, &blob)], Duration::from_millis(200)).err())
         .expect("a 4 KiB ring cannot take 18 KB without reading the tail");
     assert!(err.to_string().contains("consumer tail 1125899906842624 outside [0, "), "{err}");
+    let Error::RingBroken(why @ RingBroken::TailOutOfRange { tail: 1125899906842624, .. }) = err else {
+        panic!("expected a scribbled tail, got {err:?}")
+    };
     let err = victim.ring_send(&[RingItem::bytes(3, b"x")], T).unwrap_err();
     assert!(err.to_string().contains("ring broken"), "{err}");
+    assert!(matches!(err, Error::RingBroken(w) if w == why), "the same reason again, got {err:?}");
 }
 
 #[test]

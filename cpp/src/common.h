@@ -1,5 +1,13 @@
 // Shared pieces of the tensorwire libtorch extension: error reporting, the segment- and
-// import-backed storages, and the Connection / Listener classes.
+// import-backed storages, the connection options, and the Connection / Listener classes.
+//
+// Files: library.cpp (the one TORCH_LIBRARY block: every schema; the handle registry),
+// storage.cpp (segment- and import-backed storages, dtype and layout checks, the ops that
+// make segment tensors), transfer.cpp (send / recv under leases, stats, the forward of a
+// received tensor, CPU or CUDA), connection.cpp (opening and closing connections),
+// ring.cpp (the CPU ring), cuda_info.cpp (CUDA ops that need no CUDA headers, and the
+// answers of a build without CUDA), cuda.cpp (the CUDA backend, where a toolkit is
+// found). Each file registers the ops it implements.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,6 +15,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "tensorwire.h"
@@ -38,6 +47,26 @@ void segment_deleter(void* ctx);
 // The segment behind `storage`, or nullptr if it is not a tensorwire segment storage.
 const SegmentCtx* segment_of(const c10::Storage& storage);
 
+// The deleter of a received CPU tensor's storage (its context is the tw_imported_t): frees
+// the import, which releases its lease.
+void import_deleter(void* ctx);
+
+// The import a received CPU tensor's storage is (recv's deleter), else nullptr.
+tw_imported_t* import_of(const c10::Storage& storage);
+
+// Bytes the view needs, as tensorwire computes it (overflow, negative values checked).
+uint64_t extent_bytes(const tw_layout_t& l);
+
+// Check that `t` is strided (dense; else "<layout> tensors cannot be <verb>", e.g.
+// "shared", "sent") and of a dtype tensorwire carries.
+void check_strided_dtype(const at::Tensor& t, const char* what, const char* verb);
+
+// Check that `t` is a defined, strided CPU tensor of a dtype tensorwire carries.
+void check_exportable(const at::Tensor& t, const char* what);
+
+// A copy of `self` in a new sealed segment (contiguous): shareable without another copy.
+at::Tensor to_shared(const at::Tensor& self);
+
 // A CPU tensor over the whole of `seg` (ownership of `seg` passes to the tensor, also on
 // failure), viewed with the given sizes/strides/offset (checked to fit).
 at::Tensor tensor_over_segment(tw_segment_t* seg, bool sealed, size_t nbytes, at::ScalarType dtype,
@@ -64,7 +93,15 @@ void release_storage(void* ctx);
 // The layout and dtype of an import, checked against this torch.
 at::ScalarType imported_dtype(const tw_layout_t& l, const char* what);
 
-// The GPU ring's receive: cuda.cpp with CUDA; without, cpu.cpp answers with the
+// `send` of `t`, a view of a tensor `recv` returned (its storage is `imp`'s): forwarded as
+// the producer's memory, never a copy — a CPU import with tw_peer_export_imported, a CUDA
+// one with tw_peer_export_imported_cuda on `cuda_stream` (it first waits there for the
+// producer, then orders the consumer after our work queued there). The lease holds the
+// storage (and so the import) until the peer is done with it.
+void forward_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, int64_t tag, int64_t window_ms,
+                    std::optional<size_t> cuda_stream = std::nullopt);
+
+// The GPU ring's receive: cuda.cpp with CUDA; without, cuda_info.cpp answers with the
 // library's error (no ring, no driver) or says the extension lacks CUDA.
 std::tuple<at::Tensor, int64_t> cuda_ring_recv(int64_t conn, int64_t timeout_ms);
 // `ring_send` of a (strided) CUDA tensor: through the GPU ring, or the build's reason.
@@ -75,6 +112,23 @@ void ring_send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t
 // on failure): the current stream of its device waits for the producer's last write first.
 at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::ScalarType dtype);
 #endif
+
+// The options of every op that opens a connection (from_fd, connect, accept), declared
+// once: X(name, default) for each. They are keyword-only ints in the schema; 0 means the
+// library's default, and cuda_ring_device -1 means no GPU ring (see library.cpp).
+#define TW_CONNECTION_OPTIONS(X) \
+  X(max_leases, 0)               \
+  X(max_lease_bytes, 0)          \
+  X(window_ms, 0)                \
+  X(handshake_timeout_ms, 0)     \
+  X(ring_bytes, 0)               \
+  X(cuda_ring_device, -1)        \
+  X(cuda_ring_slot_bytes, 0)     \
+  X(cuda_ring_slots, 0)
+// Schema text of the options, to close an op's keyword-only arguments (after its `*`):
+// ", int max_leases=0, ..., int cuda_ring_slots=0".
+#define TW_OPTION_SCHEMA_(name, default_) ", int " #name "=" #default_
+#define TW_CONNECTION_OPTIONS_SCHEMA TW_CONNECTION_OPTIONS(TW_OPTION_SCHEMA_)
 
 // Connections and listeners are named by int64 handles in a process-wide registry (a
 // custom-class argument costs ~12 us per call from Python; an int costs nothing). An op

@@ -1,6 +1,6 @@
 // CUDA implementations of torch.ops.tensorwire.* — compiled only where CMake finds a CUDA
-// toolkit (TENSORWIRE_WITH_CUDA). Without one, cpu.cpp answers CUDA tensors with a clear
-// error instead.
+// toolkit (TENSORWIRE_WITH_CUDA). Without one, cuda_info.cpp answers CUDA tensors with a
+// clear error instead.
 //
 // Export: the storage's base pointer and size go to tw_peer_export_cuda with the view's
 // layout and PyTorch's current stream of the tensor's device; tensorwire records an IPC
@@ -58,27 +58,9 @@ tw_imported_t* cuda_import_of(const c10::Storage& storage) {
   return static_cast<CudaImportCtx*>(dp.get_context())->imp;
 }
 
-// Forward a view of a received CUDA tensor as the same device memory: the IPC handle or
-// the producer's VMM fd travels on (tw_peer_export_imported_cuda); `stream` first waits
-// for the producer, then orders the consumer after our work queued there. The lease
-// holds the storage (and so the import) until the peer is done with it.
-void forward_cuda_import(tw_peer_t* peer, tw_imported_t* imp, const at::Tensor& t, cudaStream_t stream, int64_t tag,
-                         int64_t window_ms) {
-  const c10::Storage& storage = t.storage();
-  // recv's storage starts at the import's storage: the view's offset is relative to it.
-  TORCH_INTERNAL_ASSERT(storage.data_ptr().get() == tw_imported_storage(imp));
-  tw_layout_t l = make_layout(t.scalar_type(), t.sizes(), t.strides(), t.storage_offset(), "send");
-  auto* owner = new c10::Storage(storage);
-  TW_CHECK(tw_peer_export_imported_cuda(peer, imp, &l, static_cast<size_t>(reinterpret_cast<uintptr_t>(stream)),
-                                        static_cast<uint64_t>(tag), static_cast<uint64_t>(window_ms), &release_storage,
-                                        owner, nullptr));
-}
-
 bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t window_ms) {
   TORCH_CHECK(tensor.defined() && tensor.is_cuda(), "tensorwire.send: expected a CUDA tensor");
-  TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.send: ", tensor.layout(),
-              " tensors cannot be shared; only strided (dense) ones");
-  check_dtype(tensor.scalar_type(), "send");
+  check_strided_dtype(tensor, "send", "shared");
   TORCH_CHECK(tag >= 0, "tensorwire.send: tag must be >= 0, got ", tag);
   TORCH_CHECK(window_ms >= 0, "tensorwire.send: window_ms must be >= 0, got ", window_ms);
   auto live = connection(conn, "send");
@@ -86,8 +68,9 @@ bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t wind
   bool zero_copy = !tensor.is_conj() && !tensor.is_neg();
   if (zero_copy) {
     if (tw_imported_t* imp = cuda_import_of(tensor.storage())) {
-      forward_cuda_import(live->peer, imp, tensor, c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream(), tag,
-                          window_ms);
+      // The IPC handle or the producer's VMM fd travels on, ordered on the current stream.
+      cudaStream_t stream = c10::cuda::getCurrentCUDAStream(tensor.device().index()).stream();
+      forward_import(live->peer, imp, tensor, tag, window_ms, static_cast<size_t>(reinterpret_cast<uintptr_t>(stream)));
       return true;
     }
   }
@@ -122,9 +105,7 @@ bool send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t wind
 
 void ring_send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t timeout_ms) {
   TORCH_CHECK(tensor.defined() && tensor.is_cuda(), "tensorwire.ring_send: expected a CUDA tensor");
-  TORCH_CHECK(tensor.layout() == at::kStrided, "tensorwire.ring_send: ", tensor.layout(),
-              " tensors cannot be sent; only strided (dense) ones");
-  check_dtype(tensor.scalar_type(), "ring_send");
+  check_strided_dtype(tensor, "ring_send", "sent");
   TORCH_CHECK(tag >= 0, "tensorwire.ring_send: tag must be >= 0, got ", tag);
   auto live = connection(conn, "ring_send");
   c10::cuda::CUDAGuard device_guard(tensor.device());

@@ -1,8 +1,9 @@
 // The one TORCH_LIBRARY block of torch.ops.tensorwire (every schema), and the registry of
 // connection / listener handles.
-// Implementations live per backend (cpu.cpp: CPU and backend-less ops; cuda.cpp, compiled
-// only where a CUDA toolkit is found: CUDA send and import). Fake
-// implementations for the ops with known output shapes are in python/tensorwire/_fake.py.
+// Implementations live in one file per job (see common.h), each registering its own
+// kernels; cuda.cpp, compiled only where a CUDA toolkit is found, has the CUDA send and
+// import. Fake implementations for the ops with known output shapes are in
+// python/tensorwire/_fake.py.
 #include "common.h"
 
 #include <atomic>
@@ -88,16 +89,20 @@ TORCH_LIBRARY(tensorwire, m) {
   // True if `self` lives in a sealed tensorwire segment (export is zero-copy).
   m.def("is_shared(Tensor self) -> bool");
 
-  // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of `socketpair`, e.g. inherited
-  // by a child process). Limits of 0 mean the library's defaults (handshake: 10 s; ring_bytes: the data area of
-  // the ring this side sends through, a power of two >= 4096, default 4 MiB). cuda_ring_device >= 0 gives this
-  // side a GPU bounce ring on that device for its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8).
+  // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of
+  // `socketpair`, e.g. inherited by a child process); `accept` waits for a peer at most timeout_ms. The opening
+  // ops end with the keyword-only connection options
+  // of TW_CONNECTION_OPTIONS (common.h): max_leases, max_lease_bytes, window_ms, handshake_timeout_ms,
+  // ring_bytes, cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots. Limits of 0 mean the library's
+  // defaults (handshake: 10 s; ring_bytes: the data area of the ring this side sends through, a power of
+  // two >= 4096, default 4 MiB). cuda_ring_device >= 0 gives this side a GPU bounce ring on that device for
+  // its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
-  m.def("from_fd(int fd, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
-  m.def("connect(str path, *, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
+  m.def("from_fd(int fd, *" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
+  m.def("connect(str path, *" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
   m.def("listen(str path) -> int");
-  m.def("accept(int listener, *, int timeout_ms=-1, int max_leases=0, int max_lease_bytes=0, int window_ms=0, int handshake_timeout_ms=0, int ring_bytes=0, int cuda_ring_device=-1, int cuda_ring_slot_bytes=0, int cuda_ring_slots=0) -> int");
+  m.def("accept(int listener, *, int timeout_ms=-1" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
   m.def("close(int conn) -> ()");
   m.def("close_listener(int listener) -> ()");
   m.def("peer_pid(int conn) -> int");

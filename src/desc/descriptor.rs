@@ -163,6 +163,14 @@ impl TensorDesc {
         self.layout_unchecked()
     }
 
+    /// Bytes from the storage's first byte to element 0 of the view (call on a validated
+    /// descriptor). Clamped to the storage: an empty view's offset is not bounded by its
+    /// extent, so the peer may put it anywhere, up to past 64 bits.
+    pub fn data_offset(&self) -> u64 {
+        let l = self.layout();
+        (l.storage_offset as u64).saturating_mul(l.dtype.size() as u64).min(self.storage.nbytes)
+    }
+
     pub fn dtype(&self) -> DType {
         DType::from_code(self.dtype).unwrap_or(DType::UInt8)
     }
@@ -219,6 +227,18 @@ mod tests {
             let d = desc_for(&l, l.extent_bytes().unwrap());
             let back = TensorDesc::decode(d.encode()).unwrap();
             assert_eq!(back.layout(), l);
+        }
+    }
+
+    #[test]
+    fn data_offset_stays_inside_the_storage() {
+        let l = Layout::strided(DType::Float32, &[2, 3], &[3, 1], 5).unwrap();
+        assert_eq!(desc_for(&l, 64).data_offset(), 20);
+        // An empty view may carry any offset: past the storage, and past 64 bits in bytes.
+        for offset in [100, i64::MAX] {
+            let empty = Layout::strided(DType::Float32, &[0, 3], &[3, 1], offset).unwrap();
+            let d = TensorDesc::decode(desc_for(&empty, 16).encode()).unwrap();
+            assert_eq!(d.data_offset(), 16, "offset {offset}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! CUDA in C: driver presence, device count and the process's IPC handle cache.
 
-use super::{guard, need, put, quiet, tw_result_e};
+use super::{guard, need, put, put_opt, quiet, tw_result_e};
 
 
 /// This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,
@@ -12,13 +12,10 @@ use super::{guard, need, put, quiet, tw_result_e};
 pub unsafe extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: *mut u64) {
     quiet((), || {
         let c = crate::cuda::ipc::cache();
-        if !opens.is_null() {
-            // SAFETY: non-null; the caller passes a writable pointer or NULL.
-            unsafe { opens.write(c.opens()) };
-        }
-        if !open_handles.is_null() {
-            // SAFETY: as above.
-            unsafe { open_handles.write(c.stats().0 as u64) };
+        // SAFETY: each NULL or writable per the contract.
+        unsafe {
+            put_opt(opens, c.opens());
+            put_opt(open_handles, c.stats().0 as u64);
         }
     })
 }

@@ -5,7 +5,7 @@
 use super::desc::tw_layout_t;
 use crate::cuda::{CudaStream, DevicePtr};
 use super::peer::tw_peer_t;
-use super::{arg, guard, need, put, tw_result_e, wait_ms};
+use super::{arg, guard, need, put, put_opt, tw_result_e, wait_ms};
 
 /// Copy the contiguous CUDA tensor `layout` at device address `src` through this side's
 /// GPU ring (`tw_peer_config_t::cuda_ring_device` ≥ 0), ordered after the work already
@@ -58,17 +58,11 @@ pub unsafe extern "C" fn tw_peer_cuda_ring_recv(
         need(layout, "layout")?;
         let (tag, desc) = p.inner().cuda_ring_recv(wait_ms(timeout_ms))?;
         let l = desc.layout();
-        // SAFETY: each output NULL or writable per the contract (checked non-null).
+        // SAFETY: each output NULL or writable per the contract; `layout` checked non-null.
         unsafe {
-            if !out_tag.is_null() {
-                out_tag.write(tag);
-            }
-            if !out_device.is_null() {
-                out_device.write(i32::from(desc.device_index));
-            }
-            if !out_nbytes.is_null() {
-                out_nbytes.write(desc.storage.nbytes);
-            }
+            put_opt(out_tag, tag);
+            put_opt(out_device, i32::from(desc.device_index));
+            put_opt(out_nbytes, desc.storage.nbytes);
             put(layout, tw_layout_t::from_layout(&l), "layout")
         }
     })

@@ -1,6 +1,6 @@
 //! Layouts (views) and descriptors in C. Plain value types: no thread-safety concerns.
 
-use super::{arg, guard, need, put, quiet, tw_result_e};
+use super::{arg, get, guard, need, put, quiet, tw_result_e};
 use crate::desc::{DType, Layout, TensorDesc, DESC_SIZE, MAX_NDIM};
 use crate::error::Error;
 
@@ -8,6 +8,8 @@ use crate::error::Error;
 pub const TW_MAX_NDIM: usize = 16;
 const _: () = assert!(TW_MAX_NDIM == MAX_NDIM);
 
+// Spelled out for cbindgen, which cannot expand the table in `desc/dtype.rs`;
+// `tests/c_header.rs` checks that the two name the same dtypes with the same numbers.
 /// Element types for `tw_layout_t.dtype`, numbered exactly like `c10::ScalarType`.
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,13 +120,8 @@ pub unsafe extern "C" fn tw_layout_contiguous(dtype: u8, sizes: *const i64, ndim
 /// `layout` must be readable, `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_layout_extent_bytes(layout: *const tw_layout_t, out: *mut u64) -> tw_result_e {
-    guard("tw_layout_extent_bytes", || {
-        // SAFETY: readable per the contract; NULL refused.
-        let l = unsafe { arg(layout, "layout")? }.to_layout()?;
-        let n = l.extent_bytes()?;
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, n, "out") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_layout_extent_bytes", (layout, "layout"), out, |l| Ok(l.to_layout()?.extent_bytes()?)) }
 }
 
 /// Copy `len` untrusted bytes into `out` and validate them as a descriptor: version,
@@ -171,32 +168,10 @@ pub unsafe extern "C" fn tw_desc_encode(desc: *const TensorDesc, out: *mut u8, o
 /// `desc` readable; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_desc_layout(desc: *const TensorDesc, out: *mut tw_layout_t) -> tw_result_e {
-    guard("tw_desc_layout", || {
-        // SAFETY: readable per the contract; NULL refused.
-        let d = unsafe { arg(desc, "desc")? };
+    let read = |d: &TensorDesc| {
         d.validate()?;
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, tw_layout_t::from_layout(&d.layout()), "out") }
-    })
-}
-
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn c_dtypes_match_rust_dtypes() {
-        use tw_dtype_e::*;
-        let c = [
-            TW_DTYPE_UINT8, TW_DTYPE_INT8, TW_DTYPE_INT16, TW_DTYPE_INT32, TW_DTYPE_INT64, TW_DTYPE_FLOAT16,
-            TW_DTYPE_FLOAT32, TW_DTYPE_FLOAT64, TW_DTYPE_COMPLEX32, TW_DTYPE_COMPLEX64, TW_DTYPE_COMPLEX128,
-            TW_DTYPE_BOOL, TW_DTYPE_BFLOAT16, TW_DTYPE_FLOAT8_E5M2, TW_DTYPE_FLOAT8_E4M3FN, TW_DTYPE_FLOAT8_E5M2FNUZ,
-            TW_DTYPE_FLOAT8_E4M3FNUZ, TW_DTYPE_UINT16, TW_DTYPE_UINT32, TW_DTYPE_UINT64, TW_DTYPE_FLOAT8_E8M0FNU,
-        ];
-        assert_eq!(c.len(), DType::ALL.len());
-        for (c, r) in c.iter().zip(DType::ALL) {
-            assert_eq!(*c as u8, r as u8, "{}", r.name());
-        }
-    }
+        Ok(tw_layout_t::from_layout(&d.layout()))
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_desc_layout", (desc, "desc"), out, read) }
 }

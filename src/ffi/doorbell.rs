@@ -1,7 +1,7 @@
 //! Doorbells on words inside a segment, for C code that builds its own shared-memory
 //! protocol next to tensorwire's.
 
-use super::{arg, guard, put, tw_result_e, wait_ms};
+use super::{arg, get, guard, tw_result_e, wait_ms};
 use super::segment::tw_segment_t;
 use crate::doorbell::{Doorbell, DoorbellWords};
 use crate::error::Error;
@@ -25,12 +25,8 @@ fn words(seg: &tw_segment_t, offset: usize) -> Result<&DoorbellWords, Error> {
 /// `seg` must be a live handle; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_doorbell_current(seg: *const tw_segment_t, offset: usize, out: *mut u32) -> tw_result_e {
-    guard("tw_doorbell_current", || {
-        // SAFETY: live handle per the contract; NULL refused.
-        let seq = Doorbell::new(words(unsafe { arg(seg, "seg")? }, offset)?).current();
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, seq, "out") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_doorbell_current", (seg, "seg"), out, |s| Ok(Doorbell::new(words(s, offset)?).current())) }
 }
 
 /// Ring the doorbell: bump its sequence and wake sleepers (FUTEX_WAKE only if any).

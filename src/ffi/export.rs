@@ -3,9 +3,10 @@
 
 use super::desc::tw_layout_t;
 use super::imported::{tw_imported_t, AnyImport};
-use super::peer::{tw_lease_t, tw_peer_t};
+use super::peer::tw_peer_t;
+use crate::lease::LeaseId;
 use super::segment::tw_segment_t;
-use super::{arg, guard, tw_result_e};
+use super::{arg, guard, put_opt, tw_result_e, Fail};
 use crate::cuda::{CudaStream, DevicePtr};
 use crate::error::Error;
 use crate::peer::{ExportOptions, SharedTensor};
@@ -15,17 +16,6 @@ use std::time::Duration;
 /// The options every C export takes: a tag and a keeper window in ms (0: none).
 fn options(tag: u64, window_ms: u64) -> ExportOptions {
     ExportOptions { tag, window: (window_ms > 0).then(|| Duration::from_millis(window_ms)) }
-}
-
-/// Write the granted lease to `out` unless it is NULL.
-///
-/// # Safety
-/// `out` NULL or writable.
-unsafe fn put_lease(out: *mut tw_lease_t, id: crate::LeaseId) {
-    if !out.is_null() {
-        // SAFETY: non-null and writable per the caller's contract.
-        unsafe { out.write(tw_lease_t { slot: id.slot, generation: id.generation }) };
-    }
 }
 
 /// Called exactly once with its context when an exported lease ends.
@@ -69,28 +59,20 @@ pub unsafe extern "C" fn tw_peer_export(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    // Built first so that every failure below drops it, which runs the callback.
-    let owner = release.map(|f| CallbackOwner { release: f, ctx });
-    guard("tw_peer_export", move || {
-        // SAFETY: live per the contract; NULL refused.
-        let p = unsafe { arg(peer, "peer")? };
+    let send = |p: &crate::Peer, owner: Option<CallbackOwner>| {
         // SAFETY: live per the contract; NULL refused.
         let s = unsafe { arg(seg, "seg")? };
         // SAFETY: readable per the contract; NULL refused.
         let l = unsafe { arg(layout, "layout")? }.to_layout()?;
         let t = SharedTensor::new(s.inner.clone(), offset, nbytes, l)?;
-        let keep = t.segment().clone();
-        let owner: crate::Owner = match owner {
-            Some(o) => Box::new((o, keep)),
-            None => Box::new(keep),
-        };
-        let id = p.inner.export_with_owner(&t, owner, options(tag, window_ms))?;
-        // SAFETY: NULL or writable per the contract.
-        unsafe { put_lease(out_lease, id) };
-        Ok(())
-    })
+        // The lease keeps the segment mapped; the callback runs first when it ends.
+        let owner = Box::new((owner, t.segment().clone()));
+        Ok(p.export_with_owner(&t, owner, options(tag, window_ms))?)
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { export("tw_peer_export", peer, (release, ctx), out_lease, send) }
 }
 
 /// Forward a CPU tensor received from a peer (on any connection, this one included) to
@@ -118,10 +100,10 @@ pub unsafe extern "C" fn tw_peer_export_imported(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let send = move |p: &crate::Peer, imp: &AnyImport, view, extra| match imp {
-        AnyImport::Cpu(i) => p.export_imported_with(i.clone(), view, extra, options(tag, window_ms)),
+    let send = |p: &crate::Peer, imp: &AnyImport, view, owner| match imp {
+        AnyImport::Cpu(i) => p.export_imported_with(i.clone(), view, owner, options(tag, window_ms)),
         AnyImport::Cuda(_) => Err(Error::InvalidArgument(
             "a CUDA import is forwarded with tw_peer_export_imported_cuda (it orders the forward on a stream)".into(),
         )),
@@ -154,20 +136,18 @@ pub unsafe extern "C" fn tw_peer_export_imported_cuda(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let send = move |p: &crate::Peer, imp: &AnyImport, view, extra| match imp {
-        AnyImport::Cuda(i) => p.export_cuda_imported_with(i.clone(), view, CudaStream(stream), extra, options(tag, window_ms)),
+    let send = |p: &crate::Peer, imp: &AnyImport, view, owner| match imp {
+        AnyImport::Cuda(i) => p.export_cuda_imported_with(i.clone(), view, CudaStream(stream), owner, options(tag, window_ms)),
         AnyImport::Cpu(_) => Err(Error::InvalidArgument("a CPU import is forwarded with tw_peer_export_imported (no stream)".into())),
     };
     // SAFETY: forwarded from this function's contract.
     unsafe { forward("tw_peer_export_imported_cuda", peer, imp, layout, (release, ctx), out_lease, send) }
 }
 
-/// What both forwards share: the C owner built first (so that every failure drops it,
-/// which runs the callback), the arguments checked behind `name`'s panic boundary, the
-/// view (NULL: the import's own), the owner riding in the forward's lease, the lease
-/// written out.
+/// What both forwards share on top of [`export`]: the import checked, the view (NULL:
+/// the import's own), the owner riding in the forward's lease.
 ///
 /// # Safety
 /// As for `tw_peer_export_imported`.
@@ -176,14 +156,11 @@ unsafe fn forward(
     peer: *const tw_peer_t,
     imp: *const tw_imported_t,
     layout: *const tw_layout_t,
-    (release, ctx): (tw_release_fn, *mut c_void),
-    out_lease: *mut tw_lease_t,
+    release: (tw_release_fn, *mut c_void),
+    out_lease: *mut LeaseId,
     send: impl FnOnce(&crate::Peer, &AnyImport, Option<crate::Layout>, crate::Owner) -> crate::Result<crate::LeaseId>,
 ) -> tw_result_e {
-    let owner = release.map(|f| CallbackOwner { release: f, ctx });
-    guard(name, move || {
-        // SAFETY: live per the contract; NULL refused.
-        let p = unsafe { arg(peer, "peer")? };
+    let forward = |p: &crate::Peer, owner: Option<CallbackOwner>| {
         // SAFETY: live per the contract; NULL refused.
         let i = unsafe { arg(imp, "imp")? };
         // SAFETY: NULL or readable per the contract.
@@ -191,15 +168,44 @@ unsafe fn forward(
             Some(l) => Some(l.to_layout()?),
             None => None,
         };
-        let extra: crate::Owner = match owner {
-            Some(o) => Box::new(o),
-            None => Box::new(()),
-        };
-        let id = send(&p.inner, &i.inner, view, extra)?;
+        Ok(send(p, &i.inner, view, owned(owner))?)
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { export(name, peer, release, out_lease, forward) }
+}
+
+/// What every C export shares: the C owner built first (so that every failure drops it,
+/// which runs the callback), `peer` checked behind `name`'s panic boundary, the export
+/// made by `send` (which checks its own arguments and gives the owner to the lease), the
+/// granted lease written to `out_lease` unless it is NULL.
+///
+/// # Safety
+/// `peer` live; `out_lease` NULL or writable; `release` callable with `ctx` from any
+/// thread.
+unsafe fn export(
+    name: &'static str,
+    peer: *const tw_peer_t,
+    (release, ctx): (tw_release_fn, *mut c_void),
+    out_lease: *mut LeaseId,
+    send: impl FnOnce(&crate::Peer, Option<CallbackOwner>) -> Result<LeaseId, Fail>,
+) -> tw_result_e {
+    let owner = release.map(|f| CallbackOwner { release: f, ctx });
+    guard(name, move || {
+        // SAFETY: live per the contract; NULL refused.
+        let p = unsafe { arg(peer, "peer")? };
+        let id = send(&p.inner, owner)?;
         // SAFETY: NULL or writable per the contract.
-        unsafe { put_lease(out_lease, id) };
+        unsafe { put_opt(out_lease, id) };
         Ok(())
     })
+}
+
+/// The caller's owner as a lease owner (nothing to call: an empty one).
+fn owned(owner: Option<CallbackOwner>) -> crate::Owner {
+    match owner {
+        Some(o) => Box::new(o),
+        None => Box::new(()),
+    }
 }
 
 /// Export `nbytes` of CUDA device memory at `dptr` (any pointer into a cudaMalloc
@@ -221,21 +227,13 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
     window_ms: u64,
     release: tw_release_fn,
     ctx: *mut c_void,
-    out_lease: *mut tw_lease_t,
+    out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let owner = release.map(|f| CallbackOwner { release: f, ctx });
-    guard("tw_peer_export_cuda", move || {
-        // SAFETY: live per the contract; NULL refused.
-        let p = unsafe { arg(peer, "peer")? };
+    let send = |p: &crate::Peer, owner| {
         // SAFETY: readable per the contract; NULL refused.
         let l = unsafe { arg(layout, "layout")? }.to_layout()?;
-        let owner: crate::Owner = match owner {
-            Some(o) => Box::new(o),
-            None => Box::new(()),
-        };
-        let id = p.inner.export_cuda(DevicePtr(dptr), nbytes, &l, CudaStream(stream), owner, options(tag, window_ms))?;
-        // SAFETY: NULL or writable per the contract.
-        unsafe { put_lease(out_lease, id) };
-        Ok(())
-    })
+        Ok(p.export_cuda(DevicePtr(dptr), nbytes, &l, CudaStream(stream), owned(owner), options(tag, window_ms))?)
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { export("tw_peer_export_cuda", peer, (release, ctx), out_lease, send) }
 }

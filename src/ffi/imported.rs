@@ -2,8 +2,8 @@
 //! release.
 
 use super::desc::tw_layout_t;
-use super::peer::tw_lease_t;
-use super::{arg, guard, need, put, quiet, tw_result_e};
+use crate::lease::LeaseId;
+use super::{arg, get, guard, need, quiet, tw_result_e};
 use crate::cuda::CudaStream;
 use crate::desc::TensorDesc;
 use crate::error::Error;
@@ -52,9 +52,9 @@ impl AnyImport {
             AnyImport::Cuda(i) => i.tag(),
         }
     }
-    fn lease(&self) -> tw_lease_t {
+    fn lease(&self) -> LeaseId {
         let d = self.desc();
-        tw_lease_t { slot: d.storage.lease_slot, generation: d.storage.lease_gen }
+        LeaseId { slot: d.storage.lease_slot, generation: d.storage.lease_gen }
     }
     fn release(self) -> crate::Result<()> {
         match self {
@@ -82,12 +82,8 @@ pub unsafe extern "C" fn tw_imported_desc(imp: *const tw_imported_t) -> *const T
 /// `imp` live; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_imported_layout(imp: *const tw_imported_t, out: *mut tw_layout_t) -> tw_result_e {
-    guard("tw_imported_layout", || {
-        // SAFETY: live per the contract; NULL refused.
-        let l = unsafe { arg(imp, "imp")? }.inner.desc().layout();
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, tw_layout_t::from_layout(&l), "out") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_imported_layout", (imp, "imp"), out, |i| Ok(tw_layout_t::from_layout(&i.inner.desc().layout()))) }
 }
 
 /// Address of the view's element 0 in this process (NULL if `imp` is NULL); for a CUDA
@@ -136,13 +132,9 @@ pub unsafe extern "C" fn tw_imported_tag(imp: *const tw_imported_t) -> u64 {
 /// # Safety
 /// `imp` live; `out` writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tw_imported_lease(imp: *const tw_imported_t, out: *mut tw_lease_t) -> tw_result_e {
-    guard("tw_imported_lease", || {
-        // SAFETY: live per the contract; NULL refused.
-        let l = unsafe { arg(imp, "imp")? }.inner.lease();
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, l, "out") }
-    })
+pub unsafe extern "C" fn tw_imported_lease(imp: *const tw_imported_t, out: *mut LeaseId) -> tw_result_e {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_imported_lease", (imp, "imp"), out, |i| Ok(i.inner.lease())) }
 }
 
 /// Device of an import: -1 for CPU memory, else the CUDA device ordinal (-2 if `imp`

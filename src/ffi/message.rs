@@ -1,6 +1,6 @@
 //! Received user messages in C: `tw_message_t` (payload and fds).
 
-use super::quiet;
+use super::{put_opt, quiet};
 use std::ffi::c_int;
 use std::os::fd::{IntoRawFd, OwnedFd};
 
@@ -20,10 +20,8 @@ pub unsafe extern "C" fn tw_message_data(msg: *const tw_message_t, len: *mut usi
     quiet(std::ptr::null(), || {
         // SAFETY: NULL or live per the contract.
         let Some(m) = (unsafe { msg.as_ref() }) else { return std::ptr::null() };
-        if !len.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { len.write(m.payload.len()) };
-        }
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_opt(len, m.payload.len()) };
         m.payload.as_ptr()
     })
 }

@@ -91,7 +91,7 @@ impl From<&Error> for tw_result_e {
             Error::Timeout { .. } => TW_ERR_TIMEOUT,
             Error::InvalidDescriptor(_) => TW_ERR_INVALID_DESCRIPTOR,
             Error::InvalidSegment(_) => TW_ERR_INVALID_SEGMENT,
-            Error::Protocol(_) => TW_ERR_PROTOCOL,
+            Error::Protocol(_) | Error::RingBroken(_) => TW_ERR_PROTOCOL,
             Error::StaleLease(_) => TW_ERR_STALE_LEASE,
             Error::QuotaExceeded(_) => TW_ERR_QUOTA_EXCEEDED,
             Error::InvalidArgument(_) => TW_ERR_INVALID_ARGUMENT,
@@ -227,7 +227,51 @@ pub(crate) unsafe fn put<T>(out: *mut T, v: T, name: &'static str) -> Result<(),
     Ok(())
 }
 
-/// Check an out-pointer is non-null before doing work whose result it will receive.
+/// A C getter: `read` of the live handle `h` (NULL refused as `h_name`), written to
+/// `out` (NULL refused), behind `name`'s panic boundary.
+///
+/// # Safety
+/// A non-null `h` must point to a live `H`; a non-null `out` must be valid for a write of
+/// `T`.
+pub(crate) unsafe fn get<H, T>(
+    name: &'static str,
+    (h, h_name): (*const H, &'static str),
+    out: *mut T,
+    read: impl FnOnce(&H) -> Result<T, Fail>,
+) -> tw_result_e {
+    guard(name, || {
+        // SAFETY: live per the caller; NULL refused.
+        let v = read(unsafe { arg(h, h_name)? })?;
+        // SAFETY: writable per the caller; NULL refused.
+        unsafe { put(out, v, "out") }
+    })
+}
+
+/// Write `v` to an optional out-pointer: NULL means the caller does not want it.
+///
+/// # Safety
+/// A non-null `out` must be valid for a write of `T`.
+pub(crate) unsafe fn put_opt<T>(out: *mut T, v: T) {
+    if !out.is_null() {
+        // SAFETY: non-null and, per the caller, valid for writes.
+        unsafe { out.write(v) };
+    }
+}
+
+/// `len` values at `ptr` as a slice: empty when `len` is 0 (then `ptr` may be NULL),
+/// else `Fail::Null(name)` for a NULL `ptr`.
+///
+/// # Safety
+/// A non-null `ptr` must be readable for `len` values of `T` for the returned lifetime.
+pub(crate) unsafe fn slice_arg<'a, T>(ptr: *const T, len: usize, name: &'static str) -> Result<&'a [T], Fail> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    need(ptr, name)?;
+    // SAFETY: non-null (checked) and readable for `len` values per the caller.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
 /// The C convention for a wait (`timeout_ms`: negative no limit, 0 do not wait).
 pub(crate) fn wait_ms(ms: i64) -> Wait {
     match ms {
@@ -248,6 +292,8 @@ pub(crate) fn ms_of_wait(w: Wait) -> i64 {
     }
 }
 
+/// Check a pointer is non-null before doing work whose result it will receive (or that
+/// reads it).
 pub(crate) fn need<T>(out: *const T, name: &'static str) -> Result<(), Fail> {
     if out.is_null() { Err(Fail::Null(name)) } else { Ok(()) }
 }

@@ -9,45 +9,16 @@
 use super::config::{config, tw_peer_config_t};
 use super::imported::{tw_imported_t, AnyImport};
 use super::message::tw_message_t;
-use super::{arg, guard, need, put, quiet, tw_result_e, Fail};
+use super::{arg, get, guard, need, put, put_opt, quiet, slice_arg, tw_result_e, Fail};
 use crate::error::Error;
 use crate::lease::LeaseStats;
 use crate::peer::{Incoming, Peer};
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
-/// Names a lease: slot in the producer's table and its generation.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct tw_lease_t {
-    pub slot: u32,
-    pub generation: u32,
-}
-
-/// What a producer exported to one peer.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct tw_lease_stats_t {
-    pub live_leases: u64,
-    pub live_bytes: u64,
-    pub granted: u64,
-    pub released: u64,
-    pub expired: u64,
-    pub reclaimed: u64,
-}
-
-impl From<LeaseStats> for tw_lease_stats_t {
-    fn from(s: LeaseStats) -> Self {
-        tw_lease_stats_t {
-            live_leases: s.live_leases,
-            live_bytes: s.live_bytes,
-            granted: s.granted,
-            released: s.released,
-            expired: s.expired,
-            reclaimed: s.reclaimed,
-        }
-    }
-}
+// The C ABI's lease types are the library's own (`#[repr(C)]`; cbindgen.toml renames them
+// in the header); Rust callers of this module may use the C names too.
+pub use crate::lease::{LeaseId as tw_lease_t, LeaseStats as tw_lease_stats_t};
 
 /// Opaque connection handle.
 pub struct tw_peer_t {
@@ -175,18 +146,10 @@ pub unsafe extern "C" fn tw_peer_send_message(
     guard("tw_peer_send_message", || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
-        let payload = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: non-null (checked) and readable for len bytes per the contract.
-            unsafe { std::slice::from_raw_parts(arg(data, "data")?, len) }
-        };
-        let raw = if nfds == 0 {
-            &[][..]
-        } else {
-            // SAFETY: non-null (checked) and readable for nfds ints per the contract.
-            unsafe { std::slice::from_raw_parts(arg(fds, "fds")?, nfds) }
-        };
+        // SAFETY: readable for len bytes per the contract (NULL allowed if 0).
+        let payload = unsafe { slice_arg(data, len, "data")? };
+        // SAFETY: readable for nfds ints per the contract (NULL allowed if 0).
+        let raw = unsafe { slice_arg(fds, nfds, "fds")? };
         if raw.iter().any(|&f| f < 0) {
             return Err(Error::InvalidArgument("negative fd in fds".into()).into());
         }
@@ -236,13 +199,9 @@ pub unsafe extern "C" fn tw_peer_recv(
 /// # Safety
 /// `peer` live; `out` writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tw_peer_stats(peer: *const tw_peer_t, out: *mut tw_lease_stats_t) -> tw_result_e {
-    guard("tw_peer_stats", || {
-        // SAFETY: live per the contract; NULL refused.
-        let s = unsafe { arg(peer, "peer")? }.inner.export_stats();
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, s.into(), "out") }
-    })
+pub unsafe extern "C" fn tw_peer_stats(peer: *const tw_peer_t, out: *mut LeaseStats) -> tw_result_e {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { get("tw_peer_stats", (peer, "peer"), out, |p| Ok(p.inner.export_stats())) }
 }
 
 /// Process releases, expired windows and peer death now (the background reaper does
@@ -251,14 +210,34 @@ pub unsafe extern "C" fn tw_peer_stats(peer: *const tw_peer_t, out: *mut tw_leas
 /// # Safety
 /// `peer` live; `out` NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tw_peer_reap(peer: *const tw_peer_t, out: *mut tw_lease_stats_t) -> tw_result_e {
+pub unsafe extern "C" fn tw_peer_reap(peer: *const tw_peer_t, out: *mut LeaseStats) -> tw_result_e {
     guard("tw_peer_reap", || {
         // SAFETY: live per the contract; NULL refused.
         let s = unsafe { arg(peer, "peer")? }.inner.reap_now();
-        if !out.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { out.write(s.into()) };
-        }
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_opt(out, s) };
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The lease types are the C ABI itself now: a Rust-side edit (a field moved, added
+    /// or retyped) must not change what C programs built against the header read.
+    #[test]
+    fn lease_types_keep_their_c_layout() {
+        assert_eq!((size_of::<tw_lease_t>(), offset_of!(tw_lease_t, slot), offset_of!(tw_lease_t, generation)), (8, 0, 4));
+        let offsets = [
+            offset_of!(tw_lease_stats_t, live_leases),
+            offset_of!(tw_lease_stats_t, live_bytes),
+            offset_of!(tw_lease_stats_t, granted),
+            offset_of!(tw_lease_stats_t, released),
+            offset_of!(tw_lease_stats_t, expired),
+            offset_of!(tw_lease_stats_t, reclaimed),
+        ];
+        assert_eq!((size_of::<tw_lease_stats_t>(), offsets), (48, [0, 8, 16, 24, 32, 40]));
+    }
 }

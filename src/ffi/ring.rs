@@ -4,7 +4,7 @@
 
 use super::desc::tw_layout_t;
 use super::peer::tw_peer_t;
-use super::{arg, guard, need, put, quiet, tw_result_e};
+use super::{arg, guard, need, put, put_opt, quiet, slice_arg, tw_result_e};
 use crate::desc::TensorDesc;
 
 use super::wait_ms;
@@ -31,13 +31,8 @@ pub unsafe extern "C" fn tw_peer_ring_send_bytes(
     guard("tw_peer_ring_send_bytes", || {
         // SAFETY: live per the contract; NULL refused.
         let p = unsafe { arg(peer, "peer")? };
-        let bytes = if len == 0 {
-            &[][..]
-        } else {
-            need(data, "data")?;
-            // SAFETY: non-null and readable for len bytes per the contract.
-            unsafe { std::slice::from_raw_parts(data, len) }
-        };
+        // SAFETY: readable for len bytes per the contract (NULL allowed if 0).
+        let bytes = unsafe { slice_arg(data, len, "data")? };
         Ok(p.inner().ring_send(&[RingItem::bytes(tag, bytes)], wait_ms(timeout_ms))?)
     })
 }
@@ -61,13 +56,8 @@ pub unsafe extern "C" fn tw_peer_ring_send_view(
         let p = unsafe { arg(peer, "peer")? };
         // SAFETY: readable per the contract; NULL refused.
         let l = unsafe { arg(layout, "layout")? }.to_layout()?;
-        let bytes = if storage_len == 0 {
-            &[][..]
-        } else {
-            need(storage, "storage")?;
-            // SAFETY: non-null and readable for storage_len bytes per the contract.
-            unsafe { std::slice::from_raw_parts(storage.cast::<u8>(), storage_len) }
-        };
+        // SAFETY: readable for storage_len bytes per the contract (NULL allowed if 0).
+        let bytes = unsafe { slice_arg(storage.cast::<u8>(), storage_len, "storage")? };
         let item = RingItem::tensor(tag, l, bytes)?;
         Ok(p.inner().ring_send(&[item], wait_ms(timeout_ms))?)
     })
@@ -116,10 +106,8 @@ pub unsafe extern "C" fn tw_ring_message_data(msg: *const tw_ring_message_t, len
     quiet(std::ptr::null(), || {
         // SAFETY: NULL or live per the contract.
         let Some(m) = (unsafe { msg.as_ref() }) else { return std::ptr::null() };
-        if !len.is_null() {
-            // SAFETY: non-null and writable per the contract.
-            unsafe { len.write(m.inner.len()) };
-        }
+        // SAFETY: NULL or writable per the contract.
+        unsafe { put_opt(len, m.inner.len()) };
         m.inner.as_ptr().cast()
     })
 }

@@ -37,17 +37,8 @@ pub unsafe extern "C" fn tw_segment_new(len: usize, out: *mut *mut tw_segment_t)
 /// `fd` must be an open fd the caller owns; `out` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_segment_from_fd(fd: c_int, min_len: usize, out: *mut *mut tw_segment_t) -> tw_result_e {
-    guard("tw_segment_from_fd", || {
-        if fd < 0 {
-            return Err(crate::Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
-        }
-        // SAFETY: the caller transfers ownership of the open fd to us.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        need(out, "out")?;
-        let s = Segment::from_fd(owned, min_len)?;
-        // SAFETY: checked non-null above.
-        unsafe { put(out, boxed(s), "out") }
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { map_fd("tw_segment_from_fd", fd, out, |owned| Segment::from_fd(owned, min_len)) }
 }
 
 /// Map an fd from a TRUSTED peer without requiring seals (e.g. a storage PyTorch shared
@@ -58,14 +49,29 @@ pub unsafe extern "C" fn tw_segment_from_fd(fd: c_int, min_len: usize, out: *mut
 /// `fd` must be an open fd the caller owns; `out` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_segment_from_trusted_fd(fd: c_int, min_len: usize, out: *mut *mut tw_segment_t) -> tw_result_e {
-    guard("tw_segment_from_trusted_fd", || {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { map_fd("tw_segment_from_trusted_fd", fd, out, |owned| Segment::from_trusted_fd(owned, min_len)) }
+}
+
+/// What both fd imports share: a negative `fd` refused, the fd owned from here (so
+/// closed on every failure, `out` NULL included), mapped by `map`, the handle written out.
+///
+/// # Safety
+/// `fd` an open fd the caller owns (or negative); `out` writable.
+unsafe fn map_fd(
+    name: &'static str,
+    fd: c_int,
+    out: *mut *mut tw_segment_t,
+    map: impl FnOnce(OwnedFd) -> crate::Result<Segment>,
+) -> tw_result_e {
+    guard(name, || {
         if fd < 0 {
             return Err(crate::Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
         }
         // SAFETY: the caller transfers ownership of the open fd to us.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         need(out, "out")?;
-        let s = Segment::from_trusted_fd(owned, min_len)?;
+        let s = map(owned)?;
         // SAFETY: checked non-null above.
         unsafe { put(out, boxed(s), "out") }
     })

@@ -55,20 +55,26 @@ impl Reclaimed {
     }
 }
 
-/// Names a lease: slot in the table and the generation it was granted with.
+/// Names a lease: slot in the producer's table and the generation it was granted with.
+// `#[repr(C)]`: the C ABI hands this out as is, as `tw_lease_t` (cbindgen.toml renames it).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseId {
     pub slot: u32,
     pub generation: u32,
 }
 
-/// Producer-side counters for one peer.
+/// What a producer exported to one peer: its counters.
+// `#[repr(C)]`: the C ABI hands this out as is, as `tw_lease_stats_t` (cbindgen.toml
+// renames it).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LeaseStats {
     /// Leases granted and not yet given back.
     pub live_leases: u64,
     /// Bytes of storage under those leases.
     pub live_bytes: u64,
+    /// Leases granted so far.
     pub granted: u64,
     /// Given back by the consumer's release.
     pub released: u64,
@@ -370,16 +376,8 @@ impl ImportTable {
             )));
         }
         let table = Segment::from_fd_exact(fd, table_len(claimed), "the peer's lease table")?;
-        let mut hdr = [0u8; 16];
-        table.read_at(0, &mut hdr)?;
-        let magic = u64::from_le_bytes(hdr[0..8].try_into().unwrap());
-        let version = u32::from_le_bytes(hdr[8..12].try_into().unwrap());
-        let cap = u32::from_le_bytes(hdr[12..16].try_into().unwrap());
-        if magic != TABLE_MAGIC || version != TABLE_VERSION || cap != claimed {
-            return Err(Error::Protocol(format!(
-                "lease table header invalid (magic {magic:#x}, version {version}, capacity {cap}, claimed {claimed})"
-            )));
-        }
+        let cap_at = std::mem::offset_of!(TableHeader, capacity);
+        table.check_header("lease table", (TABLE_MAGIC, TABLE_VERSION), cap_at..cap_at + 4, claimed.into())?;
         Ok(ImportTable { table, capacity: claimed })
     }
 

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use super::export::{CudaHandle, CudaStorage};
-use super::import::HeldLease;
+use super::import::{import_accessors, HeldLease};
 use super::reaper::hold_until;
 
 /// A CUDA tensor imported from the peer: its allocation opened through the process's
@@ -60,15 +60,7 @@ impl CudaMemory {
 }
 
 impl CudaImported {
-    pub fn desc(&self) -> &TensorDesc {
-        &self.desc
-    }
-    pub fn layout(&self) -> Layout {
-        self.desc.layout()
-    }
-    pub fn tag(&self) -> u64 {
-        self.tag
-    }
+    import_accessors!();
     pub fn device(&self) -> i32 {
         self.mapping.device()
     }
@@ -78,8 +70,7 @@ impl CudaImported {
     }
     /// Device address of element 0 of the view.
     pub fn data_ptr(&self) -> DevicePtr {
-        let l = self.layout();
-        self.storage_ptr() + (l.storage_offset as u64 * l.dtype.size() as u64).min(self.desc.storage.nbytes)
+        self.storage_ptr() + self.desc.data_offset()
     }
     pub fn storage_nbytes(&self) -> u64 {
         self.desc.storage.nbytes

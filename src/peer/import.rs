@@ -255,17 +255,28 @@ impl Drop for HeldLease {
     }
 }
 
+/// The accessors both imports ([`Imported`], [`CudaImported`]) have, over their `desc`
+/// and `tag` fields.
+macro_rules! import_accessors {
+    () => {
+        /// The validated descriptor.
+        pub fn desc(&self) -> &TensorDesc {
+            &self.desc
+        }
+        /// The view's layout.
+        pub fn layout(&self) -> Layout {
+            self.desc.layout()
+        }
+        /// The tag the producer sent with the tensor.
+        pub fn tag(&self) -> u64 {
+            self.tag
+        }
+    };
+}
+pub(super) use import_accessors;
+
 impl Imported {
-    /// The validated descriptor.
-    pub fn desc(&self) -> &TensorDesc {
-        &self.desc
-    }
-    pub fn layout(&self) -> Layout {
-        self.desc.layout()
-    }
-    pub fn tag(&self) -> u64 {
-        self.tag
-    }
+    import_accessors!();
     pub fn lease(&self) -> LeaseId {
         self.held.lease
     }
@@ -279,9 +290,7 @@ impl Imported {
     }
     /// Address of element 0 of the view.
     pub fn data_ptr(&self) -> *mut u8 {
-        let l = self.layout();
-        // Clamped: for an empty view the offset is not bounded by the extent.
-        let off = (l.storage_offset as u64).saturating_mul(l.dtype.size() as u64).min(self.desc.storage.nbytes);
+        let off = self.desc.data_offset();
         // SAFETY: off ≤ nbytes, and the storage's nbytes lie inside the mapping (checked
         // at import), so the result is within (or one past) the storage.
         unsafe { self.storage_ptr().add(off as usize) }

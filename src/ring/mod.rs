@@ -21,8 +21,21 @@
 
 pub mod spsc;
 
-#[cfg(not(loom))]
-mod mmap;
+// The mapped ring, one job a file: `shared` (the segment: its layout, creating ours,
+// validating the peer's), `sender` and `receiver` (the two halves), `message` (what a
+// receive returns), `waiter` (spin, then sleep with liveness checks, until the caller's
+// deadline). Compiled out under loom (loom atomics are not plain memory); `spsc`, the
+// protocol, is what the loom models check.
+// (No C ABI lives here, so cbindgen need not follow these `mod` items into the macro.)
 cfg_not_loom! {
-    pub use mmap::*;
+    mod message;
+    mod receiver;
+    mod sender;
+    mod shared;
+    mod waiter;
+
+    pub use message::RingMessage;
+    pub use receiver::RingReceiver;
+    pub use sender::{RingItem, RingSender};
+    pub use shared::{RingShared, DATA_OFFSET, MAX_RING_BYTES, MIN_RING_BYTES};
 }

@@ -132,11 +132,79 @@ pub struct Ctrl<'a> {
     pub space_bell: Doorbell<'a>,
 }
 
+/// What the other side wrote that the protocol does not allow. Once seen, the ring is
+/// unusable for good: every later call on that side fails with the same reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RingBroken {
+    /// The consumer's `tail` moved backwards or past the producer's head.
+    TailOutOfRange { tail: u64, seen: u64, head: u64 },
+    /// The producer's `head` moved backwards, or more than a lap past what was released.
+    HeadOutOfRange { head: u64, read: u64, limit: u64 },
+    /// Fewer published bytes than a record header, or a record off its 64-byte boundary.
+    NoRoomForHeader { avail: u64, offset: u64 },
+    /// A PAD record covers bytes past the published head.
+    PadPastHead { offset: u64 },
+    /// A record's meta or data part is larger than a record may be.
+    RecordOverLimits { offset: u64, meta_len: u32, data_len: u64 },
+    /// A record runs past the end of the data area or the published head.
+    RecordPastEnd { size: u64, offset: u64 },
+    /// A record's sequence number is not the next one.
+    Sequence { got: u64, due: u64 },
+    /// A record carries flags the protocol does not define.
+    UnknownFlags { flags: u32 },
+    /// A record's kind is neither DATA nor PAD.
+    UnknownKind { kind: u32, offset: u64 },
+    /// A record's meta part is neither empty nor a tensor descriptor.
+    MetaNotDescriptor { len: usize },
+    /// A FIRST record arrived while a chunked message was still incomplete.
+    MessageInsideChunked,
+    /// A message's first chunk is larger than the message, or a single-record message's
+    /// data is not the whole message.
+    ChunkLargerThanMessage { chunk: u64, total: u64 },
+    /// A continuation chunk arrived with no message started.
+    ContinuationWithoutStart,
+    /// A chunked message's chunks add up to more than its announced size.
+    ChunksExceedTotal { total: u64 },
+    /// A chunked message's LAST record came before all of its bytes.
+    MessageCutShort { got: u64, total: u64 },
+}
+
+impl std::fmt::Display for RingBroken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RingBroken::TailOutOfRange { tail, seen, head } => {
+                write!(f, "consumer tail {tail} outside [{seen}, {head}] (it may only move forward, up to the head)")
+            }
+            RingBroken::HeadOutOfRange { head, read, limit } => write!(f, "producer head {head} outside [{read}, {limit}]"),
+            RingBroken::NoRoomForHeader { avail, offset } => {
+                write!(f, "{avail} published bytes at offset {offset} cannot hold a record header")
+            }
+            RingBroken::PadPastHead { offset } => write!(f, "pad record at offset {offset} runs past the published head"),
+            RingBroken::RecordOverLimits { offset, meta_len, data_len } => {
+                write!(f, "record at offset {offset} has meta {meta_len} and data {data_len} bytes: over the limits")
+            }
+            RingBroken::RecordPastEnd { size, offset } => {
+                write!(f, "record of {size} bytes at offset {offset} passes the end of the area or the published head")
+            }
+            RingBroken::Sequence { got, due } => write!(f, "record sequence {got} where {due} was due"),
+            RingBroken::UnknownFlags { flags } => write!(f, "record flags {flags:#x} unknown"),
+            RingBroken::UnknownKind { kind, offset } => write!(f, "unknown record kind {kind} at offset {offset}"),
+            RingBroken::MetaNotDescriptor { len } => write!(f, "meta of {len} bytes is not a descriptor"),
+            RingBroken::MessageInsideChunked => write!(f, "a new message started inside a chunked one"),
+            RingBroken::ChunkLargerThanMessage { chunk, total } => write!(f, "chunk of {chunk} bytes for a message of {total}"),
+            RingBroken::ContinuationWithoutStart => write!(f, "a continuation chunk arrived with no message started"),
+            RingBroken::ChunksExceedTotal { total } => write!(f, "chunks exceed the announced {total} bytes"),
+            RingBroken::MessageCutShort { got, total } => write!(f, "message ended at {got} of {total} bytes"),
+        }
+    }
+}
+
 /// Why a ring operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RingError {
     /// The other side wrote something the protocol does not allow; the ring is unusable.
-    Broken(String),
+    Broken(RingBroken),
     /// A record of this size can never fit (larger than half the data area).
     TooLarge { size: u64, max: u64 },
 }
@@ -144,9 +212,37 @@ pub enum RingError {
 impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RingError::Broken(m) => write!(f, "ring broken: {m}"),
+            RingError::Broken(why) => write!(f, "ring broken: {why}"),
             RingError::TooLarge { size, max } => write!(f, "record of {size} bytes exceeds the ring's {max}-byte record limit"),
         }
+    }
+}
+
+/// The data area's capacity, checked: a power of two, at least 256 bytes.
+fn checked_capacity(region: &impl Region) -> u64 {
+    let cap = region.capacity();
+    assert!(cap.is_power_of_two() && cap >= 256, "ring capacity must be a power of two ≥ 256");
+    cap
+}
+
+/// Whether a side found the ring broken, and why. Sticky: the first reason stays, and
+/// every later call on that side fails with it.
+#[derive(Clone, Copy, Default)]
+struct Broken(Option<RingBroken>);
+
+impl Broken {
+    /// `Err` with the first reason once the ring is broken.
+    fn check(self) -> Result<(), RingError> {
+        match self.0 {
+            Some(why) => Err(RingError::Broken(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Record `why` (unless a reason is recorded already) and return it as the error.
+    fn mark(&mut self, why: RingBroken) -> RingError {
+        self.0.get_or_insert(why);
+        RingError::Broken(why)
     }
 }
 
@@ -159,15 +255,14 @@ pub struct Producer<'a, R: Region> {
     tail_seen: u64,
     seq: u64,
     unpublished: bool,
-    broken: Option<String>,
+    broken: Broken,
 }
 
 impl<'a, R: Region> Producer<'a, R> {
     /// A producer over a fresh ring (head = tail = 0).
     pub fn new(ctrl: Ctrl<'a>, region: R) -> Self {
-        let cap = region.capacity();
-        assert!(cap.is_power_of_two() && cap >= 256, "ring capacity must be a power of two ≥ 256");
-        Producer { ctrl, region, cap, head: 0, tail_seen: 0, seq: 0, unpublished: false, broken: None }
+        let cap = checked_capacity(&region);
+        Producer { ctrl, region, cap, head: 0, tail_seen: 0, seq: 0, unpublished: false, broken: Broken::default() }
     }
 
     /// Largest record (header + meta + data) the ring accepts: half the data area, so
@@ -185,24 +280,14 @@ impl<'a, R: Region> Producer<'a, R> {
         self.ctrl
     }
 
-    fn broken(&mut self, m: String) -> RingError {
-        self.broken.get_or_insert(m.clone());
-        RingError::Broken(m)
-    }
-
     /// Bytes free right now.
     fn free(&mut self) -> Result<u64, RingError> {
-        if let Some(m) = &self.broken {
-            return Err(RingError::Broken(m.clone()));
-        }
+        self.broken.check()?;
         // Acquire: pairs with the consumer's Release store in `Consumer::release_to`, so
         // its reads of every byte below `tail` are done before we overwrite them.
         let tail = self.ctrl.tail.load(Ordering::Acquire);
         if tail < self.tail_seen || tail > self.head {
-            return Err(self.broken(format!(
-                "consumer tail {tail} outside [{}, {}] (it may only move forward, up to the head)",
-                self.tail_seen, self.head
-            )));
+            return Err(self.broken.mark(RingBroken::TailOutOfRange { tail, seen: self.tail_seen, head: self.head }));
         }
         self.tail_seen = tail;
         Ok(self.cap - (self.head - tail))
@@ -240,9 +325,7 @@ impl<'a, R: Region> Producer<'a, R> {
         let to_end = self.cap - idx;
         let wrap = to_end < size;
         let need = if wrap { to_end + size } else { size };
-        if let Some(m) = &self.broken {
-            return Err(RingError::Broken(m.clone()));
-        }
+        self.broken.check()?;
         // Free space from the tail we last saw is a lower bound (the tail only moves
         // forward); re-read the consumer's cache line only when that is not enough.
         if need > self.cap - (self.head - self.tail_seen) && need > self.free()? {
@@ -320,42 +403,30 @@ pub struct Consumer<'a, R: Region> {
     read: u64,
     released: u64,
     seq: u64,
-    broken: Option<String>,
+    broken: Broken,
 }
 
 impl<'a, R: Region> Consumer<'a, R> {
     pub fn new(ctrl: Ctrl<'a>, region: R) -> Self {
-        let cap = region.capacity();
-        assert!(cap.is_power_of_two() && cap >= 256, "ring capacity must be a power of two ≥ 256");
-        Consumer { ctrl, region, cap, read: 0, released: 0, seq: 0, broken: None }
+        let cap = checked_capacity(&region);
+        Consumer { ctrl, region, cap, read: 0, released: 0, seq: 0, broken: Broken::default() }
     }
 
     pub fn doorbells(&self) -> Ctrl<'a> {
         self.ctrl
     }
 
-    fn broken(&mut self, m: String) -> RingError {
-        self.broken.get_or_insert(m.clone());
-        RingError::Broken(m)
-    }
-
-    pub fn is_broken(&self) -> Option<&str> {
-        self.broken.as_deref()
+    pub fn is_broken(&self) -> Option<RingBroken> {
+        self.broken.0
     }
 
     /// Take the next DATA record if one is published (skipping PAD records).
     pub fn try_pop(&mut self) -> Result<Option<Record>, RingError> {
-        if let Some(m) = &self.broken {
-            return Err(RingError::Broken(m.clone()));
-        }
+        self.broken.check()?;
         // Acquire: pairs with the producer's Release store in `publish`.
         let head = self.ctrl.head.load(Ordering::Acquire);
         if head < self.read || head - self.released > self.cap {
-            return Err(self.broken(format!(
-                "producer head {head} outside [{}, {}]",
-                self.read,
-                self.released + self.cap
-            )));
+            return Err(self.broken.mark(RingBroken::HeadOutOfRange { head, read: self.read, limit: self.released + self.cap }));
         }
         if head != self.read {
             // The header and the first payload line are read one after the other below:
@@ -371,7 +442,7 @@ impl<'a, R: Region> Consumer<'a, R> {
             let idx = self.read & (self.cap - 1);
             let to_end = self.cap - idx;
             if avail < HEADER_BYTES || idx % RECORD_ALIGN != 0 {
-                return Err(self.broken(format!("{avail} published bytes at offset {idx} cannot hold a record header")));
+                return Err(self.broken.mark(RingBroken::NoRoomForHeader { avail, offset: idx }));
             }
             let mut raw = [0u8; 64];
             // SAFETY: [idx, idx+64) is inside the area (idx < cap, 64-aligned, cap a
@@ -381,7 +452,7 @@ impl<'a, R: Region> Consumer<'a, R> {
             match h.kind {
                 KIND_PAD => {
                     if to_end > avail {
-                        return Err(self.broken(format!("pad record at offset {idx} runs past the published head")));
+                        return Err(self.broken.mark(RingBroken::PadPastHead { offset: idx }));
                     }
                     self.read += to_end;
                 }
@@ -389,22 +460,21 @@ impl<'a, R: Region> Consumer<'a, R> {
                     let size = match h.size() {
                         Some(s) if h.meta_len <= MAX_META && s <= self.cap / 2 => s,
                         _ => {
-                            return Err(self.broken(format!(
-                                "record at offset {idx} has meta {} and data {} bytes: over the limits",
-                                h.meta_len, h.data_len
-                            )));
+                            return Err(self.broken.mark(RingBroken::RecordOverLimits {
+                                offset: idx,
+                                meta_len: h.meta_len,
+                                data_len: h.data_len,
+                            }));
                         }
                     };
                     if size > to_end || size > avail {
-                        return Err(self.broken(format!(
-                            "record of {size} bytes at offset {idx} passes the end of the area or the published head"
-                        )));
+                        return Err(self.broken.mark(RingBroken::RecordPastEnd { size, offset: idx }));
                     }
                     if h.seq != self.seq {
-                        return Err(self.broken(format!("record sequence {} where {} was due", h.seq, self.seq)));
+                        return Err(self.broken.mark(RingBroken::Sequence { got: h.seq, due: self.seq }));
                     }
                     if h.flags & !(FLAG_FIRST | FLAG_LAST) != 0 {
-                        return Err(self.broken(format!("record flags {:#x} unknown", h.flags)));
+                        return Err(self.broken.mark(RingBroken::UnknownFlags { flags: h.flags }));
                     }
                     let mut meta = vec![0u8; h.meta_len as usize];
                     // SAFETY: meta lies inside the record, which was checked to be inside the
@@ -415,7 +485,7 @@ impl<'a, R: Region> Consumer<'a, R> {
                     self.seq += 1;
                     return Ok(Some(Record { header: h, meta, data_offset, end: self.read }));
                 }
-                k => return Err(self.broken(format!("unknown record kind {k} at offset {idx}"))),
+                kind => return Err(self.broken.mark(RingBroken::UnknownKind { kind, offset: idx })),
             }
         }
     }

@@ -11,18 +11,13 @@
  * Without a driver (dlopen fails) it checks that tw_peer_export_cuda is
  * TW_ERR_CUDA_UNAVAILABLE (and still calls the release callback once), prints a SKIPPED
  * line and exits 77 (ctest's SKIP_RETURN_CODE) — unless simcuda/run.sh started it
- * (TW_EXPECT_SIMCUDA), where that is a failure. Runs plain and under valgrind on simcuda
+ * (TW_EXPECT_SIMCUDA), where that is a failure (load_driver). Runs plain and under valgrind on simcuda
  * (scripts/test.sh: simcuda/run.sh ctest -R c_cuda).
  *
  * The child forks before anyone in the parent calls into the driver: CUDA state does not
  * survive fork, so each process initialises the driver itself. */
 #define _GNU_SOURCE
-#include <stdatomic.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "check.h"
+#include "common.h"
 #include "cuda_driver.h"
 
 #define ROWS 48
@@ -35,20 +30,6 @@
 static uint8_t pattern(size_t p) { return (uint8_t)((p * 31 + 7) % 251); }
 
 static atomic_int released[3];
-static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static tw_imported_t *expect_tensor(tw_peer_t *peer) {
-  tw_imported_t *t = NULL;
-  tw_message_t *m = NULL;
-  CHECK(tw_peer_recv(peer, 30000, &t, &m));
-  EXPECT(t != NULL && m == NULL);
-  return t;
-}
 
 /* Read an import's storage on `s` (after waiting for the producer there) and compare
  * with the pattern the parent wrote, the storage starting `at` bytes into the
@@ -57,10 +38,7 @@ static long check_import(tw_imported_t *t, CUstream s, size_t at) {
   EXPECT(tw_imported_device(t) == 0);
   EXPECT(tw_imported_storage_len(t) == NBYTES);
   CHECK(tw_imported_cuda_wait(t, (size_t)s));
-  uint8_t *host = malloc(NBYTES);
-  EXPECT(host != NULL);
-  CU(cu.MemcpyDtoHAsync(host, (CUdeviceptr)(uintptr_t)tw_imported_storage(t), NBYTES, s));
-  CU(cu.StreamSynchronize(s));
+  uint8_t *host = copy_to_host((CUdeviceptr)(uintptr_t)tw_imported_storage(t), NBYTES, s);
   long bad = -1;
   for (size_t i = 0; i < NBYTES && bad < 0; i++)
     if (host[i] != pattern(at + i)) bad = (long)i;
@@ -87,52 +65,29 @@ static int child(int fd) {
   int len = snprintf(msg, sizeof msg, "checked %ld %ld", bad_a, bad_b);
   CHECK(tw_peer_send_message(peer, (const uint8_t *)msg, (size_t)len, NULL, 0));
   /* The parent checks that both leases are still out, then says "release". */
-  tw_imported_t *t = NULL;
-  tw_message_t *m = NULL;
-  CHECK(tw_peer_recv(peer, 30000, &t, &m));
-  EXPECT(t == NULL && m != NULL);
-  tw_message_free(m);
+  expect_message(peer, "release");
   CHECK(tw_imported_release(a));
   CHECK(tw_imported_release_after(b, (size_t)s));
-  /* Wait for the parent to hang up. */
-  EXPECT(tw_peer_recv(peer, 30000, &t, &m) == TW_ERR_PEER_GONE);
+  expect_peer_gone(peer);
   tw_peer_free(peer);
   CU(cu.StreamSynchronize(s));
   stop_driver(s);
-  dlclose(cu.lib);
   return 0;
 }
 
-static void wait_released(tw_peer_t *peer) {
-  tw_lease_stats_t st;
-  for (int i = 0; i < 3000; i++) {
-    CHECK(tw_peer_reap(peer, &st));
-    if (st.live_leases == 0) return;
-    sleep_ms(10);
-  }
-  fprintf(stderr, "CUDA leases still live after 30 s: %llu\n", (unsigned long long)st.live_leases);
-  exit(1);
+/* Until the parent hangs up. */
+static int child_without_driver(int fd) {
+  tw_peer_t *peer = NULL;
+  CHECK(tw_peer_from_fd(fd, NULL, &peer));
+  expect_peer_gone(peer);
+  tw_peer_free(peer);
+  return 0;
 }
 
 /* No driver: the export is refused by name, and its callback still runs once. */
 static int no_driver(void) {
-  int a, b;
-  CHECK(tw_socketpair(&a, &b));
-  pid_t pid = fork();
-  EXPECT(pid >= 0);
-  if (pid == 0) {
-    close(a);
-    tw_peer_t *p = NULL;
-    CHECK(tw_peer_from_fd(b, NULL, &p));
-    tw_imported_t *t = NULL;
-    tw_message_t *m = NULL;
-    EXPECT(tw_peer_recv(p, 30000, &t, &m) == TW_ERR_PEER_GONE);
-    tw_peer_free(p);
-    _exit(0);
-  }
-  close(b);
   tw_peer_t *peer = NULL;
-  CHECK(tw_peer_from_fd(a, NULL, &peer));
+  pid_t pid = spawn_peer(child_without_driver, NULL, &peer);
   EXPECT(!tw_cuda_available());
   int32_t n = -1;
   EXPECT_ERR(tw_cuda_device_count(&n), TW_ERR_CUDA_UNAVAILABLE, "");
@@ -143,33 +98,16 @@ static int no_driver(void) {
              "CUDA unavailable");
   EXPECT(atomic_load(&released[0]) == 1);
   tw_peer_free(peer);
-  int status;
-  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_child_ok(pid);
   printf("SKIPPED c_cuda: no CUDA driver (libcuda.so.1 not loadable; run under simcuda/run.sh or on a GPU); "
          "checked: exports are TW_ERR_CUDA_UNAVAILABLE and release their owner once\n");
   return 77;
 }
 
 int main(void) {
-  if (!load_driver()) {
-    /* simcuda/run.sh sets this: there a missing driver is a failure, not a skip. */
-    if (getenv("TW_EXPECT_SIMCUDA") != NULL) {
-      fprintf(stderr, "simcuda/run.sh ran this, but libcuda.so.1 did not load: %s\n", dlerror());
-      return 1;
-    }
-    return no_driver();
-  }
-  int a, b;
-  CHECK(tw_socketpair(&a, &b));
-  pid_t pid = fork(); /* before any driver call in this process */
-  EXPECT(pid >= 0);
-  if (pid == 0) {
-    close(a);
-    _exit(child(b));
-  }
-  close(b);
+  if (!load_driver()) return no_driver();
   tw_peer_t *peer = NULL;
-  CHECK(tw_peer_from_fd(a, NULL, &peer));
+  pid_t pid = spawn_peer(child, NULL, &peer); /* before any driver call in this process */
   CUstream s = start_driver();
   EXPECT(tw_cuda_available());
 
@@ -184,47 +122,34 @@ int main(void) {
   free(host);
 
   int64_t sizes[2] = {ROWS, COLS};
-  tw_layout_t contiguous, transposed;
+  tw_layout_t contiguous;
   CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, sizes, 2, &contiguous));
-  transposed = contiguous;
-  transposed.sizes[0] = COLS, transposed.sizes[1] = ROWS;
-  transposed.strides[0] = 1, transposed.strides[1] = COLS;
+  tw_layout_t transposed_view = transposed(contiguous);
   /* Past the end of the allocation: refused by name, callback still once. */
   EXPECT_ERR(tw_peer_export_cuda(peer, buf + OFFSET, ALLOC, &contiguous, (size_t)s, 20, 0, on_release, &released[2], NULL),
              TW_ERR_INVALID_ARGUMENT, "pass the end");
   EXPECT(atomic_load(&released[2]) == 1);
   CHECK(tw_peer_export_cuda(peer, buf, NBYTES, &contiguous, (size_t)s, 21, 0, on_release, &released[0], NULL));
-  CHECK(tw_peer_export_cuda(peer, buf + OFFSET, NBYTES, &transposed, (size_t)s, 22, 0, on_release, &released[1], NULL));
+  CHECK(tw_peer_export_cuda(peer, buf + OFFSET, NBYTES, &transposed_view, (size_t)s, 22, 0, on_release, &released[1],
+                            NULL));
 
-  tw_imported_t *t = NULL;
-  tw_message_t *m = NULL;
-  CHECK(tw_peer_recv(peer, 30000, &t, &m));
-  EXPECT(t == NULL && m != NULL);
-  size_t len = 0;
-  const uint8_t *got = tw_message_data(m, &len);
-  const char *want = "checked -1 -1";
-  if (len != strlen(want) || memcmp(got, want, len) != 0) {
-    fprintf(stderr, "the child read other bytes than the parent wrote (first bad byte of each view): %.*s\n", (int)len, got);
-    exit(1);
-  }
-  tw_message_free(m);
+  /* The first bad byte of each view the child read: none. */
+  expect_message(peer, "checked -1 -1");
   /* Both imports are still held: their owners must be alive. */
   sleep_ms(50);
   EXPECT(atomic_load(&released[0]) == 0 && atomic_load(&released[1]) == 0);
-  CHECK(tw_peer_send_message(peer, (const uint8_t *)"release", 7, NULL, 0));
-  wait_released(peer);
+  send_text(peer, "release");
+  wait_released(peer, TW_TEST_TIMEOUT_MS);
   EXPECT(atomic_load(&released[0]) == 1 && atomic_load(&released[1]) == 1 && atomic_load(&released[2]) == 1);
   tw_lease_stats_t st;
   CHECK(tw_peer_stats(peer, &st));
   EXPECT(st.granted == 2 && st.released == 2 && st.live_bytes == 0);
   tw_peer_free(peer);
-  int status;
-  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_child_ok(pid);
   /* Freeing the peer ends nothing twice. */
   EXPECT(atomic_load(&released[0]) == 1 && atomic_load(&released[1]) == 1 && atomic_load(&released[2]) == 1);
   CU(cu.MemFree(buf));
   stop_driver(s);
-  dlclose(cu.lib);
   printf("cuda: ok (2 CUDA views checked in a forked child, 3 release callbacks once each)\n");
   return 0;
 }

@@ -14,15 +14,11 @@
  *
  * Every process forks before it first calls into the driver (CUDA state does not survive
  * fork). Without a driver it prints SKIPPED and exits 77 (ctest's SKIP_RETURN_CODE) —
- * unless simcuda/run.sh started it (TW_EXPECT_SIMCUDA), where that is a failure. Runs
+ * unless simcuda/run.sh started it (TW_EXPECT_SIMCUDA), where that is a failure
+ * (load_driver). Runs
  * plain and under valgrind on simcuda (scripts/test.sh: simcuda/run.sh ctest -R c_cuda). */
 #define _GNU_SOURCE
-#include <stdatomic.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "check.h"
+#include "common.h"
 #include "cuda_driver.h"
 
 #define ROWS 24
@@ -31,54 +27,7 @@
 #define MARK (-7.0f)
 
 static atomic_int released;
-static int relay_callbacks; /* in the relay process */
-
-static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
-static void on_relay_release(void *ctx) { ++*(int *)ctx; }
-
-static float value(int i, int j) { return (float)(i * 1000 + j); }
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static void expect_message(tw_peer_t *peer, const char *want) {
-  tw_imported_t *t = NULL;
-  tw_message_t *m = NULL;
-  CHECK(tw_peer_recv(peer, 30000, &t, &m));
-  EXPECT(t == NULL && m != NULL);
-  size_t len = 0;
-  const uint8_t *data = tw_message_data(m, &len);
-  if (len != strlen(want) || memcmp(data, want, len) != 0) {
-    fprintf(stderr, "expected the message \"%s\", got \"%.*s\"\n", want, (int)len, (const char *)data);
-    exit(1);
-  }
-  tw_message_free(m);
-}
-
-static tw_imported_t *expect_tensor(tw_peer_t *peer) {
-  tw_imported_t *t = NULL;
-  tw_message_t *m = NULL;
-  CHECK(tw_peer_recv(peer, 30000, &t, &m));
-  EXPECT(t != NULL && m == NULL);
-  return t;
-}
-
-static void send_text(tw_peer_t *peer, const char *s) {
-  CHECK(tw_peer_send_message(peer, (const uint8_t *)s, strlen(s), NULL, 0));
-}
-
-/* Reap until no lease is live (at most 30 s); the final stats. */
-static tw_lease_stats_t wait_released(tw_peer_t *peer) {
-  tw_lease_stats_t s;
-  for (int i = 0; i < 3000; i++) {
-    CHECK(tw_peer_reap(peer, &s));
-    if (s.live_leases == 0) break;
-    sleep_ms(10);
-  }
-  return s;
-}
+static atomic_int relay_callbacks; /* in the relay process */
 
 static int last(int up_fd) {
   tw_peer_t *up = NULL;
@@ -94,14 +43,11 @@ static int last(int up_fd) {
   EXPECT(tw_imported_device(t) == 0 && tw_imported_tag(t) == 9 && tw_imported_storage_len(t) == NBYTES);
   EXPECT(l.ndim == 2 && l.sizes[0] == ROWS - 1 && l.sizes[1] == COLS && l.storage_offset == COLS);
   CHECK(tw_imported_cuda_wait(t, (size_t)s));
-  float *host = malloc(NBYTES);
-  EXPECT(host != NULL);
-  CU(cu.MemcpyDtoHAsync(host, (CUdeviceptr)(uintptr_t)tw_imported_storage(t), NBYTES, s));
-  CU(cu.StreamSynchronize(s));
+  float *host = copy_to_host((CUdeviceptr)(uintptr_t)tw_imported_storage(t), NBYTES, s);
   long bad = -1;
   for (int i = 0; i < ROWS && bad < 0; i++)
     for (int j = 0; j < COLS && bad < 0; j++)
-      if (host[i * COLS + j] != value(i, j)) bad = i * COLS + j;
+      if (host[i * COLS + j] != matrix_value(i, j)) bad = i * COLS + j;
   free(host);
   if (bad >= 0) {
     fprintf(stderr, "the last read other bytes than the parent wrote (element %ld)\n", bad);
@@ -113,50 +59,38 @@ static int last(int up_fd) {
   expect_message(up, "release");
   CHECK(tw_imported_release_after(t, (size_t)s));
   send_text(up, "released");
-  tw_message_t *msg = NULL;
-  t = NULL;
-  EXPECT(tw_peer_recv(up, 30000, &t, &msg) == TW_ERR_PEER_GONE);
+  expect_peer_gone(up);
   tw_peer_free(up);
   CU(cu.StreamSynchronize(s));
   CU(cu.MemFree(mark));
   stop_driver(s);
-  dlclose(cu.lib);
   return 0;
 }
 
 static int relay(int host_fd) {
-  int a, b;
-  CHECK(tw_socketpair(&a, &b));
-  pid_t pid = fork(); /* before any driver call in this process */
-  EXPECT(pid >= 0);
-  if (pid == 0) {
-    close(a);
-    _exit(last(b));
-  }
-  close(b);
   tw_peer_t *host = NULL, *down = NULL;
+  pid_t pid = spawn_peer(last, NULL, &down); /* before any driver call in this process */
   CHECK(tw_peer_from_fd(host_fd, NULL, &host));
-  CHECK(tw_peer_from_fd(a, NULL, &down));
   CUstream s = start_driver();
   tw_imported_t *imp = expect_tensor(host);
   /* Refused, each callback run before the call returned: the stream-less forward of a
    * CUDA import, and a view one row past the storage. */
-  EXPECT_ERR(tw_peer_export_imported(down, imp, NULL, 1, 0, on_relay_release, &relay_callbacks, NULL),
+  EXPECT_ERR(tw_peer_export_imported(down, imp, NULL, 1, 0, on_release, &relay_callbacks, NULL),
              TW_ERR_INVALID_ARGUMENT, "tw_peer_export_imported_cuda");
-  EXPECT(relay_callbacks == 1);
+  EXPECT(atomic_load(&relay_callbacks) == 1);
   int64_t big_sizes[2] = {ROWS + 1, COLS};
   tw_layout_t big, view;
   CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, big_sizes, 2, &big));
-  EXPECT_ERR(tw_peer_export_imported_cuda(down, imp, &big, (size_t)s, 1, 0, on_relay_release, &relay_callbacks, NULL),
+  EXPECT_ERR(tw_peer_export_imported_cuda(down, imp, &big, (size_t)s, 1, 0, on_release, &relay_callbacks, NULL),
              TW_ERR_INVALID_ARGUMENT, "view needs");
-  EXPECT(relay_callbacks == 2);
+  EXPECT(atomic_load(&relay_callbacks) == 2);
   /* The view without the first row. */
   int64_t sizes[2] = {ROWS - 1, COLS};
   CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, sizes, 2, &view));
   view.storage_offset = COLS;
   uint64_t opens_before = 0, opens_after = 0;
   tw_cuda_ipc_cache_stats(&opens_before, NULL);
-  CHECK(tw_peer_export_imported_cuda(down, imp, &view, (size_t)s, 9, 0, on_relay_release, &relay_callbacks, NULL));
+  CHECK(tw_peer_export_imported_cuda(down, imp, &view, (size_t)s, 9, 0, on_release, &relay_callbacks, NULL));
   tw_cuda_ipc_cache_stats(&opens_after, NULL);
   EXPECT(opens_before == 1 && opens_after == 1); /* the import's open; the forward opened nothing */
   /* The forward's lease holds the import now: our handle lets go after our stream. */
@@ -166,48 +100,32 @@ static int relay(int host_fd) {
   expect_message(host, "go");
   send_text(down, "release");
   expect_message(down, "released");
-  tw_lease_stats_t st = wait_released(down);
-  EXPECT(st.live_leases == 0 && st.released == 1 && st.granted == 1 && relay_callbacks == 3);
+  tw_lease_stats_t st = wait_released(down, TW_TEST_TIMEOUT_MS);
+  EXPECT(st.live_leases == 0 && st.released == 1 && st.granted == 1 && atomic_load(&relay_callbacks) == 3);
   send_text(host, "forwarded");
   expect_message(host, "bye");
   tw_peer_free(down);
-  int status;
-  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_child_ok(pid);
   tw_peer_free(host);
   CU(cu.StreamSynchronize(s));
   stop_driver(s);
-  dlclose(cu.lib);
   return 0;
 }
 
 int main(void) {
   if (!load_driver()) {
-    /* simcuda/run.sh sets this: there a missing driver is a failure, not a skip. */
-    if (getenv("TW_EXPECT_SIMCUDA") != NULL) {
-      fprintf(stderr, "simcuda/run.sh ran this, but libcuda.so.1 did not load: %s\n", dlerror());
-      return 1;
-    }
     printf("SKIPPED c_cuda_forward: no CUDA driver (libcuda.so.1 not loadable; run under simcuda/run.sh or on a GPU)\n");
     return 77;
   }
-  int a, b;
-  CHECK(tw_socketpair(&a, &b));
-  pid_t pid = fork(); /* before any driver call in this process */
-  EXPECT(pid >= 0);
-  if (pid == 0) {
-    close(a);
-    _exit(relay(b));
-  }
-  close(b);
   tw_peer_t *peer = NULL;
-  CHECK(tw_peer_from_fd(a, NULL, &peer));
+  pid_t pid = spawn_peer(relay, NULL, &peer); /* before any driver call in this process */
   CUstream s = start_driver();
   CUdeviceptr buf;
   CU(cu.MemAlloc(&buf, NBYTES));
   float *host = malloc(NBYTES);
   EXPECT(host != NULL);
   for (int i = 0; i < ROWS; i++)
-    for (int j = 0; j < COLS; j++) host[i * COLS + j] = value(i, j);
+    for (int j = 0; j < COLS; j++) host[i * COLS + j] = matrix_value(i, j);
   /* Queued behind a busy stretch of the stream, not synchronized: the export (and the
    * forward) must order the last after it, or it reads zeros. */
   for (int i = 0; i < 16; i++) CU(cu.MemsetD8Async(buf, 0, NBYTES, s));
@@ -217,31 +135,21 @@ int main(void) {
   CHECK(tw_layout_contiguous(TW_DTYPE_FLOAT32, sizes, 2, &l));
   CHECK(tw_peer_export_cuda(peer, buf, NBYTES, &l, (size_t)s, 4, 0, on_release, &released, NULL));
   expect_message(peer, "holding");
-  /* The last holds the forward: the relay's import, and so our lease, must stay. */
-  sleep_ms(30);
-  tw_lease_stats_t st;
-  CHECK(tw_peer_reap(peer, &st));
-  EXPECT(st.live_leases == 1 && atomic_load(&released) == 0);
-  send_text(peer, "go");
-  expect_message(peer, "forwarded");
-  st = wait_released(peer);
-  EXPECT(st.live_leases == 0 && st.released == 1 && atomic_load(&released) == 1);
+  expect_forward_held_then_released(peer, &released);
   /* The last's write, in our memory once the lease is back. */
-  CU(cu.MemcpyDtoHAsync(host, buf, NBYTES, s));
-  CU(cu.StreamSynchronize(s));
-  if (host[COLS] != MARK || host[COLS + 1] != value(1, 1) || host[0] != value(0, 0)) {
+  free(host);
+  host = copy_to_host(buf, NBYTES, s);
+  if (host[COLS] != MARK || host[COLS + 1] != matrix_value(1, 1) || host[0] != matrix_value(0, 0)) {
     fprintf(stderr, "the last's write is not in the parent's memory: %g %g %g\n", host[0], host[COLS], host[COLS + 1]);
     exit(1);
   }
   free(host);
   send_text(peer, "bye");
-  int status;
-  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_child_ok(pid);
   tw_peer_free(peer);
   EXPECT(atomic_load(&released) == 1);
   CU(cu.MemFree(buf));
   stop_driver(s);
-  dlclose(cu.lib);
   printf("cuda_forward: ok (host -> relay -> last, one device memory, nothing reopened, released once)\n");
   return 0;
 }

@@ -4,24 +4,16 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "check.h"
+#include "common.h"
 
 static atomic_int calls;
-static void on_release(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
 
 struct setup { int fd; tw_peer_t *peer; tw_result_e r; };
 static void *connect_side(void *arg) {
   struct setup *s = arg;
   s->r = tw_peer_from_fd(s->fd, NULL, &s->peer);
   return NULL;
-}
-
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
 }
 
 static double now_s(void) {
@@ -185,8 +177,7 @@ int main(void) {
   atomic_store(&calls, 0);
   CHECK(tw_peer_export(producer, small, 0, 100, &layout, 6, 50, on_release, &calls, NULL));
   CHECK(tw_peer_recv(consumer, 10000, &imp, &msg));
-  struct timespec ts = {0, 300 * 1000000L};
-  nanosleep(&ts, NULL);
+  sleep_ms(300);
   EXPECT(atomic_load(&calls) == 1);
   EXPECT_ERR(tw_imported_release(imp), TW_ERR_STALE_LEASE, "expired (its window ran out)");
 

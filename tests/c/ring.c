@@ -3,10 +3,7 @@
  * elements, receives borrowed and copied messages, and echoes a chunked message (larger
  * than the ring) back. A connection without a ring reports that clearly. */
 #define _GNU_SOURCE
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "check.h"
+#include "common.h"
 
 #define BIG (3 * 65536 + 123)
 
@@ -52,26 +49,25 @@ static int child(int fd) {
   EXPECT(len == BIG && !tw_ring_message_is_borrowed(m));
   CHECK(tw_peer_ring_send_bytes(peer, 3, big, len, 20000));
   tw_ring_message_free(m);
-  tw_imported_t *t = NULL;
-  tw_message_t *msg = NULL;
-  EXPECT(tw_peer_recv(peer, 20000, &t, &msg) == TW_ERR_PEER_GONE);
+  expect_peer_gone(peer);
   tw_peer_free(peer);
   return 0;
 }
 
+/* A peer that offers no ring. */
+static int child_without_ring(int fd) {
+  tw_peer_config_t none = config();
+  none.ring_bytes = 0;
+  tw_peer_t *p = NULL;
+  CHECK(tw_peer_from_fd(fd, &none, &p));
+  tw_peer_free(p);
+  return 0;
+}
+
 int main(void) {
-  int a, b;
-  CHECK(tw_socketpair(&a, &b));
-  pid_t pid = fork();
-  EXPECT(pid >= 0);
-  if (pid == 0) {
-    close(a);
-    _exit(child(b));
-  }
-  close(b);
   tw_peer_config_t c = config();
   tw_peer_t *peer = NULL;
-  CHECK(tw_peer_from_fd(a, &c, &peer));
+  pid_t pid = spawn_peer(child, &c, &peer);
   CHECK(tw_peer_ring_send_bytes(peer, 1, (const uint8_t *)"hello", 5, 20000));
   int32_t storage[12];
   for (int i = 0; i < 3; i++)
@@ -92,28 +88,15 @@ int main(void) {
   tw_ring_message_free(m);
   tw_ring_message_free(NULL);
   tw_peer_free(peer);
-  int status;
-  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_child_ok(pid);
 
   /* Without a ring. */
-  CHECK(tw_socketpair(&a, &b));
-  pid = fork();
-  if (pid == 0) {
-    close(a);
-    tw_peer_config_t none = config();
-    none.ring_bytes = 0;
-    tw_peer_t *p = NULL;
-    CHECK(tw_peer_from_fd(b, &none, &p));
-    tw_peer_free(p);
-    _exit(0);
-  }
-  close(b);
   c.ring_bytes = 0;
-  CHECK(tw_peer_from_fd(a, &c, &peer));
+  pid = spawn_peer(child_without_ring, &c, &peer);
   EXPECT_ERR(tw_peer_ring_send_bytes(peer, 1, (const uint8_t *)"x", 1, 100), TW_ERR_INVALID_ARGUMENT, "no ring");
   EXPECT_ERR(tw_peer_ring_recv(peer, 100, false, &m), TW_ERR_INVALID_ARGUMENT, "no ring to receive from");
   tw_peer_free(peer);
-  EXPECT(waitpid(pid, &status, 0) == pid);
+  expect_child_ok(pid);
   printf("ring: ok\n");
   return 0;
 }

@@ -36,3 +36,28 @@ def test_fake_tensor_mode_shapes():
         u = ops.to_shared(torch.empty(2, 3).t())
     assert t.shape == (7, 3) and t.dtype == torch.bfloat16
     assert u.shape == (3, 2) and u.stride() == (2, 1)
+
+
+CONNECTION_OPTIONS = [("max_leases", 0), ("max_lease_bytes", 0), ("window_ms", 0), ("handshake_timeout_ms", 0),
+                      ("ring_bytes", 0), ("cuda_ring_device", -1), ("cuda_ring_slot_bytes", 0), ("cuda_ring_slots", 0)]
+
+
+@pytest.mark.parametrize("op,first,own", [("from_fd", "fd", []), ("connect", "path", []),
+                                          ("accept", "listener", [("timeout_ms", -1)])])
+def test_connection_options_schema(op, first, own):
+    # The three opening ops end with the same keyword-only options (TW_CONNECTION_OPTIONS),
+    # which connection.py documents and passes through as **limits.
+    args = getattr(ops, op).default._schema.arguments
+    assert [a.name for a in args if not a.kwarg_only] == [first]
+    assert [(a.name, a.default_value) for a in args if a.kwarg_only] == own + CONNECTION_OPTIONS
+
+
+@pytest.mark.parametrize("name,bad", [("max_leases", -1), ("max_lease_bytes", -1), ("window_ms", -1),
+                                      ("handshake_timeout_ms", -1), ("ring_bytes", -1), ("cuda_ring_device", -2),
+                                      ("cuda_ring_slot_bytes", -1), ("cuda_ring_slots", -1)])
+@pytest.mark.parametrize("op,first", [("from_fd", -1), ("connect", "/nonexistent/tw.sock"), ("accept", -1)])
+def test_connection_options_reach_their_field(op, first, name, bad):
+    # Each option lands in its own field of the parsed config (checked before anything is
+    # opened): a bad value is refused under its own name.
+    with pytest.raises(RuntimeError, match=f"tensorwire: {name}"):
+        getattr(ops, op)(first, **{name: bad})

@@ -66,6 +66,7 @@ def test_doctor_reports_every_cpu_capability():
     assert "CUDA driver + devices" in r.stdout and "expandable segments" in r.stdout
 
 
+@needs_install
 def test_cli_rejects_unknown_commands():
     r = run("-m", "tensorwire", "frobnicate")
     assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr

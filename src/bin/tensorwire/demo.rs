@@ -2,6 +2,7 @@
 //! sizes and layouts both ways, verify them on the other side, prove zero-copy by
 //! mutation, release, and print a table. Exits non-zero if anything failed.
 
+use crossbeam_utils::Backoff;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -164,12 +165,15 @@ fn produce(peer: &Peer, direction: &'static str, max: usize) -> Result<Vec<Row>,
             return Err(format!("case {tag}: unexpected reply {m:?}").into());
         }
         let t2 = m[2];
+        // The reaper thread drops the owner: spin briefly, then yield to it (on a busy
+        // machine it may need this very CPU) rather than burn the CPU for up to 10 s.
         let deadline = Instant::now() + Duration::from_secs(10);
+        let backoff = Backoff::new();
         while !dropped.load(Ordering::Acquire) {
             if Instant::now() > deadline {
                 return Err(format!("case {tag}: owner not dropped 10 s after the consumer released").into());
             }
-            std::hint::spin_loop();
+            backoff.snooze();
         }
         let t3 = now_ns();
         let ok = checksum_ok && zero_copy_ok;

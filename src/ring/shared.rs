@@ -1,0 +1,174 @@
+//! The ring segment: its fixed layout (a wire format both processes map), creating one,
+//! validating the peer's, and the raw views of its control words and data area that the
+//! sender and receiver build on.
+
+use super::spsc::{Ctrl, Region};
+use crate::doorbell::{Doorbell, DoorbellWords};
+use crate::error::{Error, Result};
+use crate::segment::Segment;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+const RING_MAGIC: u64 = u64::from_le_bytes(*b"TWRING01");
+const RING_VERSION: u32 = 1;
+// The producer writes one cache line (head + the data doorbell it rings), the consumer
+// another (tail + the space doorbell it rings): a message costs the consumer one line
+// transfer to see it, and the producer reads the consumer's line only when short of space.
+// These are offsets in a wire format both processes map, so the separation is spelled out
+// in bytes; `CachePadded`'s alignment is the compiler's per-target choice and no layout
+// to share with another build.
+const OFF_HEAD: usize = 64;
+const OFF_DATA_BELL: usize = 72;
+const OFF_TAIL: usize = 128;
+const OFF_SPACE_BELL: usize = 136;
+/// Offset of the data area in the ring segment.
+pub const DATA_OFFSET: usize = 4096;
+/// Smallest and largest data area.
+pub const MIN_RING_BYTES: usize = 4096;
+pub const MAX_RING_BYTES: usize = 1 << 34;
+/// The data area of a mapped ring segment.
+pub(super) struct MmapRegion {
+    pub(super) base: *mut u8,
+    cap: u64,
+}
+
+// SAFETY: the region is a raw view of a shared mapping that the owning `RingShared` keeps
+// alive; moving it between threads is fine (all access is by explicit copies).
+unsafe impl Send for MmapRegion {}
+
+impl Region for MmapRegion {
+    fn capacity(&self) -> u64 {
+        self.cap
+    }
+    unsafe fn write_with(&self, at: u64, len: usize, fill: &mut dyn FnMut(&mut [u8])) {
+        // SAFETY: the caller guarantees [at, at+len) is inside the data area and that the
+        // consumer does not read it now; the mapping outlives `self`.
+        fill(unsafe { std::slice::from_raw_parts_mut(self.base.add(at as usize), len) })
+    }
+    unsafe fn read(&self, at: u64, dst: &mut [u8]) {
+        // SAFETY: the caller guarantees the range is inside the data area and published.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst.as_mut_ptr(), dst.len()) }
+    }
+    fn prefetch(&self, at: u64, len: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut off = at & !63;
+            while off < at + len {
+                // SAFETY: a prefetch never faults or changes memory; the address is inside
+                // the mapped data area anyway (at + len ≤ capacity).
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(self.base.add(off as usize).cast())
+                };
+                off += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (at, len);
+    }
+    fn prefetch_write(&self, at: u64, len: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut off = at & !63;
+            while off < at + len {
+                // SAFETY: PREFETCHW never faults or changes memory (it executes as a NOP
+                // on CPUs without it); the address is inside the mapped data area anyway.
+                unsafe {
+                    std::arch::asm!("prefetchw [{p}]", p = in(reg) self.base.add(off as usize), options(nostack, preserves_flags, readonly))
+                };
+                off += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (at, len);
+    }
+    unsafe fn read_raw(&self, at: u64, dst: *mut u8, len: usize) {
+        // SAFETY: as for `read`; the caller guarantees `dst` is writable for `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst, len) }
+    }
+}
+
+/// Largest peer ring whose pages are mapped in advance when opened.
+const POPULATE_PEER_MAX: u64 = 64 << 20;
+
+/// Fault in a whole ring segment now (`MADV_POPULATE_WRITE` / `_READ`, Linux 5.14+). Only
+/// an optimisation: on an older kernel, or on failure, pages fault in on first use.
+fn populate(seg: &Segment, advice: libc::c_int) {
+    // SAFETY: the range is exactly the live mapping of `seg`; populating it only faults
+    // pages in (no change to contents or protections).
+    unsafe { libc::madvise(seg.as_ptr().cast(), seg.len(), advice) };
+}
+
+/// A ring segment, mapped, with its capacity validated.
+pub struct RingShared {
+    seg: Arc<Segment>,
+    cap: u64,
+}
+
+impl RingShared {
+    /// Create a ring with a data area of `bytes` (a power of two, 4 KiB ..= 16 GiB).
+    pub fn create(bytes: usize) -> Result<RingShared> {
+        if !bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "ring size {bytes} must be a power of two in {MIN_RING_BYTES}..={MAX_RING_BYTES}"
+            )));
+        }
+        let seg = Segment::create(DATA_OFFSET + bytes)?;
+        let mut hdr = [0u8; 24];
+        hdr[0..8].copy_from_slice(&RING_MAGIC.to_le_bytes());
+        hdr[8..12].copy_from_slice(&RING_VERSION.to_le_bytes());
+        hdr[16..24].copy_from_slice(&(bytes as u64).to_le_bytes());
+        seg.write_at(0, &hdr)?;
+        // The ring is registered once and reused for every message: allocate and map all
+        // of it now rather than in page faults during the first lap of messages.
+        populate(&seg, libc::MADV_POPULATE_WRITE);
+        Ok(RingShared { seg: Arc::new(seg), cap: bytes as u64 })
+    }
+
+    /// Validate a ring segment from the peer. `claimed` is the size its setup message
+    /// announced; the header must agree and the segment must hold the whole area.
+    pub fn open(fd: std::os::fd::OwnedFd, claimed: u64, max_bytes: usize) -> Result<RingShared> {
+        if !claimed.is_power_of_two() || claimed < MIN_RING_BYTES as u64 || claimed > max_bytes as u64 {
+            return Err(Error::Protocol(format!(
+                "peer's ring of {claimed} bytes is not a power of two in {MIN_RING_BYTES}..={max_bytes}"
+            )));
+        }
+        let seg = Segment::from_fd_exact(fd, DATA_OFFSET + claimed as usize, "the peer's ring segment")?;
+        // The capacity is the u64 at 16 (see `create`).
+        seg.check_header("ring", (RING_MAGIC, RING_VERSION), 16..24, claimed)?;
+        // Map the pages the producer allocated (read faults only; bounded, since the size
+        // is the peer's choice: beyond it pages are mapped on first use as before).
+        if claimed <= POPULATE_PEER_MAX {
+            populate(&seg, libc::MADV_POPULATE_READ);
+        }
+        Ok(RingShared { seg: Arc::new(seg), cap: claimed })
+    }
+
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
+    /// The control words and the data area. `'static` because the segment is kept
+    /// alive by the `Arc` that every user of these also holds (see `RingSender`).
+    pub(super) fn parts(&self) -> (Ctrl<'static>, MmapRegion) {
+        let base = self.seg.as_ptr();
+        // SAFETY: every offset is inside the first 4096 bytes of a mapping of at least
+        // DATA_OFFSET + cap bytes (checked at create/open), 8-aligned, and these words are
+        // only ever accessed atomically. The 'static lifetime is sound because each
+        // holder of the returned references also holds `self.seg` (declared after the
+        // user of the references, so it is dropped later).
+        unsafe {
+            let word = |off: usize| &*base.add(off).cast::<AtomicU64>();
+            let bell = |off: usize| Doorbell::new(&*base.add(off).cast::<DoorbellWords>());
+            let ctrl = Ctrl {
+                head: word(OFF_HEAD),
+                tail: word(OFF_TAIL),
+                data_bell: bell(OFF_DATA_BELL),
+                space_bell: bell(OFF_SPACE_BELL),
+            };
+            (ctrl, MmapRegion { base: base.add(DATA_OFFSET), cap: self.cap })
+        }
+    }
+}
