@@ -48,10 +48,14 @@ put("desc_decode", "f64-scalar", desc([], [], dtype=7, size=8, offset=5))
 put("desc_decode", "bf16-empty", desc([0, 4], [4, 1], dtype=15, size=2))
 put("desc_decode", "c128-ring", desc([8], [1], dtype=10, size=16, kind=2, nbytes=4096))
 
-# --- ring_ops: 3-byte ops (push 0/1, publish 2, pop 3/4, release 5, corrupt 6/7) --------
+# --- ring_ops: 3-byte ops (push 0/1, publish 2, pop 3/4, release 5, scribble a byte 6,
+# --- a hostile record 7, a hostile tail 8, check ready 9) -----------------------------
 put("ring_ops", "push-publish-pop", bytes([0, 10, 1, 2, 0, 0, 3, 0, 0]))
 put("ring_ops", "many", bytes([0, 40, 0, 1, 200, 3, 2, 0, 0, 3, 0, 0, 4, 1, 0, 5, 0, 0, 0, 255, 1, 2, 0, 0, 3, 0, 0]))
 put("ring_ops", "wrap", bytes([0, 150, 0, 2, 0, 0, 3, 0, 0] * 6))
+put("ring_ops", "ready", bytes([9, 0, 0, 0, 10, 1, 9, 0, 0, 3, 0, 0, 9, 0, 0]))
+put("ring_ops", "hostile-record", bytes([0, 10, 1, 3, 0, 0, 7, 8, 0, 3, 0, 0]))
+put("ring_ops", "laps-then-stale-stamp", bytes([0, 150, 0, 3, 0, 0] * 8 + [7, 5, 2, 3, 0, 0]))
 
 # --- rpc frames and values ------------------------------------------------------------
 msgs = [

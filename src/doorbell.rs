@@ -70,6 +70,16 @@ impl<'a> Doorbell<'a> {
         self.current() != seen
     }
 
+    /// Sleep until `ready` holds or the bell rings, at most as `wait` says: read the
+    /// sequence, look, then sleep on the sequence read. The ringer makes `ready` true
+    /// before it rings, so when the look finds nothing, the ring that follows comes after
+    /// the read and ends the sleep (no lost wake-up; modelled in `tests/loom_ring.rs`).
+    /// Returns true if `ready` held or the bell rang, false if the wait ran out.
+    pub fn sleep_unless(&self, ready: &dyn Fn() -> bool, wait: impl Into<Wait>) -> bool {
+        let seen = self.current();
+        ready() || self.wait(seen, 0, wait)
+    }
+
     /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.
     /// Returns false if the wait ran out first (`Wait::Forever` waits without limit; the
     /// transport always passes a limit).

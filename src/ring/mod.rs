@@ -13,19 +13,23 @@
 //! copy; borrowing works for messages that fit one record. (For zero-copy of large
 //! tensors, export them under a lease instead: `Peer::export`.)
 //!
-//! Segment layout: a 64-byte header (magic, version, capacity), then `head`, `tail` and
-//! the two doorbells each on its own cache line, then the data area at offset 4096. The
-//! whole segment is faulted in when the ring is created (and when a peer's ring of up to
-//! 64 MiB is opened): it is registered once and reused, so page faults belong to setup,
-//! not to the first lap of messages.
+//! Segment layout: a 64-byte header (magic, version, capacity, stamp salt), then the data
+//! doorbell (the producer's cache line) and `tail` with the space doorbell (the
+//! consumer's), then the data area at offset 4096, whose records each carry the stamp
+//! that publishes them (`spsc` has the record format and the protocol). The whole
+//! segment is faulted in when the ring is created (and when a peer's ring of up to 64 MiB
+//! is opened): it is registered once and reused, so page faults belong to setup, not to
+//! the first lap of messages.
 
+mod broken;
 pub mod spsc;
 
-// The mapped ring, one job a file: `shared` (the segment: its layout, creating ours,
-// validating the peer's), `sender` and `receiver` (the two halves), `message` (what a
-// receive returns), `waiter` (spin, then sleep with liveness checks, until the caller's
-// deadline). Compiled out under loom (loom atomics are not plain memory); `spsc`, the
-// protocol, is what the loom models check.
+// `broken` (why a ring call failed) goes with the protocol. The mapped ring, one job a
+// file: `shared` (the segment: its layout, creating ours, validating the peer's),
+// `sender` and `receiver` (the two halves), `message` (what a receive returns), `waiter`
+// (spin, then sleep with liveness checks, until the caller's deadline). Compiled out
+// under loom (loom atomics are not plain memory); `spsc`, the protocol, is what the loom
+// models check.
 // (No C ABI lives here, so cbindgen need not follow these `mod` items into the macro.)
 cfg_not_loom! {
     mod message;

@@ -4,7 +4,7 @@
 
 use super::message::{Data, RingMessage};
 use super::shared::{MmapRegion, RingShared};
-use super::spsc::{Consumer, Record, RingBroken, FLAG_FIRST, FLAG_LAST};
+use super::spsc::{Consumer, Record, RingBroken, Watch, FLAG_FIRST, FLAG_LAST};
 use super::waiter::Waiter;
 use crate::desc::{StorageKind, TensorDesc, DESC_SIZE};
 use crate::doorbell::Doorbell;
@@ -89,13 +89,16 @@ impl RecvState {
     /// bytes message). Writes in place: descriptors are 400 bytes.
     fn decode_desc_into(&mut self, rec: &Record, out: &mut Option<TensorDesc>) -> Result<()> {
         *out = None;
-        if rec.meta.is_empty() {
+        let len = rec.header.meta_len as usize;
+        if len == 0 {
             return Ok(());
         }
-        if rec.meta.len() != DESC_SIZE {
-            return Err(self.broken(RingBroken::MetaNotDescriptor { len: rec.meta.len() }));
+        if len != DESC_SIZE {
+            return Err(self.broken(RingBroken::MetaNotDescriptor { len }));
         }
-        let d = TensorDesc::decode(&rec.meta)?;
+        let mut raw = [0u8; DESC_SIZE];
+        self.consumer.read_meta(rec, &mut raw);
+        let d = TensorDesc::decode(&raw)?;
         if d.kind() != Some(StorageKind::RingSlot) || d.storage.nbytes != rec.header.total_len || d.storage.base_offset != 0 {
             return Err(Error::InvalidDescriptor(format!(
                 "ring descriptor must name a RingSlot of {} bytes at offset 0",
@@ -180,6 +183,7 @@ impl RecvState {
     }
 
     /// The next record, or an error that leaves the ring broken for good.
+    #[inline]
     fn next_record(&mut self) -> Result<Option<Record>> {
         if let Some(why) = self.broken {
             return Err(Error::RingBroken(why));
@@ -233,6 +237,11 @@ impl RecvState {
         }
     }
 
+    /// The stamp of the next record, to wait for without the lock.
+    fn watch(&self) -> Watch<MmapRegion> {
+        self.consumer.watch()
+    }
+
     /// Pop and process records until a message completes or none is published.
     fn poll(&mut self, borrow: bool, me: &Arc<Mutex<RecvState>>) -> Result<Option<RingMessage>> {
         loop {
@@ -282,11 +291,14 @@ impl RingReceiver {
         let mut deadline = wait.into().deadline();
         let mut waiter = Waiter::new(self.data_bell, spin, &self.spin_policy, &mut deadline, RECV_WAITS_FOR, RECV_GONE);
         loop {
-            let seen = waiter.current();
-            if let Some(m) = self.state.lock().poll(borrow, &self.state)? {
-                return Ok(m);
-            }
-            waiter.wait(seen, gone)?;
+            let watch = {
+                let mut st = self.state.lock();
+                if let Some(m) = st.poll(borrow, &self.state)? {
+                    return Ok(m);
+                }
+                st.watch()
+            };
+            waiter.wait(&|| watch.ready(), gone)?;
         }
     }
 
@@ -307,11 +319,17 @@ impl RingReceiver {
         let mut waiter = Waiter::new(self.data_bell, spin, &self.spin_policy, deadline, RECV_WAITS_FOR, RECV_GONE);
         let mut desc = None;
         loop {
-            let seen = waiter.current();
-            if let Some(tag) = self.state.lock().poll_into(buf, &mut desc)? {
-                return Ok((tag, desc));
-            }
-            waiter.wait(seen, gone)?;
+            // Nothing published: wait for the next record's stamp with the lock dropped
+            // (a borrowed message may be dropped meanwhile, on any thread). The watch is
+            // a hint: the next poll validates whatever it finds.
+            let watch = {
+                let mut st = self.state.lock();
+                if let Some(tag) = st.poll_into(buf, &mut desc)? {
+                    return Ok((tag, desc));
+                }
+                st.watch()
+            };
+            waiter.wait(&|| watch.ready(), gone)?;
         }
     }
 

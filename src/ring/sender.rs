@@ -83,6 +83,15 @@ impl RingSender {
 
     /// `send_many` within a caller's deadline (one clock for a larger wait).
     pub(crate) fn send_many_until(&mut self, items: &[RingItem<'_>], deadline: &mut Deadline, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
+        let r = self.push_all(items, deadline, spin, gone);
+        // Records pushed are visible already (their stamps); wake a sleeping consumer for
+        // them, also when a later item failed.
+        self.producer.publish();
+        r
+    }
+
+    /// Push every item's records, waiting for space where the ring is full.
+    fn push_all(&mut self, items: &[RingItem<'_>], deadline: &mut Deadline, spin: u32, gone: &dyn Fn() -> bool) -> Result<()> {
         let mut waiter = Waiter::new(
             self.producer.doorbells().space_bell,
             spin,
@@ -131,21 +140,14 @@ impl RingSender {
                         debug_assert_eq!(n, dst.len());
                     }
                 };
-                loop {
-                    if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill)? {
-                        break;
-                    }
-                    // Full: let the consumer see what we have, then wait for space. The
-                    // space doorbell lives on the consumer's cache line: read it only here,
-                    // when short of space, never on the fast path (that would pull the line
-                    // over once per message). Read it before trying again, so a release
-                    // between the failed try and the read is not missed.
+                while !self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill)? {
+                    // Full: wake the consumer for what we have, then wait for it to release
+                    // space: poll its tail, sleep on the space doorbell. Both live on the
+                    // consumer's cache line: read only here, when short of space, never on
+                    // the fast path (that would pull the line over once per message).
                     self.producer.publish();
-                    let seen = waiter.current();
-                    if self.producer.try_push(flags, item.tag, total, meta, chunk, &mut fill)? {
-                        break;
-                    }
-                    waiter.wait(seen, gone)?;
+                    let producer = &self.producer;
+                    waiter.wait(&|| producer.tail_moved(), gone)?;
                 }
                 sent += chunk;
                 first = false;
@@ -154,7 +156,6 @@ impl RingSender {
                 }
             }
         }
-        self.producer.publish();
         Ok(())
     }
 }

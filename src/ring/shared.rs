@@ -2,7 +2,7 @@
 //! validating the peer's, and the raw views of its control words and data area that the
 //! sender and receiver build on.
 
-use super::spsc::{Ctrl, Region};
+use super::spsc::{Ctrl, Region, STAMP_AT};
 use crate::doorbell::{Doorbell, DoorbellWords};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
@@ -10,23 +10,30 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 const RING_MAGIC: u64 = u64::from_le_bytes(*b"TWRING01");
-const RING_VERSION: u32 = 1;
-// The producer writes one cache line (head + the data doorbell it rings), the consumer
-// another (tail + the space doorbell it rings): a message costs the consumer one line
-// transfer to see it, and the producer reads the consumer's line only when short of space.
-// These are offsets in a wire format both processes map, so the separation is spelled out
-// in bytes; `CachePadded`'s alignment is the compiler's per-target choice and no layout
-// to share with another build.
-const OFF_HEAD: usize = 64;
-const OFF_DATA_BELL: usize = 72;
+/// Version 2: records are published by their own stamps (no shared head counter).
+const RING_VERSION: u32 = 2;
+// Header: magic u64 at 0, version u32 at 8, capacity u64 at 16, stamp salt u64 at 24.
+const OFF_SALT: usize = 24;
+// The producer writes one cache line (the data doorbell it rings), the consumer another
+// (tail + the space doorbell it rings). A waiting consumer polls neither: it polls the
+// stamp of the record it waits for (`spsc`), and reads the data doorbell only before it
+// sleeps; the producer reads the consumer's line only when short of space. These are
+// offsets in a wire format both processes map, so the separation is spelled out in bytes;
+// `CachePadded`'s alignment is the compiler's per-target choice and no layout to share
+// with another build.
+const OFF_DATA_BELL: usize = 64;
 const OFF_TAIL: usize = 128;
 const OFF_SPACE_BELL: usize = 136;
+/// The bit every stamp salt has set.
+const SALT_TOP_BIT: u64 = 1 << 63;
 /// Offset of the data area in the ring segment.
 pub const DATA_OFFSET: usize = 4096;
 /// Smallest and largest data area.
 pub const MIN_RING_BYTES: usize = 4096;
 pub const MAX_RING_BYTES: usize = 1 << 34;
-/// The data area of a mapped ring segment.
+/// The data area of a mapped ring segment (a raw view; copies of it are views of the same
+/// mapping, which the `RingShared` of whoever holds one keeps alive).
+#[derive(Clone)]
 pub(super) struct MmapRegion {
     pub(super) base: *mut u8,
     cap: u64,
@@ -48,6 +55,13 @@ impl Region for MmapRegion {
     unsafe fn read(&self, at: u64, dst: &mut [u8]) {
         // SAFETY: the caller guarantees the range is inside the data area and published.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(at as usize), dst.as_mut_ptr(), dst.len()) }
+    }
+    unsafe fn stamp(&self, at: u64) -> &AtomicU64 {
+        // SAFETY: the caller guarantees `at` is a multiple of 64 below the capacity, so the
+        // word at `at + STAMP_AT` is 8-aligned (the area starts page-aligned) and inside the
+        // mapping, which outlives `self`; while the line is a header it is only accessed
+        // atomically (the protocol's reads and writes of header fields end before it).
+        unsafe { &*self.base.add((at + STAMP_AT) as usize).cast::<AtomicU64>() }
     }
     fn prefetch(&self, at: u64, len: u64) {
         #[cfg(target_arch = "x86_64")]
@@ -102,6 +116,8 @@ fn populate(seg: &Segment, advice: libc::c_int) {
 pub struct RingShared {
     seg: Arc<Segment>,
     cap: u64,
+    /// The stamp salt from the header, copied to private memory.
+    salt: u64,
 }
 
 impl RingShared {
@@ -113,15 +129,21 @@ impl RingShared {
             )));
         }
         let seg = Segment::create(DATA_OFFSET + bytes)?;
-        let mut hdr = [0u8; 24];
+        // Random, so that no sender of data can forge a stamp (`spsc` module docs); the top
+        // bit set, so that no position a ring reaches has a stamp of zero.
+        let mut salt = [0u8; 8];
+        crate::sys::getrandom(&mut salt)?;
+        let salt = u64::from_le_bytes(salt) | SALT_TOP_BIT;
+        let mut hdr = [0u8; 32];
         hdr[0..8].copy_from_slice(&RING_MAGIC.to_le_bytes());
         hdr[8..12].copy_from_slice(&RING_VERSION.to_le_bytes());
         hdr[16..24].copy_from_slice(&(bytes as u64).to_le_bytes());
+        hdr[OFF_SALT..OFF_SALT + 8].copy_from_slice(&salt.to_le_bytes());
         seg.write_at(0, &hdr)?;
         // The ring is registered once and reused for every message: allocate and map all
         // of it now rather than in page faults during the first lap of messages.
         populate(&seg, libc::MADV_POPULATE_WRITE);
-        Ok(RingShared { seg: Arc::new(seg), cap: bytes as u64 })
+        Ok(RingShared { seg: Arc::new(seg), cap: bytes as u64, salt })
     }
 
     /// Validate a ring segment from the peer. `claimed` is the size its setup message
@@ -135,12 +157,18 @@ impl RingShared {
         let seg = Segment::from_fd_exact(fd, DATA_OFFSET + claimed as usize, "the peer's ring segment")?;
         // The capacity is the u64 at 16 (see `create`).
         seg.check_header("ring", (RING_MAGIC, RING_VERSION), 16..24, claimed)?;
+        let mut salt = [0u8; 8];
+        seg.read_at(OFF_SALT, &mut salt)?;
+        let salt = u64::from_le_bytes(salt);
+        if salt & SALT_TOP_BIT == 0 {
+            return Err(Error::Protocol(format!("peer's ring stamp salt {salt:#x} lacks its top bit")));
+        }
         // Map the pages the producer allocated (read faults only; bounded, since the size
         // is the peer's choice: beyond it pages are mapped on first use as before).
         if claimed <= POPULATE_PEER_MAX {
             populate(&seg, libc::MADV_POPULATE_READ);
         }
-        Ok(RingShared { seg: Arc::new(seg), cap: claimed })
+        Ok(RingShared { seg: Arc::new(seg), cap: claimed, salt })
     }
 
     pub fn segment(&self) -> &Arc<Segment> {
@@ -148,6 +176,10 @@ impl RingShared {
     }
     pub fn capacity(&self) -> u64 {
         self.cap
+    }
+    /// The stamp salt (`spsc::stamp`): what a test playing a hostile producer needs.
+    pub fn salt(&self) -> u64 {
+        self.salt
     }
 
     /// The control words and the data area. `'static` because the segment is kept
@@ -163,10 +195,10 @@ impl RingShared {
             let word = |off: usize| &*base.add(off).cast::<AtomicU64>();
             let bell = |off: usize| Doorbell::new(&*base.add(off).cast::<DoorbellWords>());
             let ctrl = Ctrl {
-                head: word(OFF_HEAD),
                 tail: word(OFF_TAIL),
                 data_bell: bell(OFF_DATA_BELL),
                 space_bell: bell(OFF_SPACE_BELL),
+                salt: self.salt,
             };
             (ctrl, MmapRegion { base: base.add(DATA_OFFSET), cap: self.cap })
         }

@@ -5,24 +5,59 @@
 //! catches unsynchronised access to record payloads, not just to the control words).
 //!
 //! Layout of the data area (a power of two, `cap` bytes): variable-size records, each a
-//! 64-byte header, then `meta` (≤ `MAX_META` bytes) and `data`, each padded to 64 bytes.
-//! A record never wraps: when it does not fit before the end, the producer first writes a
-//! PAD header that covers the rest of the area and starts again at 0.
+//! 64-byte header line, then `meta` (≤ `MAX_META` bytes) and `data`, each padded to 64
+//! bytes. A record never wraps: when it does not fit before the end, the producer first
+//! writes a PAD record that covers the rest of the area and starts again at 0. The header
+//! line holds the fields (kind u32 at 0, flags u32 at 4, seq u64 at 8, meta_len u32 at 16,
+//! data_len u64 at 24, total_len u64 at 32, tag u64 at 40; the rest zero) in its first
+//! [`FIELDS_BYTES`] bytes and the record's **stamp**, a u64, in its last 8 ([`STAMP_AT`]).
 //!
-//! `head` (written by the producer) and `tail` (written by the consumer) are monotonic
-//! byte counters; `pos & (cap - 1)` is the offset. The producer publishes with a Release
-//! store of `head` after writing a record; the consumer Acquire-loads it, copies the
-//! header to private memory, validates it, and only then touches meta or data. The
-//! consumer releases with a Release store of `tail` once it is done with the bytes below
-//! it; the producer Acquire-loads `tail` before reusing them. Either side treats the
-//! other's counter as hostile: a value outside what the protocol allows marks the ring
-//! broken (an error, never an out-of-bounds access or an endless loop).
+//! **Publishing is per record.** Positions are monotonic byte counters (`pos & (cap - 1)`
+//! is the offset). The producer writes a record's meta, data and header fields, then
+//! Release-stores its stamp, [`stamp`]`(salt, pos)`. The consumer Acquire-loads the stamp
+//! word at its read position and takes the record once it holds that value: it copies the
+//! header fields to private memory, validates them, and only then touches meta or data.
+//! So the consumer learns of a record from the line it must read anyway (the header's),
+//! and a waiting consumer polls exactly that line, with the first data line beside it;
+//! there is no shared head counter to read first and no doorbell on the fast path.
+//!
+//! Why `pos ^ salt` (the salt: a random u64 with its top bit set, fixed per ring in the
+//! segment header): it differs for every position, so a record of an earlier lap at the
+//! same offset never passes for the one awaited now; a zeroed area matches only the
+//! position equal to the salt (≥ 2^63 bytes into the ring: never reached); and an offset
+//! that held data bytes in an earlier lap (records differ in size, so an offset is a header
+//! in one lap and data in another) matches only if those bytes equal the stamp, which the
+//! sender of the data cannot arrange without the salt (a client feeding bytes to a process
+//! that forwards them through a ring cannot forge a record). A stamp that does not match is
+//! never an error: it is what an unpublished position holds.
+//!
+//! The consumer releases with a Release store of `tail` once it is done with the bytes
+//! below it; the producer Acquire-loads `tail` before reusing them. Either side treats what
+//! the other writes as hostile: a tail outside what the protocol allows, or a published
+//! record whose header breaks a rule, marks the ring broken (an error, never an
+//! out-of-bounds access or an endless loop).
+//!
+//! **Waking.** The producer rings the data doorbell once per batch ([`Producer::publish`],
+//! after the batch's stamps); a consumer about to sleep reads the doorbell's sequence,
+//! then checks the stamp ([`Consumer::ready`]), then sleeps on that sequence: a record
+//! stamped after the check is rung after the read, so the sleep returns at once (the
+//! doorbell's own waiter count makes the wake-up itself Dekker-safe; `crate::doorbell`).
+//! The producer rings on every publish, not only when the consumer may be asleep: skipping
+//! the ring safely would take a StoreLoad fence between the stamp store and a load of the
+//! waiter count, which costs what the ring's one locked add costs, and the ring's line
+//! stays in the producer's cache (the consumer reads it only before it sleeps).
 
+pub use super::broken::{RingBroken, RingError};
+use super::broken::Broken;
 use crate::doorbell::Doorbell;
 use crate::sync::{AtomicU64, Ordering};
 
 pub const RECORD_ALIGN: u64 = 64;
 pub const HEADER_BYTES: u64 = 64;
+/// Bytes of a header line that hold its fields (copied to private memory as one).
+pub const FIELDS_BYTES: usize = 56;
+/// Offset of the stamp word in a header line.
+pub const STAMP_AT: u64 = 56;
 /// Largest `meta` part of a record (a tensor descriptor fits).
 pub const MAX_META: u32 = 1024;
 pub const KIND_DATA: u32 = 1;
@@ -31,13 +66,21 @@ pub const KIND_PAD: u32 = 2;
 pub const FLAG_FIRST: u32 = 1;
 /// Last record of a message.
 pub const FLAG_LAST: u32 = 2;
+/// Most bytes past its head the producer takes ownership of after publishing (see
+/// [`Producer::publish`]): a 4 KiB message's record and more, never a large chunk's.
+const PREFETCH_AHEAD: u64 = 8 << 10;
 
 /// `n` rounded up to the record alignment (None on overflow).
 pub fn align(n: u64) -> Option<u64> {
     n.checked_add(RECORD_ALIGN - 1).map(|v| v & !(RECORD_ALIGN - 1))
 }
 
-/// A record header as copied to private memory.
+/// The stamp that publishes the record at ring position `pos` of a ring with `salt`.
+pub fn stamp(salt: u64, pos: u64) -> u64 {
+    pos ^ salt
+}
+
+/// A record header as copied to private memory (its fields; the stamp is separate).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecordHeader {
     pub kind: u32,
@@ -53,8 +96,9 @@ pub struct RecordHeader {
 }
 
 impl RecordHeader {
-    pub fn encode(&self) -> [u8; 64] {
-        let mut b = [0u8; 64];
+    /// The fields as they lie in the header line (its first `FIELDS_BYTES` bytes).
+    pub fn encode(&self) -> [u8; FIELDS_BYTES] {
+        let mut b = [0u8; FIELDS_BYTES];
         b[0..4].copy_from_slice(&self.kind.to_le_bytes());
         b[4..8].copy_from_slice(&self.flags.to_le_bytes());
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
@@ -65,7 +109,7 @@ impl RecordHeader {
         b
     }
 
-    pub fn decode(b: &[u8; 64]) -> RecordHeader {
+    pub fn decode(b: &[u8; FIELDS_BYTES]) -> RecordHeader {
         let u32at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         RecordHeader {
@@ -100,6 +144,13 @@ pub trait Region {
     /// # Safety
     /// `at + dst.len() ≤ capacity()`, and the producer must not be writing that range.
     unsafe fn read(&self, at: u64, dst: &mut [u8]);
+    /// The stamp word of the header line at offset `at` (the u64 at `at + STAMP_AT`). While
+    /// the line is a header, that word is only accessed atomically; `write_with` and
+    /// `read` of header fields never cover it.
+    ///
+    /// # Safety
+    /// `at` is a multiple of 64 below `capacity()`.
+    unsafe fn stamp(&self, at: u64) -> &AtomicU64;
     /// Hint that `[at, at + len)` will be read soon (a cache prefetch; no effect on
     /// correctness). `at + len ≤ capacity()`.
     fn prefetch(&self, _at: u64, _len: u64) {}
@@ -121,101 +172,17 @@ pub trait Region {
     }
 }
 
-/// The shared control words of one ring.
+/// The shared control words of one ring, and its salt.
 #[derive(Clone, Copy)]
 pub struct Ctrl<'a> {
-    pub head: &'a AtomicU64,
+    /// Written by the consumer: every byte below it is released.
     pub tail: &'a AtomicU64,
     /// Rung by the producer after publishing; the consumer sleeps on it.
     pub data_bell: Doorbell<'a>,
     /// Rung by the consumer after releasing; the producer sleeps on it when full.
     pub space_bell: Doorbell<'a>,
-}
-
-/// What the other side wrote that the protocol does not allow. Once seen, the ring is
-/// unusable for good: every later call on that side fails with the same reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RingBroken {
-    /// The consumer's `tail` moved backwards or past the producer's head.
-    TailOutOfRange { tail: u64, seen: u64, head: u64 },
-    /// The producer's `head` moved backwards, or more than a lap past what was released.
-    HeadOutOfRange { head: u64, read: u64, limit: u64 },
-    /// Fewer published bytes than a record header, or a record off its 64-byte boundary.
-    NoRoomForHeader { avail: u64, offset: u64 },
-    /// A PAD record covers bytes past the published head.
-    PadPastHead { offset: u64 },
-    /// A record's meta or data part is larger than a record may be.
-    RecordOverLimits { offset: u64, meta_len: u32, data_len: u64 },
-    /// A record runs past the end of the data area or the published head.
-    RecordPastEnd { size: u64, offset: u64 },
-    /// A record's sequence number is not the next one.
-    Sequence { got: u64, due: u64 },
-    /// A record carries flags the protocol does not define.
-    UnknownFlags { flags: u32 },
-    /// A record's kind is neither DATA nor PAD.
-    UnknownKind { kind: u32, offset: u64 },
-    /// A record's meta part is neither empty nor a tensor descriptor.
-    MetaNotDescriptor { len: usize },
-    /// A FIRST record arrived while a chunked message was still incomplete.
-    MessageInsideChunked,
-    /// A message's first chunk is larger than the message, or a single-record message's
-    /// data is not the whole message.
-    ChunkLargerThanMessage { chunk: u64, total: u64 },
-    /// A continuation chunk arrived with no message started.
-    ContinuationWithoutStart,
-    /// A chunked message's chunks add up to more than its announced size.
-    ChunksExceedTotal { total: u64 },
-    /// A chunked message's LAST record came before all of its bytes.
-    MessageCutShort { got: u64, total: u64 },
-}
-
-impl std::fmt::Display for RingBroken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            RingBroken::TailOutOfRange { tail, seen, head } => {
-                write!(f, "consumer tail {tail} outside [{seen}, {head}] (it may only move forward, up to the head)")
-            }
-            RingBroken::HeadOutOfRange { head, read, limit } => write!(f, "producer head {head} outside [{read}, {limit}]"),
-            RingBroken::NoRoomForHeader { avail, offset } => {
-                write!(f, "{avail} published bytes at offset {offset} cannot hold a record header")
-            }
-            RingBroken::PadPastHead { offset } => write!(f, "pad record at offset {offset} runs past the published head"),
-            RingBroken::RecordOverLimits { offset, meta_len, data_len } => {
-                write!(f, "record at offset {offset} has meta {meta_len} and data {data_len} bytes: over the limits")
-            }
-            RingBroken::RecordPastEnd { size, offset } => {
-                write!(f, "record of {size} bytes at offset {offset} passes the end of the area or the published head")
-            }
-            RingBroken::Sequence { got, due } => write!(f, "record sequence {got} where {due} was due"),
-            RingBroken::UnknownFlags { flags } => write!(f, "record flags {flags:#x} unknown"),
-            RingBroken::UnknownKind { kind, offset } => write!(f, "unknown record kind {kind} at offset {offset}"),
-            RingBroken::MetaNotDescriptor { len } => write!(f, "meta of {len} bytes is not a descriptor"),
-            RingBroken::MessageInsideChunked => write!(f, "a new message started inside a chunked one"),
-            RingBroken::ChunkLargerThanMessage { chunk, total } => write!(f, "chunk of {chunk} bytes for a message of {total}"),
-            RingBroken::ContinuationWithoutStart => write!(f, "a continuation chunk arrived with no message started"),
-            RingBroken::ChunksExceedTotal { total } => write!(f, "chunks exceed the announced {total} bytes"),
-            RingBroken::MessageCutShort { got, total } => write!(f, "message ended at {got} of {total} bytes"),
-        }
-    }
-}
-
-/// Why a ring operation failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RingError {
-    /// The other side wrote something the protocol does not allow; the ring is unusable.
-    Broken(RingBroken),
-    /// A record of this size can never fit (larger than half the data area).
-    TooLarge { size: u64, max: u64 },
-}
-
-impl std::fmt::Display for RingError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RingError::Broken(why) => write!(f, "ring broken: {why}"),
-            RingError::TooLarge { size, max } => write!(f, "record of {size} bytes exceeds the ring's {max}-byte record limit"),
-        }
-    }
+    /// The ring's stamp salt (see the module docs), copied to private memory.
+    pub salt: u64,
 }
 
 /// The data area's capacity, checked: a power of two, at least 256 bytes.
@@ -225,25 +192,12 @@ fn checked_capacity(region: &impl Region) -> u64 {
     cap
 }
 
-/// Whether a side found the ring broken, and why. Sticky: the first reason stays, and
-/// every later call on that side fails with it.
-#[derive(Clone, Copy, Default)]
-struct Broken(Option<RingBroken>);
-
-impl Broken {
-    /// `Err` with the first reason once the ring is broken.
-    fn check(self) -> Result<(), RingError> {
-        match self.0 {
-            Some(why) => Err(RingError::Broken(why)),
-            None => Ok(()),
-        }
-    }
-
-    /// Record `why` (unless a reason is recorded already) and return it as the error.
-    fn mark(&mut self, why: RingBroken) -> RingError {
-        self.0.get_or_insert(why);
-        RingError::Broken(why)
-    }
+/// Whether the header line at `at` carries the stamp `expect`.
+fn stamped(region: &impl Region, at: u64, expect: u64) -> bool {
+    // SAFETY: callers pass a record offset: `pos & (cap - 1)` of a 64-aligned position.
+    // Acquire: pairs with the producer's Release store in `Producer::put_header`; the
+    // record's bytes are visible once its stamp is.
+    unsafe { region.stamp(at) }.load(Ordering::Acquire) == expect
 }
 
 /// The producer's half. Private state only; the shared words are read as hostile.
@@ -254,7 +208,10 @@ pub struct Producer<'a, R: Region> {
     head: u64,
     tail_seen: u64,
     seq: u64,
-    unpublished: bool,
+    /// Records stamped since the data doorbell last rang.
+    unrung: bool,
+    /// Bytes of the last record pushed (what the next one likely needs).
+    last_size: u64,
     broken: Broken,
 }
 
@@ -262,7 +219,7 @@ impl<'a, R: Region> Producer<'a, R> {
     /// A producer over a fresh ring (head = tail = 0).
     pub fn new(ctrl: Ctrl<'a>, region: R) -> Self {
         let cap = checked_capacity(&region);
-        Producer { ctrl, region, cap, head: 0, tail_seen: 0, seq: 0, unpublished: false, broken: Broken::default() }
+        Producer { ctrl, region, cap, head: 0, tail_seen: 0, seq: 0, unrung: false, last_size: 0, broken: Broken::default() }
     }
 
     /// Largest record (header + meta + data) the ring accepts: half the data area, so
@@ -293,9 +250,35 @@ impl<'a, R: Region> Producer<'a, R> {
         Ok(self.cap - (self.head - tail))
     }
 
-    /// Append one record if it fits now (not yet visible: call [`publish`](Self::publish)).
-    /// `fill` writes the `data_len` data bytes in place. Returns false if the ring is too
-    /// full at the moment.
+    /// Whether the consumer's tail moved since a push last found the ring too full (what
+    /// a sender waiting for space polls; the next push validates it).
+    pub fn tail_moved(&self) -> bool {
+        // Acquire: pairs with the consumer's Release store in `Consumer::release_to` (a
+        // hint only: `free` loads it again before any byte is reused).
+        self.ctrl.tail.load(Ordering::Acquire) != self.tail_seen
+    }
+
+    /// Write `hdr`'s fields into the header line at `at`, then publish the record: the
+    /// Release store of the stamp of position `pos`.
+    ///
+    /// # Safety
+    /// `at` is a multiple of 64 below the capacity, the record at `at` lies in free space,
+    /// and its meta and data are written.
+    unsafe fn put_header(&self, at: u64, pos: u64, hdr: &RecordHeader) {
+        let fields = hdr.encode();
+        // SAFETY: forwarded from the caller; the fields end before the stamp word.
+        unsafe {
+            self.region.write_with(at, FIELDS_BYTES, &mut |b| b.copy_from_slice(&fields));
+            // Release: pairs with the consumer's Acquire load in `stamped`: everything
+            // written to the record above is visible to it once it sees this stamp.
+            self.region.stamp(at).store(stamp(self.ctrl.salt, pos), Ordering::Release);
+        }
+    }
+
+    /// Append one record if it fits now. `fill` writes the `data_len` data bytes in
+    /// place. The record is visible to the consumer at once (its stamp); a sleeping
+    /// consumer wakes at [`publish`](Self::publish). Returns false if the ring is too full
+    /// at the moment.
     pub fn try_push(
         &mut self,
         flags: u32,
@@ -305,18 +288,10 @@ impl<'a, R: Region> Producer<'a, R> {
         data_len: u64,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, RingError> {
-        let mut hdr = RecordHeader {
-            kind: KIND_DATA,
-            flags,
-            seq: self.seq,
-            meta_len: meta.len() as u32,
-            data_len,
-            total_len,
-            tag,
-        };
         if meta.len() > MAX_META as usize {
             return Err(RingError::TooLarge { size: meta.len() as u64, max: u64::from(MAX_META) });
         }
+        let hdr = RecordHeader { kind: KIND_DATA, flags, seq: self.seq, meta_len: meta.len() as u32, data_len, total_len, tag };
         let size = hdr.size().filter(|s| *s <= self.max_record()).ok_or(RingError::TooLarge {
             size: hdr.size().unwrap_or(u64::MAX),
             max: self.max_record(),
@@ -333,66 +308,86 @@ impl<'a, R: Region> Producer<'a, R> {
         }
         let mut at = idx;
         if wrap {
-            let pad = RecordHeader { kind: KIND_PAD, total_len: to_end, ..Default::default() }.encode();
-            // SAFETY: [idx, idx+64) is inside the area (idx is 64-aligned and < cap) and
-            // free: the consumer released it (checked against `tail` above).
-            unsafe { self.region.write_with(idx, 64, &mut |b| b.copy_from_slice(&pad)) };
+            let pad = RecordHeader { kind: KIND_PAD, total_len: to_end, ..Default::default() };
+            // SAFETY: idx is 64-aligned and < cap; the pad covers [idx, cap), free space
+            // (checked against the consumer's tail above), and holds nothing but its header.
+            unsafe { self.put_header(idx, self.head, &pad) };
             self.head += to_end;
             at = 0;
         }
-        hdr.seq = self.seq;
-        let h = hdr.encode();
         let meta_at = at + HEADER_BYTES;
         let data_at = meta_at + align(meta.len() as u64).expect("≤ MAX_META");
         // SAFETY: [at, at+size) lies inside the area (no wrap: at+size ≤ cap) and is free
-        // (size, plus the pad if any, ≤ free space computed from the consumer's tail).
+        // (size, plus the pad if any, ≤ free space computed from the consumer's tail); the
+        // header goes last, after the meta and data it publishes.
         unsafe {
-            self.region.write_with(at, 64, &mut |b| b.copy_from_slice(&h));
             if !meta.is_empty() {
                 self.region.write_with(meta_at, meta.len(), &mut |b| b.copy_from_slice(meta));
             }
             if data_len > 0 {
                 self.region.write_with(data_at, data_len as usize, fill);
             }
+            self.put_header(at, self.head, &hdr);
         }
         self.head += size;
         self.seq += 1;
-        self.unpublished = true;
+        self.last_size = size;
+        self.unrung = true;
         Ok(true)
     }
 
-    /// Make every pushed record visible and wake the consumer if it sleeps.
+    /// Wake the consumer if it sleeps: ring the data doorbell, once for every record
+    /// pushed since the last call (they are visible already).
     pub fn publish(&mut self) {
-        if self.unpublished {
-            // Release: pairs with the consumer's Acquire load in `try_pop`; the records
-            // written above are visible to it once it sees this head.
-            self.ctrl.head.store(self.head, Ordering::Release);
-            self.ctrl.data_bell.ring();
-            self.unpublished = false;
-            // The next record goes at `head`: take ownership of its first lines now, off
-            // the critical path (they were last read by the consumer, a lap ago), so the
-            // next send's stores, and with them its head store, commit without waiting
-            // for that transfer. Only where the space is known free (no bouncing of lines
-            // the consumer still reads).
-            let idx = self.head & (self.cap - 1);
-            let len = (2 * RECORD_ALIGN).min(self.cap - idx);
-            if self.cap - (self.head - self.tail_seen) >= len {
-                self.region.prefetch_write(idx, len);
-            }
+        if !self.unrung {
+            return;
+        }
+        self.unrung = false;
+        self.ctrl.data_bell.ring();
+        // The next record goes at `head`: take ownership of as many lines as the last
+        // record had (they were last read by the consumer, a lap ago) now, off the critical
+        // path, so the next send's stores commit without waiting for those transfers. Only
+        // where the space is known free (no bouncing of lines the consumer still reads).
+        let idx = self.head & (self.cap - 1);
+        let len = self.last_size.clamp(2 * RECORD_ALIGN, PREFETCH_AHEAD).min(self.cap - idx);
+        if self.cap - (self.head - self.tail_seen) >= len {
+            self.region.prefetch_write(idx, len);
         }
     }
 }
 
 /// A DATA record as the consumer sees it (header copied and validated).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
     pub header: RecordHeader,
-    /// The meta bytes, copied to private memory.
-    pub meta: Vec<u8>,
+    /// Ring offset of the meta bytes (`header.meta_len` of them).
+    pub meta_offset: u64,
     /// Ring offset of the data bytes.
     pub data_offset: u64,
     /// Ring position just past this record (release up to here when done).
     pub end: u64,
+}
+
+/// The stamp a consumer awaits, detached from the consumer: a spin can poll it without
+/// access to the consumer's state (the receiver polls it without holding its lock).
+pub struct Watch<R> {
+    region: R,
+    at: u64,
+    expect: u64,
+}
+
+impl<R: Region> Watch<R> {
+    /// Whether the awaited record is published (as [`Consumer::ready`] would say now).
+    pub fn ready(&self) -> bool {
+        // Keep the line after the header (a small record's data) in our cache while we
+        // wait: the producer takes both lines over to write them, and we pull both back
+        // together when the stamp turns, instead of the data line after the header line.
+        let next = self.at + HEADER_BYTES;
+        if next < self.region.capacity() {
+            self.region.prefetch(next, HEADER_BYTES);
+        }
+        stamped(&self.region, self.at, self.expect)
+    }
 }
 
 /// The consumer's half.
@@ -420,39 +415,51 @@ impl<'a, R: Region> Consumer<'a, R> {
         self.broken.0
     }
 
+    /// Whether the record at the read position is published: what a consumer about to
+    /// sleep checks after reading the data doorbell's sequence (see the module docs).
+    pub fn ready(&self) -> bool {
+        stamped(&self.region, self.read & (self.cap - 1), stamp(self.ctrl.salt, self.read))
+    }
+
+    /// The stamp [`ready`](Self::ready) awaits, to poll without this consumer.
+    pub fn watch(&self) -> Watch<R>
+    where
+        R: Clone,
+    {
+        Watch { region: self.region.clone(), at: self.read & (self.cap - 1), expect: stamp(self.ctrl.salt, self.read) }
+    }
+
     /// Take the next DATA record if one is published (skipping PAD records).
+    // Inlined: its result, returned through memory, costs store-forwarding stalls.
+    #[inline]
     pub fn try_pop(&mut self) -> Result<Option<Record>, RingError> {
         self.broken.check()?;
-        // Acquire: pairs with the producer's Release store in `publish`.
-        let head = self.ctrl.head.load(Ordering::Acquire);
-        if head < self.read || head - self.released > self.cap {
-            return Err(self.broken.mark(RingBroken::HeadOutOfRange { head, read: self.read, limit: self.released + self.cap }));
-        }
-        if head != self.read {
-            // The header and the first payload line are read one after the other below:
-            // start both transfers now so their latencies overlap.
-            let idx = self.read & (self.cap - 1);
-            self.region.prefetch(idx, (2 * RECORD_ALIGN).min(self.cap - idx).min(head - self.read));
-        }
+        // Ends in at most cap/64 rounds: each PAD moves `read` forward by ≥ 64 bytes, and
+        // none may reach past `released + cap`.
         loop {
-            if head == self.read {
+            let idx = self.read & (self.cap - 1);
+            if !stamped(&self.region, idx, stamp(self.ctrl.salt, self.read)) {
                 return Ok(None);
             }
-            let avail = head - self.read;
-            let idx = self.read & (self.cap - 1);
             let to_end = self.cap - idx;
-            if avail < HEADER_BYTES || idx % RECORD_ALIGN != 0 {
-                return Err(self.broken.mark(RingBroken::NoRoomForHeader { avail, offset: idx }));
+            if to_end > HEADER_BYTES {
+                // The first line after the header (meta or data) is read next: start its
+                // transfer now so that it overlaps the header's validation.
+                self.region.prefetch(idx + HEADER_BYTES, HEADER_BYTES);
             }
-            let mut raw = [0u8; 64];
-            // SAFETY: [idx, idx+64) is inside the area (idx < cap, 64-aligned, cap a
-            // multiple of 64) and published (avail ≥ 64), so the producer is done with it.
+            // Bytes from the read position that the producer may write: not those we still
+            // hold (read, not yet released), a lap back. `read - released ≤ cap` always.
+            let room = self.released + self.cap - self.read;
+            let mut raw = [0u8; FIELDS_BYTES];
+            // SAFETY: [idx, idx+56) is inside the area (idx < cap, 64-aligned, cap a
+            // multiple of 64) and published (its stamp matched), so the producer is done
+            // with it; it ends before the stamp word.
             unsafe { self.region.read(idx, &mut raw) };
             let h = RecordHeader::decode(&raw);
             match h.kind {
                 KIND_PAD => {
-                    if to_end > avail {
-                        return Err(self.broken.mark(RingBroken::PadPastHead { offset: idx }));
+                    if to_end > room {
+                        return Err(self.broken.mark(RingBroken::PadOverHeld { offset: idx }));
                     }
                     self.read += to_end;
                 }
@@ -467,7 +474,7 @@ impl<'a, R: Region> Consumer<'a, R> {
                             }));
                         }
                     };
-                    if size > to_end || size > avail {
+                    if size > to_end || size > room {
                         return Err(self.broken.mark(RingBroken::RecordPastEnd { size, offset: idx }));
                     }
                     if h.seq != self.seq {
@@ -476,18 +483,23 @@ impl<'a, R: Region> Consumer<'a, R> {
                     if h.flags & !(FLAG_FIRST | FLAG_LAST) != 0 {
                         return Err(self.broken.mark(RingBroken::UnknownFlags { flags: h.flags }));
                     }
-                    let mut meta = vec![0u8; h.meta_len as usize];
-                    // SAFETY: meta lies inside the record, which was checked to be inside the
-                    // area and published.
-                    unsafe { self.region.read(idx + HEADER_BYTES, &mut meta) };
-                    let data_offset = idx + HEADER_BYTES + align(u64::from(h.meta_len)).expect("≤ MAX_META");
+                    let meta_offset = idx + HEADER_BYTES;
+                    let data_offset = meta_offset + align(u64::from(h.meta_len)).expect("≤ MAX_META");
                     self.read += size;
                     self.seq += 1;
-                    return Ok(Some(Record { header: h, meta, data_offset, end: self.read }));
+                    return Ok(Some(Record { header: h, meta_offset, data_offset, end: self.read }));
                 }
                 kind => return Err(self.broken.mark(RingBroken::UnknownKind { kind, offset: idx })),
             }
         }
+    }
+
+    /// Copy `rec`'s meta bytes (all `header.meta_len` of them) to `dst`.
+    pub fn read_meta(&self, rec: &Record, dst: &mut [u8]) {
+        assert_eq!(dst.len() as u64, u64::from(rec.header.meta_len), "meta is read whole");
+        // SAFETY: the meta part lies inside the record, which was validated to lie inside
+        // the area and to be published, and is not released yet.
+        unsafe { self.region.read(rec.meta_offset, dst) };
     }
 
     /// Copy `dst.len()` data bytes of `rec` starting `skip` bytes in.

@@ -1,11 +1,13 @@
 //! Waiting for the other side of a ring: the sender for space, the receiver for a
-//! message. Both wait the same way: poll the doorbell the other side rings (while the
-//! side's [`SpinPolicy`] allows: not while the other process shares our core), then sleep
-//! on it in slices, checking between slices that the other process still lives, until
-//! the caller's deadline.
+//! message. Both wait the same way: poll what they wait for (the receiver the stamp of the
+//! next record, the sender the consumer's tail) while the side's [`SpinPolicy`] allows
+//! (not while the other process shares our core), then sleep on the doorbell the other
+//! side rings, in slices, checking between slices that the other process still lives,
+//! until the caller's deadline.
 
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
+use crate::sync::spin_hint;
 use crate::spin_policy::{hand_over, Outcome, Plan, SpinPolicy};
 use crate::wait::Deadline;
 use std::convert::Infallible;
@@ -46,16 +48,12 @@ impl<'a, 'd> Waiter<'a, 'd> {
         Waiter { bell, spin, policy, deadline, waiting_for, gone }
     }
 
-    /// The doorbell's sequence now: read it before looking at the ring, so that a ring
-    /// between the look and [`wait`](Self::wait) is not missed.
-    pub(super) fn current(&self) -> u32 {
-        self.bell.current()
-    }
-
-    /// Wait for the doorbell to move on from `seen`: spin (if the policy allows), then
-    /// (with the clock and a liveness check from `peer_gone`) sleep one slice. Returns to
-    /// let the caller look again; fails past the deadline or once the peer is gone.
-    pub(super) fn wait(&mut self, seen: u32, peer_gone: &dyn Fn() -> bool) -> Result<()> {
+    /// Wait for `ready` (a look at shared memory the other side writes before it rings):
+    /// poll it (if the policy allows), then (with the clock and a liveness check from
+    /// `peer_gone`) sleep one slice on the doorbell. Returns to let the caller look again
+    /// (`ready` is a hint: the caller validates what it finds); fails past the deadline or
+    /// once the peer is gone.
+    pub(super) fn wait(&mut self, ready: &dyn Fn() -> bool, peer_gone: &dyn Fn() -> bool) -> Result<()> {
         let cap = self.deadline.spins(self.spin);
         // A spin that ran out: how long it lasted (its untimed polls aside).
         let mut ran_out = None;
@@ -64,22 +62,21 @@ impl<'a, 'd> Waiter<'a, 'd> {
         // (`spin_policy` has the numbers). A spin of 0 sleeps at once.
         let plan = if cap == 0 { Plan::Sleep } else { self.policy.next() };
         if plan == Plan::Spin {
-            if self.bell.spin(seen, cap.min(UNTIMED_POLLS)) {
+            if poll(ready, cap.min(UNTIMED_POLLS)) {
                 self.policy.record(Outcome::Spun);
                 return Ok(());
             }
             let start = Instant::now();
-            if self.bell.spin(seen, cap.saturating_sub(UNTIMED_POLLS)) {
+            if poll(ready, cap.saturating_sub(UNTIMED_POLLS)) {
                 self.policy.record(Outcome::Spun);
                 return Ok(());
             }
             ran_out = Some(start.elapsed());
         } else if plan == Plan::Yield {
             // The other side shares our core: no spin, but a few yields before sleeping.
-            // When the scheduler runs the other side at one, the doorbell has moved with
-            // no futex call on either side; when it does not, they cost a few system calls.
-            let bell = self.bell;
-            let Ok(moved) = hand_over(|| Ok::<_, Infallible>(bell.current() != seen));
+            // When the scheduler runs the other side at one, what we wait for is there
+            // with no futex call on either side; when it does not, they cost a few system calls.
+            let Ok(moved) = hand_over(|| Ok::<_, Infallible>(ready()));
             if moved {
                 return Ok(());
             }
@@ -91,10 +88,23 @@ impl<'a, 'd> Waiter<'a, 'd> {
             return Err(Error::peer_gone(self.gone));
         }
         let slept_from = ran_out.map(|_| Instant::now());
-        let rang = self.bell.wait(seen, 0, nap);
+        // The other side writes what `ready` sees (a stamp, the tail) before it rings.
+        let rang = self.bell.sleep_unless(ready, nap);
         if let (Some(spun), Some(from), true) = (ran_out, slept_from, rang) {
             self.policy.record(Outcome::after_sleep(spun, from.elapsed()));
         }
         Ok(())
     }
+}
+
+/// Poll `ready` up to `polls` times, one pause between polls (as `Doorbell::spin`, whose
+/// reasons apply: the budget is the caller's, counted in polls); then once more.
+fn poll(ready: &dyn Fn() -> bool, polls: u32) -> bool {
+    for _ in 0..polls {
+        if ready() {
+            return true;
+        }
+        spin_hint();
+    }
+    ready()
 }
