@@ -2,6 +2,11 @@
 //! same run between the same kind of process pair:
 //!   - a Unix socket moving the same bytes (SOCK_STREAM socketpair, ping-pong);
 //!   - the raw floors: a bare spin ping-pong and a bare futex ping-pong on one shared word;
+//!   - for 4 KiB, a bare copy-through ping-pong: each side copies the 4 KiB into its own
+//!     page of a shared segment, flips the shared word (Release); the other spins on it
+//!     (Acquire), copies the page out, and replies the same way — no headers, no
+//!     validation: the 64 cache lines a copy-out receive must pull from the other core,
+//!     which the one-word spin floor does not move;
 //!   - iceoryx2 (crates.io, a bench-only dev-dependency): publish-subscribe ping-pong at
 //!     64 B and 4 KiB, zero-copy loans, busy-waiting subscribers — the method of iceoryx2's
 //!     own publish-subscribe benchmark, between the same two pinned processes, with the
@@ -23,7 +28,8 @@
 //!
 //! Targets (DESIGN.md), printed as verdict lines at the end of each half (printed, never
 //! asserted: `cargo test --benches` runs a brief pass whose numbers mean nothing):
-//!   - spinning one-way p50 ≤ 2x the spin floor at 64 B, ≤ 4x at 4 KiB;
+//!   - spinning one-way p50 ≤ 2x the spin floor at 64 B, ≤ 4x at 4 KiB, and at 4 KiB
+//!     ≤ 1.5x the bare 4 KiB copy-through floor;
 //!   - sleeping one-way p50 ≤ 1.5x the futex floor at 64 B;
 //!   - spinning one-way p50 ≤ iceoryx2's at 64 B and 4 KiB;
 //!   - throughput ≥ 90% of the bare two-core pipeline at every size.
@@ -133,6 +139,27 @@ fn child(mode: &str, fd: OwnedFd) {
                 }
             }
         }
+        "copy" => {
+            // Receive the segment (the ball at 0, our page to read at 4096, the one to
+            // write after it; the message size in the payload), then bounce the bytes.
+            let c = tensorwire::Connection::establish(fd, T).unwrap();
+            let mut m = c.recv(Some(T)).unwrap();
+            let size = usize::from_le_bytes(m.payload[..8].try_into().unwrap());
+            let seg = Segment::from_fd(m.fds.pop().unwrap(), 4096 + 2 * size).unwrap();
+            let w = shared_word(&seg);
+            let mut buf = vec![0u8; size];
+            loop {
+                let v = wait_for(w, |v| v % 2 == 1 || v == u32::MAX, true);
+                if v == u32::MAX {
+                    return;
+                }
+                seg.read_at(4096, &mut buf).unwrap();
+                seg.write_at(4096 + size, &buf).unwrap();
+                // Release: pairs with the parent's Acquire load of the ball; the page is
+                // written before it.
+                w.store(v + 1, Ordering::Release);
+            }
+        }
         "sock" => {
             let mut s = UnixStream::from(fd);
             let mut buf = vec![0u8; 1 << 20];
@@ -231,6 +258,30 @@ fn bare_pingpong(mode: &str, iters: usize) -> Stats {
     });
     w.store(u32::MAX, Ordering::Release);
     tensorwire::sync::futex::wake_all(w);
+    child.wait().unwrap();
+    s
+}
+
+/// One-way latency of the bare copy-through ping-pong (see the module docs): `size` bytes
+/// each way through two pages of one shared segment, a shared word to hand over.
+fn bare_copy_pingpong(size: usize, iters: usize) -> Stats {
+    let (mut child, fd) = spawn("copy");
+    let c = tensorwire::Connection::establish(fd, T).unwrap();
+    let seg = Segment::create(4096 + 2 * size).unwrap();
+    c.send(1, &size.to_le_bytes(), &[seg.fd()]).unwrap();
+    let w = shared_word(&seg);
+    let msg = vec![7u8; size];
+    let mut back = vec![0u8; size];
+    let mut ball = 0u32;
+    let s = one_way(iters, || {
+        seg.write_at(4096, &msg).unwrap();
+        // Release: pairs with the child's Acquire load of the ball; the page is written
+        // before it.
+        w.store(ball + 1, Ordering::Release);
+        ball = wait_for(w, |v| v == ball + 2, true);
+        seg.read_at(4096 + size, &mut back).unwrap();
+    });
+    w.store(u32::MAX, Ordering::Release);
     child.wait().unwrap();
     s
 }
@@ -410,16 +461,18 @@ fn parent(n: impl Fn(usize) -> usize, as_test: bool) {
 fn verdict(what: &str, measured: f64, unit: &str, at_most: bool, limit: f64) {
     let (op, met) = if at_most { ("<=", measured <= limit) } else { (">=", measured >= limit) };
     let m = if met { "met" } else { "MISSED" };
-    println!("{what:<34} = {measured:.2}{unit} (target {op} {limit}{unit}) {m}");
+    println!("{what:<38} = {measured:.2}{unit} (target {op} {limit}{unit}) {m}");
 }
 
 fn latency(n: &impl Fn(usize) -> usize) {
     let spin = bare_pingpong("spin", n(200_000));
     let futex = bare_pingpong("futex", n(20_000));
+    let copy4k = bare_copy_pingpong(4096, n(20_000));
     println!("ring latency, one-way (µs), two processes; baselines from this run");
     println!("{:<28} {:>9} {:>9}", "path", "p50", "p99");
     println!("{:<28} {:>9.3} {:>9.3}", "floor: spin ping-pong", spin.p50, spin.p99);
     println!("{:<28} {:>9.3} {:>9.3}", "floor: futex ping-pong", futex.p50, futex.p99);
+    println!("{:<28} {:>9.3} {:>9.3}", "floor: 4 KiB copy ping-pong", copy4k.p50, copy4k.p99);
     // (label, ring spinning p50, ring sleeping p50, iceoryx2 p50) per size that has targets.
     let mut targeted = Vec::new();
     for (size, label, iters) in [(64usize, "64 B", 50_000), (4096, "4 KiB", 20_000), (1 << 20, "1 MiB", 1_000)] {
@@ -441,6 +494,9 @@ fn latency(n: &impl Fn(usize) -> usize) {
     for &(label, ring_spin, ring_sleep, iox) in &targeted {
         let floor_limit = if label == "64 B" { 2.0 } else { 4.0 };
         verdict(&format!("{label} spinning / spin floor"), ring_spin / spin.p50, "x", true, floor_limit);
+        if label == "4 KiB" {
+            verdict("4 KiB spinning / bare 4 KiB copy floor", ring_spin / copy4k.p50, "x", true, 1.5);
+        }
         if label == "64 B" {
             verdict(&format!("{label} sleeping / futex floor"), ring_sleep / futex.p50, "x", true, 1.5);
         }
