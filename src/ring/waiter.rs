@@ -1,8 +1,9 @@
 //! Waiting for the other side of a ring: the sender for space, the receiver for a
-//! message. Both wait the same way: poll the doorbell the other side rings (while the
-//! side's [`SpinPolicy`] allows: not while the other process shares our core), then sleep
-//! on it in slices, checking between slices that the other process still lives, until
-//! the caller's deadline.
+//! message — and a peer's control-message receive (`Connection`), which sleeps on the
+//! message doorbell of the peer's lease table. All wait the same way: poll the doorbell
+//! the other side rings (while the side's [`SpinPolicy`] allows: not while the other
+//! process shares our core), then sleep on it in slices, checking between slices that the
+//! other process still lives, until the caller's deadline.
 
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
@@ -19,12 +20,22 @@ const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 /// that lasts is timed, for its [`Outcome`].
 const UNTIMED_POLLS: u32 = 256;
 
+/// How long a wait polls its doorbell before it sleeps.
+#[derive(Clone, Copy, Debug)]
+enum SpinBudget {
+    /// This many polls (the ring's `PeerConfig::ring_spin`).
+    Polls(u32),
+    /// About this long (a connection's `PeerConfig::recv_spin`), the clock read every
+    /// [`UNTIMED_POLLS`] polls.
+    For(Duration),
+}
+
 /// The slow half of one blocking ring call, on the call's deadline (its clock starts at
 /// the first wait that finds nothing, so a call that never waits reads no clock).
-pub(super) struct Waiter<'a, 'd> {
+pub(crate) struct Waiter<'a, 'd> {
     bell: Doorbell<'a>,
-    /// Most polls before each sleep.
-    spin: u32,
+    /// Most polling before each sleep.
+    spin: SpinBudget,
     /// Whether this side may spin now (the ring half's, kept across calls).
     policy: &'a SpinPolicy,
     deadline: &'d mut Deadline,
@@ -35,7 +46,7 @@ pub(super) struct Waiter<'a, 'd> {
 }
 
 impl<'a, 'd> Waiter<'a, 'd> {
-    pub(super) fn new(
+    pub(crate) fn new(
         bell: Doorbell<'a>,
         spin: u32,
         policy: &'a SpinPolicy,
@@ -43,33 +54,66 @@ impl<'a, 'd> Waiter<'a, 'd> {
         waiting_for: &'static str,
         gone: &'static str,
     ) -> Self {
-        Waiter { bell, spin, policy, deadline, waiting_for, gone }
+        Waiter { bell, spin: SpinBudget::Polls(spin), policy, deadline, waiting_for, gone }
+    }
+
+    /// A waiter whose spin is bounded in time, not in polls.
+    pub(crate) fn timed(
+        bell: Doorbell<'a>,
+        spin: Duration,
+        policy: &'a SpinPolicy,
+        deadline: &'d mut Deadline,
+        waiting_for: &'static str,
+        gone: &'static str,
+    ) -> Self {
+        Waiter { bell, spin: SpinBudget::For(spin), policy, deadline, waiting_for, gone }
     }
 
     /// The doorbell's sequence now: read it before looking at the ring, so that a ring
     /// between the look and [`wait`](Self::wait) is not missed.
-    pub(super) fn current(&self) -> u32 {
+    pub(crate) fn current(&self) -> u32 {
         self.bell.current()
     }
 
     /// Wait for the doorbell to move on from `seen`: spin (if the policy allows), then
     /// (with the clock and a liveness check from `peer_gone`) sleep one slice. Returns to
     /// let the caller look again; fails past the deadline or once the peer is gone.
-    pub(super) fn wait(&mut self, seen: u32, peer_gone: &dyn Fn() -> bool) -> Result<()> {
-        let cap = self.deadline.spins(self.spin);
+    pub(crate) fn wait(&mut self, seen: u32, peer_gone: &dyn Fn() -> bool) -> Result<()> {
+        // No spin at all for a call that may not wait (`Deadline::spins`).
+        let cap = match self.spin {
+            SpinBudget::Polls(n) => SpinBudget::Polls(self.deadline.spins(n)),
+            SpinBudget::For(_) if self.deadline.spins(1) == 0 => SpinBudget::For(Duration::ZERO),
+            b => b,
+        };
+        let untimed = match cap {
+            SpinBudget::Polls(n) => n.min(UNTIMED_POLLS),
+            SpinBudget::For(d) if d.is_zero() => 0,
+            SpinBudget::For(_) => UNTIMED_POLLS,
+        };
         // A spin that ran out: how long it lasted (its untimed polls aside).
         let mut ran_out = None;
         // How this wait goes: not a spin while the other process shares our core, where
         // the spin would hold the core it needs to ring for the whole budget, every time
         // (`spin_policy` has the numbers). A spin of 0 sleeps at once.
-        let plan = if cap == 0 { Plan::Sleep } else { self.policy.next() };
+        let plan = if untimed == 0 { Plan::Sleep } else { self.policy.next() };
         if plan == Plan::Spin {
-            if self.bell.spin(seen, cap.min(UNTIMED_POLLS)) {
+            if self.bell.spin(seen, untimed) {
                 self.policy.record(Outcome::Spun);
                 return Ok(());
             }
             let start = Instant::now();
-            if self.bell.spin(seen, cap.saturating_sub(UNTIMED_POLLS)) {
+            let rang = match cap {
+                SpinBudget::Polls(n) => self.bell.spin(seen, n.saturating_sub(UNTIMED_POLLS)),
+                SpinBudget::For(d) => loop {
+                    if start.elapsed() >= d {
+                        break false;
+                    }
+                    if self.bell.spin(seen, UNTIMED_POLLS) {
+                        break true;
+                    }
+                },
+            };
+            if rang {
                 self.policy.record(Outcome::Spun);
                 return Ok(());
             }
