@@ -299,7 +299,7 @@ impl Connection {
         }
         if let Some(bells) = &self.bells {
             self.wait_rung(bells, deadline)?;
-            return self.take(&mut buf);
+            return self.take(&mut buf[..]);
         }
         let cap = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
         let mut ready = vec![false];
@@ -359,7 +359,7 @@ impl Connection {
             }
             return Err(deadline.timed_out("a message from the peer"));
         }
-        self.take(&mut buf)
+        self.take(&mut buf[..])
     }
 
     /// Wait until the socket is readable (a message, or EOF) on the peer's message
@@ -418,7 +418,7 @@ impl Connection {
     }
 
     /// Read the message the socket has ready (or its EOF) and check its framing.
-    fn take(&self, buf: &mut Vec<u8>) -> Result<Message> {
+    fn take(&self, buf: &mut [u8]) -> Result<Message> {
         let got = match sys::recv_msg(self.sock.as_fd(), buf)? {
             Some(g) => g,
             None => return Err(self.gone_error("closed the connection")),
