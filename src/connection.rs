@@ -7,10 +7,14 @@
 //! an inherited socketpair (where SO_PEERCRED would name the pair's creator). A pidfd on
 //! that pid plus socket EOF turn peer death into `Error::PeerGone`, never a hang.
 
+use crate::doorbell::Doorbell;
+use crate::lease::MessageLine;
+use crate::segment::SharedRef;
 use crate::error::{Error, Result};
+use crate::ring::waiter::Waiter;
 use crate::sys;
 use parking_lot::Mutex;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use crate::spin_policy::{hand_over, Outcome, Plan, SpinClock, SpinPolicy};
@@ -59,11 +63,43 @@ pub struct Connection {
     recv_spin_policy: SpinPolicy,
     /// How long `send` waits for room in the peer's socket buffer.
     send_timeout: Wait,
+    /// Doorbells that replace poll(2) on the socket for waking a receiver, once both
+    /// sides have a shared page (a `Peer`'s lease tables): see [`MessageBells`].
+    bells: Option<MessageBells>,
+    /// When a receive last moved off the peer's CPU (rate limit for a lying peer).
+    last_move: Mutex<Option<Instant>>,
 }
+
+/// The two message lines of a `Peer`'s lease tables. After each message it sends, a side
+/// stores its CPU in `ours` and rings its doorbell; a receive that finds no message waits
+/// on `theirs` (polls it, then sleeps on it), not in poll(2) on the socket
+/// (`lease::MESSAGE_LINE_OFFSET` says why). The peer may ring too often or never, and
+/// write any CPU: a ring only makes a receive look at the socket again, a receive also
+/// looks between sleep slices (an unrung message costs latency, not a hang), and a CPU
+/// costs at most one move per [`MOVE_AT_MOST_EVERY`].
+pub(crate) struct MessageBells {
+    pub(crate) ours: SharedRef<MessageLine>,
+    pub(crate) theirs: SharedRef<MessageLine>,
+}
+
+/// Fewest time between two moves of a receiving thread off a CPU it shares with the peer.
+pub(crate) const MOVE_AT_MOST_EVERY: Duration = Duration::from_millis(10);
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection").field("peer_pid", &self.peer_pid).finish()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(b) = &self.bells {
+            // A peer asleep on our bell would see our end close only at its next slice:
+            // end the connection first (its socket reads EOF), then ring.
+            // SAFETY: shutdown(2) on a socket we own; no memory is passed.
+            unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+            Doorbell::new(&b.ours.get().bell).ring();
+        }
     }
 }
 
@@ -131,6 +167,8 @@ impl Connection {
             recv_spin: Duration::ZERO,
             recv_spin_policy: SpinPolicy::default(),
             send_timeout: DEFAULT_SEND_TIMEOUT,
+            bells: None,
+            last_move: Mutex::new(None),
         })
     }
 
@@ -214,8 +252,25 @@ impl Connection {
         }
         match send_framed(self.sock.as_fd(), kind, payload, fds, false, &mut self.send_timeout.deadline()) {
             Err(Error::PeerGone { .. }) => Err(self.gone_error("closed the connection")),
-            r => r,
+            Err(e) => Err(e),
+            Ok(()) => {
+                // After the message is queued: a receiver that reads the bell's sequence
+                // and then finds the socket empty sleeps until this ring.
+                if let Some(b) = &self.bells {
+                    let line = b.ours.get();
+                    // Relaxed: a hint read on its own (see `MessageLine::sender_cpu`).
+                    line.sender_cpu.store(sys::current_cpu().wrapping_add(1), Ordering::Relaxed);
+                    Doorbell::new(&line.bell).ring();
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Wake receivers with doorbells instead of the socket from now on (both sides of a
+    /// `Peer` switch once they have each other's lease table).
+    pub(crate) fn set_message_bells(&mut self, bells: MessageBells) {
+        self.bells = Some(bells);
     }
 
     /// Receive the next message, waiting as `wait` says (`Wait::Forever`: until the peer
@@ -241,6 +296,10 @@ impl Connection {
         let mut wait: Vec<BorrowedFd<'_>> = vec![self.sock.as_fd()];
         if let Some(p) = &self.pidfd {
             wait.push(p.as_fd());
+        }
+        if let Some(bells) = &self.bells {
+            self.wait_rung(bells, deadline)?;
+            return self.take(&mut buf[..]);
         }
         let cap = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
         let mut ready = vec![false];
@@ -300,7 +359,67 @@ impl Connection {
             }
             return Err(deadline.timed_out("a message from the peer"));
         }
-        let got = match sys::recv_msg(self.sock.as_fd(), &mut buf)? {
+        self.take(&mut buf[..])
+    }
+
+    /// Wait until the socket is readable (a message, or EOF) on the peer's message
+    /// doorbell: spin on it while the spin policy allows, then sleep on it in slices,
+    /// looking at the socket whenever it rings and between slices.
+    fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline) -> Result<()> {
+        self.move_off_peer_cpu(bells);
+        let bell = Doorbell::new(&bells.theirs.get().bell);
+        let mut waiter = Waiter::timed(bell, self.recv_spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
+        let exited = || self.pidfd.as_ref().is_some_and(|p| sys::poll_readable(&[p.as_fd()], Wait::Never).is_ok_and(|r| r[0]));
+        loop {
+            // The sequence first, then the socket: a message sent after this look rings
+            // a sequence other than `seen`, so the wait below returns for it.
+            let seen = waiter.current();
+            if sys::poll_readable(&[self.sock.as_fd()], Wait::Never)?[0] {
+                return Ok(());
+            }
+            match waiter.wait(&|| bell.current() != seen, &exited) {
+                Err(Error::PeerGone { .. }) => return Err(self.gone_error("exited")),
+                r => r?,
+            }
+        }
+    }
+
+    /// Before waiting: if the peer last sent from the CPU we run on, move to another one.
+    ///
+    /// Two processes that hand messages back and forth on one core stay there: the
+    /// scheduler puts a woken process next to the one that woke it, and two processes
+    /// that never sleep (they poll, or yield to each other) are only split by the load
+    /// balancer, which leaves tasks that ran within the last half millisecond where they
+    /// are. Measured on the 2-CPU VM with `python/tensorwire/bench.py`'s tensorwire round
+    /// trip: a burst on the other core (torch's OpenMP workers, which spin for a while
+    /// after a parallel `fill_`) put the two processes on one CPU in 10 of 24 size blocks,
+    /// and they stayed there for the whole block (every sample on the same CPU, 21–27 µs
+    /// per round trip against 15 µs apart), whether the waits yielded or slept (making
+    /// every paused wait sleep kept them together in 24 of 24 blocks). `docs/DESIGN.md`,
+    /// "Two processes on one core", has the numbers with this move in place.
+    fn move_off_peer_cpu(&self, bells: &MessageBells) {
+        let line = bells.theirs.get();
+        // Relaxed: a hint (see `MessageLine::sender_cpu`); copied before it is compared.
+        let theirs = line.sender_cpu.load(Ordering::Relaxed);
+        if theirs == 0 || theirs != sys::current_cpu().wrapping_add(1) {
+            return;
+        }
+        let mut last = self.last_move.lock();
+        let now = Instant::now();
+        if last.is_some_and(|t| now.saturating_duration_since(t) < MOVE_AT_MOST_EVERY) {
+            return;
+        }
+        *last = Some(now);
+        if sys::move_off_this_cpu() {
+            // Say where we are now, so that the peer does not take our last send's CPU
+            // for ours and move there after us.
+            bells.ours.get().sender_cpu.store(sys::current_cpu().wrapping_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Read the message the socket has ready (or its EOF) and check its framing.
+    fn take(&self, buf: &mut [u8]) -> Result<Message> {
+        let got = match sys::recv_msg(self.sock.as_fd(), buf)? {
             Some(g) => g,
             None => return Err(self.gone_error("closed the connection")),
         };

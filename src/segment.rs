@@ -327,6 +327,37 @@ impl Drop for Segment {
     }
 }
 
+/// A `T` at a fixed offset of a shared segment, with the segment kept mapped for as long
+/// as this handle lives (for holders that outlive any one borrow of the segment, e.g. a
+/// `Connection` holding the message doorbells of two lease tables).
+pub(crate) struct SharedRef<T> {
+    seg: std::sync::Arc<Segment>,
+    offset: usize,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> SharedRef<T> {
+    /// The `T` at `offset` of `seg`. Panics unless it lies inside the segment, aligned.
+    ///
+    /// # Safety
+    /// `T` must be made of atomics only (every bit pattern valid, every access atomic), as
+    /// a peer may write those bytes at any time.
+    pub(crate) unsafe fn new(seg: std::sync::Arc<Segment>, offset: usize) -> SharedRef<T> {
+        assert!(
+            offset % std::mem::align_of::<T>() == 0 && offset + std::mem::size_of::<T>() <= seg.len(),
+            "shared word outside its segment or misaligned"
+        );
+        SharedRef { seg, offset, _t: std::marker::PhantomData }
+    }
+
+    pub(crate) fn get(&self) -> &T {
+        // SAFETY: inside the live mapping and aligned (checked in `new`; the mapping is
+        // page-aligned and the `Arc` keeps it mapped while the borrow lasts); `T` is
+        // atomics only (the contract of `new`).
+        unsafe { &*self.seg.as_ptr().add(self.offset).cast::<T>() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -495,3 +495,80 @@ pub fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
 pub fn count_open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
+
+/// The CPU the calling thread runs on (u32::MAX if the kernel cannot say).
+pub(crate) fn current_cpu() -> u32 {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).unwrap_or(u32::MAX)
+}
+
+/// Move the calling thread to another CPU it may run on, leaving its affinity as it was:
+/// narrow the affinity to exclude the current CPU (the kernel migrates the thread at
+/// once), then restore it (which does not move the thread back). Returns false when the
+/// thread may run on this CPU only, or a call fails (then nothing changed).
+pub(crate) fn move_off_this_cpu() -> bool {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        return false;
+    }
+    // SAFETY: cpu_set_t is plain bits; zeroed is the empty set.
+    let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes; 0 names this thread.
+    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
+        return false;
+    }
+    // SAFETY: CPU_COUNT / CPU_ISSET only read the set.
+    if unsafe { libc::CPU_COUNT(&allowed) } < 2 || !unsafe { libc::CPU_ISSET(cpu as usize, &allowed) } {
+        return false;
+    }
+    let mut elsewhere = allowed;
+    // SAFETY: cpu < CPU_SETSIZE (the kernel returned it and it is set in `allowed`).
+    unsafe { libc::CPU_CLR(cpu as usize, &mut elsewhere) };
+    // SAFETY: both sets are valid cpu_set_t values of `size` bytes; 0 names this thread.
+    unsafe {
+        if libc::sched_setaffinity(0, size, &elsewhere) != 0 {
+            return false;
+        }
+        libc::sched_setaffinity(0, size, &allowed) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn affinity() -> libc::cpu_set_t {
+        // SAFETY: zeroed is the empty set; the call fills a set of the size passed.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+            set
+        }
+    }
+
+    #[test]
+    fn moving_off_this_cpu_changes_the_cpu_and_keeps_the_affinity() {
+        // In a thread of its own: the test harness's threads keep theirs.
+        std::thread::spawn(|| {
+            let before = affinity();
+            // SAFETY: CPU_COUNT only reads the set.
+            if unsafe { libc::CPU_COUNT(&before) } < 2 {
+                eprintln!("SKIPPED: this thread may run on one CPU only; nowhere to move");
+                return;
+            }
+            for _ in 0..3 {
+                let cpu = current_cpu();
+                assert!(move_off_this_cpu(), "the move failed");
+                assert_ne!(current_cpu(), cpu, "still on CPU {cpu} after the move");
+                let after = affinity();
+                // SAFETY: CPU_EQUAL only reads the two sets.
+                assert!(unsafe { libc::CPU_EQUAL(&before, &after) }, "the thread's affinity was not restored");
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}

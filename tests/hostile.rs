@@ -318,3 +318,47 @@ fn segment_from_fd_refuses_bad_fds_directly() {
     let e = Segment::from_fd(s1, 1).unwrap_err();
     assert!(e.to_string().contains("not a memfd"), "{e}");
 }
+
+/// A peer that rings our message doorbell with nothing sent, writes any CPU into its
+/// message line, or sends without ringing, costs latency only: a ring just makes a receive
+/// look at the socket again, and a receive also looks between its sleep slices.
+#[test]
+fn a_peer_that_rings_for_nothing_or_never_rings_is_still_heard() {
+    use tensorwire::lease::{MessageLine, MESSAGE_LINE_OFFSET};
+    let (victim, at) = setup();
+    let table = at.table.table().clone();
+    // SAFETY: the attacker's own table, mapped for the test's whole length; the line lies
+    // inside its header and is atomics only.
+    let line = move || unsafe { &*table.as_ptr().add(MESSAGE_LINE_OFFSET).cast::<MessageLine>() };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let noise = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                line().bell.seq.fetch_add(1, Ordering::SeqCst);
+                line().sender_cpu.store(i % 3, Ordering::Relaxed);
+                tensorwire::sync::futex::wake_all(&line().bell.seq);
+                i = i.wrapping_add(1);
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        })
+    };
+    match victim.recv(Duration::from_millis(200)) {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("rings with nothing sent must end in the receive's timeout, got {other:?}"),
+    }
+    stop.store(true, Ordering::Relaxed);
+    noise.join().unwrap();
+    // A message sent without a ring, while the victim sleeps on the doorbell.
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        at.conn.send(tensorwire::peer::KIND_USER, b"unrung", &[]).unwrap();
+        at
+    });
+    match victim.recv(T) {
+        Ok(tensorwire::Incoming::Message { payload, .. }) => assert_eq!(payload, b"unrung"),
+        other => panic!("an unrung message must still arrive, got {other:?}"),
+    }
+    drop(sender.join().unwrap());
+}

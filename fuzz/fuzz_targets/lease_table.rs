@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tensorwire::lease::slot::{self, LIVE};
-use tensorwire::lease::{Exporter, ImportTable, LeaseId, Reclaimed, TABLE_HEADER_BYTES};
+use tensorwire::lease::{Exporter, ImportTable, LeaseId, Reclaimed, TABLE_HEADER_BYTES, TABLE_VERSION};
 
 const TABLE_MAGIC: [u8; 8] = *b"TWLEASE1";
 
@@ -55,7 +55,7 @@ fn open_hostile(inp: &mut Input<'_>, mode: u8) {
     let mut hdr = [0u8; 16];
     if mode & 8 == 0 {
         hdr[0..8].copy_from_slice(&TABLE_MAGIC);
-        hdr[8..12].copy_from_slice(&1u32.to_le_bytes());
+        hdr[8..12].copy_from_slice(&TABLE_VERSION.to_le_bytes());
     } else {
         hdr[0..12].copy_from_slice(&{
             let mut b = [0u8; 12];

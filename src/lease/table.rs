@@ -6,24 +6,48 @@ use crate::doorbell::{Doorbell, DoorbellWords};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"TWLEASE1");
-const TABLE_VERSION: u32 = 1;
+/// Version of the table layout (checked when the peer's table is opened).
+pub const TABLE_VERSION: u32 = 2;
 /// Bytes before the first slot word.
-pub const TABLE_HEADER_BYTES: usize = 64;
+pub const TABLE_HEADER_BYTES: usize = 128;
 
 /// Shared header of a lease table (the consumer may scribble the doorbell words; the
-/// producer never reads magic/capacity back, it keeps its own copies).
+/// producer never reads magic/capacity back, it keeps its own copies). Two doorbells, each
+/// on the cache line of the side that rings it: the consumer rings `release` (first line)
+/// after giving a lease back; the producer rings `message` (second line) after each
+/// control message it sends, and the consumer sleeps on it for the next one
+/// ([`message_doorbell`] says why not on the socket).
 #[repr(C)]
 struct TableHeader {
     magic: u64,
     version: u32,
     capacity: u32,
-    doorbell: DoorbellWords,
+    release: DoorbellWords,
+    _release_line: [u8; 40],
+    message: MessageLine,
 }
+
+/// The producer's line of a lease table header, about the control messages it sends.
+#[repr(C)]
+#[derive(Default)]
+pub struct MessageLine {
+    /// Rung after each message (see [`MESSAGE_LINE_OFFSET`] for why).
+    pub bell: DoorbellWords,
+    /// The CPU the producer last sent from, plus one (`sched_getcpu() + 1`; 0 before its
+    /// first message and where the kernel cannot say), stored with each message: a
+    /// receiver about to wait on the same CPU knows the two share a core. A hint only
+    /// (the producer may have moved since, or lie): it costs at most a move of the
+    /// receiver to another CPU, at most once per `connection::MOVE_AT_MOST_EVERY`.
+    pub sender_cpu: AtomicU32,
+}
+
+const _: () = assert!(std::mem::offset_of!(TableHeader, message) == 64);
+const _: () = assert!(std::mem::size_of::<TableHeader>() <= TABLE_HEADER_BYTES);
 
 /// Anything that keeps exported memory alive. Dropping it is the release.
 pub type Owner = Box<dyn Send + 'static>;
@@ -126,8 +150,17 @@ pub fn release_doorbell(table: &Segment) -> Doorbell<'_> {
     // SAFETY: the header lies inside the mapping (checked above; every table is created or
     // validated at ≥ header size), page-aligned, and DoorbellWords is two atomics that the
     // doorbell only accesses atomically.
-    Doorbell::new(unsafe { &(*table.as_ptr().cast::<TableHeader>()).doorbell })
+    Doorbell::new(unsafe { &(*table.as_ptr().cast::<TableHeader>()).release })
 }
+
+/// Offset of the [`MessageLine`] in a lease table (see [`TableHeader`]).
+///
+/// Why a doorbell for socket messages: a receive then waits by polling this line (no
+/// system call per look, unlike poll(2) on the socket), and the line also carries the
+/// sender's CPU, which tells a receiver for certain that the two processes share a core
+/// (`connection::Connection::recv` moves itself to another CPU then; `docs/DESIGN.md`,
+/// "Two processes on one core", has the measurements).
+pub const MESSAGE_LINE_OFFSET: usize = std::mem::offset_of!(TableHeader, message);
 
 fn table_len(capacity: u32) -> usize {
     TABLE_HEADER_BYTES + capacity as usize * 8
@@ -362,7 +395,7 @@ impl Exporter {
 
 /// The consumer's view of the peer's lease table: it only validates and releases.
 pub struct ImportTable {
-    table: Segment,
+    table: Arc<Segment>,
     /// Private copy of the capacity, read once at setup and never again from shm.
     capacity: u32,
 }
@@ -378,7 +411,12 @@ impl ImportTable {
         let table = Segment::from_fd_exact(fd, table_len(claimed), "the peer's lease table")?;
         let cap_at = std::mem::offset_of!(TableHeader, capacity);
         table.check_header("lease table", (TABLE_MAGIC, TABLE_VERSION), cap_at..cap_at + 4, claimed.into())?;
-        Ok(ImportTable { table, capacity: claimed })
+        Ok(ImportTable { table: Arc::new(table), capacity: claimed })
+    }
+
+    /// The peer's table segment (its message doorbell is what a receive sleeps on).
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.table
     }
 
     pub fn capacity(&self) -> u32 {

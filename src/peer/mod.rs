@@ -8,9 +8,10 @@
 //! and lingering CUDA mappings), `ring` (ring pass-throughs) and `forward` (sending an
 //! import on as the same memory). `SharedTensor` lives in `crate::shared_tensor`.
 
-use crate::connection::{Connection, Listener};
+use crate::connection::{Connection, Listener, MessageBells};
+use crate::segment::SharedRef;
 use crate::error::{Error, Result};
-use crate::lease::{Exporter, ImportTable, LeaseStats};
+use crate::lease::{Exporter, ImportTable, LeaseStats, MESSAGE_LINE_OFFSET};
 use crate::ring::{RingReceiver, RingSender, RingShared};
 use crate::segment::Segment;
 use crate::wait::Wait;
@@ -151,6 +152,15 @@ impl Peer {
             }
         };
         let cuda_rx = if flags & SETUP_HAS_CUDA_RING != 0 { Some(Self::open_cuda_ring(&conn, &cfg)?) } else { None };
+        // From here on a receive sleeps on the message doorbell in the peer's table, and
+        // each send rings ours (`connection::MessageBells` says why not the socket).
+        // SAFETY: a `MessageLine` is atomics only; the offset is the table layout's.
+        conn.set_message_bells(unsafe {
+            MessageBells {
+                ours: SharedRef::new(export_table.clone(), MESSAGE_LINE_OFFSET),
+                theirs: SharedRef::new(import.segment().clone(), MESSAGE_LINE_OFFSET),
+            }
+        });
         let max_ring_message = cfg.max_ring_message;
         let inner = Arc::new(Inner {
             conn,

@@ -36,7 +36,7 @@ cfg_not_loom! {
     mod receiver;
     mod sender;
     mod shared;
-    mod waiter;
+    pub(crate) mod waiter;
 
     pub use message::RingMessage;
     pub use receiver::RingReceiver;

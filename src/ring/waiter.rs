@@ -1,9 +1,11 @@
 //! Waiting for the other side of a ring: the sender for space, the receiver for a
-//! message. Both wait the same way: poll what they wait for (the receiver the stamp of the
-//! next record, the sender the consumer's tail) while the side's [`SpinPolicy`] allows
-//! (not while the other process shares our core), then sleep on the doorbell the other
-//! side rings, in slices, checking between slices that the other process still lives,
-//! until the caller's deadline.
+//! message — and a peer's control-message receive (`Connection`), which sleeps on the
+//! message doorbell of the peer's lease table. All wait the same way: poll what they wait
+//! for (the receiver the stamp of the next record, the sender the consumer's tail, a
+//! connection its doorbell's sequence) while the side's [`SpinPolicy`] allows (not while
+//! the other process shares our core), then sleep on the doorbell the other side rings,
+//! in slices, checking between slices that the other process still lives, until the
+//! caller's deadline.
 
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
@@ -21,12 +23,22 @@ const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 /// that lasts is timed, for its [`Outcome`].
 const UNTIMED_POLLS: u32 = 256;
 
+/// How long a wait polls its doorbell before it sleeps.
+#[derive(Clone, Copy, Debug)]
+enum SpinBudget {
+    /// This many polls (the ring's `PeerConfig::ring_spin`).
+    Polls(u32),
+    /// About this long (a connection's `PeerConfig::recv_spin`), the clock read every
+    /// [`UNTIMED_POLLS`] polls.
+    For(Duration),
+}
+
 /// The slow half of one blocking ring call, on the call's deadline (its clock starts at
 /// the first wait that finds nothing, so a call that never waits reads no clock).
-pub(super) struct Waiter<'a, 'd> {
+pub(crate) struct Waiter<'a, 'd> {
     bell: Doorbell<'a>,
-    /// Most polls before each sleep.
-    spin: u32,
+    /// Most polling before each sleep.
+    spin: SpinBudget,
     /// Whether this side may spin now (the ring half's, kept across calls).
     policy: &'a SpinPolicy,
     deadline: &'d mut Deadline,
@@ -37,7 +49,7 @@ pub(super) struct Waiter<'a, 'd> {
 }
 
 impl<'a, 'd> Waiter<'a, 'd> {
-    pub(super) fn new(
+    pub(crate) fn new(
         bell: Doorbell<'a>,
         spin: u32,
         policy: &'a SpinPolicy,
@@ -45,7 +57,24 @@ impl<'a, 'd> Waiter<'a, 'd> {
         waiting_for: &'static str,
         gone: &'static str,
     ) -> Self {
-        Waiter { bell, spin, policy, deadline, waiting_for, gone }
+        Waiter { bell, spin: SpinBudget::Polls(spin), policy, deadline, waiting_for, gone }
+    }
+
+    /// A waiter whose spin is bounded in time, not in polls.
+    pub(crate) fn timed(
+        bell: Doorbell<'a>,
+        spin: Duration,
+        policy: &'a SpinPolicy,
+        deadline: &'d mut Deadline,
+        waiting_for: &'static str,
+        gone: &'static str,
+    ) -> Self {
+        Waiter { bell, spin: SpinBudget::For(spin), policy, deadline, waiting_for, gone }
+    }
+
+    /// The doorbell's sequence now (for a caller whose `ready` is "the sequence moved").
+    pub(crate) fn current(&self) -> u32 {
+        self.bell.current()
     }
 
     /// Wait for `ready` (a look at shared memory the other side writes before it rings):
@@ -53,21 +82,42 @@ impl<'a, 'd> Waiter<'a, 'd> {
     /// `peer_gone`) sleep one slice on the doorbell. Returns to let the caller look again
     /// (`ready` is a hint: the caller validates what it finds); fails past the deadline or
     /// once the peer is gone.
-    pub(super) fn wait(&mut self, ready: &dyn Fn() -> bool, peer_gone: &dyn Fn() -> bool) -> Result<()> {
-        let cap = self.deadline.spins(self.spin);
+    pub(crate) fn wait(&mut self, ready: &dyn Fn() -> bool, peer_gone: &dyn Fn() -> bool) -> Result<()> {
+        // No spin at all for a call that may not wait (`Deadline::spins`).
+        let cap = match self.spin {
+            SpinBudget::Polls(n) => SpinBudget::Polls(self.deadline.spins(n)),
+            SpinBudget::For(_) if self.deadline.spins(1) == 0 => SpinBudget::For(Duration::ZERO),
+            b => b,
+        };
+        let untimed = match cap {
+            SpinBudget::Polls(n) => n.min(UNTIMED_POLLS),
+            SpinBudget::For(d) if d.is_zero() => 0,
+            SpinBudget::For(_) => UNTIMED_POLLS,
+        };
         // A spin that ran out: how long it lasted (its untimed polls aside).
         let mut ran_out = None;
         // How this wait goes: not a spin while the other process shares our core, where
         // the spin would hold the core it needs to ring for the whole budget, every time
         // (`spin_policy` has the numbers). A spin of 0 sleeps at once.
-        let plan = if cap == 0 { Plan::Sleep } else { self.policy.next() };
+        let plan = if untimed == 0 { Plan::Sleep } else { self.policy.next() };
         if plan == Plan::Spin {
-            if poll(ready, cap.min(UNTIMED_POLLS)) {
+            if poll(ready, untimed) {
                 self.policy.record(Outcome::Spun);
                 return Ok(());
             }
             let start = Instant::now();
-            if poll(ready, cap.saturating_sub(UNTIMED_POLLS)) {
+            let rang = match cap {
+                SpinBudget::Polls(n) => poll(ready, n.saturating_sub(UNTIMED_POLLS)),
+                SpinBudget::For(d) => loop {
+                    if start.elapsed() >= d {
+                        break false;
+                    }
+                    if poll(ready, UNTIMED_POLLS) {
+                        break true;
+                    }
+                },
+            };
+            if rang {
                 self.policy.record(Outcome::Spun);
                 return Ok(());
             }
@@ -75,7 +125,8 @@ impl<'a, 'd> Waiter<'a, 'd> {
         } else if plan == Plan::Yield {
             // The other side shares our core: no spin, but a few yields before sleeping.
             // When the scheduler runs the other side at one, what we wait for is there
-            // with no futex call on either side; when it does not, they cost a few system calls.
+            // with no futex call on either side; when it does not, they cost a few system
+            // calls.
             let Ok(moved) = hand_over(|| Ok::<_, Infallible>(ready()));
             if moved {
                 return Ok(());
