@@ -6,7 +6,9 @@
 //!     page of a shared segment, flips the shared word (Release); the other spins on it
 //!     (Acquire), copies the page out, and replies the same way — no headers, no
 //!     validation: the 64 cache lines a copy-out receive must pull from the other core,
-//!     which the one-word spin floor does not move;
+//!     which the one-word spin floor does not move (the ring can beat it: its producer
+//!     takes ownership of the next record's lines while it waits for the reply, where
+//!     the bare copy-in into the page the other side just read pays for them in line);
 //!   - iceoryx2 (crates.io, a bench-only dev-dependency): publish-subscribe ping-pong at
 //!     64 B and 4 KiB, zero-copy loans, busy-waiting subscribers — the method of iceoryx2's
 //!     own publish-subscribe benchmark, between the same two pinned processes, with the
