@@ -368,7 +368,7 @@ impl Connection {
     fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline) -> Result<()> {
         self.move_off_peer_cpu(bells);
         let bell = Doorbell::new(&bells.theirs.get().bell);
-        let mut waiter = Waiter::timed(bell, self.recv_spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
+        let mut waiter = Waiter::new(bell, self.recv_spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
         let exited = || self.pidfd.as_ref().is_some_and(|p| sys::poll_readable(&[p.as_fd()], Wait::Never).is_ok_and(|r| r[0]));
         loop {
             // The sequence first, then the socket: a message sent after this look rings

@@ -25,12 +25,24 @@ const UNTIMED_POLLS: u32 = 256;
 
 /// How long a wait polls its doorbell before it sleeps.
 #[derive(Clone, Copy, Debug)]
-enum SpinBudget {
+pub(crate) enum SpinBudget {
     /// This many polls (the ring's `PeerConfig::ring_spin`).
     Polls(u32),
     /// About this long (a connection's `PeerConfig::recv_spin`), the clock read every
     /// [`UNTIMED_POLLS`] polls.
     For(Duration),
+}
+
+impl From<u32> for SpinBudget {
+    fn from(polls: u32) -> Self {
+        SpinBudget::Polls(polls)
+    }
+}
+
+impl From<Duration> for SpinBudget {
+    fn from(time: Duration) -> Self {
+        SpinBudget::For(time)
+    }
 }
 
 /// The slow half of one blocking ring call, on the call's deadline (its clock starts at
@@ -49,27 +61,16 @@ pub(crate) struct Waiter<'a, 'd> {
 }
 
 impl<'a, 'd> Waiter<'a, 'd> {
+    /// A waiter that polls up to `spin` (a count of polls, or a time) before each sleep.
     pub(crate) fn new(
         bell: Doorbell<'a>,
-        spin: u32,
+        spin: impl Into<SpinBudget>,
         policy: &'a SpinPolicy,
         deadline: &'d mut Deadline,
         waiting_for: &'static str,
         gone: &'static str,
     ) -> Self {
-        Waiter { bell, spin: SpinBudget::Polls(spin), policy, deadline, waiting_for, gone }
-    }
-
-    /// A waiter whose spin is bounded in time, not in polls.
-    pub(crate) fn timed(
-        bell: Doorbell<'a>,
-        spin: Duration,
-        policy: &'a SpinPolicy,
-        deadline: &'d mut Deadline,
-        waiting_for: &'static str,
-        gone: &'static str,
-    ) -> Self {
-        Waiter { bell, spin: SpinBudget::For(spin), policy, deadline, waiting_for, gone }
+        Waiter { bell, spin: spin.into(), policy, deadline, waiting_for, gone }
     }
 
     /// The doorbell's sequence now (for a caller whose `ready` is "the sequence moved").
