@@ -83,7 +83,7 @@ fn open_hostile(inp: &mut Input<'_>, mode: u8) {
         && len <= exact.div_ceil(page) * page
         && mode & 16 == 0
         && hdr[0..8] == TABLE_MAGIC
-        && hdr[8..12] == 1u32.to_le_bytes()
+        && hdr[8..12] == TABLE_VERSION.to_le_bytes()
         && header_cap == claimed;
     match ImportTable::open(fd, claimed, max_capacity) {
         Ok(t) => {
