@@ -412,7 +412,8 @@ impl Connection {
         *last = Some(now);
         if sys::move_off_this_cpu() {
             // Say where we are now, so that the peer does not take our last send's CPU
-            // for ours and move there after us.
+            // for ours and move there after us. Relaxed: the same hint as at a send,
+            // paired with nothing.
             bells.ours.get().sender_cpu.store(sys::current_cpu().wrapping_add(1), Ordering::Relaxed);
         }
     }
