@@ -66,8 +66,9 @@ pub struct Connection {
     /// Doorbells that replace poll(2) on the socket for waking a receiver, once both
     /// sides have a shared page (a `Peer`'s lease tables): see [`MessageBells`].
     bells: Option<MessageBells>,
-    /// When a receive last moved off the peer's CPU (rate limit for a lying peer).
-    last_move: Mutex<Option<Instant>>,
+    /// When a receive last tried to move off the peer's CPU (rate limit for a lying peer,
+    /// and whether that found this thread allowed on one CPU only).
+    last_move: Mutex<Option<(Instant, bool)>>,
 }
 
 /// The two message lines of a `Peer`'s lease tables. After each message it sends, a side
@@ -83,7 +84,7 @@ pub(crate) struct MessageBells {
 }
 
 /// Fewest time between two moves of a receiving thread off a CPU it shares with the peer.
-pub(crate) const MOVE_AT_MOST_EVERY: Duration = Duration::from_millis(10);
+pub(crate) const MOVE_AT_MOST_EVERY: Duration = Duration::from_millis(2);
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -204,6 +205,14 @@ impl Connection {
     /// The peer's process id, as verified by the kernel at the handshake.
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
+    }
+
+    /// True if a receive, a send or an [`Self::is_peer_gone`] already found the peer gone.
+    /// No system call: for paths that lose nothing by learning it later (the reaper's
+    /// next pass looks).
+    pub(crate) fn known_gone(&self) -> bool {
+        // Acquire: pairs with the Release stores in `is_peer_gone` and `gone_error`.
+        self.gone.load(Ordering::Acquire)
     }
 
     /// True once the peer is known to be gone: EOF seen, the socket hung up (the peer
@@ -366,9 +375,9 @@ impl Connection {
     /// doorbell: spin on it while the spin policy allows, then sleep on it in slices,
     /// looking at the socket whenever it rings and between slices.
     fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline) -> Result<()> {
-        self.move_off_peer_cpu(bells);
+        let spin = if self.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
         let bell = Doorbell::new(&bells.theirs.get().bell);
-        let mut waiter = Waiter::new(bell, self.recv_spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
+        let mut waiter = Waiter::new(bell, spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
         let exited = || self.pidfd.as_ref().is_some_and(|p| sys::poll_readable(&[p.as_fd()], Wait::Never).is_ok_and(|r| r[0]));
         loop {
             // The sequence first, then the socket: a message sent after this look rings
@@ -385,6 +394,9 @@ impl Connection {
     }
 
     /// Before waiting: if the peer last sent from the CPU we run on, move to another one.
+    /// Returns true when the two share it for good: this thread may run on this CPU only
+    /// (`taskset -c N`). The wait must then not spin or yield, only sleep, which hands the
+    /// core to the peer at once.
     ///
     /// Two processes that hand messages back and forth on one core stay there: the
     /// scheduler puts a woken process next to the one that woke it, and two processes
@@ -397,24 +409,58 @@ impl Connection {
     /// per round trip against 15 µs apart), whether the waits yielded or slept (making
     /// every paused wait sleep kept them together in 24 of 24 blocks). `docs/DESIGN.md`,
     /// "Two processes on one core", has the numbers with this move in place.
-    fn move_off_peer_cpu(&self, bells: &MessageBells) {
+    ///
+    /// So a wait that could move but may not yet (the rate limit) keeps its spin policy:
+    /// sleeping at once there would hold the two together, each wake-up placing the woken
+    /// side next to its waker.
+    fn move_off_peer_cpu(&self, bells: &MessageBells) -> bool {
         let line = bells.theirs.get();
         // Relaxed: a hint (see `MessageLine::sender_cpu`); copied before it is compared.
         let theirs = line.sender_cpu.load(Ordering::Relaxed);
         if theirs == 0 || theirs != sys::current_cpu().wrapping_add(1) {
-            return;
+            return false;
         }
         let mut last = self.last_move.lock();
         let now = Instant::now();
-        if last.is_some_and(|t| now.saturating_duration_since(t) < MOVE_AT_MOST_EVERY) {
-            return;
+        if let Some((at, only_here)) = *last {
+            if now.saturating_duration_since(at) < MOVE_AT_MOST_EVERY {
+                return only_here;
+            }
         }
-        *last = Some(now);
-        if sys::move_off_this_cpu() {
+        let moved = sys::move_off_this_cpu();
+        *last = Some((now, moved == sys::CpuMove::OnlyHere));
+        if moved == sys::CpuMove::Moved {
             // Say where we are now, so that the peer does not take our last send's CPU
             // for ours and move there after us. Relaxed: the same hint as at a send,
             // paired with nothing.
             bells.ours.get().sender_cpu.store(sys::current_cpu().wrapping_add(1), Ordering::Relaxed);
+        }
+        moved == sys::CpuMove::OnlyHere
+    }
+
+    /// Our message line's CPU word (tests stand in for a peer that moved).
+    #[cfg(test)]
+    pub(crate) fn our_sender_cpu(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.bells.as_ref().expect("a Peer's connection has message bells").ours.get().sender_cpu
+    }
+
+    /// Before a wait on one of the peer's rings: [`Self::move_off_peer_cpu`]. True when
+    /// the peer last ran on our CPU and we could not move: the wait must not spin.
+    pub(crate) fn shares_core_with_peer(&self) -> bool {
+        self.bells.as_ref().is_some_and(|b| self.move_off_peer_cpu(b))
+    }
+
+    /// After a send through one of our rings: store the CPU we sent from in our message
+    /// line if it changed, so that the peer's ring waits know where we run (as a control
+    /// message's send does, without writing the line each time).
+    pub(crate) fn note_send_cpu(&self) {
+        if let Some(b) = &self.bells {
+            let line = b.ours.get();
+            let cpu = sys::current_cpu().wrapping_add(1);
+            // Relaxed: a hint read on its own (see `MessageLine::sender_cpu`).
+            if line.sender_cpu.load(Ordering::Relaxed) != cpu {
+                line.sender_cpu.store(cpu, Ordering::Relaxed);
+            }
         }
     }
 

@@ -503,37 +503,47 @@ pub(crate) fn current_cpu() -> u32 {
     u32::try_from(cpu).unwrap_or(u32::MAX)
 }
 
+/// What [`move_off_this_cpu`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CpuMove {
+    /// The thread runs on another CPU now, with its affinity as it was.
+    Moved,
+    /// The thread may run on this CPU only (`taskset -c N`, a one-CPU cpuset): it stays.
+    OnlyHere,
+    /// A call failed (or the kernel could not say where we run): nothing changed.
+    Failed,
+}
+
 /// Move the calling thread to another CPU it may run on, leaving its affinity as it was:
 /// narrow the affinity to exclude the current CPU (the kernel migrates the thread at
-/// once), then restore it (which does not move the thread back). Returns false when the
-/// thread may run on this CPU only, or a call fails (then nothing changed).
-pub(crate) fn move_off_this_cpu() -> bool {
+/// once), then restore it (which does not move the thread back).
+pub(crate) fn move_off_this_cpu() -> CpuMove {
     // SAFETY: sched_getcpu takes no arguments.
     let cpu = unsafe { libc::sched_getcpu() };
     if cpu < 0 {
-        return false;
+        return CpuMove::Failed;
     }
     // SAFETY: cpu_set_t is plain bits; zeroed is the empty set.
     let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes; 0 names this thread.
     if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
-        return false;
+        return CpuMove::Failed;
     }
-    // SAFETY: CPU_COUNT / CPU_ISSET only read the set.
-    if unsafe { libc::CPU_COUNT(&allowed) } < 2 || !unsafe { libc::CPU_ISSET(cpu as usize, &allowed) } {
-        return false;
+    // SAFETY: CPU_ISSET only reads the set.
+    if !unsafe { libc::CPU_ISSET(cpu as usize, &allowed) } {
+        return CpuMove::Failed;
+    }
+    // SAFETY: CPU_COUNT only reads the set.
+    if unsafe { libc::CPU_COUNT(&allowed) } < 2 {
+        return CpuMove::OnlyHere;
     }
     let mut elsewhere = allowed;
     // SAFETY: cpu < CPU_SETSIZE (the kernel returned it and it is set in `allowed`).
     unsafe { libc::CPU_CLR(cpu as usize, &mut elsewhere) };
     // SAFETY: both sets are valid cpu_set_t values of `size` bytes; 0 names this thread.
-    unsafe {
-        if libc::sched_setaffinity(0, size, &elsewhere) != 0 {
-            return false;
-        }
-        libc::sched_setaffinity(0, size, &allowed) == 0
-    }
+    let moved = unsafe { libc::sched_setaffinity(0, size, &elsewhere) == 0 && libc::sched_setaffinity(0, size, &allowed) == 0 };
+    if moved { CpuMove::Moved } else { CpuMove::Failed }
 }
 
 #[cfg(test)]
@@ -550,6 +560,28 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_allowed_one_cpu_is_not_moved_and_says_so() {
+        std::thread::spawn(|| {
+            let cpu = current_cpu();
+            // SAFETY: zeroed is the empty set; CPU_SET writes bit `cpu` (the kernel named
+            // it); sched_setaffinity reads a set of the size passed; 0: this thread.
+            let only = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu as usize, &mut set);
+                assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+                set
+            };
+            assert_eq!(move_off_this_cpu(), CpuMove::OnlyHere);
+            assert_eq!(current_cpu(), cpu);
+            let after = affinity();
+            // SAFETY: CPU_EQUAL only reads the two sets.
+            assert!(unsafe { libc::CPU_EQUAL(&only, &after) }, "the one-CPU affinity changed");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn moving_off_this_cpu_changes_the_cpu_and_keeps_the_affinity() {
         // In a thread of its own: the test harness's threads keep theirs.
         std::thread::spawn(|| {
@@ -561,7 +593,7 @@ mod tests {
             }
             for _ in 0..3 {
                 let cpu = current_cpu();
-                assert!(move_off_this_cpu(), "the move failed");
+                assert_eq!(move_off_this_cpu(), CpuMove::Moved, "the move failed");
                 assert_ne!(current_cpu(), cpu, "still on CPU {cpu} after the move");
                 let after = affinity();
                 // SAFETY: CPU_EQUAL only reads the two sets.

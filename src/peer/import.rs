@@ -238,9 +238,14 @@ pub(super) struct HeldLease {
 }
 
 impl HeldLease {
+    /// An explicit release: says `PeerGone` if the peer has gone (one `poll` to know).
     pub(super) fn release(&mut self) -> Result<()> {
+        self.release_as(self.inner.conn.is_peer_gone())
+    }
+
+    fn release_as(&mut self, gone: bool) -> Result<()> {
         self.released = true;
-        if self.inner.stop.load(Ordering::Acquire) || self.inner.conn.is_peer_gone() {
+        if self.inner.stop.load(Ordering::Acquire) || gone {
             return Err(Error::peer_gone("the connection ended before the lease was released"));
         }
         self.inner.import.release(self.lease)
@@ -250,7 +255,10 @@ impl HeldLease {
 impl Drop for HeldLease {
     fn drop(&mut self) {
         if !self.released {
-            let _ = self.release();
+            // Nobody reads this result: what is known is enough, not a `poll` per dropped
+            // tensor. A release written into the table of a peer that has just died is
+            // harmless (the table stays mapped here until we close).
+            let _ = self.release_as(self.inner.conn.known_gone());
         }
     }
 }

@@ -284,7 +284,7 @@ impl Peer {
     /// Run one reaper pass now (releases, windows, peer death) instead of waiting for the
     /// background reaper.
     pub fn reap_now(&self) -> LeaseStats {
-        self.inner.reap_once();
+        self.inner.reap_once(true);
         self.export_stats()
     }
 
@@ -313,7 +313,7 @@ impl Drop for Peer {
         // imports (which keep `inner` alive) are still held.
         // SAFETY: shutdown on our own open socket; it does not close the fd.
         unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.inner.conn.socket()), libc::SHUT_RDWR) };
-        self.inner.reap_once();
+        self.inner.reap_once(true);
         self.inner.import_segments.lock().clear();
         // Deferred CUDA imports hold `inner` (a cycle): release them with the connection
         // (`stop` is set, so `release_after` defers nothing more); mappings whose readers

@@ -19,11 +19,13 @@ impl Inner {
         crate::lease::release_doorbell(&self.export_table)
     }
 
-    /// One reaper pass; returns (next deadline, peer gone, live leases).
-    pub(super) fn reap_once(&self) -> (Option<Instant>, bool, u64) {
+    /// One reaper pass; returns (next deadline, peer gone, live leases). `look` asks the
+    /// kernel whether the peer is gone (a `poll`); without it only what is already known
+    /// counts (the export path's pass, which must not cost a system call per send).
+    pub(super) fn reap_once(&self, look: bool) -> (Option<Instant>, bool, u64) {
         let _pass = self.reap_lock.lock();
         let mut dead = Reclaimed::default();
-        let gone = self.conn.is_peer_gone();
+        let gone = if look { self.conn.is_peer_gone() } else { self.conn.known_gone() };
         // Relaxed: only a hint of whether anything was released since the last pass; the
         // slot words themselves carry the Acquire/Release pairing.
         self.reaped_seq.store(self.release_doorbell().current(), Ordering::Relaxed);
@@ -87,7 +89,7 @@ impl Inner {
         if self.release_doorbell().current() != self.reaped_seq.load(Ordering::Relaxed) {
             // Only if no pass is running: the export path never waits on one.
             if let Some(_pass) = self.reap_lock.try_lock() {
-                self.reap_once();
+                self.reap_once(false);
             }
         }
     }
@@ -101,7 +103,7 @@ pub(super) fn reaper(inner: Arc<Inner>) {
         if inner.stop.load(Ordering::Acquire) {
             return;
         }
-        let (next, gone, live) = inner.reap_once();
+        let (next, gone, live) = inner.reap_once(true);
         // A gone peer's reaper stays while CUDA mappings linger (its pass collects them).
         if gone && LINGERING.lock().is_empty() {
             return;

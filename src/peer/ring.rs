@@ -8,8 +8,14 @@ use crate::wait::Wait;
 use super::{Peer, PeerCudaRing};
 
 // Every wait here spins `PeerConfig::ring_spin` polls before it sleeps (none for
-// `Wait::Never`).
+// `Wait::Never`, and none while the peer runs on our CPU and we cannot move off it:
+// `Connection::shares_core_with_peer`). A send notes its CPU for the peer's waits.
 impl Peer {
+    /// The spin for a wait on a ring now: none while the peer shares our core.
+    fn ring_spin(&self) -> u32 {
+        if self.inner.conn.shares_core_with_peer() { 0 } else { self.inner.cfg.ring_spin }
+    }
+
     fn no_ring(side: &str) -> Error {
         Error::InvalidArgument(format!("this connection has no ring to {side} (PeerConfig::ring_bytes was 0)"))
     }
@@ -19,7 +25,9 @@ impl Peer {
     pub fn ring_send(&self, items: &[RingItem<'_>], wait: impl Into<Wait>) -> Result<()> {
         let tx = self.inner.ring_tx.as_ref().ok_or_else(|| Self::no_ring("send through"))?;
         let conn = &self.inner.conn;
-        tx.lock().send_many(items, wait, self.inner.cfg.ring_spin, &|| conn.is_peer_gone())
+        let sent = tx.lock().send_many(items, wait, self.ring_spin(), &|| conn.is_peer_gone());
+        conn.note_send_cpu();
+        sent
     }
 
     /// Receive the next ring message as a private copy.
@@ -32,7 +40,7 @@ impl Peer {
     pub fn ring_recv_with(&self, borrow: bool, wait: impl Into<Wait>) -> Result<RingMessage> {
         let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
         let conn = &self.inner.conn;
-        rx.recv(borrow, wait, self.inner.cfg.ring_spin, &|| conn.is_peer_gone())
+        rx.recv(borrow, wait, self.ring_spin(), &|| conn.is_peer_gone())
     }
 
     /// Receive the next ring message into `buf`, reusing its capacity (no allocation in
@@ -40,7 +48,7 @@ impl Peer {
     pub fn ring_recv_into(&self, buf: &mut Vec<u8>, wait: impl Into<Wait>) -> Result<(u64, Option<TensorDesc>)> {
         let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
         let conn = &self.inner.conn;
-        rx.recv_into(buf, wait, self.inner.cfg.ring_spin, &|| conn.is_peer_gone())
+        rx.recv_into(buf, wait, self.ring_spin(), &|| conn.is_peer_gone())
     }
 
     /// Receive up to `max` ring messages: waits for the first, takes the rest that are
@@ -48,7 +56,7 @@ impl Peer {
     pub fn ring_recv_many(&self, max: usize, borrow: bool, wait: impl Into<Wait>) -> Result<Vec<RingMessage>> {
         let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
         let conn = &self.inner.conn;
-        rx.recv_many(max.max(1), borrow, wait, self.inner.cfg.ring_spin, &|| conn.is_peer_gone())
+        rx.recv_many(max.max(1), borrow, wait, self.ring_spin(), &|| conn.is_peer_gone())
     }
 
     fn cuda_ring_rx(&self) -> Result<&crate::cuda::ring::CudaRingReceiver> {
@@ -93,5 +101,56 @@ impl Peer {
     pub fn cuda_ring_discard(&self, wait: impl Into<Wait>) -> Result<()> {
         let conn = &self.inner.conn;
         self.cuda_ring_rx()?.discard(wait.into(), self.inner.cfg.ring_spin, &|| conn.is_peer_gone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::PeerConfig;
+    use crate::ring::RingItem;
+    use std::time::Duration;
+
+    /// Pin the calling thread to `cpus`.
+    fn pin(cpus: &[usize]) {
+        // SAFETY: zeroed is the empty set; CPU_SET writes bits below CPU_SETSIZE (CPUs the
+        // kernel named); sched_setaffinity reads a set of the size passed; 0: this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            cpus.iter().for_each(|&c| libc::CPU_SET(c, &mut set));
+            assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0, "pinning to {cpus:?}");
+        }
+    }
+
+    fn cpu() -> usize {
+        crate::sys::current_cpu() as usize
+    }
+
+    /// A ring wait spins only while the peer may run elsewhere: with both sides allowed
+    /// one CPU only (`taskset -c N`) it sleeps at once; with the peer's last send from
+    /// another CPU it spins as configured. The peer's CPU comes from its message line,
+    /// written by its ring sends as by its control messages.
+    #[test]
+    fn ring_waits_do_not_spin_when_both_sides_may_run_on_one_cpu_only() {
+        let cfg = PeerConfig { ring_bytes: 64 << 10, ring_spin: 1234, ..PeerConfig::default() };
+        let (a, b) = Peer::pair(cfg).unwrap();
+        std::thread::spawn(move || {
+            let here = cpu();
+            pin(&[here]);
+            let b = std::thread::spawn(move || {
+                pin(&[here]);
+                b.ring_send(&[RingItem::bytes(7, b"x")], Wait::For(Duration::from_secs(5))).unwrap();
+                b
+            })
+            .join()
+            .unwrap();
+            assert_eq!(a.ring_spin(), 0, "both sides on CPU {here} only, and the wait would still spin");
+            assert_eq!(a.ring_recv(Wait::For(Duration::from_secs(5))).unwrap().tag, 7);
+            // The peer's last send from another CPU (as if it had moved): spin again.
+            b.inner.conn.our_sender_cpu().store(here as u32 + 2, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(a.ring_spin(), 1234, "the peer runs elsewhere, and the wait does not spin");
+        })
+        .join()
+        .unwrap();
     }
 }
