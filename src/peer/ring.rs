@@ -11,9 +11,12 @@ use super::{Peer, PeerCudaRing};
 // `Wait::Never`, and none while the peer runs on our CPU and we cannot move off it:
 // `Connection::shares_core_with_peer`). A send notes its CPU for the peer's waits.
 impl Peer {
-    /// The spin for a wait on a ring now: none while the peer shares our core.
+    /// The spin for a wait on a ring now: none while the peer shares our core. A
+    /// configured spin of 0 has nothing to save: no look at the peer's CPU then (the
+    /// look, where the peer last ran on our CPU, takes a lock and the clock).
     fn ring_spin(&self) -> u32 {
-        if self.inner.conn.shares_core_with_peer() { 0 } else { self.inner.cfg.ring_spin }
+        let spin = self.inner.cfg.ring_spin;
+        if spin == 0 || self.inner.conn.shares_core_with_peer() { 0 } else { spin }
     }
 
     fn no_ring(side: &str) -> Error {
