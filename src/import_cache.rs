@@ -7,18 +7,20 @@
 //! bytes: cached windows no import holds are evicted, least recently used first, before a
 //! new import is refused — a producer that never says FORGET cannot pin our address space.
 //!
-//! The producer sends the segment's fd with every tensor (SCM_RIGHTS), so an evicted
-//! window is simply mapped again; a cached window is reused when the fd names the same
-//! file (device and inode: a file once validated stays a sealed memfd) and the window
-//! covers the range. Received fds are closed once mapped: what this side holds for a peer
-//! is mappings only, so the peer cannot fill our fd table however many segments it sends.
+//! The producer sends a segment's fd once into one of this connection's *fd slots*
+//! (`peer::SEGMENT_FD_SLOTS`, chosen by the producer); later descriptors of that segment
+//! name the slot instead of carrying the fd again, and a window evicted here is simply
+//! mapped again from the slot's fd. A slot's fd is checked once, when it arrives (a
+//! sealed memfd; its device and inode are the identity later windows are compared
+//! with); a window is used for a slot only when it maps the same file. So what this side
+//! holds for a peer is its mappings, bounded as above, and at most `SEGMENT_FD_SLOTS`
+//! fds, however many segments the peer sends.
 //!
-//! The one exception is a window that live imports hold: its fd is kept ([`ImportFd`],
-//! one per window, shared by every import of it) so the import can be forwarded to a
-//! third process as the same memory (`Peer::export_imported`). The cache entry keeps
-//! only a `Weak` to it: once the last import of a window is gone the fd is closed, and a
-//! cached window no import holds costs no fd — so what a peer can make us keep open is
-//! bounded by the imports the application itself chooses to hold.
+//! The fd of a window that live imports hold is kept too ([`ImportFd`], one per file,
+//! shared by the slot and every import of it), so an import can be forwarded to a third
+//! process as the same memory (`Peer::export_imported`) even after its slot was given to
+//! another segment. The cache entry keeps only a `Weak` to it: once neither a slot nor an
+//! import holds it, the fd is closed.
 
 use crate::desc::TensorDesc;
 use crate::error::{Error, Result};
@@ -111,11 +113,15 @@ pub(crate) struct ImportFd {
     /// Process-unique (never reused): a forward after the last import of a window died
     /// shows the storage under a new id, so a late FORGET of the old one cannot race it.
     forward_id: u64,
+    /// (st_dev, st_ino) of the file, read when the fd arrived.
+    ident: (u64, u64),
+    /// The file's size, read when the fd arrived: fixed since (sealed against resizing).
+    len: u64,
 }
 
 impl ImportFd {
-    fn new(fd: OwnedFd) -> Arc<ImportFd> {
-        Arc::new(ImportFd { fd, forward_id: crate::segment::next_segment_id() })
+    fn new(fd: OwnedFd, ident: (u64, u64), len: u64) -> Arc<ImportFd> {
+        Arc::new(ImportFd { fd, forward_id: crate::segment::next_segment_id(), ident, len })
     }
     pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
@@ -132,13 +138,13 @@ struct Entry {
     last_use: u64,
 }
 
-/// What an import holds of its storage: the mapping, and the fd when one is known.
+/// What an import holds of its storage: the mapping, and the fd of its file.
 pub(crate) struct Resolved {
     pub window: Arc<Window>,
-    pub fd: Option<Arc<ImportFd>>,
+    pub fd: Arc<ImportFd>,
 }
 
-/// The windows of one connection, by the peer's segment id.
+/// The windows of one connection, by the peer's segment id, and its fd slots.
 #[derive(Default)]
 pub(crate) struct ImportCache {
     entries: HashMap<u64, Entry>,
@@ -146,6 +152,9 @@ pub(crate) struct ImportCache {
     /// Bytes of every window of this connection still mapped: cached, or held by imports
     /// after the cache replaced or dropped them.
     mapped: Arc<AtomicU64>,
+    /// The fd slots (`SEGMENT_FD_SLOTS`, allocated at the first install): the segment id
+    /// the producer put in each, and its fd.
+    slots: Vec<Option<(u64, Arc<ImportFd>)>>,
 }
 
 impl ImportCache {
@@ -154,57 +163,95 @@ impl ImportCache {
         self.entries.len()
     }
 
-    /// The producer dropped segment `sid`: forget its window (imports keep theirs).
+    /// The producer dropped segment `sid`: forget its window and empty the slot that
+    /// held its fd (imports keep theirs).
     pub(crate) fn forget(&mut self, sid: u64) {
         self.entries.remove(&sid);
+        for s in &mut self.slots {
+            if s.as_ref().is_some_and(|(id, _)| *id == sid) {
+                *s = None;
+            }
+        }
     }
 
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
+        self.slots.clear();
     }
 
-    /// The window for `desc`'s storage in segment `desc.storage.segment_id`, mapping it
-    /// from `fd` when no cached window of the same file covers it; with the window's fd
-    /// (the one imports of it already share, else `fd`), if any.
-    pub(crate) fn resolve(&mut self, desc: &TensorDesc, fd: Option<OwnedFd>, limits: Limits) -> Result<Resolved> {
+    /// The window for `desc`'s storage in segment `desc.storage.segment_id`, and the fd of
+    /// its file. With `fd` (arrived with the message), that fd goes into fd slot
+    /// `slot`, replacing what the slot held; without, the slot must hold the fd of that
+    /// segment. The window is a cached one of the same file covering the range, or a new
+    /// one mapped from the fd.
+    pub(crate) fn resolve(&mut self, desc: &TensorDesc, fd: Option<OwnedFd>, slot: u32, limits: Limits) -> Result<Resolved> {
+        use crate::peer::SEGMENT_FD_SLOTS;
         let sid = desc.storage.segment_id;
-        let (offset, nbytes) = (desc.storage.base_offset, desc.storage.nbytes);
+        if slot >= SEGMENT_FD_SLOTS {
+            return Err(Error::Protocol(format!(
+                "tensor message names fd slot {slot}; a connection has {SEGMENT_FD_SLOTS} (0..{SEGMENT_FD_SLOTS})"
+            )));
+        }
+        if self.slots.is_empty() {
+            self.slots.resize(SEGMENT_FD_SLOTS as usize, None);
+        }
+        let k = slot as usize;
         self.clock += 1;
-        let clock = self.clock;
-        let Some(fd) = fd else {
-            let e = self.entries.get_mut(&sid).ok_or_else(|| {
-                Error::InvalidDescriptor(format!(
-                    "descriptor names segment {sid}, which is not mapped here (never received, forgotten or evicted) and came without its fd"
-                ))
-            })?;
-            if !e.window.covers(offset, nbytes) {
-                return Err(Error::InvalidDescriptor(format!(
-                    "segment too small or not mapped: descriptor needs {nbytes} bytes at offset {offset} of segment {sid}, outside the range mapped here ({}..{}), and came without its fd",
-                    e.window.start, e.window.end
-                )));
-            }
-            e.last_use = clock;
-            return Ok(Resolved { window: e.window.clone(), fd: e.fd.upgrade() });
-        };
-        let st = crate::sys::fstat(fd.as_fd())?;
-        let ident = (st.st_dev, st.st_ino);
-        if let Some(e) = self.entries.get_mut(&sid) {
-            if e.window.ident == ident && e.window.covers(offset, nbytes) {
-                e.last_use = clock;
-                // The same file: the fd imports of this window share, or this one (the
-                // received duplicate is closed when dropped here).
-                let shared = match e.fd.upgrade() {
+        let kept = match fd {
+            Some(fd) => {
+                // The slot holds nothing until the new fd is checked and mapped: a bad
+                // one leaves it empty, so later descriptors naming it fail clearly.
+                self.slots[k] = None;
+                let st = crate::sys::fstat(fd.as_fd())?;
+                let ident = (st.st_dev, st.st_ino);
+                // The fd the window's imports already share, if it is this file (the
+                // received duplicate is closed when dropped here), else this one.
+                let shared = self.entries.get(&sid).and_then(|e| e.fd.upgrade()).filter(|f| f.ident == ident);
+                let kept = match shared {
                     Some(f) => f,
                     None => {
-                        let f = ImportFd::new(fd);
-                        e.fd = Arc::downgrade(&f);
-                        f
+                        let len = check_memfd(fd.as_fd())?;
+                        ImportFd::new(fd, ident, len)
                     }
                 };
-                return Ok(Resolved { window: e.window.clone(), fd: Some(shared) });
+                let window = self.window_for(desc, &kept, limits)?;
+                self.slots[k] = Some((sid, kept.clone()));
+                return Ok(Resolved { window, fd: kept });
+            }
+            None => match &self.slots[k] {
+                Some((id, f)) if *id == sid => f.clone(),
+                Some((id, _)) => {
+                    return Err(Error::InvalidDescriptor(format!(
+                        "descriptor names segment {sid} in fd slot {slot}, which holds the fd of segment {id}, and came without its fd"
+                    )));
+                }
+                None => {
+                    return Err(Error::InvalidDescriptor(format!(
+                        "descriptor names segment {sid} in fd slot {slot}, which holds no fd (never filled, or forgotten), and came without its fd"
+                    )));
+                }
+            },
+        };
+        let window = self.window_for(desc, &kept, limits)?;
+        Ok(Resolved { window, fd: kept })
+    }
+
+    /// A window of `fd`'s file covering `desc`'s storage: the cached one of its segment
+    /// if it maps this file and covers the range (no system call), else a new one.
+    fn window_for(&mut self, desc: &TensorDesc, fd: &Arc<ImportFd>, limits: Limits) -> Result<Arc<Window>> {
+        let sid = desc.storage.segment_id;
+        let (offset, nbytes) = (desc.storage.base_offset, desc.storage.nbytes);
+        let clock = self.clock;
+        if let Some(e) = self.entries.get_mut(&sid) {
+            if e.window.ident == fd.ident && e.window.covers(offset, nbytes) {
+                e.last_use = clock;
+                if e.fd.strong_count() == 0 {
+                    e.fd = Arc::downgrade(fd);
+                }
+                return Ok(e.window.clone());
             }
         }
-        let file_len = check_memfd(fd.as_fd())?;
+        let file_len = fd.len;
         if file_len == 0 {
             return Err(Error::InvalidSegment("segment too small: the memfd is empty".into()));
         }
@@ -220,14 +267,13 @@ impl ImportCache {
         let map = MmapOptions::new()
             .offset(start)
             .len(len_usize)
-            .map_raw(fd.as_raw_fd())
+            .map_raw(fd.fd().as_raw_fd())
             .map_err(|e| Error::io("mmap (the peer's segment)", e))?;
         // Relaxed: a plain counter (see `Window::drop`).
         self.mapped.fetch_add(len, Ordering::Relaxed);
-        let window = Arc::new(Window { map, start, end: (start + len).min(file_len), ident, mapped: self.mapped.clone() });
-        let fd = ImportFd::new(fd);
-        self.entries.insert(sid, Entry { window: window.clone(), fd: Arc::downgrade(&fd), last_use: clock });
-        Ok(Resolved { window, fd: Some(fd) })
+        let window = Arc::new(Window { map, start, end: (start + len).min(file_len), ident: fd.ident, mapped: self.mapped.clone() });
+        self.entries.insert(sid, Entry { window: window.clone(), fd: Arc::downgrade(fd), last_use: clock });
+        Ok(window)
     }
 
     /// Evict cached windows no import holds, least recently used first, until one more

@@ -42,8 +42,7 @@ fn send_tensor(table: &mut Exporter, victim: &Peer, b: &Connection, edit: impl F
     let mut s = StorageRef { nbytes: 64, lease_slot: lease.slot, lease_gen: lease.generation, event_seq: 1, ..Zeroable::zeroed() };
     edit(&mut s);
     let d = TensorDesc::new_cuda(&l, 0, StorageKind::CudaIpc, s);
-    let mut p = 1u64.to_le_bytes().to_vec();
-    p.extend_from_slice(d.encode());
+    let p = tensorwire::peer::tensor_payload(1, &d, tensorwire::peer::NO_FD_SLOT);
     b.send(KIND_TENSOR, &p, &[]).unwrap();
     let e = victim.recv(T).unwrap_err();
     let released_before = table.stats().released;

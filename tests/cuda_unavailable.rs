@@ -129,8 +129,7 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
         cuda_ipc_handle: [3; 64],
         ..Zeroable::zeroed()
     });
-    let mut p = 9u64.to_le_bytes().to_vec();
-    p.extend_from_slice(d.encode());
+    let p = tensorwire::peer::tensor_payload(9, &d, tensorwire::peer::NO_FD_SLOT);
     b.send(KIND_TENSOR, &p, &[]).unwrap();
     let e = victim.recv(T).unwrap_err();
     assert!(
@@ -212,8 +211,7 @@ fn vmm_tensors_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
             lease_gen: lease.generation,
             ..Zeroable::zeroed()
         });
-        let mut p = 9u64.to_le_bytes().to_vec();
-        p.extend_from_slice(d.encode());
+        let p = tensorwire::peer::tensor_payload(9, &d, tensorwire::peer::NO_FD_SLOT);
         let fds: Vec<_> = if with_fd { vec![fake_fd.fd()] } else { vec![] };
         b.send(KIND_TENSOR, &p, &fds).unwrap();
         let e = victim.recv(T).unwrap_err();

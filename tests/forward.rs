@@ -209,8 +209,9 @@ fn three_processes_share_one_memory_and_the_lease_chain_ends_with_the_last_relea
     let s = c.to_relay.export_stats();
     assert_eq!((s.granted, s.released, s.reclaimed), (1, 1, 0));
     assert_eq!(c.relay_stats(), vec![0, 1, 0]);
-    // The relay holds nothing of that storage now: the last is told to forget it.
-    wait_until("the last to forget the forwarded storage", || c.last(SEGS) == vec![0]);
+    // The relay holds no import of that storage now, but its fd slot keeps the host's
+    // segment's fd (the host may send the segment again), so the last keeps it too.
+    assert_eq!(c.last(SEGS), vec![1]);
 
     // A forwarded view that does not fit the storage is refused in the relay (tested
     // in-process below); here: forwarding again works after the first chain ended.
@@ -218,6 +219,14 @@ fn three_processes_share_one_memory_and_the_lease_chain_ends_with_the_last_relea
     assert_eq!(c.last(RELEASE), vec![0]);
     wait_until("the second lease released", || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 2);
+
+    // The host drops its segment: it tells the relay to forget it, the relay's slot lets
+    // the fd go, and the last is told to forget the forwarded storage.
+    drop(t);
+    wait_until("the last to forget the forwarded storage", || {
+        c.to_relay.reap_now();
+        c.last(SEGS) == vec![0]
+    });
 
     c.to_last.send_message(&words(&[DONE]), &[]).unwrap();
     c.to_relay.send_message(&words(&[DONE]), &[]).unwrap();
@@ -340,27 +349,28 @@ fn send_raw(conn: &tensorwire::Connection, table: &mut tensorwire::lease::Export
             ..Zeroable::zeroed()
         },
     );
-    let mut p = 9u64.to_le_bytes().to_vec();
-    p.extend_from_slice(desc.encode());
+    // Fd slot 0: filled by a message with the fd, named by one without.
+    let p = tensorwire::peer::tensor_payload(9, &desc, 0);
     let fds: Vec<_> = if with_fd { vec![seg.fd()] } else { Vec::new() };
     conn.send(tensorwire::peer::KIND_TENSOR, &p, &fds).unwrap();
 }
 
 #[test]
-fn imports_keep_one_fd_per_window_while_held_and_fdless_ones_cannot_be_forwarded() {
+fn imports_share_their_slots_fd_and_fdless_ones_forward_as_the_same_memory() {
     let _one = serial();
     let (victim, conn, mut table) = raw_producer();
     let (down, other) = Peer::pair(PeerConfig::default()).unwrap();
     let seg = Arc::new(tensorwire::Segment::create(4096).unwrap());
     let base = open_fds();
 
-    // Two imports of one window share one fd; the second came without one.
+    // The fd goes into a slot once; imports of the window share it, the second came
+    // without one.
     send_raw(&conn, &mut table, &seg, true);
     let a = Arc::new(victim.recv_tensor(T).unwrap());
-    assert_eq!(open_fds(), base + 1, "a held import keeps its window's fd");
+    assert_eq!(open_fds(), base + 1, "the slot keeps the segment's fd");
     send_raw(&conn, &mut table, &seg, false);
     let b = Arc::new(victim.recv_tensor(T).unwrap());
-    assert_eq!(open_fds(), base + 1, "imports of one window share one fd");
+    assert_eq!(open_fds(), base + 1, "imports of one window share the slot's fd");
     down.export_imported(b.clone(), None, ExportOptions::default()).unwrap();
     let got = other.recv_tensor(T).unwrap();
     got.write_storage(0, &[MARK]).unwrap();
@@ -370,15 +380,18 @@ fn imports_keep_one_fd_per_window_while_held_and_fdless_ones_cannot_be_forwarded
     got.release().unwrap();
     down.reap_now();
     drop((a, b));
-    wait_until("the window's fd closed with its last import", || open_fds() == base);
+    // Two slots hold it: the victim's, and `other`'s for the forward (both in this process).
+    assert_eq!(open_fds(), base + 2, "the slots keep their fds after the last import");
 
-    // The window stays cached without an fd: a descriptor without one still imports,
-    // but cannot be forwarded — a clear error, and the import stays usable.
+    // Told to forget the segment, the victim's slot lets its fd go; the forward's storage
+    // is then gone from the relay, which tells `other` to forget it too.
+    conn.send(tensorwire::peer::KIND_FORGET, &77u64.to_le_bytes(), &[]).unwrap();
     send_raw(&conn, &mut table, &seg, false);
-    let c = Arc::new(victim.recv_tensor(T).unwrap());
-    assert_eq!(open_fds(), base, "a cached window no import held kept an fd");
-    let err = down.export_imported(c.clone(), None, ExportOptions::default()).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("without its segment's fd")), "{err}");
-    assert_eq!(down.export_stats().live_leases, 0);
-    assert_eq!(c.to_vec().unwrap()[0], MARK);
+    let err = victim.recv(T).unwrap_err();
+    assert!(err.to_string().contains("which holds no fd"), "{err}");
+    wait_until("the forwarded storage forgotten downstream", || {
+        down.reap_now();
+        let _ = other.recv(tensorwire::Wait::Never);
+        open_fds() == base
+    });
 }

@@ -27,8 +27,8 @@ struct Attacker {
 fn setup() -> (Peer, Attacker) {
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
-    let table = Exporter::new(16, u64::MAX).unwrap();
-    b.send(KIND_TABLE, &setup_msg(16, 0), &[table.table().fd()]).unwrap();
+    let table = Exporter::new(32, u64::MAX).unwrap();
+    b.send(KIND_TABLE, &setup_msg(32, 0), &[table.table().fd()]).unwrap();
     let m = b.recv(T).unwrap();
     assert_eq!(m.kind, KIND_TABLE);
     let victim = victim.join().unwrap().unwrap();
@@ -68,9 +68,18 @@ impl Attacker {
         })
     }
 
+    /// A tensor message naming fd slot 0.
     fn send_raw(&self, tag: u64, desc_bytes: &[u8], fd: Option<&OwnedFd>) {
+        self.send_in(tag, desc_bytes, fd, 0, 0);
+    }
+
+    /// A tensor message: tag, descriptor bytes, fd slot, then `trailer` where the
+    /// protocol wants 0.
+    fn send_in(&self, tag: u64, desc_bytes: &[u8], fd: Option<&OwnedFd>, slot: u32, trailer: u32) {
         let mut p = tag.to_le_bytes().to_vec();
         p.extend_from_slice(desc_bytes);
+        p.extend_from_slice(&slot.to_le_bytes());
+        p.extend_from_slice(&trailer.to_le_bytes());
         let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
         self.conn.send(KIND_TENSOR, &p, &fds).unwrap();
     }
@@ -147,13 +156,13 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     at.send_raw(10, &rnd, None);
     expect_err(&victim, "invalid tensor descriptor");
     at.send_raw(11, &rnd[..17], None);
-    expect_err(&victim, "tensor message has 25 bytes");
+    expect_err(&victim, "tensor message has 33 bytes, expected 416");
 
     // Leases the victim was never granted.
     let mut d = at.desc(f32s(16), 200, 64);
     d.storage.lease_slot = 999;
     at.send_raw(12, d.encode(), None);
-    expect_err(&victim, "lease slot 999 out of range (the peer's table has 16 slots)");
+    expect_err(&victim, "lease slot 999 out of range (the peer's table has 32 slots)");
     let mut d = at.desc(f32s(16), 200, 64);
     d.storage.lease_gen += 7;
     at.send_raw(13, d.encode(), None);
@@ -161,7 +170,24 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     // A segment id no fd ever came with.
     let d = at.desc(f32s(16), 777, 64);
     at.send_raw(14, d.encode(), None);
-    expect_err(&victim, "names segment 777, which is not mapped here");
+    expect_err(&victim, "names segment 777 in fd slot 0, which holds no fd");
+    // Fd slots: one past the last, with and without an fd; a slot that holds another
+    // segment's fd; a trailer that is not zero.
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(16, d.encode(), Some(&good_fd()), tensorwire::peer::SEGMENT_FD_SLOTS, 0);
+    expect_err(&victim, "names fd slot 16; a connection has 16");
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(17, d.encode(), None, u32::MAX, 0);
+    expect_err(&victim, &format!("names fd slot {}", u32::MAX));
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(18, d.encode(), Some(&good_fd()), 3, 0);
+    victim.recv_tensor(T).unwrap().release().unwrap();
+    let d = at.desc(f32s(16), 201, 64);
+    at.send_in(19, d.encode(), None, 3, 0);
+    expect_err(&victim, "names segment 201 in fd slot 3, which holds the fd of segment 200");
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(20, d.encode(), None, 3, 1);
+    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
     // Unknown message kind and a runt message.
     at.conn.send(99, b"??", &[]).unwrap();
     expect_err(&victim, "unknown message kind 99");
@@ -169,7 +195,7 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     // The victim gave back every live lease it refused after the lease check.
     let mut owners = tensorwire::lease::Reclaimed::default();
     at.table.reap(std::time::Instant::now(), &mut owners);
-    assert!(at.table.stats().released >= 7, "{:?}", at.table.stats());
+    assert!(at.table.stats().released >= 10, "{:?}", at.table.stats());
 
     // Still healthy: a valid tensor on a sealed segment goes through.
     let d = at.desc(f32s(16), 300, 64);
@@ -179,6 +205,62 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     let t = victim.recv_tensor(T).unwrap();
     assert_eq!((t.tag(), t.to_vec().unwrap()), (15, vec![9u8; 64]));
     t.release().unwrap();
+}
+
+/// A slot's fd is used only with a window of its own file: a producer that sent one
+/// segment id with two different files (slots 1 and 2) gets each file's bytes through
+/// each slot, never the other's window.
+#[test]
+fn a_slot_maps_its_own_file_not_a_cached_window_of_another() {
+    let (victim, mut at) = setup();
+    let files: Vec<Segment> = (0..2u8).map(|i| {
+        let s = Segment::create(64).unwrap();
+        s.write_at(0, &[10 + i; 64]).unwrap();
+        s
+    }).collect();
+    for (slot, f) in [(1u32, &files[0]), (2, &files[1])] {
+        let d = at.desc(f32s(16), 500, 64);
+        at.send_in(1, d.encode(), Some(&f.fd().try_clone_to_owned().unwrap()), slot, 0);
+        victim.recv_tensor(T).unwrap().release().unwrap();
+    }
+    // The cached window of segment 500 is file 1's now; slot 1 holds file 0.
+    for (slot, want) in [(1u32, 10u8), (2, 11), (1, 10)] {
+        let d = at.desc(f32s(16), 500, 64);
+        at.send_in(2, d.encode(), None, slot, 0);
+        let t = victim.recv_tensor(T).unwrap();
+        assert_eq!(t.to_vec().unwrap()[0], want, "through slot {slot}");
+        t.release().unwrap();
+    }
+}
+
+/// The producer's side of the fd slots: a segment's fd goes with its first descriptor
+/// only; later ones name its slot. Pushed out of its slot by SEGMENT_FD_SLOTS other
+/// segments, its fd goes again.
+#[test]
+fn a_segments_fd_travels_once_until_other_segments_take_its_slot() {
+    let (victim, at) = setup();
+    let layout = Layout::contiguous(DType::UInt8, &[256]).unwrap();
+    let hot = SharedTensor::zeros(layout).unwrap();
+    let sent = |t: &SharedTensor, tag: u64| {
+        victim.export(t, ExportOptions { tag, window: None }).unwrap();
+        let m = at.conn.recv(T).unwrap();
+        assert_eq!(m.kind, KIND_TENSOR);
+        let p = &m.payload;
+        assert_eq!(u64::from_le_bytes(p[..8].try_into().unwrap()), tag);
+        let slot = u32::from_le_bytes(p[p.len() - 8..p.len() - 4].try_into().unwrap());
+        (m.fds.len(), slot)
+    };
+    let (fds, slot) = sent(&hot, 0);
+    assert_eq!(fds, 1, "the first descriptor of a segment carries its fd");
+    for tag in 1..4 {
+        assert_eq!(sent(&hot, tag), (0, slot), "export {tag} of the same segment");
+    }
+    let others: Vec<SharedTensor> = (0..tensorwire::peer::SEGMENT_FD_SLOTS).map(|_| SharedTensor::zeros(layout).unwrap()).collect();
+    for (i, o) in others.iter().enumerate() {
+        assert_eq!(sent(o, 100 + i as u64).0, 1, "another segment's first descriptor");
+    }
+    assert_eq!(sent(&hot, 4).0, 1, "pushed out of its slot, the segment's fd must travel again");
+    assert_eq!(sent(&hot, 5).0, 0);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensorwire::lease::{Exporter, LeaseId};
-use tensorwire::peer::{KIND_FORGET, KIND_TABLE, KIND_TENSOR};
+use tensorwire::peer::{KIND_FORGET, KIND_TABLE, KIND_TENSOR, SEGMENT_FD_SLOTS};
 use tensorwire::ring::{RingShared, DATA_OFFSET};
 use tensorwire::{
     Connection, DType, Error, Incoming, Layout, Peer, PeerConfig, Segment, StorageKind, StorageRef, TensorDesc,
@@ -67,9 +67,10 @@ impl Attacker {
         })
     }
 
+    /// A tensor message; the fd slot is the segment id modulo the slot count.
     fn send_tensor(&self, desc: &TensorDesc, fd: Option<&OwnedFd>) {
-        let mut p = 7u64.to_le_bytes().to_vec();
-        p.extend_from_slice(desc.encode());
+        let slot = (desc.storage.segment_id % u64::from(SEGMENT_FD_SLOTS)) as u32;
+        let p = tensorwire::peer::tensor_payload(7, desc, slot);
         let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
         self.conn.send(KIND_TENSOR, &p, &fds).unwrap();
     }
@@ -219,15 +220,25 @@ fn an_evicted_segment_is_mapped_again_when_its_fd_comes_again() {
         assert!(victim.imported_segments() <= 2);
     }
     // Mapped now: 10 and 11 (12 was evicted by the second 10, the least recently used).
-    // Without an fd, a mapped segment is used as it is, an evicted one is a clear error,
-    // not a wrong mapping.
-    let d = at.desc(11, 0, 64);
-    at.send_tensor(&d, None);
-    victim.recv_tensor(T).unwrap().release().unwrap();
-    let d = at.desc(12, 0, 64);
+    // Without an fd, a mapped segment is used as it is, and an evicted one is mapped again
+    // from the fd its slot kept: the same bytes, no fd sent.
+    let fds_before = open_fds();
+    for (sid, want) in [(11u64, 2u8), (12, 3)] {
+        let d = at.desc(sid, 0, 64);
+        at.send_tensor(&d, None);
+        let t = victim.recv_tensor(T).unwrap();
+        let mut b = [0u8; 1];
+        t.read_storage(0, &mut b).unwrap();
+        assert_eq!(b[0], want, "segment {sid} without its fd");
+        t.release().unwrap();
+        assert!(victim.imported_segments() <= 2);
+    }
+    assert_eq!(open_fds(), fds_before, "a slot's fd was duplicated or closed");
+    // A slot no fd was put in is a clear error, not a wrong mapping.
+    let d = at.desc(13, 0, 64);
     at.send_tensor(&d, None);
     let err = victim.recv(T).unwrap_err();
-    assert!(err.to_string().contains("not mapped here"), "{err}");
+    assert!(err.to_string().contains("names segment 13 in fd slot 13, which holds no fd"), "{err}");
 }
 
 fn tensorwire_wait(mut cond: impl FnMut() -> bool, what: &str) {
@@ -365,7 +376,8 @@ fn a_producer_that_never_forgets_cannot_fill_the_fd_table() {
     let victim = victim.unwrap();
     let before = open_fds();
     // Three times the fd limit of distinct segments, each sent with its fd and never
-    // forgotten: the victim keeps at most max_import_segments mappings and no fds.
+    // forgotten: the victim keeps at most max_import_segments mappings and the fds of
+    // its SEGMENT_FD_SLOTS slots.
     for i in 0..3072u64 {
         let seg = Segment::create(4096).unwrap();
         seg.write_at(0, &i.to_le_bytes()).unwrap();
@@ -377,7 +389,8 @@ fn a_producer_that_never_forgets_cannot_fill_the_fd_table() {
         assert_eq!(u64::from_le_bytes(b), i);
         t.release().unwrap();
     }
-    assert!(open_fds() <= before + 2, "victim's fds grew from {before} to {}", open_fds());
+    let kept = SEGMENT_FD_SLOTS as usize;
+    assert!(open_fds() <= before + kept + 2, "victim's fds grew from {before} to {}", open_fds());
     assert!(victim.imported_segments() <= victim.config().max_import_segments);
     // A second, honest peer is served as usual.
     let (a, b) = Peer::pair(no_ring()).unwrap();

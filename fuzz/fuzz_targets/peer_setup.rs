@@ -188,6 +188,11 @@ fuzz_target!(|data: &[u8]| {
                 }
                 let mut p = tag.to_le_bytes().to_vec();
                 p.extend_from_slice(d.encode());
+                // The fd slot: mostly a real one (0..SEGMENT_FD_SLOTS), sometimes any
+                // word; the trailer zero unless the input says otherwise.
+                let slot = if what & 0x08 == 0 { u32::from(inp.u8()) % tensorwire::peer::SEGMENT_FD_SLOTS } else { inp.u32() };
+                p.extend_from_slice(&slot.to_le_bytes());
+                p.extend_from_slice(&(if what & 0x04 == 0 { 0 } else { inp.u32() }).to_le_bytes());
                 if what & 0x40 != 0 {
                     p.truncate(usize::from(inp.u16()) % (p.len() + 1));
                 }

@@ -3,13 +3,13 @@
 //! export takes); user messages.
 
 use crate::cuda::{CudaCode, CudaStream, DevicePtr};
-use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc, DESC_SIZE};
+use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseId, Owner, Reclaimed};
 use bytemuck::Zeroable;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
-use super::wire::{KIND_CUDA_EVENTS, KIND_TENSOR, KIND_USER};
+use super::wire::{tensor_payload, KIND_CUDA_EVENTS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::{ExportOptions, Peer, SharedTensor};
 
 /// A CPU storage as a descriptor names it: the id this process shows it under on every
@@ -73,17 +73,20 @@ impl Peer {
     }
 
     /// Grant a lease holding `owner` on `storage` and send its descriptor (`layout` over
-    /// it) with the storage's fd; on failure the lease is taken back and `owner` dropped.
+    /// it), with the storage's fd where the consumer's fd slots do not hold it yet; on
+    /// failure the lease is taken back and `owner` dropped.
     /// The one path every CPU export takes (own segments and forwarded imports alike).
     pub(crate) fn send_leased(&self, storage: CpuStorage<'_>, layout: &Layout, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
-        if self.inner.conn.is_peer_gone() {
+        // What is known, not a `poll` per export: a peer that is gone but not yet known
+        // to be fails the send below (its socket end closed), which takes the lease back.
+        if self.inner.conn.known_gone() {
             drop(owner);
             return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));
         }
         self.inner.reap_if_released();
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
-        let _send = self.inner.send_lock.lock();
+        let mut slots = self.inner.send_lock.lock();
         let sid = storage.id;
         let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
         let (id, first) = granted.map_err(|(e, owner)| {
@@ -99,13 +102,14 @@ impl Peer {
             ..Zeroable::zeroed()
         };
         let desc = TensorDesc::new(layout, StorageKind::Segment, sref);
-        let mut payload = [0u8; 8 + DESC_SIZE];
-        payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
-        payload[8..].copy_from_slice(desc.encode());
-        // The fd goes with every descriptor, not only the first naming the segment: the
-        // consumer may have evicted its mapping (it bounds what it keeps mapped) and then
-        // maps it again from this fd; when it still has it, it only compares identities.
-        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, std::slice::from_ref(&storage.fd)) {
+        // The fd goes only when it goes into one of the consumer's fd slots; after that
+        // the descriptor names the slot (`wire::SEGMENT_FD_SLOTS`). The consumer maps
+        // from the slot's fd again whenever it evicted its mapping.
+        let choice = slots.choose(sid, first);
+        let payload = tensor_payload(opts.tag, &desc, choice.slot);
+        let fds = if choice.install { std::slice::from_ref(&storage.fd) } else { &[] };
+        if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fds) {
+            slots.unsent(choice);
             let mut dead = Reclaimed::default();
             {
                 let mut ex = self.inner.exporter.lock();
@@ -114,7 +118,7 @@ impl Peer {
                     ex.unshare_segment(sid);
                 }
             }
-            drop(_send);
+            drop(slots);
             dead.settle(&self.inner.exporter);
             return Err(e);
         }
@@ -239,9 +243,7 @@ impl Peer {
             ..Zeroable::zeroed()
         };
         let desc = TensorDesc::new_cuda(layout, device_index, kind, sref);
-        let mut payload = [0u8; 8 + DESC_SIZE];
-        payload[..8].copy_from_slice(&opts.tag.to_le_bytes());
-        payload[8..].copy_from_slice(desc.encode());
+        let payload = tensor_payload(opts.tag, &desc, NO_FD_SLOT);
         if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fd.as_slice()) {
             pool.cancel(slot, seq);
             let mut dead = Reclaimed::default();

@@ -63,11 +63,7 @@ impl Peer {
                 "view needs {need} bytes of storage, the imported storage has {nbytes}"
             )));
         }
-        let fd = imp.forward_fd().cloned().ok_or_else(|| {
-            Error::InvalidArgument(
-                "this import arrived without its segment's fd (the producer sent none and no other live import of the range kept one), so it cannot be forwarded; copy it into a segment of this process instead".into(),
-            )
-        })?;
+        let fd = imp.forward_fd().clone();
         let keeper: StorageKeeper = Arc::downgrade(&fd) as _;
         let storage = CpuStorage {
             id: fd.forward_id(),

@@ -1,7 +1,7 @@
 //! Receiving: the message loop (`recv`), descriptor checks and the CPU and CUDA import
 //! paths; `Imported` and the consumer's side of a lease.
 
-use crate::desc::{Layout, StorageKind, TensorDesc, DESC_SIZE};
+use crate::desc::{Layout, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
 use crate::lease::LeaseId;
 use crate::segment::Segment;
@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use crate::wait::Wait;
 use super::cuda_import::{CudaImported, CudaMemory};
-use super::wire::{KIND_CUDA_EVENTS, KIND_FORGET, KIND_TENSOR, KIND_USER};
+use super::wire::{split_tensor_payload, KIND_CUDA_EVENTS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::{Inner, Peer};
 
 /// What `recv` returns.
@@ -76,8 +76,8 @@ impl Peer {
     /// back the lease a tensor message stood for, so the producer's memory is not held
     /// for a tensor nobody will see, and report the limit.
     fn drop_lost(&self, msg: crate::connection::Message) -> Error {
-        if msg.kind == KIND_TENSOR && msg.payload.len() == 8 + DESC_SIZE {
-            if let Ok(desc) = TensorDesc::decode(&msg.payload[8..]) {
+        if msg.kind == KIND_TENSOR {
+            if let Ok(desc) = split_tensor_payload(&msg.payload).and_then(|(_, raw, _)| TensorDesc::decode(raw)) {
                 let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
             }
         }
@@ -134,19 +134,18 @@ impl Peer {
     /// Check the message's shape, copy and validate its descriptor once, then take the
     /// path its storage kind names.
     fn import(&self, mut msg: crate::connection::Message) -> Result<Incoming> {
-        if msg.payload.len() != 8 + DESC_SIZE || msg.fds.len() > 1 {
-            return Err(Error::Protocol(format!(
-                "tensor message has {} bytes and {} fds, expected {} bytes and at most 1 fd",
-                msg.payload.len(),
-                msg.fds.len(),
-                8 + DESC_SIZE
-            )));
+        if msg.fds.len() > 1 {
+            return Err(Error::Protocol(format!("tensor message has {} fds, expected at most 1", msg.fds.len())));
         }
-        let tag = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
-        let desc = TensorDesc::decode(&msg.payload[8..])?;
+        let (tag, raw, slot) = split_tensor_payload(&msg.payload)?;
+        let desc = TensorDesc::decode(raw)?;
         let fd = msg.fds.pop();
+        let cuda = matches!(desc.kind(), Some(StorageKind::CudaIpc | StorageKind::CudaVmm));
+        if cuda && slot != NO_FD_SLOT {
+            return Err(Error::Protocol(format!("a CUDA tensor message names fd slot {slot}; CUDA storage has none")));
+        }
         match desc.kind() {
-            Some(StorageKind::Segment) => self.import_cpu(tag, desc, fd).map(Incoming::Tensor),
+            Some(StorageKind::Segment) => self.import_cpu(tag, desc, fd, slot).map(Incoming::Tensor),
             Some(StorageKind::CudaIpc) if fd.is_none() => self.import_cuda(tag, desc, None).map(Incoming::CudaTensor),
             Some(StorageKind::CudaIpc) => Err(Error::Protocol("a CUDA IPC tensor message carried an fd".into())),
             Some(StorageKind::CudaVmm) if fd.is_some() => self.import_cuda(tag, desc, fd).map(Incoming::CudaTensor),
@@ -187,12 +186,12 @@ impl Peer {
         }
     }
 
-    fn import_cpu(&self, tag: u64, desc: TensorDesc, fd: Option<OwnedFd>) -> Result<Imported> {
+    fn import_cpu(&self, tag: u64, desc: TensorDesc, fd: Option<OwnedFd>, fd_slot: u32) -> Result<Imported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
         self.check_live(lease)?;
         // From here the lease is live: give it back on any failure so the producer's
         // owner is not held for nothing.
-        let resolved = self.resolve_segment(&desc, fd);
+        let resolved = self.resolve_segment(&desc, fd, fd_slot);
         match resolved {
             Ok(r) => Ok(Imported {
                 held: HeldLease { inner: self.inner.clone(), lease, released: false },
@@ -208,12 +207,12 @@ impl Peer {
         }
     }
 
-    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>) -> Result<crate::import_cache::Resolved> {
+    fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>, fd_slot: u32) -> Result<crate::import_cache::Resolved> {
         let limits = crate::import_cache::Limits {
             max_segments: self.inner.cfg.max_import_segments,
             max_bytes: self.inner.cfg.max_import_mapped_bytes,
         };
-        self.inner.import_segments.lock().resolve(desc, fd, limits)
+        self.inner.import_segments.lock().resolve(desc, fd, fd_slot, limits)
     }
 }
 
@@ -223,9 +222,9 @@ impl Peer {
 pub struct Imported {
     held: HeldLease,
     window: Arc<crate::import_cache::Window>,
-    /// The window's fd (shared by its imports), to forward this import as the same
-    /// memory; `None` only if the descriptor came without one and no live import kept it.
-    fd: Option<Arc<crate::import_cache::ImportFd>>,
+    /// The fd of the window's file (shared with its fd slot and its other imports), to
+    /// forward this import as the same memory.
+    fd: Arc<crate::import_cache::ImportFd>,
     desc: TensorDesc,
     tag: u64,
 }
@@ -328,7 +327,7 @@ impl Imported {
     }
 
     /// The fd of the window this import maps (for forwarding it).
-    pub(crate) fn forward_fd(&self) -> Option<&Arc<crate::import_cache::ImportFd>> {
-        self.fd.as_ref()
+    pub(crate) fn forward_fd(&self) -> &Arc<crate::import_cache::ImportFd> {
+        &self.fd
     }
 }

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 mod config;
 mod cuda_import;
 mod export;
+mod fd_slots;
 mod forward;
 mod import;
 mod reaper;
@@ -37,7 +38,10 @@ pub use config::{ExportOptions, PeerConfig};
 pub use cuda_import::CudaImported;
 pub(crate) use export::CpuStorage;
 pub use import::{Imported, Incoming};
-pub use wire::{setup_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER};
+pub use wire::{
+    setup_payload, tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER, NO_FD_SLOT,
+    SEGMENT_FD_SLOTS, TENSOR_PAYLOAD,
+};
 use reaper::collect_lingering;
 use wire::SETUP_HAS_CUDA_RING;
 
@@ -47,8 +51,10 @@ struct Inner {
     cfg: PeerConfig,
     exporter: Mutex<Exporter>,
     export_table: Arc<Segment>,
-    /// Held across grant + send, so a segment's fd always precedes descriptors naming it.
-    send_lock: Mutex<()>,
+    /// Held across grant + send, so a segment's fd always precedes descriptors naming it;
+    /// it guards what the peer keeps in its fd slots, changed only by the messages sent
+    /// under it (tensors, FORGET).
+    send_lock: Mutex<fd_slots::FdSlots>,
     import: ImportTable,
     /// Our mappings of the peer's segments (windows), bounded per connection.
     import_segments: Mutex<crate::import_cache::ImportCache>,
@@ -167,7 +173,7 @@ impl Peer {
             cfg,
             exporter: Mutex::new(exporter),
             export_table,
-            send_lock: Mutex::new(()),
+            send_lock: Mutex::new(Default::default()),
             import,
             import_segments: Mutex::new(Default::default()),
             stop: AtomicBool::new(false),

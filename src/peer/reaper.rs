@@ -49,7 +49,10 @@ impl Inner {
         // Owners run arbitrary drop code (a C callback): never under our locks.
         dead.settle(&self.exporter);
         for id in forget {
-            let _g = self.send_lock.lock();
+            let mut slots = self.send_lock.lock();
+            // The consumer empties the slot holding it as it forgets; were this send to
+            // fail, the connection is over and the slots with it.
+            slots.forget(id);
             let _ = self.conn.send(KIND_FORGET, &id.to_le_bytes(), &[]);
         }
         let waiting = self.release_finished_imports(gone || self.stop.load(Ordering::Acquire));

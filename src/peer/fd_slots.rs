@@ -1,0 +1,104 @@
+//! The producer's record of which segment fd the consumer keeps in each of its fd slots
+//! (`wire::SEGMENT_FD_SLOTS` says why the slots exist). Held under `Inner::send_lock`,
+//! the lock every tensor send and FORGET takes, so the record changes in the same order
+//! as the messages that change the consumer's slots.
+
+use super::wire::SEGMENT_FD_SLOTS;
+
+/// Which slot a segment's descriptor names, and whether its fd must go with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotChoice {
+    pub slot: u32,
+    /// The fd goes with this message and replaces what the slot held.
+    pub install: bool,
+}
+
+/// Slot `i` holds `slots[i]`: the segment id whose fd the consumer keeps there, and when
+/// a send last named it (for replacing the least recently used).
+pub(crate) struct FdSlots {
+    slots: Vec<Option<(u64, u64)>>,
+    clock: u64,
+}
+
+impl Default for FdSlots {
+    fn default() -> Self {
+        FdSlots { slots: vec![None; SEGMENT_FD_SLOTS as usize], clock: 0 }
+    }
+}
+
+impl FdSlots {
+    /// The slot for a descriptor of segment `sid`. `shown_anew`: the lease table counts
+    /// this as the segment's first showing on this connection (never shown, or dropped
+    /// and not yet forgotten): its fd goes again even where a slot still names the id.
+    pub(crate) fn choose(&mut self, sid: u64, shown_anew: bool) -> SlotChoice {
+        self.clock += 1;
+        let clock = self.clock;
+        if let Some(i) = self.slots.iter().position(|s| s.is_some_and(|(id, _)| id == sid)) {
+            self.slots[i] = Some((sid, clock));
+            return SlotChoice { slot: i as u32, install: shown_anew };
+        }
+        // An empty slot, else the least recently named one.
+        let i = self
+            .slots
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, s)| s.map_or(0, |(_, used)| used))
+            .map(|(i, _)| i)
+            .expect("SEGMENT_FD_SLOTS > 0");
+        self.slots[i] = Some((sid, clock));
+        SlotChoice { slot: i as u32, install: true }
+    }
+
+    /// The message that `choice` was for did not go out: the consumer's slot is as it
+    /// was, which this record no longer knows, so it holds nothing we rely on.
+    pub(crate) fn unsent(&mut self, choice: SlotChoice) {
+        if choice.install {
+            self.slots[choice.slot as usize] = None;
+        }
+    }
+
+    /// The consumer is told to forget `sid` (it empties the slot too).
+    pub(crate) fn forget(&mut self, sid: u64) {
+        for s in &mut self.slots {
+            if s.is_some_and(|(id, _)| id == sid) {
+                *s = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_installs_once_then_names_its_slot_and_the_least_recent_is_replaced() {
+        let mut s = FdSlots::default();
+        let n = SEGMENT_FD_SLOTS as u64;
+        for sid in 0..n {
+            assert_eq!(s.choose(sid, true), SlotChoice { slot: sid as u32, install: true });
+        }
+        for sid in 0..n {
+            assert_eq!(s.choose(sid, false), SlotChoice { slot: sid as u32, install: false }, "segment {sid} again");
+        }
+        // Segment 0 is the least recently named: a new one takes its slot.
+        s.choose(3, false);
+        assert_eq!(s.choose(100, true), SlotChoice { slot: 0, install: true });
+        assert_eq!(s.choose(0, false), SlotChoice { slot: 1, install: true }, "0 lost its slot; 1 is now the oldest");
+        // Shown anew: the fd goes again, into the slot that names it.
+        assert_eq!(s.choose(3, true), SlotChoice { slot: 3, install: true });
+    }
+
+    #[test]
+    fn an_unsent_install_and_a_forget_leave_nothing_to_rely_on() {
+        let mut s = FdSlots::default();
+        let c = s.choose(7, true);
+        s.unsent(c);
+        assert!(s.choose(7, false).install, "an unsent install must be sent again");
+        s.forget(7);
+        assert!(s.choose(7, false).install, "a forgotten segment's fd must travel again");
+        let c = s.choose(7, false);
+        s.unsent(c);
+        assert!(!s.choose(7, false).install, "an unsent reuse changes no slot");
+    }
+}
