@@ -201,12 +201,17 @@ impl ImportCache {
             Some(fd) => {
                 // The slot holds nothing until the new fd is checked and mapped: a bad
                 // one leaves it empty, so later descriptors naming it fail clearly.
-                self.slots[k] = None;
+                let old = self.slots[k].take();
                 let st = crate::sys::fstat(fd.as_fd())?;
                 let ident = (st.st_dev, st.st_ino);
-                // The fd the window's imports already share, if it is this file (the
-                // received duplicate is closed when dropped here), else this one.
-                let shared = self.entries.get(&sid).and_then(|e| e.fd.upgrade()).filter(|f| f.ident == ident);
+                // The fd this slot or the window's imports already hold, if it is this
+                // file (the producer sends it again now and then; the received duplicate
+                // is closed when dropped here), else this one.
+                let same = |f: &Arc<ImportFd>| f.ident == ident;
+                let shared = old
+                    .map(|(_, f)| f)
+                    .filter(same)
+                    .or_else(|| self.entries.get(&sid).and_then(|e| e.fd.upgrade()).filter(same));
                 let kept = match shared {
                     Some(f) => f,
                     None => {

@@ -13,10 +13,27 @@ pub(crate) struct SlotChoice {
     pub install: bool,
 }
 
-/// Slot `i` holds `slots[i]`: the segment id whose fd the consumer keeps there, and when
-/// a send last named it (for replacing the least recently used).
+/// Sends of a segment that name its slot before its fd goes again. The consumer cannot
+/// say that it lacks a slot's fd: an install whose fd the kernel dropped (the consumer
+/// at its open-file limit) leaves the slot empty there, and each descriptor naming it is
+/// refused (its lease given back). Sending the fd again every this many sends heals that
+/// within as many messages, at 1/64 of an fd's cost per send.
+pub(crate) const REINSTALL_EVERY: u32 = 64;
+
+/// What the consumer keeps in one slot, as far as this side knows.
+#[derive(Clone, Copy)]
+struct Slot {
+    /// The segment whose fd is there.
+    sid: u64,
+    /// When a send last named it (for replacing the least recently used).
+    used: u64,
+    /// Sends naming it since its fd last went.
+    since_install: u32,
+}
+
+/// Slot `i` of the consumer holds `slots[i]`.
 pub(crate) struct FdSlots {
-    slots: Vec<Option<(u64, u64)>>,
+    slots: Vec<Option<Slot>>,
     clock: u64,
 }
 
@@ -33,19 +50,25 @@ impl FdSlots {
     pub(crate) fn choose(&mut self, sid: u64, shown_anew: bool) -> SlotChoice {
         self.clock += 1;
         let clock = self.clock;
-        if let Some(i) = self.slots.iter().position(|s| s.is_some_and(|(id, _)| id == sid)) {
-            self.slots[i] = Some((sid, clock));
-            return SlotChoice { slot: i as u32, install: shown_anew };
+        if let Some(i) = self.slots.iter().position(|s| s.is_some_and(|s| s.sid == sid)) {
+            let s = self.slots[i].as_mut().expect("found above");
+            s.used = clock;
+            s.since_install += 1;
+            let install = shown_anew || s.since_install >= REINSTALL_EVERY;
+            if install {
+                s.since_install = 0;
+            }
+            return SlotChoice { slot: i as u32, install };
         }
         // An empty slot, else the least recently named one.
         let i = self
             .slots
             .iter()
             .enumerate()
-            .min_by_key(|(_, s)| s.map_or(0, |(_, used)| used))
+            .min_by_key(|(_, s)| s.map_or(0, |s| s.used))
             .map(|(i, _)| i)
             .expect("SEGMENT_FD_SLOTS > 0");
-        self.slots[i] = Some((sid, clock));
+        self.slots[i] = Some(Slot { sid, used: clock, since_install: 0 });
         SlotChoice { slot: i as u32, install: true }
     }
 
@@ -60,7 +83,7 @@ impl FdSlots {
     /// The consumer is told to forget `sid` (it empties the slot too).
     pub(crate) fn forget(&mut self, sid: u64) {
         for s in &mut self.slots {
-            if s.is_some_and(|(id, _)| id == sid) {
+            if s.is_some_and(|s| s.sid == sid) {
                 *s = None;
             }
         }
@@ -87,6 +110,17 @@ mod tests {
         assert_eq!(s.choose(0, false), SlotChoice { slot: 1, install: true }, "0 lost its slot; 1 is now the oldest");
         // Shown anew: the fd goes again, into the slot that names it.
         assert_eq!(s.choose(3, true), SlotChoice { slot: 3, install: true });
+    }
+
+    #[test]
+    fn a_slots_fd_goes_again_every_reinstall_every_sends() {
+        let mut s = FdSlots::default();
+        assert!(s.choose(5, true).install);
+        for k in 1..REINSTALL_EVERY {
+            assert!(!s.choose(5, false).install, "send {k} since the install");
+        }
+        assert!(s.choose(5, false).install, "send {REINSTALL_EVERY} since the install must carry the fd again");
+        assert!(!s.choose(5, false).install, "and the one after it not");
     }
 
     #[test]
