@@ -28,7 +28,12 @@ struct TableHeader {
     version: u32,
     capacity: u32,
     release: DoorbellWords,
-    _release_line: [u8; 40],
+    /// Fd slots (bit i: slot i) in which the consumer found no fd of the segment a
+    /// descriptor named, or whose install it lost (its open-file limit): the producer
+    /// takes the bits at its next CPU export and sends those fds again. A hint the
+    /// consumer may scribble: a stray bit costs one fd sent again, nothing else.
+    lost_fd_slots: AtomicU32,
+    _release_line: [u8; 36],
     message: MessageLine,
 }
 
@@ -151,6 +156,15 @@ pub fn release_doorbell(table: &Segment) -> Doorbell<'_> {
     // validated at ≥ header size), page-aligned, and DoorbellWords is two atomics that the
     // doorbell only accesses atomically.
     Doorbell::new(unsafe { &(*table.as_ptr().cast::<TableHeader>()).release })
+}
+
+/// The lease table's lost-fd-slots word (see [`TableHeader`]): the consumer sets bits in
+/// the producer's table, the producer takes them.
+pub fn lost_fd_slots(table: &Segment) -> &AtomicU32 {
+    assert!(table.len() >= TABLE_HEADER_BYTES);
+    // SAFETY: as in `release_doorbell`: the header lies inside the mapping, which is
+    // page-aligned; the word is only accessed atomically.
+    unsafe { &(*table.as_ptr().cast::<TableHeader>()).lost_fd_slots }
 }
 
 /// Offset of the [`MessageLine`] in a lease table (see [`TableHeader`]).

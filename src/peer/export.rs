@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::lease::{LeaseId, Owner, Reclaimed};
 use bytemuck::Zeroable;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use super::wire::{tensor_payload, KIND_CUDA_EVENTS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::{ExportOptions, Peer, SharedTensor};
@@ -105,6 +106,12 @@ impl Peer {
         // The fd goes only when it goes into one of the consumer's fd slots; after that
         // the descriptor names the slot (`wire::SEGMENT_FD_SLOTS`). The consumer maps
         // from the slot's fd again whenever it evicted its mapping.
+        // Relaxed: a hint the consumer sets (see `lease::lost_fd_slots`); it publishes no
+        // data, and a bit seen late only costs the descriptor it was for.
+        let lost = crate::lease::lost_fd_slots(&self.inner.export_table);
+        if lost.load(Ordering::Relaxed) != 0 {
+            slots.lost(lost.swap(0, Ordering::Relaxed));
+        }
         let choice = slots.choose(sid, first);
         let payload = tensor_payload(opts.tag, &desc, choice.slot);
         let fds = if choice.install { std::slice::from_ref(&storage.fd) } else { &[] };

@@ -80,6 +80,16 @@ impl FdSlots {
         }
     }
 
+    /// The consumer reported these slots (bit i: slot i) as lacking their fd: whatever
+    /// segment a later descriptor names, its fd goes with it.
+    pub(crate) fn lost(&mut self, mask: u32) {
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if mask & (1 << i) != 0 {
+                *s = None;
+            }
+        }
+    }
+
     /// The consumer is told to forget `sid` (it empties the slot too).
     pub(crate) fn forget(&mut self, sid: u64) {
         for s in &mut self.slots {
@@ -121,6 +131,16 @@ mod tests {
         }
         assert!(s.choose(5, false).install, "send {REINSTALL_EVERY} since the install must carry the fd again");
         assert!(!s.choose(5, false).install, "and the one after it not");
+    }
+
+    #[test]
+    fn a_slot_the_consumer_lost_gets_its_fd_again() {
+        let mut s = FdSlots::default();
+        let a = s.choose(1, true);
+        let b = s.choose(2, true);
+        s.lost(1 << a.slot);
+        assert!(s.choose(1, false).install, "a lost slot's segment must send its fd again");
+        assert_eq!(s.choose(2, false), SlotChoice { slot: b.slot, install: false }, "other slots are as they were");
     }
 
     #[test]

@@ -77,6 +77,9 @@ impl Peer {
     /// for a tensor nobody will see, and report the limit.
     fn drop_lost(&self, msg: crate::connection::Message) -> Error {
         if msg.kind == KIND_TENSOR {
+            if let Ok((_, _, slot)) = split_tensor_payload(&msg.payload) {
+                self.report_lost_slot(slot);
+            }
             if let Ok(desc) = split_tensor_payload(&msg.payload).and_then(|(_, raw, _)| TensorDesc::decode(raw)) {
                 let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
             }
@@ -212,7 +215,21 @@ impl Peer {
             max_segments: self.inner.cfg.max_import_segments,
             max_bytes: self.inner.cfg.max_import_mapped_bytes,
         };
-        self.inner.import_segments.lock().resolve(desc, fd, fd_slot, limits)
+        let fd_less = fd.is_none();
+        let r = self.inner.import_segments.lock().resolve(desc, fd, fd_slot, limits);
+        if fd_less && matches!(r, Err(Error::InvalidDescriptor(_))) {
+            // The slot lacks that segment's fd: ask for it again with the next export.
+            self.report_lost_slot(fd_slot);
+        }
+        r
+    }
+
+    /// Tell the producer that fd slot `slot` lacks its fd (`lease::lost_fd_slots`).
+    fn report_lost_slot(&self, slot: u32) {
+        if slot < super::SEGMENT_FD_SLOTS {
+            // Relaxed: a hint, paired with nothing (see the producer's read in `export`).
+            crate::lease::lost_fd_slots(self.inner.import.segment()).fetch_or(1 << slot, Ordering::Relaxed);
+        }
     }
 }
 
