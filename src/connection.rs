@@ -306,13 +306,12 @@ impl Connection {
     /// `recv_lossy` within a caller's deadline (one clock for a larger wait).
     pub(crate) fn recv_lossy_until(&self, deadline: &mut Deadline) -> Result<Message> {
         let mut buf = self.recv_buf.lock();
+        if let Some(bells) = &self.bells {
+            return self.wait_rung(bells, deadline, &mut buf[..]);
+        }
         let mut wait: Vec<BorrowedFd<'_>> = vec![self.sock.as_fd()];
         if let Some(p) = &self.pidfd {
             wait.push(p.as_fd());
-        }
-        if let Some(bells) = &self.bells {
-            self.wait_rung(bells, deadline)?;
-            return self.take(&mut buf[..]);
         }
         let cap = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
         let mut ready = vec![false];
@@ -378,7 +377,7 @@ impl Connection {
     /// Wait until the socket is readable (a message, or EOF) on the peer's message
     /// doorbell: spin on it while the spin policy allows, then sleep on it in slices,
     /// looking at the socket whenever it rings and between slices.
-    fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline) -> Result<()> {
+    fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline, buf: &mut [u8]) -> Result<Message> {
         let spin = if self.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
         let bell = Doorbell::new(&bells.theirs.get().bell);
         let mut waiter = Waiter::new(bell, spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
@@ -387,8 +386,10 @@ impl Connection {
             // The sequence first, then the socket: a message sent after this look rings
             // a sequence other than `seen`, so the wait below returns for it.
             let seen = waiter.current();
-            if sys::poll_readable(&[self.sock.as_fd()], Wait::Never)?[0] {
-                return Ok(());
+            // The look is a receive that does not wait: one system call, not a `poll`
+            // and then the receive.
+            if let Some(msg) = self.try_take(buf)? {
+                return Ok(msg);
             }
             match waiter.wait(&|| bell.current() != seen, &exited) {
                 Err(Error::PeerGone { .. }) => return Err(self.gone_error("exited")),
@@ -470,9 +471,22 @@ impl Connection {
 
     /// Read the message the socket has ready (or its EOF) and check its framing.
     fn take(&self, buf: &mut [u8]) -> Result<Message> {
-        let got = match sys::recv_msg(self.sock.as_fd(), buf)? {
-            Some(g) => g,
-            None => return Err(self.gone_error("closed the connection")),
+        let got = sys::recv_msg(self.sock.as_fd(), buf)?;
+        self.framed(got, buf)
+    }
+
+    /// The message the socket has now, if any (see [`Self::take`]).
+    fn try_take(&self, buf: &mut [u8]) -> Result<Option<Message>> {
+        match sys::try_recv_msg(self.sock.as_fd(), buf)? {
+            None => Ok(None),
+            Some(got) => self.framed(got, buf).map(Some),
+        }
+    }
+
+    /// Check a received message's framing (`None`: the peer closed).
+    fn framed(&self, got: Option<sys::Received>, buf: &[u8]) -> Result<Message> {
+        let Some(got) = got else {
+            return Err(self.gone_error("closed the connection"));
         };
         if got.truncated {
             return Err(Error::Protocol(format!("message larger than the {}-byte limit", self.max_message)));

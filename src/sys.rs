@@ -347,8 +347,24 @@ pub struct Received {
     pub ctrunc: bool,
 }
 
-/// Receive one SEQPACKET message into `buf`. Returns `Ok(None)` on EOF (peer closed).
+/// Receive one SEQPACKET message into `buf`, waiting for one. Returns `Ok(None)` on EOF
+/// (peer closed).
 pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>> {
+    match recv_msg_flags(sock, buf, 0)? {
+        Some(r) => Ok(r),
+        // A blocking socket (every socket here) does not say EAGAIN to a waiting receive.
+        None => Err(Error::io("recvmsg", std::io::Error::from_raw_os_error(libc::EAGAIN))),
+    }
+}
+
+/// Receive one SEQPACKET message into `buf` if one is there now (MSG_DONTWAIT): `None`
+/// when none is; `Some(None)` on EOF. One system call where a `poll` then a receive
+/// would be two.
+pub fn try_recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Option<Received>>> {
+    recv_msg_flags(sock, buf, libc::MSG_DONTWAIT)
+}
+
+fn recv_msg_flags(sock: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> Result<Option<Option<Received>>> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = CmsgBuf([0; 256]);
     // SAFETY: zeroed msghdr is valid.
@@ -358,10 +374,11 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>
     msg.msg_control = cbuf.0.as_mut_ptr().cast();
     msg.msg_controllen = cbuf.0.len() as _;
     // SAFETY: `msg` points at `iov` (over `buf`) and `cbuf`, both alive across the call.
-    let r = retry(-1, || unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) });
+    let r = retry(-1, || unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) });
     let n = match r {
         Ok(n) => n as usize,
-        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(Some(None)),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(None),
         Err(e) => return Err(Error::io("recvmsg", e)),
     };
     let mut out = Received {
@@ -398,9 +415,9 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>
         // SEQPACKET reports the peer's EOF as a zero-length read, and so reads a
         // zero-length message: only a hung-up socket is the end. An empty message from a
         // live peer is returned as one (the caller refuses it as malformed).
-        return Ok(None);
+        return Ok(Some(None));
     }
-    Ok(Some(out))
+    Ok(Some(Some(out)))
 }
 
 /// True if this process cannot take one more fd now (EMFILE/ENFILE on a dup of `probe`):
