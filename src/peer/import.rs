@@ -77,11 +77,12 @@ impl Peer {
     /// for a tensor nobody will see, and report the limit.
     fn drop_lost(&self, msg: crate::connection::Message) -> Error {
         if msg.kind == KIND_TENSOR {
-            if let Ok((_, _, slot)) = split_tensor_payload(&msg.payload) {
-                self.report_lost_slot(slot);
-            }
-            if let Ok(desc) = split_tensor_payload(&msg.payload).and_then(|(_, raw, _)| TensorDesc::decode(raw)) {
-                let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
+            if let Ok((_, raw, fd_slot)) = split_tensor_payload(&msg.payload) {
+                // The fd it would have put in that slot is lost: ask for it again.
+                self.report_lost_slot(fd_slot);
+                if let Ok(desc) = TensorDesc::decode(raw) {
+                    let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
+                }
             }
         }
         crate::connection::fds_lost_error()
