@@ -374,7 +374,7 @@ impl Connection {
         self.take(&mut buf[..])
     }
 
-    /// Wait until the socket is readable (a message, or EOF) on the peer's message
+    /// Receive the next message (or the peer's EOF), waiting on the peer's message
     /// doorbell: spin on it while the spin policy allows, then sleep on it in slices,
     /// looking at the socket whenever it rings and between slices.
     fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline, buf: &mut [u8]) -> Result<Message> {
@@ -478,8 +478,9 @@ impl Connection {
     /// The message the socket has now, if any (see [`Self::take`]).
     fn try_take(&self, buf: &mut [u8]) -> Result<Option<Message>> {
         match sys::try_recv_msg(self.sock.as_fd(), buf)? {
-            None => Ok(None),
-            Some(got) => self.framed(got, buf).map(Some),
+            sys::TryRecv::Empty => Ok(None),
+            sys::TryRecv::Closed => self.framed(None, buf).map(Some),
+            sys::TryRecv::Message(got) => self.framed(Some(got), buf).map(Some),
         }
     }
 

@@ -347,24 +347,33 @@ pub struct Received {
     pub ctrunc: bool,
 }
 
+/// What a receive that does not wait found.
+pub enum TryRecv {
+    Message(Received),
+    /// The peer closed (EOF).
+    Closed,
+    /// No message is there now.
+    Empty,
+}
+
 /// Receive one SEQPACKET message into `buf`, waiting for one. Returns `Ok(None)` on EOF
 /// (peer closed).
 pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Received>> {
     match recv_msg_flags(sock, buf, 0)? {
-        Some(r) => Ok(r),
+        TryRecv::Message(r) => Ok(Some(r)),
+        TryRecv::Closed => Ok(None),
         // A blocking socket (every socket here) does not say EAGAIN to a waiting receive.
-        None => Err(Error::io("recvmsg", std::io::Error::from_raw_os_error(libc::EAGAIN))),
+        TryRecv::Empty => Err(Error::io("recvmsg", std::io::Error::from_raw_os_error(libc::EAGAIN))),
     }
 }
 
-/// Receive one SEQPACKET message into `buf` if one is there now (MSG_DONTWAIT): `None`
-/// when none is; `Some(None)` on EOF. One system call where a `poll` then a receive
-/// would be two.
-pub fn try_recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Option<Received>>> {
+/// Receive one SEQPACKET message into `buf` if one is there now (MSG_DONTWAIT): one
+/// system call where a `poll` and then a receive would be two.
+pub fn try_recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<TryRecv> {
     recv_msg_flags(sock, buf, libc::MSG_DONTWAIT)
 }
 
-fn recv_msg_flags(sock: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> Result<Option<Option<Received>>> {
+fn recv_msg_flags(sock: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> Result<TryRecv> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = CmsgBuf([0; 256]);
     // SAFETY: zeroed msghdr is valid.
@@ -377,8 +386,8 @@ fn recv_msg_flags(sock: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> Result<Op
     let r = retry(-1, || unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) });
     let n = match r {
         Ok(n) => n as usize,
-        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(Some(None)),
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(TryRecv::Closed),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(TryRecv::Empty),
         Err(e) => return Err(Error::io("recvmsg", e)),
     };
     let mut out = Received {
@@ -415,9 +424,9 @@ fn recv_msg_flags(sock: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> Result<Op
         // SEQPACKET reports the peer's EOF as a zero-length read, and so reads a
         // zero-length message: only a hung-up socket is the end. An empty message from a
         // live peer is returned as one (the caller refuses it as malformed).
-        return Ok(Some(None));
+        return Ok(TryRecv::Closed);
     }
-    Ok(Some(Some(out)))
+    Ok(TryRecv::Message(out))
 }
 
 /// True if this process cannot take one more fd now (EMFILE/ENFILE on a dup of `probe`):

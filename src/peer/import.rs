@@ -219,7 +219,9 @@ impl Peer {
         let fd_less = fd.is_none();
         let r = self.inner.import_segments.lock().resolve(desc, fd, fd_slot, limits);
         if fd_less && matches!(r, Err(Error::InvalidDescriptor(_))) {
-            // The slot lacks that segment's fd: ask for it again with the next export.
+            // The slot lacks that segment's fd (an empty slot, or another segment's):
+            // ask for it again with the next export. Any other refusal of an fd-less
+            // descriptor reports it too, which costs one fd sent again, nothing more.
             self.report_lost_slot(fd_slot);
         }
         r
