@@ -163,6 +163,36 @@ typedef uint8_t tw_dtype_e;
 #endif // __cplusplus
 
 /*
+ How a connection waits for the peer's CUDA work (`tw_peer_config_t::cuda_wait`); see
+ `docs/DESIGN.md`, "CUDA events and stream order", for what each costs and blocks.
+ */
+enum tw_cuda_wait_e
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   The GPU waits on the producer's signal word; the call returns at once (default).
+   */
+  TW_CUDA_WAIT_STREAM = 0,
+  /*
+   The receiving thread waits until the producer's work completed.
+   */
+  TW_CUDA_WAIT_HOST = 1,
+  /*
+   The stream waits on the producer's IPC event (`cuStreamWaitEvent`; slow without MPS).
+   */
+  TW_CUDA_WAIT_EVENT = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tw_cuda_wait_e tw_cuda_wait_e;
+#else
+typedef uint32_t tw_cuda_wait_e;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  Opaque imported tensor: a view of the peer's memory (CPU, or CUDA device memory),
  valid until released.
  */
@@ -242,7 +272,12 @@ typedef struct {
    Polls before a ring wait sleeps.
    */
   uint32_t ring_spin;
-  uint32_t reserved;
+  /*
+   How this side waits for the peer's CUDA work (`tw_cuda_wait_e`: 0 stream, 1 host,
+   2 event); an unknown value fails the connection's creation with
+   `TW_ERR_INVALID_ARGUMENT`.
+   */
+  uint32_t cuda_wait;
   /*
    While leases are live, how often (µs) released leases are collected and their
    release callbacks run (also at each export and `tw_peer_reap`).
@@ -278,6 +313,12 @@ typedef struct {
    not wait.
    */
   int64_t send_timeout_ms;
+  /*
+   The longest (ms) a wait for the peer's CUDA work may take (negative: no limit):
+   a host wait then fails with `TW_ERR_TIMEOUT`; a stream's wait is ended by this
+   side and `tw_imported_cuda_status` reports it. The peer's death ends either.
+   */
+  int64_t cuda_wait_timeout_ms;
 } tw_peer_config_t;
 
 /*
@@ -323,7 +364,9 @@ typedef struct {
    */
   uint8_t cuda_ipc_handle[64];
   /*
-   IPC event slot and the sequence number recorded in it (CUDA).
+   What the consumer waits for (CUDA): IPC event slot and the sequence number
+   recorded in it, or — with [`FLAG_SIGNAL_WORD`] in the descriptor's flags — the
+   producer's signal lane and the value its word reaches (≤ `u32::MAX`).
    */
   uint32_t event_slot;
   uint32_t reserved0;
@@ -396,6 +439,8 @@ typedef struct {
    */
   uint64_t reclaimed;
 } tw_lease_stats_t;
+
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -764,14 +809,29 @@ tw_result_e tw_imported_lease(const tw_imported_t *imp, tw_lease_t *out);
 int32_t tw_imported_device(const tw_imported_t *imp);
 
 /*
- Make `stream` (a CUstream; 0 for the legacy default stream) wait for the producer's
- last write to a CUDA import — an IPC event wait, never a device-wide synchronize. Call
- before the first use on that stream. `TW_ERR_INVALID_ARGUMENT` for a CPU import.
+ Order `stream` (a CUstream; 0 for the legacy default stream) after the producer's
+ last write to a CUDA import, as the connection's `cuda_wait` says: the stream waits
+ on the producer's signal word and this returns at once (`TW_CUDA_WAIT_STREAM`), this
+ call waits (`TW_CUDA_WAIT_HOST`), or the stream waits on the producer's IPC event
+ (`TW_CUDA_WAIT_EVENT`) — never a device-wide synchronize. Call before the first use on
+ that stream. `TW_ERR_INVALID_ARGUMENT` for a CPU import.
 
  # Safety
  `imp` live; `stream` a valid stream of the import's device's current context.
  */
 tw_result_e tw_imported_cuda_wait(const tw_imported_t *imp, size_t stream);
+
+/*
+ Whether the producer's CUDA work for this import arrived as it should: `TW_OK` while
+ a stream's wait for it is pending or after it ended normally; `TW_ERR_PEER_GONE` or
+ `TW_ERR_TIMEOUT` once this side had to end that wait (the producer died, or its
+ signal did not come within the config's `cuda_wait_timeout_ms`) — the contents are
+ then undefined. A CPU import: `TW_OK`.
+
+ # Safety
+ `imp` live.
+ */
+tw_result_e tw_imported_cuda_status(const tw_imported_t *imp);
 
 /*
  Release the lease once the work enqueued so far on `stream` has completed, without

@@ -479,7 +479,7 @@ fn raw_downstream() -> (Peer, tensorwire::Connection) {
     let (a, b) = tensorwire::Connection::pair().unwrap();
     let ours = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let table = tensorwire::lease::Exporter::new(16, u64::MAX).unwrap();
-    b.send(tensorwire::peer::KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, false), &[table.table().fd()]).unwrap();
+    b.send(tensorwire::peer::KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, 0), &[table.table().fd()]).unwrap();
     assert_eq!(b.recv(T).unwrap().kind, tensorwire::peer::KIND_TABLE);
     (ours.join().unwrap().unwrap(), b)
 }

@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(10);
 fn victim(table: &Exporter) -> (Peer, Connection) {
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
-    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, false), &[table.table().fd()]).unwrap();
+    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, 0), &[table.table().fd()]).unwrap();
     let _ = b.recv(T).unwrap();
     (victim.join().unwrap().expect("victim setup"), b)
 }
@@ -68,7 +68,7 @@ fn forged_cuda_messages_are_errors_and_give_their_leases_back() {
     assert!(released, "lease of a refused import released ({e})");
 
     // Real events (this process's own pool), then forged and out-of-range descriptors.
-    let pool = tensorwire::cuda::event::EventPool::new(0).unwrap();
+    let pool = tensorwire::cuda::order::event_pool::EventPool::new(0).unwrap();
     let acks = tensorwire::Segment::create(pool.handles().len() * 8).unwrap();
     b.send(KIND_CUDA_EVENTS, &events_message(pool.handles()), &[acks.fd()]).unwrap();
     let buf = DeviceBuffer::alloc(0, 4096).unwrap();

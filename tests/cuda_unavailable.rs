@@ -30,7 +30,7 @@ fn unavailable(e: Error) {
 fn victim_with(table: &Exporter, gpu_ring: bool, then: impl FnOnce(&Connection)) -> (Peer, Connection) {
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
-    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, gpu_ring), &[table.table().fd()]).unwrap();
+    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, if gpu_ring { tensorwire::peer::SETUP_HAS_CUDA_RING } else { 0 }), &[table.table().fd()]).unwrap();
     then(&b);
     let _ = b.recv(T).unwrap();
     (victim.join().unwrap().expect("victim setup"), b)
@@ -41,16 +41,19 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     if !no_driver() {
         return;
     }
-    use tensorwire::cuda::{event, ipc, ring, vmm, CudaStream, DevicePtr};
+    use tensorwire::cuda::order::{event_pool, remote_events, CudaWait, PeerWatch};
+    use tensorwire::cuda::{ipc, ring, vmm, CudaStream, DevicePtr};
+    let me = std::sync::Arc::new(PeerWatch::new(std::process::id() as i32));
+    let wait = tensorwire::Wait::For(std::time::Duration::from_secs(5));
     unavailable(tensorwire::cuda::device_count().unwrap_err());
     unavailable(ipc::export_pointer(DevicePtr(0x7000_0000)).unwrap_err());
     unavailable(ipc::cache().open(0, [1; 64]).err().unwrap());
-    unavailable(event::EventPool::new(0).err().unwrap());
+    unavailable(event_pool::EventPool::new(0).err().unwrap());
     // The producer's events cannot be opened here: an ack-only view, so imports that fail
     // still hand the producer's event slots back (else its pool would jam).
     let acks = tensorwire::Segment::create(4096).unwrap();
     let producer_view = tensorwire::Segment::from_fd(acks.fd().try_clone_to_owned().unwrap(), 16).unwrap();
-    let events = std::sync::Arc::new(event::RemoteEvents::open(0, &[[0; 64], [0; 64]], acks).unwrap());
+    let events = std::sync::Arc::new(remote_events::RemoteEvents::open(0, &[[0; 64], [0; 64]], acks, CudaWait::Stream, wait, me.clone()).unwrap());
     let why = events.usable().unwrap_err();
     assert!(matches!(why, Error::CudaUnavailable(_)) && why.to_string().contains("no NVIDIA driver"), "{why}");
     let e = events.claim(2, 1).err().unwrap();
@@ -65,14 +68,14 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     assert_eq!(ack(1), 0, "a wait that was not enqueued must not acknowledge");
     drop(claim);
     assert_eq!(ack(1), 7, "a claim dropped without a wait acknowledges its record");
-    let e = event::RemoteEvents::open(0, &[[0; 64]; 3], tensorwire::Segment::create(16).unwrap()).err().unwrap();
+    let e = remote_events::RemoteEvents::open(0, &[[0; 64]; 3], tensorwire::Segment::create(16).unwrap(), CudaWait::Stream, wait, me).err().unwrap();
     assert!(matches!(e, Error::Protocol(_)), "an ack table too small for the events is refused: {e}");
     unavailable(vmm::VmmAllocation::create(0, 1 << 20).err().unwrap());
     let seg = tensorwire::Segment::create(4096).unwrap();
     let fd = seg.fd().try_clone_to_owned().unwrap();
     unavailable(vmm::VmmAllocation::import_fd(&fd, 0, 4096).err().unwrap());
     unavailable(vmm::export_pointer(DevicePtr(0x7000_0000), 64).unwrap_err());
-    unavailable(ring::CudaRingSender::create(ring::CudaRingConfig::default()).err().unwrap());
+    unavailable(ring::CudaRingSender::create(ring::CudaRingConfig::default(), CudaWait::Stream).err().unwrap());
     let with_ring = PeerConfig { cuda_ring: Some(ring::CudaRingConfig::default()), ..PeerConfig::default() };
     unavailable(Peer::pair(with_ring).unwrap_err());
 

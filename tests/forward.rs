@@ -329,7 +329,7 @@ fn raw_producer() -> (Peer, tensorwire::Connection, tensorwire::lease::Exporter)
     let (a, b) = tensorwire::Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
     let table = tensorwire::lease::Exporter::new(16, u64::MAX).unwrap();
-    b.send(tensorwire::peer::KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, false), &[table.table().fd()])
+    b.send(tensorwire::peer::KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, 0), &[table.table().fd()])
         .unwrap();
     assert_eq!(b.recv(T).unwrap().kind, tensorwire::peer::KIND_TABLE);
     (victim.join().unwrap().unwrap(), b, table)

@@ -37,7 +37,7 @@ fn setup() -> (Peer, Attacker) {
 
 /// The setup payload: lease-table capacity, then the ring size (0: no ring).
 fn setup_msg(capacity: u32, ring_bytes: u64) -> Vec<u8> {
-    tensorwire::peer::setup_payload(capacity, ring_bytes, false)
+    tensorwire::peer::setup_payload(capacity, ring_bytes, 0)
 }
 
 fn sealed(len: usize, seals: i32) -> OwnedFd {
@@ -375,7 +375,7 @@ fn hostile_gpu_ring_setup_is_refused() {
     for (kind, payload, fds, needle) in cases {
         let (a, b) = Connection::pair().unwrap();
         let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
-        b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, true), &[table.table().fd()]).unwrap();
+        b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, tensorwire::peer::SETUP_HAS_CUDA_RING), &[table.table().fd()]).unwrap();
         b.send(kind, &payload, &fds).unwrap();
         let err = victim.join().unwrap().unwrap_err();
         assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
@@ -383,7 +383,7 @@ fn hostile_gpu_ring_setup_is_refused() {
     // Unknown setup flags.
     let (a, b) = Connection::pair().unwrap();
     let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
-    let mut p = tensorwire::peer::setup_payload(16, 0, false);
+    let mut p = tensorwire::peer::setup_payload(16, 0, 0);
     p[12] = 0x80;
     b.send(KIND_TABLE, &p, &[table.table().fd()]).unwrap();
     let err = victim.join().unwrap().unwrap_err();

@@ -87,7 +87,7 @@ fn setup_with(cfg: PeerConfig, capacity: u32, ring: Option<(u64, OwnedFd)>) -> (
     if let Some((_, fd)) = &ring {
         fds.push(fd.as_fd());
     }
-    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(capacity, ring_bytes, false), &fds).unwrap();
+    b.send(KIND_TABLE, &tensorwire::peer::setup_payload(capacity, ring_bytes, 0), &fds).unwrap();
     let m = b.recv(T).unwrap();
     assert_eq!(m.kind, KIND_TABLE);
     let victim = victim.join().unwrap();

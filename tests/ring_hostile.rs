@@ -68,7 +68,7 @@ fn setup_with(victim_cfg: PeerConfig, doctor: impl FnOnce(&Segment)) -> (Result<
     let ring = RingShared::create(CAP as usize).unwrap();
     doctor(ring.segment());
     let victim = std::thread::spawn(move || Peer::new(a, victim_cfg));
-    let setup = tensorwire::peer::setup_payload(16, CAP, false);
+    let setup = tensorwire::peer::setup_payload(16, CAP, 0);
     b.send(KIND_TABLE, &setup, &[table.table().fd(), ring.segment().fd()]).unwrap();
     let victim_ring = b.recv(T).ok().and_then(|m| m.fds.into_iter().nth(1)).map(|fd| Arc::new(Segment::from_fd(fd, DATA_OFFSET).unwrap()));
     let victim = victim.join().unwrap();
@@ -273,7 +273,7 @@ fn child_entry() {
     let conn = Connection::establish(fd, Duration::from_secs(10)).unwrap();
     let table = Exporter::new(16, u64::MAX).unwrap();
     let ring = RingShared::create(CAP as usize).unwrap();
-    let setup = tensorwire::peer::setup_payload(16, CAP, false);
+    let setup = tensorwire::peer::setup_payload(16, CAP, 0);
     conn.send(KIND_TABLE, &setup, &[table.table().fd(), ring.segment().fd()]).unwrap();
     let _ = conn.recv(T).unwrap();
     let seg = ring.segment();

@@ -124,7 +124,9 @@ at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::Scalar
   X(ring_bytes, 0)               \
   X(cuda_ring_device, -1)        \
   X(cuda_ring_slot_bytes, 0)     \
-  X(cuda_ring_slots, 0)
+  X(cuda_ring_slots, 0)          \
+  X(cuda_wait, 0)                \
+  X(cuda_wait_timeout_ms, 0)
 // Schema text of the options, to close an op's keyword-only arguments (after its `*`):
 // ", int max_leases=0, ..., int cuda_ring_slots=0".
 #define TW_OPTION_SCHEMA_(name, default_) ", int " #name "=" #default_

@@ -32,6 +32,11 @@ tw_peer_config_t peer_config(const ConnectionOptions& o) {
               o.cuda_ring_slot_bytes);
   TORCH_CHECK(o.cuda_ring_slots >= 0 && o.cuda_ring_slots <= UINT32_MAX,
               "tensorwire: cuda_ring_slots must be in [0, 2^32) (0: the default), got ", o.cuda_ring_slots);
+  TORCH_CHECK(o.cuda_wait >= 0 && o.cuda_wait <= 2,
+              "tensorwire: cuda_wait must be 0 (stream), 1 (host) or 2 (event), got ", o.cuda_wait);
+  TORCH_CHECK(o.cuda_wait_timeout_ms >= -1,
+              "tensorwire: cuda_wait_timeout_ms must be -1 (no limit), 0 (the default) or > 0, got ",
+              o.cuda_wait_timeout_ms);
   tw_peer_config_t c;
   TW_CHECK(tw_peer_config_default(&c));
   if (o.max_leases) c.max_leases = static_cast<uint32_t>(o.max_leases);
@@ -42,6 +47,8 @@ tw_peer_config_t peer_config(const ConnectionOptions& o) {
   c.cuda_ring_device = static_cast<int32_t>(o.cuda_ring_device);
   if (o.cuda_ring_slot_bytes) c.cuda_ring_slot_bytes = static_cast<uint64_t>(o.cuda_ring_slot_bytes);
   if (o.cuda_ring_slots) c.cuda_ring_slots = static_cast<uint32_t>(o.cuda_ring_slots);
+  c.cuda_wait = static_cast<uint32_t>(o.cuda_wait);
+  if (o.cuda_wait_timeout_ms) c.cuda_wait_timeout_ms = o.cuda_wait_timeout_ms;
   return c;
 }
 

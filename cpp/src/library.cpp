@@ -93,10 +93,13 @@ TORCH_LIBRARY(tensorwire, m) {
   // `socketpair`, e.g. inherited by a child process); `accept` waits for a peer at most timeout_ms. The opening
   // ops end with the keyword-only connection options
   // of TW_CONNECTION_OPTIONS (common.h): max_leases, max_lease_bytes, window_ms, handshake_timeout_ms,
-  // ring_bytes, cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots. Limits of 0 mean the library's
-  // defaults (handshake: 10 s; ring_bytes: the data area of the ring this side sends through, a power of
-  // two >= 4096, default 4 MiB). cuda_ring_device >= 0 gives this side a GPU bounce ring on that device for
-  // its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8).
+  // ring_bytes, cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots, cuda_wait, cuda_wait_timeout_ms.
+  // Limits of 0 mean the library's defaults (handshake: 10 s; ring_bytes: the data area of the ring this side
+  // sends through, a power of two >= 4096, default 4 MiB). cuda_ring_device >= 0 gives this side a GPU bounce
+  // ring on that device for its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8). cuda_wait: how
+  // this side waits for the peer's CUDA work — 0 stream (the GPU waits on the peer's signal word; recv
+  // returns at once), 1 host (recv waits until the peer's work completed), 2 event (the stream waits on the
+  // peer's IPC event: slow without MPS); cuda_wait_timeout_ms bounds that wait (-1: none; default 30 s).
   m.def("socketpair() -> (int, int)");
   m.def("set_inheritable(int fd, bool inheritable) -> ()");
   m.def("from_fd(int fd, *" TW_CONNECTION_OPTIONS_SCHEMA ") -> int");
@@ -132,10 +135,11 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
   m.def("cuda_ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
 
-  // CUDA. `send` of a CUDA tensor exports its storage by IPC handle after the work queued
-  // on the current stream (an IPC event orders the consumer); `recv` of one makes the
-  // current stream wait for that event and returns a tensor on the device, whose lease is
-  // released (after synchronizing that stream) when the last view dies.
+  // CUDA. `send` of a CUDA tensor exports its storage by IPC handle (or VMM fd) after the work
+  // queued on the current stream (a signal word, or an IPC event, orders the consumer); `recv` of
+  // one orders the current stream after it (as the connection's cuda_wait says) and returns a
+  // tensor on the device, whose lease is released once the work queued on that stream when the
+  // last view dies has completed (an event the reaper polls; nothing synchronizes).
   // cuda_built: this extension was compiled with CUDA; cuda_available: and a driver works.
   m.def("cuda_built() -> bool");
   m.def("cuda_available() -> bool");

@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
             1 => ring_bytes as u64,
             _ => inp.u64(),
         };
-        let mut p = tensorwire::peer::setup_payload(cap, rb, flags & 4 != 0);
+        let mut p = tensorwire::peer::setup_payload(cap, rb, if flags & 4 != 0 { tensorwire::peer::SETUP_HAS_CUDA_RING } else { 0 });
         if flags & 8 != 0 {
             p[12..16].copy_from_slice(&inp.u32().to_le_bytes());
         }

@@ -172,7 +172,7 @@ class Listener(_Closing):
         """Wait for one connection (at most ``timeout`` seconds; None: no limit) and
         handshake with it (limits as in :func:`from_fd`)."""
         try:
-            return Connection(ops.accept(self._h, timeout_ms=_ms(timeout), **limits))
+            return Connection(ops.accept(self._h, timeout_ms=_ms(timeout), **_options(limits)))
         except RuntimeError as e:
             raise translate(e) from e
 
@@ -180,6 +180,27 @@ class Listener(_Closing):
         """Stop listening and remove the socket file (idempotent)."""
         ops.close_listener(self._h)
 
+
+
+_CUDA_WAIT = {"stream": 0, "host": 1, "event": 2}
+
+
+def _options(limits: dict) -> dict:
+    """The connection options as the ops take them: ``cuda_wait`` by name
+    (``"stream"``, ``"host"``, ``"event"``), ``cuda_wait_timeout`` in seconds (``None``: no
+    limit) as ``cuda_wait_timeout_ms``."""
+    opts = dict(limits)
+    if "cuda_wait" in opts:
+        w = opts["cuda_wait"]
+        if w not in _CUDA_WAIT:
+            raise ValueError(f"cuda_wait must be one of {sorted(_CUDA_WAIT)}, got {w!r}")
+        opts["cuda_wait"] = _CUDA_WAIT[w]
+    if "cuda_wait_timeout" in opts:
+        t = opts.pop("cuda_wait_timeout")
+        if t is not None and t <= 0:
+            raise ValueError(f"cuda_wait_timeout must be None (no limit) or > 0 seconds, got {t!r}")
+        opts["cuda_wait_timeout_ms"] = -1 if t is None else max(1, math.ceil(t * 1000))
+    return opts
 
 
 def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
@@ -199,9 +220,14 @@ def from_fd(fd: int, **limits: int) -> Connection:
     ``max_leases``, ``max_lease_bytes``, ``window_ms``, ``handshake_timeout_ms``,
     ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default);
     ``cuda_ring_device`` (>= 0: a GPU bounce ring on that device for this side's CUDA
-    ``ring_send``s; needs a driver), ``cuda_ring_slot_bytes``, ``cuda_ring_slots``."""
+    ``ring_send``s; needs a driver), ``cuda_ring_slot_bytes``, ``cuda_ring_slots``;
+    ``cuda_wait`` — how this side waits for the peer's CUDA work: ``"stream"`` (default:
+    the GPU waits on the peer's signal word, ``recv`` returns at once), ``"host"`` (``recv``
+    waits until the peer's work completed: lowest latency), ``"event"`` (the stream waits
+    on the peer's IPC event: slow without MPS); ``cuda_wait_timeout`` (seconds, default
+    30; ``None``: no limit) bounds that wait."""
     try:
-        return Connection(ops.from_fd(fd, **limits))
+        return Connection(ops.from_fd(fd, **_options(limits)))
     except RuntimeError as e:
         raise translate(e) from e
 
@@ -209,7 +235,7 @@ def from_fd(fd: int, **limits: int) -> Connection:
 def connect(path: str, **limits: int) -> Connection:
     """Connect to a :func:`listen`-ing process at ``path`` (limits as in :func:`from_fd`)."""
     try:
-        return Connection(ops.connect(path, **limits))
+        return Connection(ops.connect(path, **_options(limits)))
     except RuntimeError as e:
         raise translate(e) from e
 

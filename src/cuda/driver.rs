@@ -187,6 +187,67 @@ pub fn memcpy_dtod_async(dst: DevicePtr, src: DevicePtr, n: u64, stream: CudaStr
     call("cuMemcpyDtoDAsync", || unsafe { sys::cuMemcpyDtoDAsync_v2(dst.get(), src.get(), n as usize, stream.raw()) })
 }
 
+/// A device attribute's value (`cuDeviceGetAttribute`).
+pub fn device_attribute(device: i32, attr: sys::CUdevice_attribute, what: &'static str) -> Result<i32> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out-pointer; the ordinal is checked by the driver.
+    call("cuDeviceGet", || unsafe { sys::cuDeviceGet(&mut dev, device) })?;
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: valid out-pointer and device handle; an attribute the driver does not know
+    // is an error, not UB.
+    call(what, || unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) })?;
+    Ok(v)
+}
+
+/// Page-lock `len` bytes of host memory at `ptr` and map them for the device
+/// (`cuMemHostRegister` with `DEVICEMAP | PORTABLE`); returns the device address of `ptr`
+/// (`cuMemHostGetDevicePointer`), which need not equal `ptr`. A context must be current.
+///
+/// # Safety
+/// `ptr..ptr+len` must stay mapped until [`host_unregister`] is called, and no GPU work
+/// may use the device address after that.
+pub unsafe fn host_register(ptr: *mut u8, len: usize) -> Result<DevicePtr> {
+    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    // SAFETY: the caller keeps the range mapped while registered.
+    call("cuMemHostRegister", || unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) })?;
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; `ptr` was registered with DEVICEMAP just above.
+    let got = call("cuMemHostGetDevicePointer", || unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr.cast(), 0) });
+    if let Err(e) = got {
+        // SAFETY: registered above, used by nothing yet.
+        let _ = unsafe { host_unregister(ptr) };
+        return Err(e);
+    }
+    Ok(DevicePtr(d))
+}
+
+/// Undo [`host_register`] (a context of the device must be current).
+///
+/// # Safety
+/// `ptr` was registered by [`host_register`] and no GPU work still uses its device address.
+pub unsafe fn host_unregister(ptr: *mut u8) -> Result<()> {
+    // SAFETY: per the caller's contract.
+    call("cuMemHostUnregister", || unsafe { sys::cuMemHostUnregister(ptr.cast()) })
+}
+
+/// Enqueue on `stream` a store of `value` to the 32-bit word at device address `word`,
+/// after the stream's earlier work (with a memory barrier: the earlier writes are visible
+/// to whoever sees the value).
+pub fn stream_write_value32(stream: CudaStream, word: DevicePtr, value: u32) -> Result<()> {
+    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: the callers pass the device address of a registered, live, 4-aligned word.
+    call("cuStreamWriteValue32", || unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), word.get(), value, flags) })
+}
+
+/// Make `stream`'s later work wait until the 32-bit word at device address `word` holds a
+/// value at or past `value` in cyclic order (`(int32_t)(*word - value) >= 0`, the driver's
+/// GEQ, which ignores wraparound).
+pub fn stream_wait_value32(stream: CudaStream, word: DevicePtr, value: u32) -> Result<()> {
+    let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: the callers pass the device address of a registered, live, 4-aligned word.
+    call("cuStreamWaitValue32", || unsafe { sys::cuStreamWaitValue32_v2(stream.raw(), word.get(), value, flags) })
+}
+
 /// Device memory from `cuMemAlloc` (legacy-IPC shareable), freed on drop.
 pub struct DeviceBuffer {
     device: i32,

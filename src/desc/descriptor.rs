@@ -22,7 +22,9 @@ pub struct StorageRef {
     pub lease_gen: u32,
     /// CUDA IPC memory handle (CudaIpc).
     pub cuda_ipc_handle: [u8; 64],
-    /// IPC event slot and the sequence number recorded in it (CUDA).
+    /// What the consumer waits for (CUDA): IPC event slot and the sequence number
+    /// recorded in it, or — with [`FLAG_SIGNAL_WORD`] in the descriptor's flags — the
+    /// producer's signal lane and the value its word reaches (≤ `u32::MAX`).
     pub event_slot: u32,
     pub reserved0: u32,
     pub event_seq: u64,
@@ -49,6 +51,10 @@ pub struct TensorDesc {
     pub strides: [i64; MAX_NDIM],
     pub storage: StorageRef,
 }
+
+/// `TensorDesc::flags` bit: a CUDA descriptor's `event_slot`/`event_seq` name a signal
+/// word lane and value (`cuda::order::words`), not an IPC event record.
+pub const FLAG_SIGNAL_WORD: u8 = 1;
 
 /// Size of an encoded descriptor in bytes.
 pub const DESC_SIZE: usize = std::mem::size_of::<TensorDesc>();
@@ -115,8 +121,11 @@ impl TensorDesc {
         if self.sizes[nd..].iter().chain(&self.strides[nd..]).any(|&v| v != 0) {
             return bad(format!("sizes/strides past ndim {nd} must be zero"));
         }
-        if self.reserved0 != 0 || self.flags != 0 || self.storage.reserved0 != 0 {
+        if self.reserved0 != 0 || self.storage.reserved0 != 0 {
             return bad("reserved fields must be zero".into());
+        }
+        if self.flags & !FLAG_SIGNAL_WORD != 0 {
+            return bad(format!("unknown flags {:#x}", self.flags));
         }
         let kind = match StorageKind::from_code(self.storage_kind) {
             Some(k) => k,
@@ -131,6 +140,14 @@ impl TensorDesc {
             (1, StorageKind::CudaIpc | StorageKind::CudaVmm | StorageKind::RingSlot) => {}
             (0 | 1, k) => return bad(format!("storage kind {k:?} is not valid for device type {}", self.device_type)),
             (t, _) => return bad(format!("unknown device type {t}")),
+        }
+        if self.flags & FLAG_SIGNAL_WORD != 0 {
+            if !matches!(kind, StorageKind::CudaIpc | StorageKind::CudaVmm) {
+                return bad(format!("storage kind {kind:?} names no CUDA signal, yet its signal-word flag is set"));
+            }
+            if self.storage.event_seq > u64::from(u32::MAX) {
+                return bad(format!("signal word value {} does not fit the 32-bit word", self.storage.event_seq));
+            }
         }
         let extent = self.layout_unchecked().extent_bytes()?;
         if self.storage.base_offset.checked_add(self.storage.nbytes).is_none() {
@@ -173,6 +190,35 @@ impl TensorDesc {
 
     pub fn dtype(&self) -> DType {
         DType::from_code(self.dtype).unwrap_or(DType::UInt8)
+    }
+
+    /// What a (validated) CUDA descriptor says to wait for.
+    #[cfg(not(loom))]
+    pub fn signal(&self) -> crate::cuda::order::Signal {
+        use crate::cuda::order::Signal;
+        if self.flags & FLAG_SIGNAL_WORD != 0 {
+            Signal::Word { lane: self.storage.event_slot, value: self.storage.event_seq as u32 }
+        } else {
+            Signal::Event { slot: self.storage.event_slot, seq: self.storage.event_seq }
+        }
+    }
+
+    /// Name `s` as what the consumer waits for.
+    #[cfg(not(loom))]
+    pub fn set_signal(&mut self, s: crate::cuda::order::Signal) {
+        use crate::cuda::order::Signal;
+        match s {
+            Signal::Word { lane, value } => {
+                self.flags |= FLAG_SIGNAL_WORD;
+                self.storage.event_slot = lane;
+                self.storage.event_seq = u64::from(value);
+            }
+            Signal::Event { slot, seq } => {
+                self.flags &= !FLAG_SIGNAL_WORD;
+                self.storage.event_slot = slot;
+                self.storage.event_seq = seq;
+            }
+        }
     }
 
     pub fn kind(&self) -> Option<StorageKind> {

@@ -13,7 +13,7 @@ mod dtype;
 mod layout;
 mod pack;
 
-pub use descriptor::{StorageRef, TensorDesc, DESC_SIZE};
+pub use descriptor::{StorageRef, TensorDesc, DESC_SIZE, FLAG_SIGNAL_WORD};
 pub use dtype::{DType, DeviceType, StorageKind};
 pub use layout::Layout;
 pub use pack::PackCursor;

@@ -4,6 +4,19 @@ use super::{guard, ms_of_wait, put, tw_result_e, wait_ms};
 use crate::peer::PeerConfig;
 use std::time::Duration;
 
+/// How a connection waits for the peer's CUDA work (`tw_peer_config_t::cuda_wait`); see
+/// `docs/DESIGN.md`, "CUDA events and stream order", for what each costs and blocks.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum tw_cuda_wait_e {
+    /// The GPU waits on the producer's signal word; the call returns at once (default).
+    TW_CUDA_WAIT_STREAM = 0,
+    /// The receiving thread waits until the producer's work completed.
+    TW_CUDA_WAIT_HOST = 1,
+    /// The stream waits on the producer's IPC event (`cuStreamWaitEvent`; slow without MPS).
+    TW_CUDA_WAIT_EVENT = 2,
+}
+
 /// Limits for one connection (`tw_peer_config_default` fills the defaults).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +44,10 @@ pub struct tw_peer_config_t {
     pub max_ring_message: u64,
     /// Polls before a ring wait sleeps.
     pub ring_spin: u32,
-    pub reserved: u32,
+    /// How this side waits for the peer's CUDA work (`tw_cuda_wait_e`: 0 stream, 1 host,
+    /// 2 event); an unknown value fails the connection's creation with
+    /// `TW_ERR_INVALID_ARGUMENT`.
+    pub cuda_wait: u32,
     /// While leases are live, how often (µs) released leases are collected and their
     /// release callbacks run (also at each export and `tw_peer_reap`).
     pub reap_interval_us: u64,
@@ -53,11 +69,16 @@ pub struct tw_peer_config_t {
     /// with `TW_ERR_TIMEOUT` (the export's lease is taken back); negative: no limit, 0: do
     /// not wait.
     pub send_timeout_ms: i64,
+    /// The longest (ms) a wait for the peer's CUDA work may take (negative: no limit):
+    /// a host wait then fails with `TW_ERR_TIMEOUT`; a stream's wait is ended by this
+    /// side and `tw_imported_cuda_status` reports it. The peer's death ends either.
+    pub cuda_wait_timeout_ms: i64,
 }
 
-impl From<&tw_peer_config_t> for PeerConfig {
-    fn from(c: &tw_peer_config_t) -> Self {
-        PeerConfig {
+impl TryFrom<&tw_peer_config_t> for PeerConfig {
+    type Error = crate::Error;
+    fn try_from(c: &tw_peer_config_t) -> crate::Result<Self> {
+        Ok(PeerConfig {
             max_leases: c.max_leases,
             max_lease_bytes: c.max_lease_bytes,
             default_window: (c.default_window_ms > 0).then(|| Duration::from_millis(c.default_window_ms)),
@@ -78,7 +99,9 @@ impl From<&tw_peer_config_t> for PeerConfig {
                 slots: c.cuda_ring_slots,
                 slot_bytes: c.cuda_ring_slot_bytes,
             }),
-        }
+            cuda_wait: crate::cuda::CudaWait::from_code(c.cuda_wait)?,
+            cuda_wait_timeout: wait_ms(c.cuda_wait_timeout_ms),
+        })
     }
 }
 
@@ -89,8 +112,16 @@ impl From<&tw_peer_config_t> for PeerConfig {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> tw_result_e {
     guard("tw_peer_config_default", || {
+        let c = tw_peer_config_t::from_default();
+        // SAFETY: writable per the contract; NULL refused.
+        unsafe { put(out, c, "out") }
+    })
+}
+
+impl tw_peer_config_t {
+    fn from_default() -> tw_peer_config_t {
         let d = PeerConfig::default();
-        let c = tw_peer_config_t {
+        tw_peer_config_t {
             max_leases: d.max_leases,
             max_peer_table_capacity: d.max_peer_table_capacity,
             max_lease_bytes: d.max_lease_bytes,
@@ -102,7 +133,7 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             max_peer_ring_bytes: d.max_peer_ring_bytes as u64,
             max_ring_message: d.max_ring_message,
             ring_spin: d.ring_spin,
-            reserved: 0,
+            cuda_wait: d.cuda_wait as u32,
             reap_interval_us: d.reap_interval.as_micros() as u64,
             recv_spin_us: d.recv_spin.as_micros() as u64,
             cuda_ring_device: -1,
@@ -110,15 +141,35 @@ pub unsafe extern "C" fn tw_peer_config_default(out: *mut tw_peer_config_t) -> t
             cuda_ring_slot_bytes: crate::cuda::ring::CudaRingConfig::default().slot_bytes,
             max_import_mapped_bytes: d.max_import_mapped_bytes,
             send_timeout_ms: ms_of_wait(d.send_timeout),
-        };
-        // SAFETY: writable per the contract; NULL refused.
-        unsafe { put(out, c, "out") }
-    })
+            cuda_wait_timeout_ms: ms_of_wait(d.cuda_wait_timeout),
+        }
+    }
 }
 
 /// # Safety
 /// `cfg` NULL or readable.
-pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> PeerConfig {
+pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerConfig> {
     // SAFETY: NULL or readable per the callers' contracts.
-    unsafe { cfg.as_ref() }.map_or_else(PeerConfig::default, PeerConfig::from)
+    unsafe { cfg.as_ref() }.map_or_else(|| Ok(PeerConfig::default()), PeerConfig::try_from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::CudaWait;
+
+    #[test]
+    fn the_c_wait_policies_are_the_rust_ones() {
+        for (c, rust) in [
+            (tw_cuda_wait_e::TW_CUDA_WAIT_STREAM, CudaWait::Stream),
+            (tw_cuda_wait_e::TW_CUDA_WAIT_HOST, CudaWait::Host),
+            (tw_cuda_wait_e::TW_CUDA_WAIT_EVENT, CudaWait::Event),
+        ] {
+            assert_eq!(CudaWait::from_code(c as u32).unwrap(), rust);
+        }
+        let mut c = tw_peer_config_t::from_default();
+        c.cuda_wait = 9;
+        let e = PeerConfig::try_from(&c).unwrap_err();
+        assert!(e.to_string().contains("policy 9 unknown"), "{e}");
+    }
 }

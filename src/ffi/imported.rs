@@ -152,9 +152,12 @@ pub unsafe extern "C" fn tw_imported_device(imp: *const tw_imported_t) -> i32 {
     })
 }
 
-/// Make `stream` (a CUstream; 0 for the legacy default stream) wait for the producer's
-/// last write to a CUDA import — an IPC event wait, never a device-wide synchronize. Call
-/// before the first use on that stream. `TW_ERR_INVALID_ARGUMENT` for a CPU import.
+/// Order `stream` (a CUstream; 0 for the legacy default stream) after the producer's
+/// last write to a CUDA import, as the connection's `cuda_wait` says: the stream waits
+/// on the producer's signal word and this returns at once (`TW_CUDA_WAIT_STREAM`), this
+/// call waits (`TW_CUDA_WAIT_HOST`), or the stream waits on the producer's IPC event
+/// (`TW_CUDA_WAIT_EVENT`) — never a device-wide synchronize. Call before the first use on
+/// that stream. `TW_ERR_INVALID_ARGUMENT` for a CPU import.
 ///
 /// # Safety
 /// `imp` live; `stream` a valid stream of the import's device's current context.
@@ -165,6 +168,25 @@ pub unsafe extern "C" fn tw_imported_cuda_wait(imp: *const tw_imported_t, stream
         match &unsafe { arg(imp, "imp")? }.inner {
             AnyImport::Cuda(c) => Ok(c.wait_on(CudaStream(stream))?),
             AnyImport::Cpu(_) => Err(Error::InvalidArgument("not a CUDA import".into()).into()),
+        }
+    })
+}
+
+/// Whether the producer's CUDA work for this import arrived as it should: `TW_OK` while
+/// a stream's wait for it is pending or after it ended normally; `TW_ERR_PEER_GONE` or
+/// `TW_ERR_TIMEOUT` once this side had to end that wait (the producer died, or its
+/// signal did not come within the config's `cuda_wait_timeout_ms`) — the contents are
+/// then undefined. A CPU import: `TW_OK`.
+///
+/// # Safety
+/// `imp` live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_imported_cuda_status(imp: *const tw_imported_t) -> tw_result_e {
+    guard("tw_imported_cuda_status", || {
+        // SAFETY: live per the contract; NULL refused.
+        match &unsafe { arg(imp, "imp")? }.inner {
+            AnyImport::Cuda(c) => Ok(c.status()?),
+            AnyImport::Cpu(_) => Ok(()),
         }
     })
 }

@@ -43,7 +43,7 @@ pub unsafe extern "C" fn tw_listener_accept(
         let l = unsafe { arg(listener, "listener")? };
         need(out, "out")?;
         // SAFETY: per the contract.
-        let p = Peer::accept(&l.inner, wait_ms(timeout_ms), unsafe { config(cfg) })?;
+        let p = Peer::accept(&l.inner, wait_ms(timeout_ms), unsafe { config(cfg) }?)?;
         // SAFETY: checked non-null.
         unsafe { put(out, boxed_peer(p), "out") }
     })

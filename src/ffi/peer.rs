@@ -81,7 +81,7 @@ pub unsafe extern "C" fn tw_peer_from_fd(fd: c_int, cfg: *const tw_peer_config_t
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         need(out, "out")?;
         // SAFETY: per the contract.
-        let p = Peer::from_fd(owned, unsafe { config(cfg) })?;
+        let p = Peer::from_fd(owned, unsafe { config(cfg) }?)?;
         // SAFETY: checked non-null.
         unsafe { put(out, boxed_peer(p), "out") }
     })
@@ -102,7 +102,7 @@ pub unsafe extern "C" fn tw_peer_connect(path: *const c_char, cfg: *const tw_pee
     guard("tw_peer_connect", || {
         need(out, "out")?;
         // SAFETY: per the contract.
-        let p = Peer::connect(path_arg(path)?, unsafe { config(cfg) })?;
+        let p = Peer::connect(path_arg(path)?, unsafe { config(cfg) }?)?;
         // SAFETY: checked non-null.
         unsafe { put(out, boxed_peer(p), "out") }
     })

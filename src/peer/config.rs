@@ -56,6 +56,15 @@ pub struct PeerConfig {
     /// A GPU bounce ring for this side's CUDA sends (`None`: none). Creating the peer
     /// then needs a CUDA driver; the other side opens the ring at setup.
     pub cuda_ring: Option<crate::cuda::ring::CudaRingConfig>,
+    /// How this side waits for the peer's CUDA work before using what it sent (imports,
+    /// GPU ring slots), and how the peer's streams wait for ours (the GPU ring's slot
+    /// reuse). Default `Stream`: the GPU waits on a shared sequence word, the CPU returns
+    /// at once; see [`CudaWait`](crate::cuda::CudaWait) for what each costs and blocks.
+    pub cuda_wait: crate::cuda::CudaWait,
+    /// The longest a wait for the peer's CUDA work may take: a host wait fails with
+    /// `Timeout` then; a stream's wait is ended by this side and the import reports it
+    /// (`CudaImported::status`). The peer's death ends either at once.
+    pub cuda_wait_timeout: Wait,
 }
 
 impl Default for PeerConfig {
@@ -77,6 +86,8 @@ impl Default for PeerConfig {
             reap_interval: Duration::from_millis(1),
             recv_spin: Duration::from_micros(50),
             cuda_ring: None,
+            cuda_wait: crate::cuda::CudaWait::Stream,
+            cuda_wait_timeout: Wait::For(Duration::from_secs(30)),
         }
     }
 }

@@ -25,7 +25,7 @@ pub struct CudaImported {
     /// relay never exports it again through the driver); `None` for legacy IPC, whose
     /// handle bytes are in the descriptor.
     pub(super) vmm_fd: Option<OwnedFd>,
-    pub(super) claim: crate::cuda::event::EventClaim,
+    pub(super) claim: crate::cuda::order::OrderClaim,
     pub(super) held: HeldLease,
     pub(super) desc: TensorDesc,
     pub(super) tag: u64,
@@ -75,12 +75,21 @@ impl CudaImported {
     pub fn storage_nbytes(&self) -> u64 {
         self.desc.storage.nbytes
     }
-    /// Make `stream` wait for the producer's last write (its IPC event): stream order,
-    /// never a device-wide synchronize. Call before the first use on `stream`. The first
-    /// call waits on the producer's event and hands its slot back; a later call (another
-    /// stream) waits on a private event recorded on the first stream after its wait.
+    /// Order `stream`'s later work after the producer's writes, as the connection's
+    /// [`CudaWait`](crate::cuda::CudaWait) says: by default the stream waits on the
+    /// producer's signal word and this call returns at once (nothing is enqueued when the
+    /// producer's work is already complete); `Host` waits here; `Event` makes the stream
+    /// wait on the producer's IPC event. Never a device-wide synchronize. Call before the
+    /// first use on `stream` (and once for each further stream).
     pub fn wait_on(&self, stream: CudaStream) -> Result<()> {
         self.claim.wait_on(stream)
+    }
+    /// `Err` once this side had to end a stream's wait for the producer (the producer
+    /// died, or its signal did not come within `PeerConfig::cuda_wait_timeout`): the
+    /// contents are then undefined. `Ok` while the wait is pending or after it ended as
+    /// it should.
+    pub fn status(&self) -> Result<()> {
+        self.claim.status()
     }
     /// Give the lease back once everything enqueued on `stream` so far has completed —
     /// without blocking: a mark is recorded on the stream and the connection's reaper

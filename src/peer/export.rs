@@ -10,7 +10,7 @@ use bytemuck::Zeroable;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use super::wire::{tensor_payload, KIND_CUDA_EVENTS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
+use super::wire::{tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::{ExportOptions, Peer, SharedTensor};
 
 /// A CPU storage as a descriptor names it: the id this process shows it under on every
@@ -192,42 +192,35 @@ impl Peer {
         owner: Owner,
         opts: ExportOptions,
     ) -> Result<LeaseId> {
-        use crate::cuda::{event::EventPool, ipc};
+        use crate::cuda::ipc;
         let CudaStorage { device, handle, alloc_size, offset, nbytes } = storage;
         ipc::check_range(offset, nbytes, alloc_size).map_err(|_| {
             Error::InvalidArgument(format!("{nbytes} bytes at offset {offset} pass the end of a {alloc_size}-byte CUDA allocation"))
         })?;
         let device_index = u8::try_from(device).map_err(|_| Error::InvalidArgument(format!("device {device} out of range")))?;
         let _send = self.inner.send_lock.lock();
-        let mut pool_guard = self.inner.cuda_tx.lock();
-        if pool_guard.is_none() {
-            let p = EventPool::new(device)?;
-            let mut payload = device.to_le_bytes().to_vec();
-            payload.extend_from_slice(&(p.handles().len() as u32).to_le_bytes());
-            for h in p.handles() {
-                payload.extend_from_slice(h);
-            }
-            self.inner.conn.send(KIND_CUDA_EVENTS, &payload, &[p.acks().fd()])?;
-            *pool_guard = Some(p);
+        let mut signaller = self.inner.cuda_tx.lock();
+        if signaller.is_none() {
+            *signaller = Some(self.announce_signals(device, stream)?);
         }
-        let pool = pool_guard.as_mut().expect("created above");
-        if pool.device() != device {
+        let sig = signaller.as_mut().expect("created above");
+        if sig.device() != device {
             return Err(Error::InvalidArgument(format!(
                 "this connection exports CUDA memory of device {}; device {device} needs its own connection",
-                pool.device()
+                sig.device()
             )));
         }
-        let (slot, seq) = pool.record(stream, self.inner.cfg.handshake_timeout)?;
+        let signal = sig.signal(stream, self.inner.cfg.handshake_timeout)?;
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
         let granted = self.inner.exporter.lock().grant(None, nbytes, owner, deadline);
         let id = match granted {
             Ok((id, _)) => id,
             Err((e, owner)) => {
-                // No message names the record: give its event slot back.
-                pool.cancel(slot, seq);
+                // No message names the signal: give an event slot back.
+                sig.cancel(signal);
                 // Owners run arbitrary drop code (a C callback): never under our locks.
-                drop(pool_guard);
+                drop(signaller);
                 drop(_send);
                 drop(owner);
                 return Err(e);
@@ -245,23 +238,46 @@ impl Peer {
             lease_slot: id.slot,
             lease_gen: id.generation,
             cuda_ipc_handle,
-            event_slot: slot,
-            event_seq: seq,
             ..Zeroable::zeroed()
         };
-        let desc = TensorDesc::new_cuda(layout, device_index, kind, sref);
+        let mut desc = TensorDesc::new_cuda(layout, device_index, kind, sref);
+        desc.set_signal(signal);
         let payload = tensor_payload(opts.tag, &desc, NO_FD_SLOT);
         if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fd.as_slice()) {
-            pool.cancel(slot, seq);
+            sig.cancel(signal);
             let mut dead = Reclaimed::default();
             self.inner.exporter.lock().revoke(id, &mut dead);
-            drop(pool_guard);
+            drop(signaller);
             drop(_send);
             dead.settle(&self.inner.exporter);
             return Err(e);
         }
         self.inner.wake_idle_reaper();
         Ok(id)
+    }
+
+    /// This connection's CUDA signalling, created and announced to the peer at its first
+    /// CUDA export (under the send lock): signal words written by our streams, unless the
+    /// peer asked for IPC events or the words cannot be used here (no host registration,
+    /// no stream memory operations), then the event pool.
+    fn announce_signals(&self, device: i32, stream: CudaStream) -> Result<crate::cuda::order::Signaller> {
+        use crate::cuda::order::{event_pool::EventPool, Signaller, WordLanes};
+        if !self.inner.peer_wants_events {
+            if let Ok(lanes) = WordLanes::new(device, stream) {
+                let mut payload = device.to_le_bytes().to_vec();
+                payload.extend_from_slice(&lanes.words().lanes().to_le_bytes());
+                self.inner.conn.send(KIND_CUDA_SIGNALS, &payload, &[lanes.words().fd()])?;
+                return Ok(Signaller::Words(lanes));
+            }
+        }
+        let p = EventPool::new(device)?;
+        let mut payload = device.to_le_bytes().to_vec();
+        payload.extend_from_slice(&(p.handles().len() as u32).to_le_bytes());
+        for h in p.handles() {
+            payload.extend_from_slice(h);
+        }
+        self.inner.conn.send(KIND_CUDA_EVENTS, &payload, &[p.acks().fd()])?;
+        Ok(Signaller::Events(p))
     }
 
     /// Send a user message with up to 8 fds.

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use crate::wait::Wait;
 use super::cuda_import::{CudaImported, CudaMemory};
-use super::wire::{split_tensor_payload, KIND_CUDA_EVENTS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
+use super::wire::{split_tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::{Inner, Peer};
 
 /// What `recv` returns.
@@ -60,6 +60,7 @@ impl Peer {
             match msg.kind {
                 KIND_TENSOR => return self.import(msg),
                 KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
+                KIND_CUDA_SIGNALS => self.open_cuda_signals(msg)?,
                 KIND_USER => return Ok(Incoming::Message { payload: msg.payload, fds: msg.fds }),
                 KIND_FORGET => {
                     let id: [u8; 8] = msg.payload.as_slice().try_into().map_err(|_| {
@@ -124,15 +125,45 @@ impl Peer {
         }
         let handles: Vec<[u8; 64]> = p[8..].chunks(64).map(|c| c.try_into().unwrap()).collect();
         let acks = Segment::from_fd_exact(msg.fds.pop().expect("checked"), n * 8, "the CUDA event ack table")?;
-        let ev = crate::cuda::event::RemoteEvents::open(device, &handles, acks)?;
+        let cfg = &self.inner.cfg;
+        let ev = crate::cuda::order::remote_events::RemoteEvents::open(
+            device,
+            &handles,
+            acks,
+            cfg.cuda_wait,
+            cfg.cuda_wait_timeout,
+            self.inner.peer_watch.clone(),
+        )?;
         // Kept even when the events cannot be opened here: its ack table still hands the
         // producer's event slots back as our imports fail, so its exports do not jam.
         let unusable = ev.usable().err().map(|why| format!("the producer's IPC events could not be opened here: {why}"));
-        *self.inner.cuda_rx.lock() = Some(Arc::new(ev));
+        self.inner.cuda_rx.lock().events = Some(Arc::new(ev));
         match unusable {
             Some(m) => Err(Error::CudaUnavailable(m)),
             None => Ok(()),
         }
+    }
+
+    /// The producer's signal words (`KIND_CUDA_SIGNALS`): mapped here, and registered with
+    /// CUDA where our streams wait on them.
+    fn open_cuda_signals(&self, mut msg: crate::connection::Message) -> Result<()> {
+        let p = &msg.payload;
+        if p.len() != 8 || msg.fds.len() != 1 {
+            return Err(Error::Protocol(format!("CUDA signal message of {} bytes and {} fds, expected 8 and 1", p.len(), msg.fds.len())));
+        }
+        let device = i32::from_le_bytes(p[0..4].try_into().expect("4 bytes"));
+        let lanes = u32::from_le_bytes(p[4..8].try_into().expect("4 bytes"));
+        let cfg = &self.inner.cfg;
+        let words = crate::cuda::order::RemoteWords::open(
+            device,
+            msg.fds.pop().expect("checked"),
+            lanes,
+            cfg.cuda_wait,
+            cfg.cuda_wait_timeout,
+            self.inner.peer_watch.clone(),
+        )?;
+        self.inner.cuda_rx.lock().words = Some(Arc::new(words));
+        Ok(())
     }
 
     /// Check the message's shape, copy and validate its descriptor once, then take the
@@ -160,11 +191,9 @@ impl Peer {
 
     fn import_cuda(&self, tag: u64, desc: TensorDesc, vmm_fd: Option<OwnedFd>) -> Result<CudaImported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
-        // Claim the producer's event record first: whatever fails below, the claim's drop
-        // acknowledges the record, so the producer's event slot is not left waiting.
-        let claim = self.inner.cuda_rx.lock().clone()
-            .ok_or_else(|| Error::Protocol("a CUDA tensor arrived before the producer's IPC events".into()))
-            .and_then(|events| events.claim(desc.storage.event_slot, desc.storage.event_seq));
+        // Claim the producer's signal first: whatever fails below, the claim's drop
+        // acknowledges an event record, so the producer's event slot is not left waiting.
+        let claim = self.inner.cuda_rx.lock().claim(desc.signal());
         self.check_live(lease)?;
         let opened = (|| {
             let claim = claim?;

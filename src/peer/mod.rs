@@ -39,11 +39,11 @@ pub use cuda_import::CudaImported;
 pub(crate) use export::CpuStorage;
 pub use import::{Imported, Incoming};
 pub use wire::{
-    setup_payload, tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER, NO_FD_SLOT,
-    SEGMENT_FD_SLOTS, TENSOR_PAYLOAD,
+    setup_payload, tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER,
+    NO_FD_SLOT, SEGMENT_FD_SLOTS, SETUP_HAS_CUDA_RING, SETUP_WANTS_EVENTS, TENSOR_PAYLOAD,
 };
 use reaper::collect_lingering;
-use wire::SETUP_HAS_CUDA_RING;
+use wire::SETUP_FLAGS;
 
 /// State shared by a `Peer`, its reaper thread and its imports (which outlive the handle).
 struct Inner {
@@ -75,10 +75,16 @@ struct Inner {
     reaper_idle: AtomicBool,
     ring_tx: Option<Mutex<RingSender>>,
     ring_rx: Option<RingReceiver>,
-    /// Our IPC event pool for CUDA exports (created at the first one).
-    cuda_tx: Mutex<Option<crate::cuda::event::EventPool>>,
-    /// The peer's event pool, opened when it sends it.
-    cuda_rx: Mutex<Option<Arc<crate::cuda::event::RemoteEvents>>>,
+    /// How our CUDA exports signal the peer (its words or an event pool, created and
+    /// announced at the first export).
+    cuda_tx: Mutex<Option<crate::cuda::order::Signaller>>,
+    /// The peer asked for IPC events rather than signal words (`SETUP_WANTS_EVENTS`).
+    peer_wants_events: bool,
+    /// The peer's signals (its words and/or its event pool), opened as it announces them.
+    cuda_rx: Mutex<crate::cuda::order::RemoteSignals>,
+    /// The peer process, for waits on its CUDA work that must end when it dies (they may
+    /// outlive this connection: a stream's wait is watched process-wide).
+    peer_watch: Arc<crate::cuda::order::PeerWatch>,
     /// CUDA imports released "after the stream's work": released by the reaper once
     /// their mark completes (`CudaImported::release_after`).
     deferred: Mutex<Vec<(crate::cuda::event::StreamMark, CudaImported)>>,
@@ -119,8 +125,10 @@ impl Peer {
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
         let export_table = exporter.table().clone();
         let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };
-        let cuda_tx = cfg.cuda_ring.map(crate::cuda::ring::CudaRingSender::create).transpose()?;
-        let setup = setup_payload(exporter.capacity(), cfg.ring_bytes as u64, cuda_tx.is_some());
+        let cuda_tx = cfg.cuda_ring.map(|r| crate::cuda::ring::CudaRingSender::create(r, cfg.cuda_wait)).transpose()?;
+        let flags = if cuda_tx.is_some() { SETUP_HAS_CUDA_RING } else { 0 }
+            | if cfg.cuda_wait == crate::cuda::CudaWait::Event { SETUP_WANTS_EVENTS } else { 0 };
+        let setup = setup_payload(exporter.capacity(), cfg.ring_bytes as u64, flags);
         let mut fds = vec![export_table.fd()];
         if let Some(r) = &tx_ring {
             fds.push(r.segment().fd());
@@ -142,7 +150,7 @@ impl Peer {
         let cap = u32::from_le_bytes(msg.payload[..4].try_into().unwrap());
         let ring_bytes = u64::from_le_bytes(msg.payload[4..12].try_into().unwrap());
         let flags = u32::from_le_bytes(msg.payload[12..16].try_into().unwrap());
-        if flags & !SETUP_HAS_CUDA_RING != 0 {
+        if flags & !SETUP_FLAGS != 0 {
             return Err(Error::Protocol(format!("unknown setup flags {flags:#x}")));
         }
         let mut fds = msg.fds.into_iter();
@@ -168,6 +176,7 @@ impl Peer {
             }
         });
         let max_ring_message = cfg.max_ring_message;
+        let peer_watch = Arc::new(crate::cuda::order::PeerWatch::new(conn.peer_pid()));
         let inner = Arc::new(Inner {
             conn,
             cfg,
@@ -185,7 +194,9 @@ impl Peer {
             ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
             cuda_tx: Mutex::new(None),
-            cuda_rx: Mutex::new(None),
+            peer_wants_events: flags & SETUP_WANTS_EVENTS != 0,
+            cuda_rx: Mutex::new(Default::default()),
+            peer_watch,
             deferred: Mutex::new(Vec::new()),
             cuda_ring_tx: cuda_tx.map(Mutex::new),
             cuda_ring_rx: cuda_rx,
@@ -215,7 +226,7 @@ impl Peer {
         let mut fds = msg.fds.into_iter();
         let ctrl = CudaRingReceiver::map_control(&setup, fds.next().expect("checked"))?;
         let desc_ring = fds.next().expect("checked");
-        match CudaRingReceiver::open(setup, ctrl.clone(), desc_ring, cfg.max_peer_ring_bytes, cfg.max_ring_message) {
+        match CudaRingReceiver::open(setup, ctrl.clone(), desc_ring, cfg.max_peer_ring_bytes, cfg.max_ring_message, cfg.cuda_wait) {
             Ok(rx) => Ok(PeerCudaRing::Open(rx)),
             Err(e) => {
                 CudaRingReceiver::refuse(&ctrl);

@@ -17,6 +17,10 @@ pub const KIND_CUDA_EVENTS: u32 = 5;
 /// Setup, right after `KIND_TABLE` when its flags say so: this side's GPU bounce ring
 /// (`cuda::ring::RingSetup`); 2 fds: control segment, descriptor ring.
 pub const KIND_CUDA_RING: u32 = 6;
+/// The producer's CUDA signal words (once, before its first CUDA export that names them,
+/// instead of `KIND_CUDA_EVENTS` unless the consumer asked for events): device (i32),
+/// lanes (u32); 1 fd: the words (`cuda::order::words`).
+pub const KIND_CUDA_SIGNALS: u32 = 7;
 /// Bytes of a `KIND_TENSOR` payload: tag (u64), descriptor, fd slot (u32), zero (u32).
 pub const TENSOR_PAYLOAD: usize = 8 + crate::desc::DESC_SIZE + 8;
 
@@ -61,13 +65,18 @@ pub(super) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8]
 }
 
 /// `KIND_TABLE` flag: a `KIND_CUDA_RING` message follows.
-pub(super) const SETUP_HAS_CUDA_RING: u32 = 1;
+pub const SETUP_HAS_CUDA_RING: u32 = 1;
+/// `KIND_TABLE` flag: this side waits on IPC events (`CudaWait::Event`): the producer
+/// records them for its CUDA exports rather than writing signal words.
+pub const SETUP_WANTS_EVENTS: u32 = 2;
+/// Every `KIND_TABLE` flag this build knows.
+pub(super) const SETUP_FLAGS: u32 = SETUP_HAS_CUDA_RING | SETUP_WANTS_EVENTS;
 
 /// The `KIND_TABLE` payload: lease table capacity, ring data bytes (0: no ring), flags
-/// (a GPU ring setup follows). Public for tools and tests that speak the wire protocol.
-pub fn setup_payload(table_capacity: u32, ring_bytes: u64, cuda_ring: bool) -> Vec<u8> {
+/// (`SETUP_*`). Public for tools and tests that speak the wire protocol.
+pub fn setup_payload(table_capacity: u32, ring_bytes: u64, flags: u32) -> Vec<u8> {
     let mut p = table_capacity.to_le_bytes().to_vec();
     p.extend_from_slice(&ring_bytes.to_le_bytes());
-    p.extend_from_slice(&(if cuda_ring { SETUP_HAS_CUDA_RING } else { 0 }).to_le_bytes());
+    p.extend_from_slice(&flags.to_le_bytes());
     p
 }

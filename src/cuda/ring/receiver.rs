@@ -6,6 +6,7 @@ use super::config::{CudaRingConfig, RingSetup};
 use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, STATE_BROKEN, STATE_CLOSED, STATE_OFF, STATE_READY, STATE_REFUSED};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device};
 use crate::cuda::event::IpcEventSet;
+use crate::cuda::order::{host_wait, CudaWait};
 use crate::cuda::ipc;
 use crate::desc::{DeviceType, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
@@ -98,6 +99,9 @@ pub struct CudaRingReceiver {
     descs: RingReceiver,
     max_message: u64,
     state: parking_lot::Mutex<RecvState>,
+    /// How a copy out waits for the producer's copy into the slot: on the host
+    /// (`Stream`, `Host`) or by the caller's stream (`Event`).
+    wait_policy: CudaWait,
 }
 
 impl CudaRingReceiver {
@@ -125,6 +129,7 @@ impl CudaRingReceiver {
         desc_ring: OwnedFd,
         max_desc_ring: usize,
         max_message: u64,
+        wait_policy: CudaWait,
     ) -> Result<CudaRingReceiver> {
         let cfg = setup.cfg;
         let ctrl = Ctrl::new(ctrl, cfg.slots)?;
@@ -144,7 +149,7 @@ impl CudaRingReceiver {
         // written above are visible once it sees READY.
         ctrl.state().store(STATE_READY, Ordering::Release);
         let state = RecvState { seq: 0, pending: None, buf: Vec::new(), broken: None };
-        Ok(CudaRingReceiver { cfg, arena, written, read, ctrl, descs, max_message, state: parking_lot::Mutex::new(state) })
+        Ok(CudaRingReceiver { cfg, arena, written, read, ctrl, descs, max_message, state: parking_lot::Mutex::new(state), wait_policy })
     }
 
     pub fn config(&self) -> CudaRingConfig {
@@ -276,10 +281,14 @@ impl CudaRingReceiver {
             let slot = (c.seq % self.cfg.slots as u64) as usize;
             if let Some((dst, stream)) = copy {
                 let src = self.arena.base() + slot as u64 * self.cfg.slot_bytes;
-                self.written
-                    .wait(stream, slot)
-                    .and_then(|()| memcpy_dtod_async(dst + c.offset, src, c.len, stream))
-                    .map_err(|e| (e, progressed))?;
+                // The producer's copy into the slot first: waited for on the host unless
+                // the policy is `Event` (see `CudaWait`).
+                let written = if self.wait_policy == CudaWait::Event {
+                    self.written.wait(stream, slot)
+                } else {
+                    host_wait(|| self.written.query(slot), deadline, gone, "the producer's copy into a GPU ring slot")
+                };
+                written.and_then(|()| memcpy_dtod_async(dst + c.offset, src, c.len, stream)).map_err(|e| (e, progressed))?;
                 // A copy is queued from here on: if no read event covers it, the slot must
                 // never be freed (reused under it), so the ring breaks.
                 self.read.record(slot, stream).map_err(|e| (e, true))?;

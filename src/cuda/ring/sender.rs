@@ -6,6 +6,7 @@ use super::config::{CudaRingConfig, RingSetup};
 use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, LIVENESS_SLICE, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device, DeviceBuffer};
 use crate::cuda::event::IpcEventSet;
+use crate::cuda::order::{host_wait, CudaWait};
 use crate::cuda::ipc;
 use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc};
 use crate::error::{Error, Result};
@@ -32,11 +33,15 @@ pub struct CudaRingSender {
     /// Chunks sent so far (the next chunk's sequence number).
     seq: u64,
     broken: Option<String>,
+    /// How a slot's reuse waits for the consumer's copy out of it: on the host
+    /// (`Stream`, `Host`) or by our stream (`Event`, `cuStreamWaitEvent`).
+    wait_policy: CudaWait,
 }
 
 impl CudaRingSender {
-    /// Allocate the arena and events on `cfg.device` (`CudaUnavailable` without a driver).
-    pub fn create(cfg: CudaRingConfig) -> Result<CudaRingSender> {
+    /// Allocate the arena and events on `cfg.device` (`CudaUnavailable` without a driver);
+    /// slot reuse waits for the consumer as `wait_policy` says.
+    pub fn create(cfg: CudaRingConfig, wait_policy: CudaWait) -> Result<CudaRingSender> {
         cfg.check()?;
         crate::cuda::driver::init()?;
         let arena = DeviceBuffer::alloc(cfg.device, cfg.arena_bytes())?;
@@ -47,7 +52,7 @@ impl CudaRingSender {
         let shared = RingShared::create(DESC_RING_BYTES)?;
         let descs_seg = shared.segment().clone();
         let descs = RingSender::new(shared);
-        Ok(CudaRingSender { cfg, arena, arena_handle: exp.handle, written, read: None, ctrl, descs, descs_seg, seq: 0, broken: None })
+        Ok(CudaRingSender { cfg, arena, arena_handle: exp.handle, written, read: None, ctrl, descs, descs_seg, seq: 0, broken: None, wait_policy })
     }
 
     pub fn config(&self) -> CudaRingConfig {
@@ -193,8 +198,16 @@ impl CudaRingSender {
         self.check_usable()?;
         let slot = (c.seq % slots) as usize;
         if c.seq >= slots {
-            // Reuse: the copy-in waits for the consumer's copy-out of the previous use.
-            self.read_events()?.wait(stream, slot)?;
+            // Reuse: the copy-in waits for the consumer's copy-out of the previous use —
+            // on the host unless the policy is `Event` (a GPU-side wait on the consumer's
+            // IPC event costs a time-slice switch without MPS).
+            let policy = self.wait_policy;
+            let read = self.read_events()?;
+            if policy == CudaWait::Event {
+                read.wait(stream, slot)?;
+            } else {
+                host_wait(|| read.query(slot), deadline, gone, "the consumer's copy out of a GPU ring slot")?;
+            }
         }
         // And for our own last copy into the slot, which may have run on another stream and
         // which no copy-out ordered: a discarded message records no read, and a chunk whose
