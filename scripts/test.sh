@@ -84,13 +84,23 @@ step "hostile-peer tests again under a desktop's fd limit (ulimit -n 1024) and a
   cargo test --locked -q --test hostile --test hostile_limits --test ring_hostile &&
   cargo test --locked -q -p tensorwire-rpc --test hostile ) 2>&1 | tee -a "$log"
 
-step "CUDA code on simcuda, the strict simulated driver (tests/cuda_sim*.rs + tests/simcuda_driver.rs, two seeds; simcuda/README.md)"
+step "CUDA code on simcuda, the strict simulated driver (tests/cuda_sim*.rs + tests/simcuda_driver.rs, two seeds; the ordering suites under each wait policy; simcuda/README.md)"
 cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 for seed in 1 2; do
-  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward --test simcuda_driver 2>&1 | tee -a "$log"
-  # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes.
-  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
+  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_order --test simcuda_driver 2>&1 | tee -a "$log"
+  # The ordering suites under each cross-process wait policy (PeerConfig::cuda_wait, here
+  # chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host, event.
+  for wait in stream host event; do
+    echo "-- seed $seed, cuda_wait=$wait"
+    TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
+    # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes.
+    TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
+  done
 done
+# Where the words cannot be used (no host registration here), producers fall back to IPC
+# events and consumers wait for them on the host.
+echo "-- no host registration: the event fallback"
+SIMCUDA_NO_HOST_REGISTER=1 bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_forward 2>&1 | tee -a "$log"
 
 step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports device memory made with the driver API), tests/c/cuda_forward.c (host -> relay -> last, the CUDA import forwarded), plain and under valgrind (ctest)"
 # The build from the C ABI step above; 20 ms stream delays make a missing stream wait

@@ -158,7 +158,14 @@ fn injected_producer_failures_are_named_and_leave_the_connection_usable() {
         return;
     }
     let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
-    let env = [("SIMCUDA_FAIL", "cuEventRecord:2,cuMemcpyDtoDAsync_v2:2")];
+    // The second export's signal fails: its event record (a consumer that asked for
+    // events), else its word write (the first write is the producer's probe of the words).
+    let signal_fault = if PeerConfig::default().cuda_wait == tensorwire::cuda::CudaWait::Event {
+        "cuEventRecord:2,cuMemcpyDtoDAsync_v2:2"
+    } else {
+        "cuStreamWriteValue32_v2:3,cuMemcpyDtoDAsync_v2:2"
+    };
+    let env = [("SIMCUDA_FAIL", signal_fault)];
     let (mut child, peer) = spawn("fault_export", &env, Some(ring), PeerConfig::default());
     let cs = Stream::new();
     let mut tensors = Vec::new();

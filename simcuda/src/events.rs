@@ -21,10 +21,13 @@ pub const CU_EVENT_INTERPROCESS: u32 = 4;
 const W_ID: usize = 0;
 const W_RECORDED: usize = 1;
 const W_COMPLETED: usize = 2;
+/// The pid of the process that made the most recent record (0: never recorded).
+const W_RECORDER: usize = 3;
+const WORDS: usize = 4;
 
 enum Mem {
-    Local(Box<[AtomicU64; 3]>),
-    /// Interprocess: the first 24 bytes of a memfd page.
+    Local(Box<[AtomicU64; WORDS]>),
+    /// Interprocess: the first 32 bytes of a memfd page.
     Shared(Backing),
 }
 
@@ -33,13 +36,20 @@ pub struct EventState {
 }
 
 impl EventState {
-    fn words(&self) -> &[AtomicU64; 3] {
+    fn words(&self) -> &[AtomicU64; WORDS] {
         match &self.mem {
             Mem::Local(b) => b,
             // SAFETY: the backing is at least a page, page-aligned, mapped while `self`
             // lives; its words are only accessed atomically (here and in other processes).
-            Mem::Shared(b) => unsafe { &*b.at(0).cast::<[AtomicU64; 3]>() },
+            Mem::Shared(b) => unsafe { &*b.at(0).cast::<[AtomicU64; WORDS]>() },
         }
+    }
+
+    /// The pid of the process that made the most recent record (0: none yet).
+    fn recorder(&self) -> u64 {
+        // Relaxed: read by the thread that then captures the record count; a record made
+        // at the same moment by another process counts either way.
+        self.words()[W_RECORDER].load(Ordering::Relaxed)
     }
 
     pub fn id(&self) -> u64 {
@@ -108,7 +118,7 @@ pub fn create(flags: u32) -> R<usize> {
         let b = Backing::create(&format!("simcuda-event-{id}"), crate::memory::PAGE)?;
         Mem::Shared(b)
     } else {
-        Mem::Local(Box::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]))
+        Mem::Local(Box::new([const { AtomicU64::new(0) }; WORDS]))
     };
     let state = EventState { mem };
     // Relaxed: published to other threads by the table's mutex, to other processes by
@@ -124,8 +134,8 @@ pub fn insert_opened(backing: Backing, device: i32) -> usize {
 
 /// Check that an opened backing holds the event `id` (the handle's claim).
 pub fn backing_holds(backing: &Backing, id: u64) -> bool {
-    // SAFETY: a mapped page (at least 24 bytes), accessed atomically.
-    let w = unsafe { &*backing.at(0).cast::<[AtomicU64; 3]>() };
+    // SAFETY: a mapped page (at least 32 bytes), accessed atomically.
+    let w = unsafe { &*backing.at(0).cast::<[AtomicU64; WORDS]>() };
     // Relaxed: written once by the creator before it made the handle.
     w[W_ID].load(Ordering::Relaxed) == id
 }
@@ -146,6 +156,8 @@ pub fn record(h: usize, stream_h: usize) -> R {
     if s.device != ev.device {
         return Err(INVALID_HANDLE);
     }
+    // Relaxed: a label of the record (see `recorder`).
+    ev.state.words()[W_RECORDER].store(u64::from(std::process::id()), Ordering::Relaxed);
     // AcqRel: pairs with the Acquire loads of `recorded` in query/wait (any process).
     let target = ev.state.words()[W_RECORDED].fetch_add(1, Ordering::AcqRel) + 1;
     let state = ev.state.clone();
@@ -177,13 +189,29 @@ pub fn synchronize(h: usize) -> R {
 
 /// `cuStreamWaitEvent`: the stream's later work waits for the record most recent now.
 /// Flags other than 0 are CUDA_ERROR_INVALID_VALUE (only the default is simulated).
+///
+/// A wait on a record another process made is a *cross-process event stream wait*:
+/// counted, and — the measured cost of one on hardware without MPS, where the two
+/// processes' contexts time-slice on the GPU — followed by `SIMCUDA_XPROC_WAIT_US` µs
+/// once the record completed, unless `SIMCUDA_MPS=1`.
 pub fn stream_wait(stream_h: usize, h: usize, flags: u32) -> R {
     if flags != 0 {
         return Err(INVALID_VALUE);
     }
     let ev = get(h)?;
     let s = stream::resolve(stream_h)?;
+    let recorder = ev.state.recorder();
     let target = ev.state.recorded();
+    let xproc = target > 0 && recorder != 0 && recorder != u64::from(std::process::id());
+    let penalty = if xproc {
+        crate::stats::xproc_event_wait();
+        crate::cost::xproc_event_wait()
+    } else {
+        Duration::ZERO
+    };
     stream::enqueue(&s, Op::WaitEvent(ev.state.clone(), target));
+    if !penalty.is_zero() {
+        stream::enqueue(&s, Op::Run(Box::new(move || std::thread::sleep(penalty))));
+    }
     Ok(())
 }

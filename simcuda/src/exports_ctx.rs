@@ -92,6 +92,11 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut i32, attr: i32, dev: i32) 
             33 => dev + 1,  // PCI_BUS_ID
             34 => 0,        // PCI_DEVICE_ID
             41 => 1,        // UNIFIED_ADDRESSING
+            // Registered host memory has a device address of its own (host_register.rs).
+            91 => 0,        // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+            92 | 93 | 94 | 122 | 123 => i32::from(crate::memops::supported()), // stream memory operations
+            99 => i32::from(crate::host_register::supported()),              // HOST_REGISTER_SUPPORTED
+            133 => i32::from(crate::cost::mps()),                            // MPS_ENABLED
             75 => 9,        // COMPUTE_CAPABILITY_MAJOR
             76 => 0,        // COMPUTE_CAPABILITY_MINOR
             102 => 1,       // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED

@@ -299,3 +299,38 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(h: *mut u64, addr: *mut c_v
         out(h, vmm::retain(addr as u64)?)
     })
 }
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitValue32_v2(s: usize, addr: u64, value: u32, flags: u32) -> CuResult {
+    guard("cuStreamWaitValue32_v2", true, || crate::memops::wait(s, addr, u64::from(value), flags, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitValue64_v2(s: usize, addr: u64, value: u64, flags: u32) -> CuResult {
+    guard("cuStreamWaitValue64_v2", true, || crate::memops::wait(s, addr, value, flags, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWriteValue32_v2(s: usize, addr: u64, value: u32, flags: u32) -> CuResult {
+    guard("cuStreamWriteValue32_v2", true, || crate::memops::write(s, addr, u64::from(value), flags, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWriteValue64_v2(s: usize, addr: u64, value: u64, flags: u32) -> CuResult {
+    guard("cuStreamWriteValue64_v2", true, || crate::memops::write(s, addr, value, flags, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: u32) -> CuResult {
+    guard("cuMemHostRegister_v2", true, || crate::host_register::register(p as u64, bytesize as u64, flags))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CuResult {
+    guard("cuMemHostUnregister", true, || crate::host_register::unregister(p as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c_void, flags: u32) -> CuResult {
+    guard("cuMemHostGetDevicePointer_v2", true, || out(pdptr, crate::host_register::device_pointer(p as u64, flags)?))
+}

@@ -8,12 +8,15 @@
 //! See README.md beside this crate for each call's semantics and where they come from.
 
 mod context;
+mod cost;
 mod events;
 mod exports_ctx;
 mod exports_mem;
 mod faults;
+mod host_register;
 mod ipc;
 mod memory;
+mod memops;
 mod result;
 mod stats;
 mod stream;

@@ -15,11 +15,14 @@ use std::sync::{Arc, RwLock};
 
 pub const PAGE: u64 = 4096;
 
-/// A memfd and this process's read-write alias of all of it.
+/// A memfd and this process's read-write alias of all of it — or, for registered host
+/// memory, the caller's own pages (borrowed: never unmapped here; the fd is an empty
+/// memfd that names nothing).
 pub struct Backing {
     pub fd: OwnedFd,
     alias: usize,
     pub len: u64,
+    borrowed: bool,
 }
 
 // SAFETY: the alias is a shared mapping owned by this value; every access goes through raw
@@ -55,7 +58,19 @@ impl Backing {
         if p == libc::MAP_FAILED {
             return Err(MAP_FAILED);
         }
-        Ok(Backing { fd, alias: p as usize, len })
+        Ok(Backing { fd, alias: p as usize, len, borrowed: false })
+    }
+
+    /// The caller's `len` bytes at host address `ptr` (registered host memory).
+    pub fn borrow(ptr: u64, len: u64) -> R<Backing> {
+        // SAFETY: a NUL-terminated name; the returned fd is checked below.
+        let fd = unsafe { libc::memfd_create(c"simcuda-host-registration".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(OUT_OF_MEMORY);
+        }
+        // SAFETY: a fresh fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Backing { fd, alias: ptr as usize, len, borrowed: true })
     }
 
     /// Host address of byte `off` of the alias (callers check `off` against `len`).
@@ -66,6 +81,9 @@ impl Backing {
 
 impl Drop for Backing {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         // SAFETY: unmapping the alias this value mapped; nothing else refers to it (every
         // user holds an Arc to this value).
         unsafe { libc::munmap(self.alias as *mut libc::c_void, self.len as usize) };
@@ -104,6 +122,8 @@ pub enum Kind {
     IpcOpen { id: u64 },
     /// A VMM mapping of physical allocation `handle`.
     Vmm { handle: u64 },
+    /// The device address range of registered host memory.
+    Host,
 }
 
 #[derive(Clone)]

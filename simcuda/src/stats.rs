@@ -21,7 +21,8 @@ pub fn called(name: &str) {
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SimcudaStats {
-    /// Layout version of this struct (2: `opening_calls` added).
+    /// Layout version of this struct (2: `opening_calls` added; 3: the stream memory
+    /// operation and cross-process wait counters after it).
     pub version: u64,
     /// Live `cuMemAlloc` allocations.
     pub allocations: u64,
@@ -47,12 +48,43 @@ pub struct SimcudaStats {
     /// `cuIpcOpenMemHandle_v2`, `cuMemExportToShareableHandle`,
     /// `cuMemImportFromShareableHandle`, in that order.
     pub opening_calls: [u64; 4],
+    /// Stream waits enqueued on an event record another process made (cumulative): what
+    /// costs a GPU time-slice switch on hardware without MPS.
+    pub xproc_event_waits: u64,
+    /// Stream waits on a word enqueued (`cuStreamWaitValue32/64`, cumulative).
+    pub value_waits: u64,
+    /// Stream writes of a word enqueued (`cuStreamWriteValue32/64`, cumulative).
+    pub value_writes: u64,
+    /// Live host registrations (`cuMemHostRegister`).
+    pub host_registrations: u64,
+}
+
+static XPROC_EVENT_WAITS: AtomicU64 = AtomicU64::new(0);
+static VALUE_WAITS: AtomicU64 = AtomicU64::new(0);
+static VALUE_WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// Count a cross-process event stream wait.
+pub fn xproc_event_wait() {
+    // Relaxed: statistics.
+    XPROC_EVENT_WAITS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count a stream value wait.
+pub fn value_wait() {
+    // Relaxed: statistics.
+    VALUE_WAITS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count a stream value write.
+pub fn value_write() {
+    // Relaxed: statistics.
+    VALUE_WRITES.fetch_add(1, Ordering::Relaxed);
 }
 
 pub fn snapshot() -> SimcudaStats {
     let (vmm_handles, vmm_mappings, vmm_reservations) = crate::vmm::counts();
     SimcudaStats {
-        version: 2,
+        version: 3,
         allocations: crate::memory::live_allocations(),
         ipc_open_handles: crate::ipc::open_handles(),
         events: crate::events::live_events(),
@@ -65,6 +97,11 @@ pub fn snapshot() -> SimcudaStats {
         faults_injected: crate::faults::injected(),
         // Relaxed: statistics.
         opening_calls: std::array::from_fn(|i| OPENING_CALLS[i].load(Ordering::Relaxed)),
+        // Relaxed: statistics.
+        xproc_event_waits: XPROC_EVENT_WAITS.load(Ordering::Relaxed),
+        value_waits: VALUE_WAITS.load(Ordering::Relaxed),
+        value_writes: VALUE_WRITES.load(Ordering::Relaxed),
+        host_registrations: crate::host_register::live(),
     }
 }
 

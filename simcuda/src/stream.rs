@@ -237,6 +237,49 @@ pub fn enqueue(s: &Arc<Stream>, op: Op) {
     s.push(op);
 }
 
+/// Wait (at most until `end`) for every op queued so far on every stream of this process;
+/// false if some stream had not finished by then.
+fn drain_until(end: std::time::Instant) -> bool {
+    let mut all: Vec<Arc<Stream>> = HANDLES.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or_else(Vec::new, |m| m.values().cloned().collect());
+    for d in devices() {
+        all.push(d.legacy.clone());
+        all.extend(d.enqueue.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade));
+    }
+    all.iter().all(|s| {
+        // Relaxed: as in `synchronize`.
+        let n = s.enqueued.load(Ordering::Relaxed);
+        let mut d = s.done.lock().unwrap_or_else(|e| e.into_inner());
+        while *d < n {
+            let now = std::time::Instant::now();
+            if now >= end {
+                return false;
+            }
+            d = s.done_cv.wait_timeout(d, end - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        true
+    })
+}
+
+/// At a normal exit, work the process queued still runs, as on a real driver (a child
+/// that queued a copy into its parent's memory and exited: the parent sees the bytes).
+/// Bounded: a stream waiting on what never comes (a dead peer's event) must not hold the
+/// exit for good. A SIGKILLed process's queued work is lost, as on hardware.
+extern "C" fn drain_at_exit() {
+    if !drain_until(std::time::Instant::now() + Duration::from_secs(10)) {
+        eprintln!("simcuda: a stream still had queued work 10 s after exit began; exiting without it");
+    }
+}
+
+/// Register [`drain_at_exit`] (once, at `cuInit`).
+pub fn drain_on_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain `extern "C" fn()` that lives as long as the library
+        // (simcuda is never unloaded: cudarc keeps it loaded for the process's life).
+        unsafe { libc::atexit(drain_at_exit) };
+    });
+}
+
 /// `cuCtxSynchronize`: every stream of the current context's device.
 pub fn synchronize_device() -> R {
     let ctx = crate::context::current()?;

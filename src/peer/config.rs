@@ -86,10 +86,25 @@ impl Default for PeerConfig {
             reap_interval: Duration::from_millis(1),
             recv_spin: Duration::from_micros(50),
             cuda_ring: None,
-            cuda_wait: crate::cuda::CudaWait::Stream,
+            cuda_wait: default_cuda_wait(),
             cuda_wait_timeout: Wait::For(Duration::from_secs(30)),
         }
     }
+}
+
+/// `CudaWait::Stream`, or what `TENSORWIRE_CUDA_WAIT` names (`stream`, `host`, `event`):
+/// a machine's operator (an MPS setup) or a test run can choose the policy for every
+/// connection that does not set its own. An unknown name is reported once on stderr and
+/// ignored.
+fn default_cuda_wait() -> crate::cuda::CudaWait {
+    static FROM_ENV: std::sync::OnceLock<crate::cuda::CudaWait> = std::sync::OnceLock::new();
+    *FROM_ENV.get_or_init(|| match std::env::var("TENSORWIRE_CUDA_WAIT") {
+        Ok(v) => v.parse().unwrap_or_else(|e| {
+            eprintln!("tensorwire: TENSORWIRE_CUDA_WAIT ignored: {e}");
+            crate::cuda::CudaWait::default()
+        }),
+        Err(_) => crate::cuda::CudaWait::default(),
+    })
 }
 
 /// Per-export options.

@@ -50,6 +50,15 @@ pub struct SimStats {
     /// Calls of cuIpcGetMemHandle, cuIpcOpenMemHandle_v2, cuMemExportToShareableHandle,
     /// cuMemImportFromShareableHandle so far.
     pub opening_calls: [u64; 4],
+    /// Stream waits on an event another process recorded (cumulative): what costs a GPU
+    /// time-slice switch on hardware without MPS (layout version 3).
+    pub xproc_event_waits: u64,
+    /// Stream waits on a 32/64-bit word (cumulative).
+    pub value_waits: u64,
+    /// Stream writes of a word (cumulative).
+    pub value_writes: u64,
+    /// Live host registrations.
+    pub host_registrations: u64,
 }
 
 /// The simulated driver's counters for this process; `None` on a real driver.

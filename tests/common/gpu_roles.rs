@@ -194,7 +194,7 @@ pub fn child_fault_export(peer: &Peer) {
     export(1).unwrap();
     wait_lease();
     let e = export(2).unwrap_err().to_string();
-    let export_named = e.contains("cuEventRecord") && e.contains("CUDA_ERROR_UNKNOWN");
+    let export_named = (e.contains("cuEventRecord") || e.contains("cuStreamWriteValue32")) && e.contains("CUDA_ERROR_UNKNOWN");
     let failed_owner_dropped = dropped.load(Ordering::SeqCst) == 2;
     peer.send_message(&words(&[RING, 2]), &[]).unwrap();
     let rl = Layout::contiguous(DType::UInt8, &[8192]).unwrap();

@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// What a host wait for a signal word waits for (its `Timeout` names it).
+const WORD_WAIT: &str = "the producer's CUDA work (its signal word)";
+
 /// The producer's signal words as this side holds them.
 pub struct RemoteWords {
     device: i32,
@@ -122,12 +125,7 @@ impl WordClaim {
             }
         }
         let peer = &rw.peer;
-        host_wait(
-            || rw.words.reached(self.lane, self.value),
-            &mut rw.timeout.deadline(),
-            &|| peer.gone(),
-            "the producer's CUDA work (its signal word)",
-        )?;
+        host_wait(|| rw.words.reached(self.lane, self.value), &mut rw.timeout.deadline(), &|| peer.gone(), WORD_WAIT)?;
         *st = WordState::Complete;
         Ok(())
     }

@@ -16,6 +16,9 @@ use crate::wait::Wait;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// What a host wait for an event record waits for (its `Timeout` names it).
+const EVENT_WAIT: &str = "the producer's CUDA work (its IPC event)";
+
 /// The consumer's view of the producer's pool.
 pub struct RemoteEvents {
     device: i32,
@@ -81,7 +84,7 @@ impl RemoteEvents {
             return Ok(true);
         }
         let peer = &self.peer;
-        host_wait(|| events.query(slot as usize), &mut self.timeout.deadline(), &|| peer.gone(), "the producer's CUDA work (its IPC event)")?;
+        host_wait(|| events.query(slot as usize), &mut self.timeout.deadline(), &|| peer.gone(), EVENT_WAIT)?;
         Ok(false)
     }
 

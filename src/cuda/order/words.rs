@@ -134,22 +134,28 @@ impl SignalWords {
         }
     }
 
-    fn device_word(&self, lane: u32, what: &str) -> Result<DevicePtr> {
+    fn device_word(&self, lane: u32, what: &str) -> Result<(i32, DevicePtr)> {
         self.check(lane)?;
-        let (_, base) = self.registered.ok_or_else(|| {
+        let (device, base) = self.registered.ok_or_else(|| {
             Error::InvalidArgument(format!("the CUDA signal words are not registered with CUDA here: cannot {what} on a stream"))
         })?;
-        Ok(base + lane as u64 * LANE_STRIDE as u64)
+        Ok((device, base + lane as u64 * LANE_STRIDE as u64))
     }
 
-    /// Enqueue on `stream` the store of `value` to lane `lane`, after the stream's work.
+    /// Enqueue on `stream` (of the registration's device) the store of `value` to lane
+    /// `lane`, after the stream's work.
     pub fn stream_write(&self, lane: u32, value: u32, stream: CudaStream) -> Result<()> {
-        stream_write_value32(stream, self.device_word(lane, "write")?, value)
+        let (device, word) = self.device_word(lane, "write")?;
+        let _ctx = ensure_context(device)?;
+        stream_write_value32(stream, word, value)
     }
 
-    /// Make `stream`'s later work wait until lane `lane` reached `value`.
+    /// Make `stream`'s (of the registration's device) later work wait until lane `lane`
+    /// reached `value`.
     pub fn stream_wait(&self, lane: u32, value: u32, stream: CudaStream) -> Result<()> {
-        stream_wait_value32(stream, self.device_word(lane, "wait")?, value)
+        let (device, word) = self.device_word(lane, "wait")?;
+        let _ctx = ensure_context(device)?;
+        stream_wait_value32(stream, word, value)
     }
 }
 

@@ -18,6 +18,9 @@ use crate::wait::{Deadline, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What a host wait for a slot's copy-in waits for (its `Timeout` names it).
+const WRITTEN_WAIT: &str = "the producer's copy into a GPU ring slot";
+
 /// A message whose first record has arrived and whose chunks are not yet consumed.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -283,12 +286,12 @@ impl CudaRingReceiver {
                 let src = self.arena.base() + slot as u64 * self.cfg.slot_bytes;
                 // The producer's copy into the slot first: waited for on the host unless
                 // the policy is `Event` (see `CudaWait`).
-                let written = if self.wait_policy == CudaWait::Event {
-                    self.written.wait(stream, slot)
+                if self.wait_policy == CudaWait::Event {
+                    self.written.wait(stream, slot).map_err(|e| (e, progressed))?;
                 } else {
-                    host_wait(|| self.written.query(slot), deadline, gone, "the producer's copy into a GPU ring slot")
-                };
-                written.and_then(|()| memcpy_dtod_async(dst + c.offset, src, c.len, stream)).map_err(|e| (e, progressed))?;
+                    host_wait(|| self.written.query(slot), deadline, gone, WRITTEN_WAIT).map_err(|e| (e, progressed))?;
+                }
+                memcpy_dtod_async(dst + c.offset, src, c.len, stream).map_err(|e| (e, progressed))?;
                 // A copy is queued from here on: if no read event covers it, the slot must
                 // never be freed (reused under it), so the ring breaks.
                 self.read.record(slot, stream).map_err(|e| (e, true))?;
