@@ -88,6 +88,16 @@ fn child_import_report(peer: &Peer) {
     let _ = recv_msg(peer);
 }
 
+/// Can this process register signal words with CUDA (else producers fall back to events
+/// and the word tests have nothing to check)? Says SKIPPED when not.
+fn words_here(test: &str) -> bool {
+    let ok = SignalWords::create(1).and_then(|mut w| w.register(0)).is_ok();
+    if !ok {
+        eprintln!("SKIPPED {test}: this driver cannot register host memory (signal words unused)");
+    }
+    ok
+}
+
 fn xproc() -> Option<u64> {
     sim_stats().map(|s| s.xproc_event_waits)
 }
@@ -195,7 +205,7 @@ fn stream_idle(s: CudaStream) -> bool {
 
 #[test]
 fn a_producer_that_never_writes_its_word_ends_in_a_named_error_and_a_stream_that_runs_again() {
-    if !gpu("a_producer_that_never_writes_its_word_ends_in_a_named_error_and_a_stream_that_runs_again") {
+    if !gpu("a_producer_that_never_writes_its_word_ends_in_a_named_error_and_a_stream_that_runs_again") || !words_here("a_producer_that_never_writes_its_word_ends_in_a_named_error_and_a_stream_that_runs_again") {
         return;
     }
     let timeout = Duration::from_millis(300);
@@ -250,7 +260,7 @@ fn a_producer_that_never_writes_its_word_ends_in_a_named_error_and_a_stream_that
 
 #[test]
 fn a_producer_killed_before_its_signal_leaves_a_named_error_and_a_stream_that_runs_again() {
-    if !gpu("a_producer_killed_before_its_signal_leaves_a_named_error_and_a_stream_that_runs_again") {
+    if !gpu("a_producer_killed_before_its_signal_leaves_a_named_error_and_a_stream_that_runs_again") || !words_here("a_producer_killed_before_its_signal_leaves_a_named_error_and_a_stream_that_runs_again") {
         return;
     }
     for wait in [CudaWait::Stream, CudaWait::Host] {
