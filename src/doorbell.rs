@@ -24,6 +24,17 @@ pub struct DoorbellWords {
     pub waiters: AtomicU32,
 }
 
+/// Why [`Doorbell::sleep_until`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slept {
+    /// What the caller waits for was there at the look before the sleep.
+    Ready,
+    /// The sequence moved (a ring; or a peer writing the word).
+    Rang,
+    /// The wait ran out.
+    TimedOut,
+}
+
 /// A view of a doorbell's words (in shared memory, or anywhere for tests).
 #[derive(Clone, Copy)]
 pub struct Doorbell<'a> {
@@ -76,8 +87,21 @@ impl<'a> Doorbell<'a> {
     /// the read and ends the sleep (no lost wake-up; modelled in `tests/loom_ring.rs`).
     /// Returns true if `ready` held or the bell rang, false if the wait ran out.
     pub fn sleep_unless(&self, ready: &dyn Fn() -> bool, wait: impl Into<Wait>) -> bool {
+        self.sleep_until(ready, wait) != Slept::TimedOut
+    }
+
+    /// `sleep_unless`, saying why it returned: `ready` held, the bell rang (with `ready`
+    /// false at the look: for a caller that counts rings that brought nothing), or the
+    /// wait ran out.
+    pub fn sleep_until(&self, ready: &dyn Fn() -> bool, wait: impl Into<Wait>) -> Slept {
         let seen = self.current();
-        ready() || self.wait(seen, 0, wait)
+        if ready() {
+            Slept::Ready
+        } else if self.wait(seen, 0, wait) {
+            Slept::Rang
+        } else {
+            Slept::TimedOut
+        }
     }
 
     /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.

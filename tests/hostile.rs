@@ -3,6 +3,8 @@
 //! clear error naming the problem — no panic, no hang — and the connection must still
 //! carry a valid tensor afterwards.
 
+mod common;
+
 use bytemuck::Zeroable;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -443,4 +445,88 @@ fn a_peer_that_rings_for_nothing_or_never_rings_is_still_heard() {
         other => panic!("an unrung message must still arrive, got {other:?}"),
     }
     drop(sender.join().unwrap());
+}
+
+/// What a peer that moves its message doorbell without sending does to it.
+#[derive(Debug, Clone, Copy)]
+enum BellGame {
+    /// Bumps the sequence as fast as it can, waking sleepers each time.
+    Spam,
+    /// Moves the sequence backwards, waking sleepers each time.
+    Backwards,
+    /// Stores random sequences and random sender CPUs (ours among them), waking sleepers.
+    RandomWithCpu,
+}
+
+/// Play `game` on the attacker's message line until `stop`.
+fn play(game: BellGame, table: Arc<Segment>, stop: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<u64> {
+    use tensorwire::lease::{MessageLine, MESSAGE_LINE_OFFSET};
+    std::thread::spawn(move || {
+        // SAFETY: the attacker's own table, kept alive by the Arc for the thread's life;
+        // the line lies inside its header and is atomics only.
+        let line = unsafe { &*table.as_ptr().add(MESSAGE_LINE_OFFSET).cast::<MessageLine>() };
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
+        let mut rnd = [0u8; 8];
+        let mut moves = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            match game {
+                BellGame::Spam => {
+                    line.bell.seq.fetch_add(1, Ordering::SeqCst);
+                }
+                BellGame::Backwards => {
+                    line.bell.seq.fetch_sub(1, Ordering::SeqCst);
+                }
+                BellGame::RandomWithCpu => {
+                    tensorwire::sys::getrandom(&mut rnd).unwrap();
+                    line.bell.seq.store(u32::from_le_bytes(rnd[..4].try_into().unwrap()), Ordering::SeqCst);
+                    let c = u32::from_le_bytes(rnd[4..].try_into().unwrap());
+                    // Mostly a CPU this machine has (the receiver's own among them), else any word.
+                    line.sender_cpu.store(if c % 4 == 0 { c } else { c % (cpus + 1) }, Ordering::Relaxed);
+                }
+            }
+            tensorwire::sync::futex::wake_all(&line.bell.seq);
+            moves += 1;
+        }
+        moves
+    })
+}
+
+/// A peer that moves its message doorbell without sending anything — as fast as it can,
+/// backwards, or to random values with random CPUs — costs a receiver in `recv(1 s)` a
+/// small part of one core, not a whole one, and the receive still ends at its deadline.
+/// (Before the spin was per wait and the doorbell's false rings were counted, each such
+/// receive spun a core for its whole wait and overran it by as long as the game went on.)
+/// Bounds, generous against a loaded 2-CPU machine: CPU under 25% of the wall time, the
+/// timeout kept within 10% + 100 ms of scheduling slack. A message sent during a game
+/// still arrives at once (the fallback wait polls the socket).
+#[test]
+fn doorbell_games_do_not_burn_the_receivers_cpu_or_stretch_its_wait() {
+    const WAIT: Duration = Duration::from_secs(1);
+    for game in [BellGame::Spam, BellGame::Backwards, BellGame::RandomWithCpu] {
+        let (victim, at) = setup();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let noise = play(game, at.table.table().clone(), stop.clone());
+        let mut worst = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..2 {
+            let (cpu0, t0) = (common::thread_cpu(), std::time::Instant::now());
+            let r = victim.recv(WAIT);
+            let (wall, cpu) = (t0.elapsed(), common::thread_cpu() - cpu0);
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{game:?}: a receive with nothing sent must time out, got {r:?}");
+            eprintln!("{game:?}: recv(1 s) took {wall:?} wall, {cpu:?} CPU");
+            assert!(cpu * 4 < wall, "{game:?}: the receive used {cpu:?} of CPU in {wall:?} (bound: 25%)");
+            assert!(wall < WAIT + WAIT / 10 + Duration::from_millis(100), "{game:?}: recv(1 s) took {wall:?}");
+            worst = worst.max((wall, cpu));
+        }
+        // A real message during the game is taken at once.
+        at.conn.send(tensorwire::peer::KIND_USER, b"real", &[]).unwrap();
+        let t0 = std::time::Instant::now();
+        match victim.recv(WAIT) {
+            Ok(tensorwire::Incoming::Message { payload, .. }) => assert_eq!(payload, b"real"),
+            other => panic!("{game:?}: a message sent during the game must arrive, got {other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_millis(200), "{game:?}: the message took {:?}", t0.elapsed());
+        stop.store(true, Ordering::Relaxed);
+        let moves = noise.join().unwrap();
+        assert!(moves > 1000, "{game:?}: the game moved the doorbell only {moves} times");
+    }
 }
