@@ -530,3 +530,75 @@ fn doorbell_games_do_not_burn_the_receivers_cpu_or_stretch_its_wait() {
         assert!(moves > 1000, "{game:?}: the game moved the doorbell only {moves} times");
     }
 }
+
+impl Attacker {
+    /// After the victim refused a message: whether a reaper pass of ours sees exactly one
+    /// more lease released by it.
+    fn one_given_back(&mut self) -> bool {
+        let before = self.table.stats().released;
+        let mut owners = tensorwire::lease::Reclaimed::default();
+        self.table.reap(std::time::Instant::now(), &mut owners);
+        self.table.stats().released == before + 1
+    }
+}
+
+/// Every refusal of a tensor message whose lease reference can be read gives that lease
+/// back — also the refusals that come before the descriptor is decoded or before any
+/// import path: a non-zero trailer word, two fds, a descriptor that does not decode (its
+/// lease read from the raw bytes), a storage kind that cannot arrive — and those after
+/// the lease check (a segment too small). A refused message that names a live lease with
+/// another generation releases nothing: the lease an import holds stays live.
+#[test]
+fn every_refused_tensor_message_gives_its_lease_back() {
+    let (victim, mut at) = setup();
+    let good = Segment::create(4096).unwrap();
+    let good_fd = || good.fd().try_clone_to_owned().unwrap();
+
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(1, d.encode(), Some(&good_fd()), 0, 7);
+    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    assert!(at.one_given_back(), "a non-zero trailer word kept its lease");
+
+    let d = at.desc(f32s(16), 200, 64);
+    let p = tensorwire::peer::tensor_payload(2, &d, 0);
+    let (f1, f2) = (good_fd(), good_fd());
+    at.conn.send(KIND_TENSOR, &p, &[f1.as_fd(), f2.as_fd()]).unwrap();
+    expect_err(&victim, "tensor message has 2 fds, expected at most 1");
+    assert!(at.one_given_back(), "a message with two fds kept its lease");
+
+    for (edit, needle) in [
+        (Box::new(|d: &mut TensorDesc| d.dtype = 99) as Box<dyn Fn(&mut TensorDesc)>, "unknown dtype code 99"),
+        (Box::new(|d: &mut TensorDesc| d.magic = 0), "bad magic"),
+        (Box::new(|d: &mut TensorDesc| d.storage.base_offset = u64::MAX), "overflows 64 bits"),
+        (Box::new(|d: &mut TensorDesc| d.storage_kind = StorageKind::RingSlot as u8), "cannot arrive as a leased tensor"),
+    ] {
+        let mut d = at.desc(f32s(16), 200, 64);
+        edit(&mut d);
+        at.send_raw(3, d.encode(), None);
+        expect_err(&victim, needle);
+        assert!(at.one_given_back(), "a descriptor refused with {needle:?} kept its lease");
+    }
+
+    // After the lease check: the segment is too small for the descriptor.
+    let d = at.desc(f32s(1024), 201, 4096);
+    at.send_raw(4, d.encode(), Some(&sealed(1024, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)));
+    expect_err(&victim, "segment too small");
+    assert!(at.one_given_back(), "an import refused after the lease check kept its lease");
+
+    // A forged reference: the slot of a lease an import holds, another generation. The
+    // table's generation check refuses that release, so the import's lease stays live.
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_raw(5, d.encode(), Some(&good_fd()));
+    let held = victim.recv_tensor(T).unwrap();
+    for generation in [held.lease().generation.wrapping_add(1), held.lease().generation.wrapping_sub(1)] {
+        let mut forged = d;
+        forged.storage.lease_gen = generation;
+        forged.dtype = 99;
+        at.send_raw(6, forged.encode(), None);
+        expect_err(&victim, "unknown dtype code 99");
+    }
+    assert!(!at.one_given_back(), "a forged generation released the lease an import holds");
+    held.release().unwrap();
+    assert!(at.one_given_back());
+    assert_eq!(at.table.stats().granted, at.table.stats().released, "{:?}", at.table.stats());
+}

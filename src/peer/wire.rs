@@ -60,6 +60,24 @@ pub(super) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8]
     Ok((tag, &p[8..8 + DESC_SIZE], slot))
 }
 
+/// What a `KIND_TENSOR` payload of the protocol's size names, read from its raw bytes
+/// before (and whatever) any check of them: the lease its descriptor's storage reference
+/// names (`TensorDesc` is a fixed `#[repr(C)]` Pod struct, so the offsets of
+/// `storage.lease_slot` and `storage.lease_gen` are known) and its fd slot. For giving
+/// the lease back when the message is refused, and asking for a lost slot's fd again. A
+/// payload of another size is not the protocol's layout: it names nothing.
+pub(super) fn named_in_tensor_payload(p: &[u8]) -> Option<(crate::lease::LeaseId, u32)> {
+    use crate::desc::{TensorDesc, DESC_SIZE};
+    if p.len() != TENSOR_PAYLOAD {
+        return None;
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes inside the payload"));
+    let desc = 8;
+    let slot = u32_at(desc + std::mem::offset_of!(TensorDesc, storage.lease_slot));
+    let generation = u32_at(desc + std::mem::offset_of!(TensorDesc, storage.lease_gen));
+    Some((crate::lease::LeaseId { slot, generation }, u32_at(desc + DESC_SIZE)))
+}
+
 /// `KIND_TABLE` flag: a `KIND_CUDA_RING` message follows.
 pub(super) const SETUP_HAS_CUDA_RING: u32 = 1;
 
@@ -70,4 +88,21 @@ pub fn setup_payload(table_capacity: u32, ring_bytes: u64, cuda_ring: bool) -> V
     p.extend_from_slice(&ring_bytes.to_le_bytes());
     p.extend_from_slice(&(if cuda_ring { SETUP_HAS_CUDA_RING } else { 0 }).to_le_bytes());
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desc::{DType, Layout, StorageKind, StorageRef, TensorDesc};
+    use bytemuck::Zeroable;
+
+    #[test]
+    fn the_lease_and_slot_are_read_from_the_raw_payload() {
+        let l = Layout::contiguous(DType::Float32, &[4]).unwrap();
+        let mut d = TensorDesc::new(&l, StorageKind::Segment, StorageRef { lease_slot: 7, lease_gen: 0xdead_beef, ..Zeroable::zeroed() });
+        d.dtype = 250; // invalid: the raw read does not care
+        let p = tensor_payload(1, &d, 3);
+        assert_eq!(named_in_tensor_payload(&p), Some((crate::lease::LeaseId { slot: 7, generation: 0xdead_beef }, 3)));
+        assert_eq!(named_in_tensor_payload(&p[1..]), None);
+    }
 }
