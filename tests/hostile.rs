@@ -602,3 +602,27 @@ fn every_refused_tensor_message_gives_its_lease_back() {
     assert!(at.one_given_back());
     assert_eq!(at.table.stats().granted, at.table.stats().released, "{:?}", at.table.stats());
 }
+
+/// A hello whose protocol version is not ours — 0, 1, ours + 1, u32::MAX — is refused at
+/// once with both versions named, by a `Peer` being set up (not after its handshake
+/// timeout, which an accepted hello would run into here: the raw end sends nothing more).
+#[test]
+fn a_hello_of_another_protocol_version_is_refused_at_once() {
+    use tensorwire::connection::PROTOCOL_VERSION;
+    for version in [0, 1, PROTOCOL_VERSION + 1, u32::MAX] {
+        let (ours, raw) = tensorwire::sys::seqpacket_pair().unwrap();
+        let mut hello = b"TWM1".to_vec();
+        hello.extend_from_slice(&0u32.to_le_bytes());
+        hello.extend_from_slice(b"TWHELLO1");
+        hello.extend_from_slice(&version.to_le_bytes());
+        hello.extend_from_slice(&65536u32.to_le_bytes());
+        tensorwire::sys::send_msg(raw.as_fd(), &hello, &[], true, T).unwrap();
+        let t = std::time::Instant::now();
+        let cfg = PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..PeerConfig::default() };
+        let e = Peer::from_fd(ours, cfg).unwrap_err();
+        let want = format!("peer speaks protocol {version}, this build speaks {PROTOCOL_VERSION}");
+        assert!(matches!(&e, Error::Protocol(m) if *m == want), "version {version}: expected {want:?}, got {e:?}");
+        assert!(t.elapsed() < Duration::from_secs(1), "version {version}: refused only after {:?}", t.elapsed());
+        drop(raw);
+    }
+}
