@@ -558,6 +558,10 @@ fn every_refused_tensor_message_gives_its_lease_back() {
     at.send_in(1, d.encode(), Some(&good_fd()), 0, 7);
     expect_err(&victim, "the 4 bytes after its fd slot must be zero");
     assert!(at.one_given_back(), "a non-zero trailer word kept its lease");
+    assert_eq!(victim.refused_tag(), Some(1), "the refused message's tag");
+    at.conn.send(99, b"??", &[]).unwrap();
+    expect_err(&victim, "unknown message kind 99");
+    assert_eq!(victim.refused_tag(), None, "no tensor message was refused");
 
     let d = at.desc(f32s(16), 200, 64);
     let p = tensorwire::peer::tensor_payload(2, &d, 0);

@@ -39,6 +39,26 @@ impl Peer {
     /// Receive the next tensor or user message, waiting as `wait` says (`Wait::Forever`:
     /// until something arrives or the peer dies).
     pub fn recv(&self, wait: impl Into<Wait>) -> Result<Incoming> {
+        let mut refused = None;
+        let r = self.recv_noting(wait, &mut refused);
+        if r.is_err() {
+            *self.inner.refused_tag.lock() = refused;
+        }
+        r
+    }
+
+    /// The tag of the tensor message whose refusal the last [`Self::recv`] (or
+    /// [`Self::recv_tensor`]) returned as its error — when that message had a tag to read
+    /// (a payload of the protocol's size); `None` when the last error was something else.
+    /// Meaningful right after a receive that failed, on the receiving thread. For a
+    /// caller that matches tensors to tags (the RPC layer), so that what waits for that
+    /// tag can fail at once with the refusal. The tag is the peer's word, as any tag is.
+    pub fn refused_tag(&self) -> Option<u64> {
+        *self.inner.refused_tag.lock()
+    }
+
+    /// `recv`, noting in `refused` the tag of a tensor message it refused.
+    fn recv_noting(&self, wait: impl Into<Wait>, refused: &mut Option<u64>) -> Result<Incoming> {
         const WHAT: &str = "a tensor or message from the peer";
         let mut deadline = wait.into().deadline();
         let mut first = true;
@@ -55,7 +75,7 @@ impl Peer {
                 r => r?,
             };
             match msg.kind {
-                KIND_TENSOR => return self.import(msg),
+                KIND_TENSOR => return self.import(msg, refused),
                 // Its fds were dropped for our open-file limit: it cannot be used.
                 _ if msg.fds_lost => return Err(crate::connection::fds_lost_error()),
                 KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
@@ -133,14 +153,16 @@ impl Peer {
     /// exactly; the producer hurts only itself by that (its owner goes early; it could
     /// end any of its leases by writing its own table anyway), and our import's own
     /// release then says `StaleLease`.
-    fn import(&self, msg: crate::connection::Message) -> Result<Incoming> {
+    /// The refused message's tag goes to `refused` (for [`Self::refused_tag`]).
+    fn import(&self, msg: crate::connection::Message, refused: &mut Option<u64>) -> Result<Incoming> {
         let named = named_in_tensor_payload(&msg.payload);
-        let r = self.import_checked(msg, named.map(|(_, slot)| slot));
+        let r = self.import_checked(msg, named.map(|n| n.fd_slot));
         if r.is_err() {
-            if let Some((lease, _)) = named {
+            if let Some(n) = named {
                 // Refused by the table unless that generation of that slot is live (an
                 // import path that gave it back already, a lease that was never live).
-                let _ = self.inner.import.release(lease);
+                let _ = self.inner.import.release(n.lease);
+                *refused = Some(n.tag);
             }
         }
         r

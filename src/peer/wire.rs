@@ -61,12 +61,21 @@ pub(super) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8]
 }
 
 /// What a `KIND_TENSOR` payload of the protocol's size names, read from its raw bytes
-/// before (and whatever) any check of them: the lease its descriptor's storage reference
-/// names (`TensorDesc` is a fixed `#[repr(C)]` Pod struct, so the offsets of
-/// `storage.lease_slot` and `storage.lease_gen` are known) and its fd slot. For giving
-/// the lease back when the message is refused, and asking for a lost slot's fd again. A
-/// payload of another size is not the protocol's layout: it names nothing.
-pub(super) fn named_in_tensor_payload(p: &[u8]) -> Option<(crate::lease::LeaseId, u32)> {
+/// before (and whatever) any check of them: for giving its lease back when the message is
+/// refused, asking for a lost slot's fd again, and saying which tag was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Named {
+    pub(super) tag: u64,
+    /// The lease its descriptor's storage reference names (`TensorDesc` is a fixed
+    /// `#[repr(C)]` Pod struct, so the offsets of `storage.lease_slot` and
+    /// `storage.lease_gen` are known).
+    pub(super) lease: crate::lease::LeaseId,
+    pub(super) fd_slot: u32,
+}
+
+/// [`Named`] of a `KIND_TENSOR` payload; `None` for a payload of another size, which is
+/// not the protocol's layout and names nothing.
+pub(super) fn named_in_tensor_payload(p: &[u8]) -> Option<Named> {
     use crate::desc::{TensorDesc, DESC_SIZE};
     if p.len() != TENSOR_PAYLOAD {
         return None;
@@ -75,7 +84,11 @@ pub(super) fn named_in_tensor_payload(p: &[u8]) -> Option<(crate::lease::LeaseId
     let desc = 8;
     let slot = u32_at(desc + std::mem::offset_of!(TensorDesc, storage.lease_slot));
     let generation = u32_at(desc + std::mem::offset_of!(TensorDesc, storage.lease_gen));
-    Some((crate::lease::LeaseId { slot, generation }, u32_at(desc + DESC_SIZE)))
+    Some(Named {
+        tag: u64::from_le_bytes(p[..8].try_into().expect("8 bytes inside the payload")),
+        lease: crate::lease::LeaseId { slot, generation },
+        fd_slot: u32_at(desc + DESC_SIZE),
+    })
 }
 
 /// `KIND_TABLE` flag: a `KIND_CUDA_RING` message follows.
@@ -101,8 +114,9 @@ mod tests {
         let l = Layout::contiguous(DType::Float32, &[4]).unwrap();
         let mut d = TensorDesc::new(&l, StorageKind::Segment, StorageRef { lease_slot: 7, lease_gen: 0xdead_beef, ..Zeroable::zeroed() });
         d.dtype = 250; // invalid: the raw read does not care
-        let p = tensor_payload(1, &d, 3);
-        assert_eq!(named_in_tensor_payload(&p), Some((crate::lease::LeaseId { slot: 7, generation: 0xdead_beef }, 3)));
+        let p = tensor_payload(41, &d, 3);
+        let lease = crate::lease::LeaseId { slot: 7, generation: 0xdead_beef };
+        assert_eq!(named_in_tensor_payload(&p), Some(Named { tag: 41, lease, fd_slot: 3 }));
         assert_eq!(named_in_tensor_payload(&p[1..]), None);
     }
 }
