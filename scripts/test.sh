@@ -88,8 +88,9 @@ step "CUDA code on simcuda, the strict simulated driver (tests/cuda_sim*.rs + te
 cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 for seed in 1 2; do
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward --test simcuda_driver 2>&1 | tee -a "$log"
-  # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes.
-  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
+  # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes, and
+  # forged CUDA tensors against a native-mode server.
+  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim --test cuda_sim_hostile 2>&1 | tee -a "$log"
 done
 
 step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports device memory made with the driver API), tests/c/cuda_forward.c (host -> relay -> last, the CUDA import forwarded), plain and under valgrind (ctest)"
