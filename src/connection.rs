@@ -76,7 +76,7 @@ pub struct Connection {
 /// on `theirs` (polls it, then sleeps on it), not in poll(2) on the socket
 /// (`lease::MESSAGE_LINE_OFFSET` says why). The peer may ring too often or never, and
 /// write any CPU: a ring only makes a receive look at the socket again (and after
-/// `ring::waiter::FALSE_RINGS` rings that brought nothing the receive sleeps in `poll(2)`
+/// `doorbell::FALSE_RINGS` rings that brought nothing the receive sleeps in `poll(2)`
 /// on the socket instead), a receive also looks between sleep slices (an unrung message
 /// costs latency, not a hang), and a CPU costs at most one move per [`MOVE_AT_MOST_EVERY`].
 pub(crate) struct MessageBells {
@@ -378,7 +378,7 @@ impl Connection {
     /// Receive the next message (or the peer's EOF), waiting on the peer's message
     /// doorbell: spin on it once while the spin policy allows, then sleep on it in slices,
     /// looking at the socket whenever it rings and between slices. The peer writes the
-    /// doorbell: after `waiter::FALSE_RINGS` rings that brought no message this receive
+    /// doorbell: after `doorbell::FALSE_RINGS` rings that brought no message this receive
     /// stops sleeping on it and sleeps in `poll(2)` on the socket and the peer's pidfd
     /// instead (`ring::waiter` says why).
     fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline, buf: &mut [u8]) -> Result<Message> {

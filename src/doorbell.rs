@@ -14,6 +14,20 @@
 use crate::sync::{futex, spin_hint, AtomicU32, Ordering};
 use crate::wait::Wait;
 
+/// Wake-ups by a doorbell that brought nothing, in one blocking call, before the call
+/// stops sleeping on that doorbell (the other process writes it, and can move it without
+/// doing what a ring announces: as fast as it can, backwards, to random values). Each
+/// costs a futex call and a look (a few µs); an honest peer causes one or two at most (a
+/// ring that lags what it announced, which an earlier look already took). Used by every
+/// wait on a peer's doorbell: `ring::waiter` (rings, a connection's receive) and
+/// `credits`.
+pub(crate) const FALSE_RINGS: u32 = 16;
+
+/// How such a call sleeps after [`FALSE_RINGS`] when it has nothing else to sleep on:
+/// plain sleeps this long with a look between (a few µs each: well under 1% of a core;
+/// what it waits for, if it comes, is seen within this).
+pub(crate) const UNTRUSTED_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The two shared words a doorbell lives on.
 #[repr(C)]
 #[derive(Default)]

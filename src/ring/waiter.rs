@@ -22,7 +22,7 @@
 //!   sleeps of [`UNTRUSTED_SLICE`] with a look between. An honest peer rings after what
 //!   it writes, so it causes at most a ring or two that a look finds already taken.
 
-use crate::doorbell::{Doorbell, Slept};
+use crate::doorbell::{Doorbell, Slept, FALSE_RINGS, UNTRUSTED_SLICE};
 use crate::error::{Error, Result};
 use crate::sync::spin_hint;
 use crate::spin_policy::{hand_over, Outcome, Plan, SpinPolicy};
@@ -37,17 +37,6 @@ const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 /// between two cores takes well under a microsecond) costs no clock read; only a spin
 /// that lasts is timed, for its [`Outcome`].
 const UNTIMED_POLLS: u32 = 256;
-
-/// Wake-ups by the doorbell that brought nothing, in one call, before the call stops
-/// sleeping on the doorbell. Each costs a futex call and a look (a few µs); an honest
-/// peer causes one or two at most (a ring that lags what it announced, which an earlier
-/// look already took).
-pub(crate) const FALSE_RINGS: u32 = 16;
-
-/// A ring wait's sleep once its doorbell is not trusted (after [`FALSE_RINGS`]): a look
-/// per slice costs a few µs, so well under 1% of a core, and a record published then is
-/// seen within this.
-pub(crate) const UNTRUSTED_SLICE: Duration = Duration::from_millis(1);
 
 /// How long a wait polls its doorbell before it sleeps.
 #[derive(Clone, Copy, Debug)]
