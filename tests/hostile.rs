@@ -562,6 +562,14 @@ fn every_refused_tensor_message_gives_its_lease_back() {
     at.conn.send(99, b"??", &[]).unwrap();
     expect_err(&victim, "unknown message kind 99");
     assert_eq!(victim.refused_tag(), None, "no tensor message was refused");
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(2, d.encode(), None, 0, 7);
+    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    assert!(at.one_given_back());
+    at.conn.send(tensorwire::peer::KIND_USER, b"not a tensor", &[]).unwrap();
+    let e = victim.recv_tensor(T).err().expect("a user message is not a tensor");
+    assert!(e.to_string().contains("expected a tensor"), "{e}");
+    assert_eq!(victim.refused_tag(), None, "recv_tensor refused a user message, not a tensor message");
 
     let d = at.desc(f32s(16), 200, 64);
     let p = tensorwire::peer::tensor_payload(2, &d, 0);

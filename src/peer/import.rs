@@ -95,7 +95,11 @@ impl Peer {
     pub fn recv_tensor(&self, wait: impl Into<Wait>) -> Result<Imported> {
         match self.recv(wait)? {
             Incoming::Tensor(t) => Ok(t),
-            other => Err(Error::Protocol(format!("expected a tensor, got {other:?}"))),
+            other => {
+                // This error refuses no tensor message (`refused_tag` says so).
+                *self.inner.refused_tag.lock() = None;
+                Err(Error::Protocol(format!("expected a tensor, got {other:?}")))
+            }
         }
     }
 
