@@ -88,6 +88,8 @@ step "CUDA code on simcuda, the strict simulated driver (tests/cuda_sim*.rs + te
 cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 for seed in 1 2; do
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_order --test simcuda_driver 2>&1 | tee -a "$log"
+  # Forged CUDA tensors against a native-mode RPC server.
+  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim_hostile 2>&1 | tee -a "$log"
   # The ordering suites under each cross-process wait policy (PeerConfig::cuda_wait, here
   # chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host, event.
   for wait in stream host event; do

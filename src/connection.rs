@@ -75,9 +75,10 @@ pub struct Connection {
 /// stores its CPU in `ours` and rings its doorbell; a receive that finds no message waits
 /// on `theirs` (polls it, then sleeps on it), not in poll(2) on the socket
 /// (`lease::MESSAGE_LINE_OFFSET` says why). The peer may ring too often or never, and
-/// write any CPU: a ring only makes a receive look at the socket again, a receive also
-/// looks between sleep slices (an unrung message costs latency, not a hang), and a CPU
-/// costs at most one move per [`MOVE_AT_MOST_EVERY`].
+/// write any CPU: a ring only makes a receive look at the socket again (and after
+/// `doorbell::FALSE_RINGS` rings that brought nothing the receive sleeps in `poll(2)`
+/// on the socket instead), a receive also looks between sleep slices (an unrung message
+/// costs latency, not a hang), and a CPU costs at most one move per [`MOVE_AT_MOST_EVERY`].
 pub(crate) struct MessageBells {
     pub(crate) ours: SharedRef<MessageLine>,
     pub(crate) theirs: SharedRef<MessageLine>,
@@ -375,12 +376,31 @@ impl Connection {
     }
 
     /// Receive the next message (or the peer's EOF), waiting on the peer's message
-    /// doorbell: spin on it while the spin policy allows, then sleep on it in slices,
-    /// looking at the socket whenever it rings and between slices.
+    /// doorbell: spin on it once while the spin policy allows, then sleep on it in slices,
+    /// looking at the socket whenever it rings and between slices. The peer writes the
+    /// doorbell: after `doorbell::FALSE_RINGS` rings that brought no message this receive
+    /// stops sleeping on it and sleeps in `poll(2)` on the socket and the peer's pidfd
+    /// instead (`ring::waiter` says why).
     fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline, buf: &mut [u8]) -> Result<Message> {
         let spin = if self.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
         let bell = Doorbell::new(&bells.theirs.get().bell);
-        let mut waiter = Waiter::new(bell, spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited");
+        let sock = self.sock.as_fd();
+        let pidfd = self.pidfd.as_ref().map(|p| p.as_fd());
+        // The sleep without the doorbell: until the socket has something (a message or
+        // its end) or the peer's process ends; what it found is looked at by the caller.
+        let on_socket = move |slice: Duration| -> Result<()> {
+            let both;
+            let fds: &[BorrowedFd<'_>] = match pidfd {
+                Some(p) => {
+                    both = [sock, p];
+                    &both
+                }
+                None => std::slice::from_ref(&sock),
+            };
+            sys::poll_readable(fds, slice).map(drop)
+        };
+        let mut waiter = Waiter::new(bell, spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited")
+            .for_the_bell_only(&on_socket);
         let exited = || self.pidfd.as_ref().is_some_and(|p| sys::poll_readable(&[p.as_fd()], Wait::Never).is_ok_and(|r| r[0]));
         loop {
             // The sequence first, then the socket: a message sent after this look rings

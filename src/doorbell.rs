@@ -14,6 +14,20 @@
 use crate::sync::{futex, spin_hint, AtomicU32, Ordering};
 use crate::wait::Wait;
 
+/// Wake-ups by a doorbell that brought nothing, in one blocking call, before the call
+/// stops sleeping on that doorbell (the other process writes it, and can move it without
+/// doing what a ring announces: as fast as it can, backwards, to random values). Each
+/// costs a futex call and a look (a few µs); an honest peer causes one or two at most (a
+/// ring that lags what it announced, which an earlier look already took). Used by every
+/// wait on a peer's doorbell: `ring::waiter` (rings, a connection's receive) and
+/// `credits`.
+pub(crate) const FALSE_RINGS: u32 = 16;
+
+/// How such a call sleeps after [`FALSE_RINGS`] when it has nothing else to sleep on:
+/// plain sleeps this long with a look between (a few µs each: well under 1% of a core;
+/// what it waits for, if it comes, is seen within this).
+pub(crate) const UNTRUSTED_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The two shared words a doorbell lives on.
 #[repr(C)]
 #[derive(Default)]
@@ -22,6 +36,17 @@ pub struct DoorbellWords {
     pub seq: AtomicU32,
     /// Number of waiters that may be asleep in FUTEX_WAIT.
     pub waiters: AtomicU32,
+}
+
+/// Why [`Doorbell::sleep_until`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slept {
+    /// What the caller waits for was there at the look before the sleep.
+    Ready,
+    /// The sequence moved (a ring; or a peer writing the word).
+    Rang,
+    /// The wait ran out.
+    TimedOut,
 }
 
 /// A view of a doorbell's words (in shared memory, or anywhere for tests).
@@ -76,8 +101,21 @@ impl<'a> Doorbell<'a> {
     /// the read and ends the sleep (no lost wake-up; modelled in `tests/loom_ring.rs`).
     /// Returns true if `ready` held or the bell rang, false if the wait ran out.
     pub fn sleep_unless(&self, ready: &dyn Fn() -> bool, wait: impl Into<Wait>) -> bool {
+        self.sleep_until(ready, wait) != Slept::TimedOut
+    }
+
+    /// `sleep_unless`, saying why it returned: `ready` held, the bell rang (with `ready`
+    /// false at the look: for a caller that counts rings that brought nothing), or the
+    /// wait ran out.
+    pub fn sleep_until(&self, ready: &dyn Fn() -> bool, wait: impl Into<Wait>) -> Slept {
         let seen = self.current();
-        ready() || self.wait(seen, 0, wait)
+        if ready() {
+            Slept::Ready
+        } else if self.wait(seen, 0, wait) {
+            Slept::Rang
+        } else {
+            Slept::TimedOut
+        }
     }
 
     /// Wait until the sequence differs from `seen`: spin `spin` times, then sleep.

@@ -95,3 +95,55 @@ fn forged_cuda_messages_are_errors_and_give_their_leases_back() {
     assert_eq!(tensorwire::cuda::ipc::cache().stats(), (0, 0), "nothing left open by refused imports");
     drop(v);
 }
+
+/// A CUDA tensor message refused before any import path — its descriptor does not decode
+/// (an offset whose end overflows), an IPC message that carried an fd, a VMM message
+/// without one, a CUDA descriptor naming an fd slot — is a named error, and the lease it
+/// names is given back (read from the raw descriptor when it does not decode).
+#[test]
+fn cuda_messages_refused_before_the_import_give_their_leases_back() {
+    if !gpu("cuda_messages_refused_before_the_import_give_their_leases_back") {
+        return;
+    }
+    let mut table = Exporter::new(16, u64::MAX).unwrap();
+    let (v, b) = victim(&table);
+    let pool = tensorwire::cuda::order::event_pool::EventPool::new(0).unwrap();
+    let acks = tensorwire::Segment::create(pool.handles().len() * 8).unwrap();
+    b.send(KIND_CUDA_EVENTS, &events_message(pool.handles()), &[acks.fd()]).unwrap();
+    let buf = DeviceBuffer::alloc(0, 4096).unwrap();
+    let real = tensorwire::cuda::ipc::export_pointer(buf.ptr()).unwrap().handle;
+    let some_fd = tensorwire::Segment::create(64).unwrap();
+    type Edit = fn(&mut StorageRef);
+    let cases: [(&str, StorageKind, u32, bool, Edit, &str); 4] = [
+        ("an offset whose end overflows", StorageKind::CudaIpc, tensorwire::peer::NO_FD_SLOT, false, |s| s.base_offset = u64::MAX - 8, "overflows 64 bits"),
+        ("an IPC message with an fd", StorageKind::CudaIpc, tensorwire::peer::NO_FD_SLOT, true, |_| {}, "a CUDA IPC tensor message carried an fd"),
+        ("a VMM message without an fd", StorageKind::CudaVmm, tensorwire::peer::NO_FD_SLOT, false, |s| s.segment_id = 4096, "a CUDA VMM tensor message carried no fd"),
+        ("a CUDA descriptor naming fd slot 0", StorageKind::CudaIpc, 0, false, |_| {}, "a CUDA tensor message names fd slot 0"),
+    ];
+    for (what, kind, slot, with_fd, edit, needle) in cases {
+        let seg = std::sync::Arc::new(tensorwire::Segment::create(64).unwrap());
+        let (lease, _) = table.grant(Some(&seg), 64, Box::new(()), None).map_err(|(e, _)| e).unwrap();
+        let l = Layout::contiguous(DType::Float32, &[16]).unwrap();
+        let mut s = StorageRef {
+            nbytes: 64,
+            lease_slot: lease.slot,
+            lease_gen: lease.generation,
+            cuda_ipc_handle: real,
+            event_seq: 1,
+            ..Zeroable::zeroed()
+        };
+        edit(&mut s);
+        let d = TensorDesc::new_cuda(&l, 0, kind, s);
+        let p = tensorwire::peer::tensor_payload(1, &d, slot);
+        let fds = if with_fd { vec![some_fd.fd()] } else { vec![] };
+        b.send(KIND_TENSOR, &p, &fds).unwrap();
+        let e = v.recv(T).unwrap_err();
+        assert!(e.to_string().contains(needle), "{what}: expected {needle:?} in {e}");
+        let released_before = table.stats().released;
+        let mut owners = tensorwire::lease::Reclaimed::default();
+        table.reap(std::time::Instant::now(), &mut owners);
+        assert_eq!(table.stats().released, released_before + 1, "{what}: the refused message kept its lease");
+    }
+    assert_eq!(tensorwire::cuda::ipc::cache().stats(), (0, 0), "nothing left open by refused imports");
+    drop(v);
+}

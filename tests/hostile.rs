@@ -3,6 +3,8 @@
 //! clear error naming the problem — no panic, no hang — and the connection must still
 //! carry a valid tensor afterwards.
 
+mod common;
+
 use bytemuck::Zeroable;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -443,4 +445,196 @@ fn a_peer_that_rings_for_nothing_or_never_rings_is_still_heard() {
         other => panic!("an unrung message must still arrive, got {other:?}"),
     }
     drop(sender.join().unwrap());
+}
+
+/// What a peer that moves its message doorbell without sending does to it.
+#[derive(Debug, Clone, Copy)]
+enum BellGame {
+    /// Bumps the sequence as fast as it can, waking sleepers each time.
+    Spam,
+    /// Moves the sequence backwards, waking sleepers each time.
+    Backwards,
+    /// Stores random sequences and random sender CPUs (ours among them), waking sleepers.
+    RandomWithCpu,
+}
+
+/// Play `game` on the attacker's message line until `stop`.
+fn play(game: BellGame, table: Arc<Segment>, stop: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<u64> {
+    use tensorwire::lease::{MessageLine, MESSAGE_LINE_OFFSET};
+    std::thread::spawn(move || {
+        // SAFETY: the attacker's own table, kept alive by the Arc for the thread's life;
+        // the line lies inside its header and is atomics only.
+        let line = unsafe { &*table.as_ptr().add(MESSAGE_LINE_OFFSET).cast::<MessageLine>() };
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
+        let mut rnd = [0u8; 8];
+        let mut moves = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            match game {
+                BellGame::Spam => {
+                    line.bell.seq.fetch_add(1, Ordering::SeqCst);
+                }
+                BellGame::Backwards => {
+                    line.bell.seq.fetch_sub(1, Ordering::SeqCst);
+                }
+                BellGame::RandomWithCpu => {
+                    tensorwire::sys::getrandom(&mut rnd).unwrap();
+                    line.bell.seq.store(u32::from_le_bytes(rnd[..4].try_into().unwrap()), Ordering::SeqCst);
+                    let c = u32::from_le_bytes(rnd[4..].try_into().unwrap());
+                    // Mostly a CPU this machine has (the receiver's own among them), else any word.
+                    line.sender_cpu.store(if c % 4 == 0 { c } else { c % (cpus + 1) }, Ordering::Relaxed);
+                }
+            }
+            tensorwire::sync::futex::wake_all(&line.bell.seq);
+            moves += 1;
+        }
+        moves
+    })
+}
+
+/// A peer that moves its message doorbell without sending anything — as fast as it can,
+/// backwards, or to random values with random CPUs — costs a receiver in `recv(1 s)` a
+/// small part of one core, not a whole one, and the receive still ends at its deadline.
+/// (Before the spin was per wait and the doorbell's false rings were counted, each such
+/// receive spun a core for its whole wait and overran it by as long as the game went on.)
+/// Bounds, generous against a loaded 2-CPU machine: CPU under 25% of the wall time, the
+/// timeout kept within 10% + 100 ms of scheduling slack. A message sent during a game
+/// still arrives at once (the fallback wait polls the socket).
+#[test]
+fn doorbell_games_do_not_burn_the_receivers_cpu_or_stretch_its_wait() {
+    const WAIT: Duration = Duration::from_secs(1);
+    for game in [BellGame::Spam, BellGame::Backwards, BellGame::RandomWithCpu] {
+        let (victim, at) = setup();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let noise = play(game, at.table.table().clone(), stop.clone());
+        let mut worst = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..2 {
+            let (cpu0, t0) = (common::thread_cpu(), std::time::Instant::now());
+            let r = victim.recv(WAIT);
+            let (wall, cpu) = (t0.elapsed(), common::thread_cpu() - cpu0);
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{game:?}: a receive with nothing sent must time out, got {r:?}");
+            eprintln!("{game:?}: recv(1 s) took {wall:?} wall, {cpu:?} CPU");
+            assert!(cpu * 4 < wall, "{game:?}: the receive used {cpu:?} of CPU in {wall:?} (bound: 25%)");
+            assert!(wall < WAIT + WAIT / 10 + Duration::from_millis(100), "{game:?}: recv(1 s) took {wall:?}");
+            worst = worst.max((wall, cpu));
+        }
+        // A real message during the game is taken at once.
+        at.conn.send(tensorwire::peer::KIND_USER, b"real", &[]).unwrap();
+        let t0 = std::time::Instant::now();
+        match victim.recv(WAIT) {
+            Ok(tensorwire::Incoming::Message { payload, .. }) => assert_eq!(payload, b"real"),
+            other => panic!("{game:?}: a message sent during the game must arrive, got {other:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_millis(200), "{game:?}: the message took {:?}", t0.elapsed());
+        stop.store(true, Ordering::Relaxed);
+        let moves = noise.join().unwrap();
+        assert!(moves > 1000, "{game:?}: the game moved the doorbell only {moves} times");
+    }
+}
+
+impl Attacker {
+    /// After the victim refused a message: whether a reaper pass of ours sees exactly one
+    /// more lease released by it.
+    fn one_given_back(&mut self) -> bool {
+        let before = self.table.stats().released;
+        let mut owners = tensorwire::lease::Reclaimed::default();
+        self.table.reap(std::time::Instant::now(), &mut owners);
+        self.table.stats().released == before + 1
+    }
+}
+
+/// Every refusal of a tensor message whose lease reference can be read gives that lease
+/// back — also the refusals that come before the descriptor is decoded or before any
+/// import path: a non-zero trailer word, two fds, a descriptor that does not decode (its
+/// lease read from the raw bytes), a storage kind that cannot arrive — and those after
+/// the lease check (a segment too small). A refused message that names a live lease with
+/// another generation releases nothing: the lease an import holds stays live.
+#[test]
+fn every_refused_tensor_message_gives_its_lease_back() {
+    let (victim, mut at) = setup();
+    let good = Segment::create(4096).unwrap();
+    let good_fd = || good.fd().try_clone_to_owned().unwrap();
+
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(1, d.encode(), Some(&good_fd()), 0, 7);
+    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    assert!(at.one_given_back(), "a non-zero trailer word kept its lease");
+    assert_eq!(victim.refused_tag(), Some(1), "the refused message's tag");
+    at.conn.send(99, b"??", &[]).unwrap();
+    expect_err(&victim, "unknown message kind 99");
+    assert_eq!(victim.refused_tag(), None, "no tensor message was refused");
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_in(2, d.encode(), None, 0, 7);
+    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    assert!(at.one_given_back());
+    at.conn.send(tensorwire::peer::KIND_USER, b"not a tensor", &[]).unwrap();
+    let e = victim.recv_tensor(T).err().expect("a user message is not a tensor");
+    assert!(e.to_string().contains("expected a tensor"), "{e}");
+    assert_eq!(victim.refused_tag(), None, "recv_tensor refused a user message, not a tensor message");
+
+    let d = at.desc(f32s(16), 200, 64);
+    let p = tensorwire::peer::tensor_payload(2, &d, 0);
+    let (f1, f2) = (good_fd(), good_fd());
+    at.conn.send(KIND_TENSOR, &p, &[f1.as_fd(), f2.as_fd()]).unwrap();
+    expect_err(&victim, "tensor message has 2 fds, expected at most 1");
+    assert!(at.one_given_back(), "a message with two fds kept its lease");
+
+    for (edit, needle) in [
+        (Box::new(|d: &mut TensorDesc| d.dtype = 99) as Box<dyn Fn(&mut TensorDesc)>, "unknown dtype code 99"),
+        (Box::new(|d: &mut TensorDesc| d.magic = 0), "bad magic"),
+        (Box::new(|d: &mut TensorDesc| d.storage.base_offset = u64::MAX), "overflows 64 bits"),
+        (Box::new(|d: &mut TensorDesc| d.storage_kind = StorageKind::RingSlot as u8), "cannot arrive as a leased tensor"),
+    ] {
+        let mut d = at.desc(f32s(16), 200, 64);
+        edit(&mut d);
+        at.send_raw(3, d.encode(), None);
+        expect_err(&victim, needle);
+        assert!(at.one_given_back(), "a descriptor refused with {needle:?} kept its lease");
+    }
+
+    // After the lease check: the segment is too small for the descriptor.
+    let d = at.desc(f32s(1024), 201, 4096);
+    at.send_raw(4, d.encode(), Some(&sealed(1024, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)));
+    expect_err(&victim, "segment too small");
+    assert!(at.one_given_back(), "an import refused after the lease check kept its lease");
+
+    // A forged reference: the slot of a lease an import holds, another generation. The
+    // table's generation check refuses that release, so the import's lease stays live.
+    let d = at.desc(f32s(16), 200, 64);
+    at.send_raw(5, d.encode(), Some(&good_fd()));
+    let held = victim.recv_tensor(T).unwrap();
+    for generation in [held.lease().generation.wrapping_add(1), held.lease().generation.wrapping_sub(1)] {
+        let mut forged = d;
+        forged.storage.lease_gen = generation;
+        forged.dtype = 99;
+        at.send_raw(6, forged.encode(), None);
+        expect_err(&victim, "unknown dtype code 99");
+    }
+    assert!(!at.one_given_back(), "a forged generation released the lease an import holds");
+    held.release().unwrap();
+    assert!(at.one_given_back());
+    assert_eq!(at.table.stats().granted, at.table.stats().released, "{:?}", at.table.stats());
+}
+
+/// A hello whose protocol version is not ours — 0, 1, ours + 1, u32::MAX — is refused at
+/// once with both versions named, by a `Peer` being set up (not after its handshake
+/// timeout, which an accepted hello would run into here: the raw end sends nothing more).
+#[test]
+fn a_hello_of_another_protocol_version_is_refused_at_once() {
+    use tensorwire::connection::PROTOCOL_VERSION;
+    for version in [0, 1, PROTOCOL_VERSION + 1, u32::MAX] {
+        let (ours, raw) = tensorwire::sys::seqpacket_pair().unwrap();
+        let mut hello = b"TWM1".to_vec();
+        hello.extend_from_slice(&0u32.to_le_bytes());
+        hello.extend_from_slice(b"TWHELLO1");
+        hello.extend_from_slice(&version.to_le_bytes());
+        hello.extend_from_slice(&65536u32.to_le_bytes());
+        tensorwire::sys::send_msg(raw.as_fd(), &hello, &[], true, T).unwrap();
+        let t = std::time::Instant::now();
+        let cfg = PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..PeerConfig::default() };
+        let e = Peer::from_fd(ours, cfg).unwrap_err();
+        let want = format!("peer speaks protocol {version}, this build speaks {PROTOCOL_VERSION}");
+        assert!(matches!(&e, Error::Protocol(m) if *m == want), "version {version}: expected {want:?}, got {e:?}");
+        assert!(t.elapsed() < Duration::from_secs(1), "version {version}: refused only after {:?}", t.elapsed());
+        drop(raw);
+    }
 }

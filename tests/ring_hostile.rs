@@ -348,3 +348,54 @@ fn random_scribbling_never_crashes_or_hangs() {
     assert!(errs > 0, "scribbling went unnoticed ({ok} messages accepted)");
     child.wait().unwrap();
 }
+
+/// A producer that moves the ring's data doorbell without publishing anything (as fast
+/// as it can, waking sleepers each time) costs a receiver in `ring_recv(1 s)` a small part
+/// of a core, and the receive ends at its deadline; a record published during the game
+/// is still taken within milliseconds. Bounds as in `tests/hostile.rs`'s message-line
+/// games: CPU under 25% of the wall time, the timeout kept within 10% + 100 ms.
+#[test]
+fn a_data_doorbell_that_moves_for_nothing_costs_little_cpu_and_no_deadline() {
+    let (victim, at) = setup(PeerConfig::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ring = at.ring.clone();
+    let noise = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // SAFETY: the data doorbell's sequence word: 4-aligned, in the header page of
+            // a mapping the Arc keeps alive.
+            let seq = unsafe { &*ring.as_ptr().add(OFF_DATA_BELL).cast::<std::sync::atomic::AtomicU32>() };
+            let mut moves = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                seq.fetch_add(1, Ordering::SeqCst);
+                tensorwire::sync::futex::wake_all(seq);
+                moves += 1;
+            }
+            moves
+        })
+    };
+    const WAIT: Duration = Duration::from_secs(1);
+    for _ in 0..2 {
+        let (cpu0, t0) = (thread_cpu(), Instant::now());
+        let r = victim.ring_recv_with(false, WAIT);
+        let (wall, cpu) = (t0.elapsed(), thread_cpu() - cpu0);
+        assert!(matches!(r, Err(Error::Timeout { .. })), "nothing was published, got {r:?}");
+        eprintln!("ring_recv(1 s) under doorbell spam: {wall:?} wall, {cpu:?} CPU");
+        assert!(cpu * 4 < wall, "the receive used {cpu:?} of CPU in {wall:?} (bound: 25%)");
+        assert!(wall < WAIT + WAIT / 10 + Duration::from_millis(100), "ring_recv(1 s) took {wall:?}");
+    }
+    std::thread::scope(|s| {
+        let victim = &victim;
+        let got = s.spawn(move || (victim.ring_recv_with(false, WAIT).map(|m| m.into_vec()), Instant::now()));
+        std::thread::sleep(Duration::from_millis(100));
+        at.ring.write_at(DATA_OFFSET + 64, b"real").unwrap();
+        at.publish(0, Attacker::data(KIND_DATA, 0, 4));
+        let sent = Instant::now();
+        let (got, at_) = got.join().unwrap();
+        assert_eq!(got.unwrap(), b"real");
+        let late = at_.saturating_duration_since(sent);
+        assert!(late < Duration::from_millis(100), "a record published during the game took {late:?} to be taken");
+    });
+    stop.store(true, Ordering::Relaxed);
+    assert!(noise.join().unwrap() > 1000, "the game must have moved the doorbell");
+}

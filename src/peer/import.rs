@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use crate::wait::Wait;
 use super::cuda_import::{CudaImported, CudaMemory};
-use super::wire::{split_tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
+use super::wire::{named_in_tensor_payload, split_tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::{Inner, Peer};
 
 /// What `recv` returns.
@@ -39,6 +39,26 @@ impl Peer {
     /// Receive the next tensor or user message, waiting as `wait` says (`Wait::Forever`:
     /// until something arrives or the peer dies).
     pub fn recv(&self, wait: impl Into<Wait>) -> Result<Incoming> {
+        let mut refused = None;
+        let r = self.recv_noting(wait, &mut refused);
+        if r.is_err() {
+            *self.inner.refused_tag.lock() = refused;
+        }
+        r
+    }
+
+    /// The tag of the tensor message whose refusal the last [`Self::recv`] (or
+    /// [`Self::recv_tensor`]) returned as its error — when that message had a tag to read
+    /// (a payload of the protocol's size); `None` when the last error was something else.
+    /// Meaningful right after a receive that failed, on the receiving thread. For a
+    /// caller that matches tensors to tags (the RPC layer), so that what waits for that
+    /// tag can fail at once with the refusal. The tag is the peer's word, as any tag is.
+    pub fn refused_tag(&self) -> Option<u64> {
+        *self.inner.refused_tag.lock()
+    }
+
+    /// `recv`, noting in `refused` the tag of a tensor message it refused.
+    fn recv_noting(&self, wait: impl Into<Wait>, refused: &mut Option<u64>) -> Result<Incoming> {
         const WHAT: &str = "a tensor or message from the peer";
         let mut deadline = wait.into().deadline();
         let mut first = true;
@@ -54,11 +74,10 @@ impl Peer {
                 Err(Error::Timeout { .. }) => return Err(deadline.timed_out(WHAT)),
                 r => r?,
             };
-            if msg.fds_lost {
-                return Err(self.drop_lost(msg));
-            }
             match msg.kind {
-                KIND_TENSOR => return self.import(msg),
+                KIND_TENSOR => return self.import(msg, refused),
+                // Its fds were dropped for our open-file limit: it cannot be used.
+                _ if msg.fds_lost => return Err(crate::connection::fds_lost_error()),
                 KIND_CUDA_EVENTS => self.open_cuda_events(msg)?,
                 KIND_CUDA_SIGNALS => self.open_cuda_signals(msg)?,
                 KIND_USER => return Ok(Incoming::Message { payload: msg.payload, fds: msg.fds }),
@@ -73,27 +92,15 @@ impl Peer {
         }
     }
 
-    /// A message arrived without the fds it carried (we are at our open-file limit): give
-    /// back the lease a tensor message stood for, so the producer's memory is not held
-    /// for a tensor nobody will see, and report the limit.
-    fn drop_lost(&self, msg: crate::connection::Message) -> Error {
-        if msg.kind == KIND_TENSOR {
-            if let Ok((_, raw, fd_slot)) = split_tensor_payload(&msg.payload) {
-                // The fd it would have put in that slot is lost: ask for it again.
-                self.report_lost_slot(fd_slot);
-                if let Ok(desc) = TensorDesc::decode(raw) {
-                    let _ = self.inner.import.release(LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen });
-                }
-            }
-        }
-        crate::connection::fds_lost_error()
-    }
-
     /// Receive, expecting a tensor.
     pub fn recv_tensor(&self, wait: impl Into<Wait>) -> Result<Imported> {
         match self.recv(wait)? {
             Incoming::Tensor(t) => Ok(t),
-            other => Err(Error::Protocol(format!("expected a tensor, got {other:?}"))),
+            other => {
+                // This error refuses no tensor message (`refused_tag` says so).
+                *self.inner.refused_tag.lock() = None;
+                Err(Error::Protocol(format!("expected a tensor, got {other:?}")))
+            }
         }
     }
 
@@ -166,9 +173,47 @@ impl Peer {
         Ok(())
     }
 
+    /// A tensor message: imported, or refused with its lease given back.
+    ///
+    /// The one rule for refusals, here and nowhere else: once the message's lease
+    /// reference can be read — a payload of the protocol's size, read raw, before any
+    /// check — every refusal of the message releases that lease, whatever refused it (the
+    /// payload's shape, its fds, a descriptor that does not decode, a storage kind that
+    /// cannot arrive, the import itself, our open-file limit), so the producer's memory is
+    /// not held for a tensor nobody will see. What stops a forged or stale reference from
+    /// releasing another lease is the table's generation check: a release takes only a
+    /// slot that is live with exactly that generation, so a refused message can release
+    /// no later grant of its slot and nothing of another connection's table. It can
+    /// release a lease of the same producer that one of our imports holds, if it names it
+    /// exactly; the producer hurts only itself by that (its owner goes early; it could
+    /// end any of its leases by writing its own table anyway), and our import's own
+    /// release then says `StaleLease`.
+    /// The refused message's tag goes to `refused` (for [`Self::refused_tag`]).
+    fn import(&self, msg: crate::connection::Message, refused: &mut Option<u64>) -> Result<Incoming> {
+        let named = named_in_tensor_payload(&msg.payload);
+        let r = self.import_checked(msg, named.map(|n| n.fd_slot));
+        if r.is_err() {
+            if let Some(n) = named {
+                // Refused by the table unless that generation of that slot is live (an
+                // import path that gave it back already, a lease that was never live).
+                let _ = self.inner.import.release(n.lease);
+                *refused = Some(n.tag);
+            }
+        }
+        r
+    }
+
     /// Check the message's shape, copy and validate its descriptor once, then take the
-    /// path its storage kind names.
-    fn import(&self, mut msg: crate::connection::Message) -> Result<Incoming> {
+    /// path its storage kind names. Every error is a refusal [`Self::import`] gives the
+    /// lease back for.
+    fn import_checked(&self, mut msg: crate::connection::Message, raw_slot: Option<u32>) -> Result<Incoming> {
+        if msg.fds_lost {
+            // The fd it would have put in that slot was dropped: ask for it again.
+            if let Some(slot) = raw_slot {
+                self.report_lost_slot(slot);
+            }
+            return Err(crate::connection::fds_lost_error());
+        }
         if msg.fds.len() > 1 {
             return Err(Error::Protocol(format!("tensor message has {} fds, expected at most 1", msg.fds.len())));
         }
@@ -195,7 +240,8 @@ impl Peer {
         // acknowledges an event record, so the producer's event slot is not left waiting.
         let claim = self.inner.cuda_rx.lock().claim(desc.signal());
         self.check_live(lease)?;
-        let opened = (|| {
+        // Any failure from here is a refusal `import` gives the lease back for.
+        let (mapping, claim) = (|| -> Result<_> {
             let claim = claim?;
             let device = i32::from(desc.device_index);
             let mapping = match &vmm_fd {
@@ -205,39 +251,18 @@ impl Peer {
             };
             crate::cuda::ipc::check_range(desc.storage.base_offset, desc.storage.nbytes, mapping.size())?;
             Ok((mapping, claim))
-        })();
-        match opened {
-            Ok((mapping, claim)) => {
-                let held = HeldLease { inner: self.inner.clone(), lease, released: false };
-                // A VMM import keeps the producer's fd: forwarding sends it on as it came.
-                Ok(CudaImported { held, mapping, vmm_fd, claim, desc, tag })
-            }
-            Err(e) => {
-                let _ = self.inner.import.release(lease);
-                Err(e)
-            }
-        }
+        })()?;
+        let held = HeldLease { inner: self.inner.clone(), lease, released: false };
+        // A VMM import keeps the producer's fd: forwarding sends it on as it came.
+        Ok(CudaImported { held, mapping, vmm_fd, claim, desc, tag })
     }
 
+    /// A CPU import; on failure its caller ([`Self::import`]) gives the lease back.
     fn import_cpu(&self, tag: u64, desc: TensorDesc, fd: Option<OwnedFd>, fd_slot: u32) -> Result<Imported> {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
         self.check_live(lease)?;
-        // From here the lease is live: give it back on any failure so the producer's
-        // owner is not held for nothing.
-        let resolved = self.resolve_segment(&desc, fd, fd_slot);
-        match resolved {
-            Ok(r) => Ok(Imported {
-                held: HeldLease { inner: self.inner.clone(), lease, released: false },
-                window: r.window,
-                fd: r.fd,
-                desc,
-                tag,
-            }),
-            Err(e) => {
-                let _ = self.inner.import.release(lease);
-                Err(e)
-            }
-        }
+        let r = self.resolve_segment(&desc, fd, fd_slot)?;
+        Ok(Imported { held: HeldLease { inner: self.inner.clone(), lease, released: false }, window: r.window, fd: r.fd, desc, tag })
     }
 
     fn resolve_segment(&self, desc: &TensorDesc, fd: Option<OwnedFd>, fd_slot: u32) -> Result<crate::import_cache::Resolved> {

@@ -73,6 +73,9 @@ struct Inner {
     reap_lock: parking_lot::ReentrantMutex<()>,
     /// The reaper is in its long idle sleep (no live lease for a while); an export wakes it.
     reaper_idle: AtomicBool,
+    /// The tag of the tensor message whose refusal the last receive returned
+    /// (`Peer::refused_tag`); written only when a receive fails.
+    refused_tag: Mutex<Option<u64>>,
     ring_tx: Option<Mutex<RingSender>>,
     ring_rx: Option<RingReceiver>,
     /// How our CUDA exports signal the peer (its words or an event pool, created and
@@ -191,6 +194,7 @@ impl Peer {
             reaped_seq: std::sync::atomic::AtomicU32::new(0),
             reap_lock: parking_lot::ReentrantMutex::new(()),
             reaper_idle: AtomicBool::new(false),
+            refused_tag: Mutex::new(None),
             ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
             ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
             cuda_tx: Mutex::new(None),

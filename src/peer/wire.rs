@@ -64,6 +64,37 @@ pub(super) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8]
     Ok((tag, &p[8..8 + DESC_SIZE], slot))
 }
 
+/// What a `KIND_TENSOR` payload of the protocol's size names, read from its raw bytes
+/// before (and whatever) any check of them: for giving its lease back when the message is
+/// refused, asking for a lost slot's fd again, and saying which tag was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Named {
+    pub(super) tag: u64,
+    /// The lease its descriptor's storage reference names (`TensorDesc` is a fixed
+    /// `#[repr(C)]` Pod struct, so the offsets of `storage.lease_slot` and
+    /// `storage.lease_gen` are known).
+    pub(super) lease: crate::lease::LeaseId,
+    pub(super) fd_slot: u32,
+}
+
+/// [`Named`] of a `KIND_TENSOR` payload; `None` for a payload of another size, which is
+/// not the protocol's layout and names nothing.
+pub(super) fn named_in_tensor_payload(p: &[u8]) -> Option<Named> {
+    use crate::desc::{TensorDesc, DESC_SIZE};
+    if p.len() != TENSOR_PAYLOAD {
+        return None;
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes inside the payload"));
+    let desc = 8;
+    let slot = u32_at(desc + std::mem::offset_of!(TensorDesc, storage.lease_slot));
+    let generation = u32_at(desc + std::mem::offset_of!(TensorDesc, storage.lease_gen));
+    Some(Named {
+        tag: u64::from_le_bytes(p[..8].try_into().expect("8 bytes inside the payload")),
+        lease: crate::lease::LeaseId { slot, generation },
+        fd_slot: u32_at(desc + DESC_SIZE),
+    })
+}
+
 /// `KIND_TABLE` flag: a `KIND_CUDA_RING` message follows.
 pub const SETUP_HAS_CUDA_RING: u32 = 1;
 /// `KIND_TABLE` flag: this side waits on IPC events (`CudaWait::Event`): the producer
@@ -79,4 +110,22 @@ pub fn setup_payload(table_capacity: u32, ring_bytes: u64, flags: u32) -> Vec<u8
     p.extend_from_slice(&ring_bytes.to_le_bytes());
     p.extend_from_slice(&flags.to_le_bytes());
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desc::{DType, Layout, StorageKind, StorageRef, TensorDesc};
+    use bytemuck::Zeroable;
+
+    #[test]
+    fn the_lease_and_slot_are_read_from_the_raw_payload() {
+        let l = Layout::contiguous(DType::Float32, &[4]).unwrap();
+        let mut d = TensorDesc::new(&l, StorageKind::Segment, StorageRef { lease_slot: 7, lease_gen: 0xdead_beef, ..Zeroable::zeroed() });
+        d.dtype = 250; // invalid: the raw read does not care
+        let p = tensor_payload(41, &d, 3);
+        let lease = crate::lease::LeaseId { slot: 7, generation: 0xdead_beef };
+        assert_eq!(named_in_tensor_payload(&p), Some(Named { tag: 41, lease, fd_slot: 3 }));
+        assert_eq!(named_in_tensor_payload(&p[1..]), None);
+    }
 }

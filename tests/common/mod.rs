@@ -144,6 +144,18 @@ pub fn child_main() {
     }
 }
 
+/// This thread's CPU time (user + system) so far.
+pub fn thread_cpu() -> Duration {
+    // SAFETY: getrusage writes one `rusage` into the zeroed value we own.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut ru), 0);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// An owner that counts its drops and keeps a segment alive.
 pub struct Counted(pub std::sync::Arc<std::sync::atomic::AtomicUsize>, pub std::sync::Arc<tensorwire::Segment>);
 impl Drop for Counted {

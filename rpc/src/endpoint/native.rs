@@ -17,7 +17,7 @@ use crate::value::{Map, Value};
 use crate::message::Message;
 use crate::tensor::{CudaImportedTensor, ImportedTensor, Tensor};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -25,9 +25,38 @@ use tensorwire::Wait;
 
 pub(super) struct NativeState {
     pub(super) peer: Arc<tensorwire::Peer>,
-    /// Imported tensors by tag, waiting for the JSON that names them.
-    arrived: Mutex<HashMap<u64, Arrival>>,
+    /// Imported tensors (and the transport's refusals of tensors) by tag, waiting for the
+    /// JSON that names them.
+    arrived: Mutex<Arrivals>,
     cv: Condvar,
+}
+
+/// Refusals kept for the calls naming their tags, per connection; past this the oldest
+/// goes (a call naming it then waits for its tensor, as for a tag never sent).
+const MAX_REFUSALS: usize = 64;
+
+#[derive(Default)]
+struct Arrivals {
+    by_tag: HashMap<u64, Arrival>,
+    /// Tags refusals were filed under, oldest first (some may have been claimed or
+    /// replaced since): bounds the refusals kept to [`MAX_REFUSALS`].
+    refused: VecDeque<u64>,
+}
+
+impl Arrivals {
+    /// File the transport's refusal of the tensor tagged `tag` (its lease already given
+    /// back), for the call that names it.
+    fn refuse(&mut self, tag: u64, why: String) {
+        if self.refused.len() >= MAX_REFUSALS {
+            if let Some(old) = self.refused.pop_front() {
+                if matches!(self.by_tag.get(&old), Some(Arrival::Refused(_))) {
+                    self.by_tag.remove(&old);
+                }
+            }
+        }
+        self.refused.push_back(tag);
+        self.by_tag.insert(tag, Arrival::Refused(why));
+    }
 }
 
 impl NativeState {
@@ -36,23 +65,21 @@ impl NativeState {
     }
 }
 
-/// An export of the peer's, received before (or while) the JSON naming it is decoded.
+/// An export of the peer's, received before (or while) the JSON naming it is decoded —
+/// or the transport's refusal of it.
 enum Arrival {
     Cpu(tensorwire::Imported),
     Cuda(tensorwire::CudaImported),
+    /// The tensor message with this tag was refused (the error's text).
+    Refused(String),
 }
 
 impl Arrival {
-    fn layout(&self) -> tensorwire::Layout {
-        match self {
-            Arrival::Cpu(t) => t.layout(),
-            Arrival::Cuda(t) => t.layout(),
-        }
-    }
     fn what(&self) -> String {
         match self {
             Arrival::Cpu(_) => "a CPU tensor".into(),
             Arrival::Cuda(t) => format!("a CUDA tensor of device {}", t.device()),
+            Arrival::Refused(_) => "a refusal".into(),
         }
     }
 }
@@ -167,7 +194,7 @@ impl Inner {
 
     /// Make `peer` this connection's native channel and start collecting its exports.
     pub(super) fn install_native(self: &Arc<Self>, peer: tensorwire::Peer) -> Result<()> {
-        let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(HashMap::new()), cv: Condvar::new() });
+        let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(Arrivals::default()), cv: Condvar::new() });
         let st2 = st.clone();
         let me = Arc::downgrade(self);
         std::thread::Builder::new()
@@ -181,16 +208,32 @@ impl Inner {
                         // A tag the peer repeats replaces (and so releases) the earlier
                         // unclaimed import: the map never holds more than one per tag.
                         Ok(tensorwire::Incoming::Tensor(t)) => {
-                            st2.arrived.lock().insert(t.tag(), Arrival::Cpu(t));
+                            st2.arrived.lock().by_tag.insert(t.tag(), Arrival::Cpu(t));
                             st2.cv.notify_all();
                         }
                         Ok(tensorwire::Incoming::CudaTensor(t)) => {
-                            st2.arrived.lock().insert(t.tag(), Arrival::Cuda(t));
+                            st2.arrived.lock().by_tag.insert(t.tag(), Arrival::Cuda(t));
                             st2.cv.notify_all();
                         }
                         Ok(tensorwire::Incoming::Message { .. }) => {}
                         Err(tensorwire::Error::Timeout { .. }) => {}
-                        Err(_) => return,
+                        // The connection is over (or its socket failed): nothing more comes.
+                        Err(tensorwire::Error::PeerGone { .. } | tensorwire::Error::Io { .. }) => return,
+                        // One message refused (a forged descriptor, a driver that could
+                        // not open the memory, ...; its lease already given back): the
+                        // connection goes on, and the call naming its tag gets the
+                        // refusal at once.
+                        Err(e) => {
+                            if let Some(tag) = st2.peer.refused_tag() {
+                                st2.arrived.lock().refuse(tag, e.to_string());
+                                st2.cv.notify_all();
+                            }
+                            if matches!(e, tensorwire::Error::Resource { .. }) {
+                                // Out of fds or memory: the next receive may fail the same
+                                // way at once; do not spin on it.
+                                std::thread::sleep(Duration::from_millis(5));
+                            }
+                        }
                     }
                 }
             })
@@ -233,10 +276,17 @@ impl Inner {
             .ok_or_else(|| RpcError::Protocol("a native tensor arrived but native tensors were never negotiated".into()))?;
         let mut arrived = st.arrived.lock();
         loop {
-            if let Some(t) = arrived.remove(&tag) {
+            if let Some(t) = arrived.by_tag.remove(&tag) {
+                let layout = match &t {
+                    Arrival::Cpu(t) => t.layout(),
+                    Arrival::Cuda(t) => t.layout(),
+                    Arrival::Refused(why) => {
+                        return Err(RpcError::Transport(format!("native tensor {tag} was refused: {why}")));
+                    }
+                };
                 // A mismatch drops (releases) the import: the peer gets its lease back.
-                if t.layout() != want {
-                    return Err(RpcError::Protocol(format!("native tensor {tag}: JSON says {want:?}, descriptor says {:?}", t.layout())));
+                if layout != want {
+                    return Err(RpcError::Protocol(format!("native tensor {tag}: JSON says {want:?}, descriptor says {layout:?}")));
                 }
                 let max = self.cfg.max_tensor_copy;
                 return match (t, want_cuda) {
@@ -255,5 +305,33 @@ impl Inner {
                 return Err(RpcError::Timeout { what: format!("native tensor {tag}"), after: Duration::from_secs(10) });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refusals are kept for the calls naming their tags, at most `MAX_REFUSALS` of them:
+    /// a peer whose every tensor is refused cannot grow the map. Claimed or replaced
+    /// entries are not evicted in a refusal's place.
+    #[test]
+    fn refusals_kept_are_bounded_oldest_first() {
+        let mut a = Arrivals::default();
+        for tag in 0..(3 * MAX_REFUSALS) as u64 {
+            a.refuse(tag, format!("no {tag}"));
+        }
+        assert_eq!(a.by_tag.len(), MAX_REFUSALS);
+        assert!(a.refused.len() <= MAX_REFUSALS);
+        let first_kept = (2 * MAX_REFUSALS) as u64;
+        assert!(matches!(a.by_tag.get(&first_kept), Some(Arrival::Refused(m)) if *m == format!("no {first_kept}")));
+        assert!(!a.by_tag.contains_key(&(first_kept - 1)));
+        // A tag claimed meanwhile: its refusal is gone; evicting its old entry later
+        // removes nothing else.
+        a.by_tag.remove(&first_kept);
+        for tag in 0..MAX_REFUSALS as u64 {
+            a.refuse(1_000_000 + tag, String::new());
+        }
+        assert_eq!(a.by_tag.len(), MAX_REFUSALS);
     }
 }

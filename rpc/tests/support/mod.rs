@@ -270,7 +270,8 @@ fn set_limit(res: libc::__rlimit_resource_t, n: u64) {
 }
 
 /// The victim's registry: `echo` returns its arguments, `sum` adds a tensor's elements
-/// (as the echo example does), `ping` answers `"pong"`.
+/// (as the echo example does), `ping` answers `"pong"`, `cuda_nbytes` answers the storage
+/// size of a CUDA tensor argument.
 pub fn victim_registry() -> Registry {
     let reg = Registry::new();
     reg.register(
@@ -281,6 +282,10 @@ pub fn victim_registry() -> Registry {
             .method("sum", |_, a| {
                 let t = a.req(0, "t")?.as_tensor().ok_or_else(|| RpcError::Remote("expected a tensor".into()))?;
                 Ok(Value::Float(t.to_f64_vec()?.iter().sum()))
+            })
+            .method("cuda_nbytes", |_, a| match a.req(0, "t")?.as_tensor() {
+                Some(Tensor::CudaImported(t)) => Ok(Value::Int(t.storage_nbytes() as i64)),
+                other => Err(RpcError::Remote(format!("expected a CUDA tensor, got {other:?}"))),
             }),
     )
     .unwrap();
