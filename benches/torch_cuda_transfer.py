@@ -1,31 +1,41 @@
 #!/usr/bin/env python3
-"""Per-message cost of sharing a CUDA tensor between two Python processes, same run (GPU
-machine only; scripts/gpu_test.sh runs it):
+"""Per-message cost of sharing a CUDA tensor between two Python processes, with its own
+floors measured in the same run (GPU machine only; scripts/gpu_test.sh runs it):
 
-  tw cached        tensorwire send (IPC export + event on the current stream), recv in
-                   the child (handle from the process's cache, kept warm with
-                   keep_warm(16); the default is 0), stream wait; the child drops it,
-                   synchronizes its stream and runs a reap pass (stats()), so the lease is
-                   released before it acks
-  tw open/msg      the same with the child's handle cache at keep_warm(0): every message
-                   opens (cuIpcOpenMemHandle) and its release closes its handle
-  torch.mp         torch.multiprocessing Queue of the same CUDA tensor, ack over a Queue
-  GPU ring         tensorwire ring_send of the tensor through the connection's GPU bounce
-                   ring (DtoD copy into the arena + IPC event), cuda_ring_recv in the child
-                   (stream wait + DtoD copy out into a fresh tensor), the child synchronizes
-                   its stream (the copy is complete) and acks
+  floor: pipe           a one-byte pipe ping-pong between the two processes (no CUDA)
+  floor: host wait      the parent records an interprocess event on its stream after a tiny
+                        op and pokes the child through the pipe; the child waits for the
+                        event on the host (event.synchronize()) and answers
+  floor: stream wait    the same, the child's stream waits for the event
+                        (cuStreamWaitEvent) and the child synchronizes it: what a GPU-side
+                        wait on another process's event costs (a GPU time-slice switch
+                        without MPS)
+  tw cached <policy>    tensorwire send (IPC export + the producer's signal on the current
+                        stream), recv in the child under cuda_wait=<policy> (stream: the
+                        stream waits on the producer's signal word; host: the thread waits;
+                        event: the stream waits on the producer's IPC event), handle from
+                        the process's cache (keep_warm(16)); the child synchronizes its
+                        stream, drops the tensor, runs a reap pass (stats()) and acks
+  tw open/msg           tw cached (default policy) with keep_warm(0): every message opens
+                        (cuIpcOpenMemHandle) and its release closes its handle; reported
+                        against cached, not targeted
+  GPU ring <policy>     ring_send through the connection's GPU bounce ring, cuda_ring_recv
+                        in the child under <policy>, the child synchronizes and acks
+  torch.mp              torch.multiprocessing Queue of the same CUDA tensor, ack over a Queue
 
 Each number is a full round trip (tensor to the child, ack back), median and p90 in
-microseconds, at 4 KiB and 32 MiB. Targets (docs/DESIGN.md), each printed as PASS or FAIL:
-GPU ring 32 MiB / 4 KiB <= 3; per-message-open / GPU ring >= 20 at 4 KiB and at 32 MiB
-(also reported: per-message-open / cached). The last line says
-"BENCH TARGETS: PASS" or "BENCH TARGETS: FAIL (<which>)"; either way the exit status is 0
-(a missed target is a measurement). The exit status is 1 if the measurement itself is
-invalid: the child's cuIpcOpenMemHandle count per row (printed) must show the open/msg
-row opening a handle for every message and the cached row at most a few, and every
-lease must be released after each row. Usage:
+microseconds, at 4 KiB and 32 MiB. It prints whether MPS is active
+(CU_DEVICE_ATTRIBUTE_MPS_ENABLED). Targets (docs/DESIGN.md), each printed as PASS or FAIL,
+for the default policy: tw cached <= 1.5x the host-wait floor at 4 KiB and 32 MiB; GPU
+ring 4 KiB <= 2x that floor; GPU ring 32 MiB / 4 KiB <= 3; torch.mp / tw cached >= 10x at
+both sizes (without MPS; reported only under MPS). The last line says "BENCH TARGETS: PASS"
+or "BENCH TARGETS: FAIL (<which>)"; either way the exit status is 0 (a missed target is a
+measurement). The exit status is 1 if the measurement itself is invalid: the child's
+cuIpcOpenMemHandle count per row (printed) must show the open/msg row opening a handle for
+every message and the cached rows at most a few, and every lease must be released after
+each row. Usage:
 
-  PYTHONPATH=python python3 benches/torch_cuda_transfer.py [--iters N]
+  PYTHONPATH=python python3 benches/torch_cuda_transfer.py [--iters N] [--policies stream,host,event]
 """
 
 from __future__ import annotations
@@ -55,15 +65,84 @@ WARMUP = 5
 WARM_KEEP = 16          # keep_warm of the "tw cached" row (the library's default is 0)
 WARM_MAX_OPENS = 2      # opens a cached row may need per size (one per allocation)
 RING_TARGET = 3.0       # GPU ring 32 MiB / 4 KiB <= this
-OPEN_TARGET = 20.0      # per-message open / GPU ring >= this, at each size
+CACHED_FLOOR = 1.5      # tw cached (default policy) / host-wait floor <= this, at each size
+RING_FLOOR = 2.0        # GPU ring 4 KiB (default policy) / host-wait floor <= this
+MP_TARGET = 10.0        # torch.mp / tw cached (default policy) >= this, at each size (no MPS)
+DEFAULT = "stream"      # the library's default cuda_wait
 
 
 def human(n):
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def tw_child(fd):
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+def mps_enabled():
+    """CU_DEVICE_ATTRIBUTE_MPS_ENABLED of device 0, through the driver (None: unknown)."""
+    import ctypes
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetAttribute(ctypes.byref(v), 133, 0) != 0:
+            return None
+        return bool(v.value)
+    except OSError:
+        return None
+
+
+def floor_child(rfd, wfd, mode):
+    """The floors' consumer: the parent's event handle first (64 bytes), then per round
+    one byte in, a wait for the event as `mode` says, one byte out."""
+    torch.cuda.init()
+    handle = b""
+    while len(handle) < 64:
+        handle += os.read(rfd, 64 - len(handle))
+    ev = torch.cuda.Event.from_ipc_handle(0, handle)
+    s = torch.cuda.current_stream()
+    while True:
+        b = os.read(rfd, 1)
+        if not b or b == b"q":
+            return 0
+        if mode == "host":
+            ev.synchronize()
+        elif mode == "stream":
+            s.wait_event(ev)
+            s.synchronize()
+        os.write(wfd, b"a")
+
+
+def bench_floors(iters):
+    out = {}
+    t = torch.ones(16, device="cuda")
+    for mode in ("pipe", "host", "stream"):
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        child = subprocess.Popen([sys.executable, __file__, "--child-floor", f"{p2c_r},{c2p_w},{mode}"],
+                                 pass_fds=[p2c_r, c2p_w])
+        os.close(p2c_r)
+        os.close(c2p_w)
+        ev = torch.cuda.Event(interprocess=True, enable_timing=False)
+        ev.record()
+        torch.cuda.synchronize()
+        os.write(p2c_w, ev.ipc_handle())
+
+        def go(i):
+            if mode != "pipe":
+                t.add_(1)
+                ev.record()
+            os.write(p2c_w, b"x")
+            os.read(c2p_r, 1)
+
+        samples = timed(iters, go)
+        for size in SIZES:  # the floors do not depend on the tensor's size
+            out[(f"floor: {mode}" if mode == "pipe" else f"floor: {mode} wait", size)] = samples
+        os.write(p2c_w, b"q")
+        child.wait(120)
+        os.close(p2c_w)
+        os.close(c2p_r)
+    return out
+
+
+def tw_child(fd, policy):
+    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000, cuda_wait=policy)
     ack = tensorwire.zeros(1)
     while True:
         t, tag = conn.recv_tagged()
@@ -75,7 +154,9 @@ def tw_child(fd):
             conn.send(tensorwire.to_shared(torch.tensor([s["opens"], s["open_handles"]])), tag)
             continue
         if tag == RING:
-            for _ in range(int(t.item())):
+            tag_count = t.item()
+            del t
+            for _ in range(int(tag_count)):
                 u, utag = conn.cuda_ring_recv_tagged()
                 torch.cuda.current_stream().synchronize()  # the copy out has completed
                 del u
@@ -118,11 +199,13 @@ def timed(n, fn):
     return out
 
 
-def bench_tensorwire(iters):
+def bench_tensorwire(iters, policy, open_per_message):
+    """Rows of one consumer policy: tw cached, GPU ring, and (if asked) tw open/msg."""
     parent_fd, child_fd = tensorwire.socketpair()
-    child = subprocess.Popen([sys.executable, __file__, "--child-tw", str(child_fd)], pass_fds=[child_fd])
+    child = subprocess.Popen([sys.executable, __file__, "--child-tw", str(child_fd), "--policy", policy],
+                             pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, cuda_ring_device=0)
+    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, cuda_ring_device=0, cuda_wait=policy)
 
     def round_trip(t):
         def go(i):
@@ -135,7 +218,8 @@ def bench_tensorwire(iters):
         return conn.recv().tolist()[0]
 
     out, opens, problems = {}, {}, []
-    for mode, keep in (("tw cached", WARM_KEEP), ("tw open/msg", 0)):
+    modes = [(f"tw cached {policy}", WARM_KEEP)] + ([("tw open/msg", 0)] if open_per_message else [])
+    for mode, keep in modes:
         conn.send(tensorwire.to_shared(torch.tensor([keep])), KEEP_WARM)
         conn.recv()
         for size in SIZES:
@@ -166,8 +250,8 @@ def bench_tensorwire(iters):
             conn.ring_send(t, i)
             conn.recv()
 
-        out[("GPU ring", size)] = timed(iters, ring_go)
-        opens[("GPU ring", size)] = child_opens() - before
+        out[(f"GPU ring {policy}", size)] = timed(iters, ring_go)
+        opens[(f"GPU ring {policy}", size)] = child_opens() - before
     conn.send(tensorwire.zeros(1), STOP)
     rc = child.wait(120)
     conn.close()
@@ -199,45 +283,67 @@ def bench_torch_mp(iters):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--policies", default="stream,host,event", help="cuda_wait policies, one row each")
     ap.add_argument("--child-tw", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--policy", default=DEFAULT, help=argparse.SUPPRESS)
+    ap.add_argument("--child-floor", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_tw is not None:
-        return tw_child(args.child_tw)
+        return tw_child(args.child_tw, args.policy)
+    if args.child_floor is not None:
+        r, w, mode = args.child_floor.split(",")
+        return floor_child(int(r), int(w), mode)
     if not torch.cuda.is_available():
         print("GPU bench SKIPPED: no CUDA device")
         return 2
+    policies = [p for p in args.policies.split(",") if p]
+    if DEFAULT not in policies:
+        policies.insert(0, DEFAULT)
 
-    res, opens, problems = bench_tensorwire(args.iters)
+    mps = mps_enabled()
+    res = bench_floors(args.iters)
+    opens, problems = {}, []
+    for policy in policies:
+        r, o, p = bench_tensorwire(args.iters, policy, open_per_message=policy == DEFAULT)
+        res.update(r)
+        opens.update(o)
+        problems += p
     res.update(bench_torch_mp(args.iters))
     p50 = {k: statistics.median(v) * 1e6 for k, v in res.items()}
     p90 = {k: statistics.quantiles(v, n=10)[8] * 1e6 for k, v in res.items()}
 
     print(f"\nCUDA tensor round trip per message (to the child, ack back), microseconds; torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name(0)}, {args.iters} iterations")
-    hdr = f"{'path':<14} | " + " | ".join(f"{human(s) + ' p50':>12} {'p90':>9}" for s in SIZES) + \
+          f"{torch.cuda.get_device_name(0)}, {args.iters} iterations; MPS: "
+          f"{'active' if mps else 'not active' if mps is not None else 'unknown'}")
+    hdr = f"{'path':<20} | " + " | ".join(f"{human(s) + ' p50':>12} {'p90':>9}" for s in SIZES) + \
         f" | {human(SIZES[-1])}/{human(SIZES[0])}"
     print(hdr)
     print("-" * len(hdr))
-    for mode in ("GPU ring", "tw cached", "tw open/msg", "torch.mp"):
+    rows = ["floor: pipe", "floor: host wait", "floor: stream wait"] + \
+        [f"tw cached {p}" for p in policies] + ["tw open/msg"] + [f"GPU ring {p}" for p in policies] + ["torch.mp"]
+    for mode in rows:
         cells = " | ".join(f"{p50[(mode, s)]:12.1f} {p90[(mode, s)]:9.1f}" for s in SIZES)
-        print(f"{mode:<14} | {cells} | {p50[(mode, SIZES[-1])] / p50[(mode, SIZES[0])]:8.2f}")
+        print(f"{mode:<20} | {cells} | {p50[(mode, SIZES[-1])] / p50[(mode, SIZES[0])]:8.2f}")
 
     # The measurement is valid only if each row did what it names (the child's counts).
     n = WARMUP + args.iters
     print(f"\nchild's cuIpcOpenMemHandle calls per row ({n} messages each, warm-up included):")
-    for mode in ("GPU ring", "tw cached", "tw open/msg"):
-        print(f"  {mode:<14} " + ", ".join(f"{human(s)}: {opens[(mode, s)]}" for s in SIZES))
+    counted = [f"GPU ring {p}" for p in policies] + [f"tw cached {p}" for p in policies] + ["tw open/msg"]
+    for mode in counted:
+        print(f"  {mode:<20} " + ", ".join(f"{human(s)}: {opens[(mode, s)]}" for s in SIZES))
     for s in SIZES:
         if opens[("tw open/msg", s)] < n:
             problems.append(f"tw open/msg {human(s)}: {opens[('tw open/msg', s)]} opens for {n} messages, "
                             f"expected >= {n} (a handle opened per message)")
-        if opens[("tw cached", s)] > WARM_MAX_OPENS:
-            problems.append(f"tw cached {human(s)}: {opens[('tw cached', s)]} opens for {n} messages at "
-                            f"keep_warm({WARM_KEEP}), expected <= {WARM_MAX_OPENS}")
-        if opens[("GPU ring", s)] != 0:
-            problems.append(f"GPU ring {human(s)}: {opens[('GPU ring', s)]} opens, expected 0 (arena opened at setup)")
+        for p in policies:
+            if opens[(f"tw cached {p}", s)] > WARM_MAX_OPENS:
+                problems.append(f"tw cached {p} {human(s)}: {opens[(f'tw cached {p}', s)]} opens for {n} messages "
+                                f"at keep_warm({WARM_KEEP}), expected <= {WARM_MAX_OPENS}")
+            if opens[(f"GPU ring {p}", s)] != 0:
+                problems.append(f"GPU ring {p} {human(s)}: {opens[(f'GPU ring {p}', s)]} opens, expected 0 "
+                                "(arena opened at setup)")
 
-    # The CUDA targets: a verdict per target, and one line to grep.
+    # The CUDA targets, for the default policy: a verdict per target, and one line to grep.
     print()
     missed = []
 
@@ -246,18 +352,27 @@ def main():
         if not ok:
             missed.append(f"{name} = {value:.2f}, target {target}")
 
-    r = p50[("GPU ring", SIZES[-1])] / p50[("GPU ring", SIZES[0])]
-    verdict(f"GPU ring {human(SIZES[-1])} / {human(SIZES[0])}", r, r <= RING_TARGET, f"<= {RING_TARGET:g}")
+    floor = {s: p50[("floor: host wait", s)] for s in SIZES}
+    cached, ring = f"tw cached {DEFAULT}", f"GPU ring {DEFAULT}"
     for s in SIZES:
-        r = p50[("tw open/msg", s)] / p50[("GPU ring", s)]
-        verdict(f"per-message open / GPU ring at {human(s)}", r, r >= OPEN_TARGET, f">= {OPEN_TARGET:g}")
+        r = p50[(cached, s)] / floor[s]
+        verdict(f"{cached} / host-wait floor at {human(s)}", r, r <= CACHED_FLOOR, f"<= {CACHED_FLOOR:g}")
+    r = p50[(ring, SIZES[0])] / floor[SIZES[0]]
+    verdict(f"{ring} {human(SIZES[0])} / host-wait floor", r, r <= RING_FLOOR, f"<= {RING_FLOOR:g}")
+    r = p50[(ring, SIZES[-1])] / p50[(ring, SIZES[0])]
+    verdict(f"{ring} {human(SIZES[-1])} / {human(SIZES[0])}", r, r <= RING_TARGET, f"<= {RING_TARGET:g}")
+    for s in SIZES:
+        r = p50[("torch.mp", s)] / p50[(cached, s)]
+        if mps:
+            print(f"(under MPS, reported only) torch.multiprocessing / {cached} at {human(s)}: {r:.1f}x")
+        else:
+            verdict(f"torch.mp / {cached} at {human(s)}", r, r >= MP_TARGET, f">= {MP_TARGET:g}")
     print()
     for s in SIZES:
-        r = p50[("tw open/msg", s)] / p50[("tw cached", s)]
+        r = p50[("tw open/msg", s)] / p50[(cached, s)]
         print(f"per-message open / cached at {human(s)}: {r:.1f}x")
-    for s in SIZES:
-        r = p50[("torch.mp", s)] / p50[("tw cached", s)]
-        print(f"torch.multiprocessing / tensorwire cached at {human(s)}: {r:.1f}x")
+        for p in policies:
+            print(f"tw cached {p} / host-wait floor at {human(s)}: {p50[(f'tw cached {p}', s)] / floor[s]:.2f}x")
     print()
     if problems:
         for p in problems:
