@@ -10,16 +10,17 @@
 #
 #   1. where cargo is:  bash scripts/gpu_test.sh prepare
 #                       -> build/gpu-prefix (lib/libtensorwire.a, include/, lib/cmake/tensorwire,
-#                          rust-tests/: the Rust CUDA test binaries)
+#                          rust-tests/: the Rust CUDA test binaries, the RPC crate's as rpc-*;
+#                          c-tests/: the C ABI's CUDA tests)
 #   2. copy the repository with build/gpu-prefix in it to the GPU machine and run, from its
 #      root:            bash scripts/gpu_test.sh
 #      or one stage at a time (each a few minutes):
-#                       bash scripts/gpu_test.sh build  (then)  rust  (then)  tests  (then)  bench
+#                       bash scripts/gpu_test.sh build  (then)  rust  (then)  tests  (then)  bench  (then)  mps
 #      (TENSORWIRE_PREFIX=<dir> names another prefix; GPU_TEST_ITERS sets the bench's
 #      iterations, default 200; the tests' and the bench's full output go to
 #      GPU_TEST_LOG_DIR, default build/gpu-test-logs.)
 #
-# Usage: bash scripts/gpu_test.sh [build|tests|bench|all]   (default all)
+# Usage: bash scripts/gpu_test.sh [build|rust|tests|bench|mps|all]   (default all: every stage, mps last)
 #        bash scripts/gpu_test.sh prepare [OUT_DIR]          (here, where cargo is)
 # Every stage first checks that python3 sees a CUDA device. `tests` and `bench` reuse the
 # extension that an earlier `build` left in build/torch-ext on this machine (its stamp, a
@@ -29,10 +30,12 @@
 #
 # What the stages do, each part printed as PASS / FAIL / SKIPPED, with a summary at the
 # end; exit status non-zero if any part failed (or no GPU is visible):
-#   rust       the Rust CUDA suite (tests/cuda_sim*.rs) built by `prepare`, run against the
-#              real driver: IPC of every dtype and view, zero-copy, handle cache, stream
-#              order, VMM, GPU ring, SIGKILL cases, the C ABI's CUDA calls, forwarding a
-#              CUDA import host -> relay -> last (IPC and VMM)
+#   rust       the Rust CUDA suite (tests/cuda_sim*.rs, the RPC crate's CUDA tests) built by
+#              `prepare`, run against the real driver: IPC of every dtype and view,
+#              zero-copy, handle cache, stream order (the ordering suites again under
+#              TENSORWIRE_CUDA_WAIT=host and =event), the wait policies' signal words and a
+#              producer that never signals or dies, VMM, GPU ring, SIGKILL cases, the C
+#              ABI's CUDA calls (c-tests/), forwarding a CUDA import host -> relay -> last
 #   build      cpp/build.sh with TENSORWIRE_PREFIX (no cargo) against python3's torch; the
 #              configure log must say "CUDA toolkit: ON"; tensorwire.cuda_available()
 #   pytest     (tests) tests/python (CPU suite + the CUDA smoke tests) if pytest is installed
@@ -46,9 +49,13 @@
 #              opened per message); VMM export (a producer with expandable segments; no
 #              IPC handle opened). A test that reports SKIPPED is noted on this row.
 #   bench      (bench) benches/torch_cuda_transfer.py: round trip per message at 4 KiB and
-#              32 MiB, GPU ring vs handle cache warm vs a handle opened per message vs
-#              torch.multiprocessing. FAIL if it crashed or its measurement was invalid
-#              (its per-row open counts or lease checks failed).
+#              32 MiB: its same-run floors (pipe, + host event wait, + event stream wait),
+#              tw cached and GPU ring per wait policy, a handle opened per message,
+#              torch.multiprocessing; whether MPS is active. FAIL if it crashed or its
+#              measurement was invalid (its per-row open counts or lease checks failed);
+#              the floors are printed in the summary.
+#   mps        the bench again under MPS (nvidia-cuda-mps-control -d with private pipe and
+#              log directories, stopped afterwards); SKIPPED where MPS is not installed.
 #   targets    (bench) the CUDA target ratios (docs/DESIGN.md), from the bench's "BENCH TARGETS:" line:
 #              MET or NOT MET (a missed performance target does not fail the run).
 set -uo pipefail
@@ -74,17 +81,32 @@ if [[ "${1:-}" == "prepare" ]]; then
   strip --strip-debug "$out/lib/libtensorwire.a"    # debug info is most of its size
   # The Rust CUDA suite: the same test binaries that run on simcuda in every test run.
   mkdir -p "$out/rust-tests"
-  cargo test --release --locked --no-run --message-format=json \
-      --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward 2>/dev/null |
-    "${PYTHON:-python3}" -c 'import json,sys
+  # Each test binary under its target's name (the RPC crate's prefixed rpc-).
+  copy_tests() {  # $1: name prefix; then cargo's arguments
+    local pre=$1
+    shift
+    cargo test --release --locked --no-run --message-format=json "$@" 2>/dev/null |
+      "${PYTHON:-python3}" -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["executable"])' | while read -r exe; do
-      cp "$exe" "$out/rust-tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
-      strip --strip-debug "$out/rust-tests/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
-    done
+        print(m["executable"], m["target"]["name"])' | while read -r exe name; do
+        cp "$exe" "$out/rust-tests/$pre$name"
+        strip --strip-debug "$out/rust-tests/$pre$name"
+      done
+  }
+  copy_tests "" --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward \
+    --test cuda_sim_order
+  copy_tests rpc- -p tensorwire-rpc --test cuda_sim --test cuda_sim_hostile
   ls "$out/rust-tests"
+  # The C ABI's CUDA tests (tests/c/cuda*.c), linked against the static library as the
+  # CMake package links it; they open the driver with dlopen.
+  mkdir -p "$out/c-tests"
+  for t in cuda cuda_forward; do
+    "${CC:-cc}" -std=c11 -Wall -Wextra -Werror -I "$out/include" "tests/c/$t.c" "$out/lib/libtensorwire.a" \
+      -lgcc_s -lutil -lrt -lpthread -lm -ldl -o "$out/c-tests/tw_c_$t"
+  done
+  ls "$out/c-tests"
   du -sh "$out"
   echo "prepared $out; copy it to the GPU machine (same path in the repository) and run: bash scripts/gpu_test.sh"
   exit 0
@@ -92,8 +114,8 @@ fi
 
 stage=${1:-all}
 case "$stage" in
-  build | rust | tests | bench | all) ;;
-  *) echo "usage: bash scripts/gpu_test.sh [build|rust|tests|bench|all]   (or: prepare [OUT_DIR])" >&2; exit 2 ;;
+  build | rust | tests | bench | mps | all) ;;
+  *) echo "usage: bash scripts/gpu_test.sh [build|rust|tests|bench|mps|all]   (or: prepare [OUT_DIR])" >&2; exit 2 ;;
 esac
 
 py=${PYTHON:-python3}
@@ -201,6 +223,22 @@ if [[ "$stage" == rust || "$stage" == all ]]; then
     for t in "$prefix"/rust-tests/*; do
       "$t" --test-threads=1 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
     done
+    # The ordering suites under the two other wait policies (the default, stream, ran above).
+    for wait in host event; do
+      for t in cuda_sim cuda_sim_ring cuda_sim_forward rpc-cuda_sim; do
+        [[ -x "$prefix/rust-tests/$t" ]] || continue
+        echo "--- $t with TENSORWIRE_CUDA_WAIT=$wait" | tee -a "$logs/rust-tests.log"
+        TENSORWIRE_CUDA_WAIT=$wait "$prefix/rust-tests/$t" --test-threads=1 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
+      done
+    done
+    # The C ABI's CUDA calls (exit 77: skipped, no driver).
+    for t in "$prefix"/c-tests/*; do
+      [[ -x "$t" ]] || continue
+      echo "--- $(basename "$t")" | tee -a "$logs/rust-tests.log"
+      "$t" 2>&1 | tee -a "$logs/rust-tests.log"
+      rc=${PIPESTATUS[0]}
+      if ((rc != 0)); then echo "$(basename "$t") exited $rc" | tee -a "$logs/rust-tests.log"; rust_failed=1; fi
+    done
     if grep -q "GPU tests SKIPPED\|SKIPPED" "$logs/rust-tests.log"; then rust_note="some tests SKIPPED: see log"; else rust_note=""; fi
     if ((rust_failed == 0)); then record "rust cuda suite" PASS "$rust_note"; else record "rust cuda suite" FAIL "log: $logs/rust-tests.log"; fi
   else
@@ -247,6 +285,34 @@ if [[ "$stage" == bench || "$stage" == all ]]; then
     "BENCH TARGETS: INVALID"*) record targets "NOT MEASURED" "the bench's measurement failed its checks" ;;
     *) record targets "NOT MEASURED" "no 'BENCH TARGETS:' line in the bench's output" ;;
   esac
+  floors=$(grep -E '^floor: ' "$logs/bench.log" | awk -F'|' '{gsub(/ +/, " "); print $1 $2}' | paste -sd ';' -)
+  [[ -n "$floors" ]] && record floors "p50 µs" "$floors"
+fi
+
+if [[ "$stage" == mps || "$stage" == all ]]; then
+  # The bench again under MPS (where the machine has it): the event policy's GPU-side wait
+  # costs ~28 µs there instead of ~300. The daemon gets private pipe and log directories
+  # and is stopped again; MPS clients share faults, so it is never left running.
+  mps_ctl=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null || true)
+  if [[ -z "$mps_ctl" ]]; then
+    record mps SKIPPED "no nvidia-cuda-mps-control on this machine"
+  else
+    mps_dir=$(mktemp -d)
+    export CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe CUDA_MPS_LOG_DIRECTORY=$mps_dir/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if "$mps_ctl" -d; then
+      echo "=== benches/torch_cuda_transfer.py --iters $iters under MPS ($mps_dir)"
+      "$py" benches/torch_cuda_transfer.py --iters "$iters" 2>&1 | tee "$logs/bench-mps.log"
+      rc=${PIPESTATUS[0]}
+      echo quit | "$mps_ctl"
+      mps_state=$(grep -oE 'MPS: [a-z ]+' "$logs/bench-mps.log" | head -n 1)
+      if ((rc == 0)); then record mps PASS "${mps_state:-MPS state not printed}; log: $logs/bench-mps.log"; else record mps FAIL "exit $rc; log: $logs/bench-mps.log"; fi
+    else
+      record mps FAIL "nvidia-cuda-mps-control -d failed (as root?)"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    rm -rf "$mps_dir"
+  fi
 fi
 
 finish
