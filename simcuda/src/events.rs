@@ -4,7 +4,9 @@
 //! the most recent record completed; `cuStreamWaitEvent` captures the record most recent
 //! when it is called; an event never recorded is complete. An interprocess event keeps
 //! its counters in a memfd page that the processes opening its handle map too, so
-//! records and waits work across processes.
+//! records and waits work across processes. Each record also notes the recording
+//! process, so a stream wait on a record another process made can be told apart: that is
+//! what costs a GPU time-slice switch on hardware without MPS (`SIMCUDA_XPROC_WAIT_US`).
 
 use crate::memory::Backing;
 use crate::result::*;
@@ -21,10 +23,13 @@ pub const CU_EVENT_INTERPROCESS: u32 = 4;
 const W_ID: usize = 0;
 const W_RECORDED: usize = 1;
 const W_COMPLETED: usize = 2;
+/// The pid of the process that made the most recent record.
+const W_RECORDER: usize = 3;
+const WORDS: usize = 4;
 
 enum Mem {
-    Local(Box<[AtomicU64; 3]>),
-    /// Interprocess: the first 24 bytes of a memfd page.
+    Local(Box<[AtomicU64; WORDS]>),
+    /// Interprocess: the first 32 bytes of a memfd page.
     Shared(Backing),
 }
 
@@ -33,12 +38,12 @@ pub struct EventState {
 }
 
 impl EventState {
-    fn words(&self) -> &[AtomicU64; 3] {
+    fn words(&self) -> &[AtomicU64; WORDS] {
         match &self.mem {
             Mem::Local(b) => b,
             // SAFETY: the backing is at least a page, page-aligned, mapped while `self`
             // lives; its words are only accessed atomically (here and in other processes).
-            Mem::Shared(b) => unsafe { &*b.at(0).cast::<[AtomicU64; 3]>() },
+            Mem::Shared(b) => unsafe { &*b.at(0).cast::<[AtomicU64; WORDS]>() },
         }
     }
 
@@ -56,6 +61,21 @@ impl EventState {
         // Acquire: pairs with the Release fetch_max in the recording stream's op: the work
         // before the record (its copies) happens-before whoever sees it complete.
         self.words()[W_COMPLETED].load(Ordering::Acquire)
+    }
+
+    /// The process that made the most recent record (read after `recorded`: the pid of
+    /// that record's maker or of a later one's).
+    fn recorder(&self) -> u32 {
+        // Relaxed: stored before the AcqRel fetch_add in `record`, which the Acquire load in
+        // `recorded` (called first) pairs with.
+        self.words()[W_RECORDER].load(Ordering::Relaxed) as u32
+    }
+
+    /// True if record `target` is not complete and can never complete: the process that
+    /// made the most recent record is gone (a stream waiting on it waits forever, as on
+    /// hardware; a normal exit does not wait for it).
+    pub fn orphaned(&self, target: u64) -> bool {
+        self.completed() < target && !crate::ipc::alive(self.recorder())
     }
 
     /// Block (the calling stream worker or host thread) until record `target` completed.
@@ -108,7 +128,7 @@ pub fn create(flags: u32) -> R<usize> {
         let b = Backing::create(&format!("simcuda-event-{id}"), crate::memory::PAGE)?;
         Mem::Shared(b)
     } else {
-        Mem::Local(Box::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]))
+        Mem::Local(Box::new([const { AtomicU64::new(0) }; WORDS]))
     };
     let state = EventState { mem };
     // Relaxed: published to other threads by the table's mutex, to other processes by
@@ -124,8 +144,8 @@ pub fn insert_opened(backing: Backing, device: i32) -> usize {
 
 /// Check that an opened backing holds the event `id` (the handle's claim).
 pub fn backing_holds(backing: &Backing, id: u64) -> bool {
-    // SAFETY: a mapped page (at least 24 bytes), accessed atomically.
-    let w = unsafe { &*backing.at(0).cast::<[AtomicU64; 3]>() };
+    // SAFETY: a mapped page (at least 32 bytes), accessed atomically.
+    let w = unsafe { &*backing.at(0).cast::<[AtomicU64; WORDS]>() };
     // Relaxed: written once by the creator before it made the handle.
     w[W_ID].load(Ordering::Relaxed) == id
 }
@@ -146,6 +166,8 @@ pub fn record(h: usize, stream_h: usize) -> R {
     if s.device != ev.device {
         return Err(INVALID_HANDLE);
     }
+    // Relaxed: published by the fetch_add below (see `recorder`).
+    ev.state.words()[W_RECORDER].store(u64::from(std::process::id()), Ordering::Relaxed);
     // AcqRel: pairs with the Acquire loads of `recorded` in query/wait (any process).
     let target = ev.state.words()[W_RECORDED].fetch_add(1, Ordering::AcqRel) + 1;
     let state = ev.state.clone();
@@ -177,6 +199,11 @@ pub fn synchronize(h: usize) -> R {
 
 /// `cuStreamWaitEvent`: the stream's later work waits for the record most recent now.
 /// Flags other than 0 are CUDA_ERROR_INVALID_VALUE (only the default is simulated).
+///
+/// A wait on a record another process made is a cross-process event stream wait: counted
+/// (`xproc_event_waits`), and without `SIMCUDA_MPS=1` the stream then also sleeps
+/// `SIMCUDA_XPROC_WAIT_US` once the event completed (the GPU time-slice switch such a wait
+/// costs on hardware). Host waits (`cuEventSynchronize`, `cuEventQuery`) pay nothing.
 pub fn stream_wait(stream_h: usize, h: usize, flags: u32) -> R {
     if flags != 0 {
         return Err(INVALID_VALUE);
@@ -184,6 +211,14 @@ pub fn stream_wait(stream_h: usize, h: usize, flags: u32) -> R {
     let ev = get(h)?;
     let s = stream::resolve(stream_h)?;
     let target = ev.state.recorded();
-    stream::enqueue(&s, Op::WaitEvent(ev.state.clone(), target));
+    let mut penalty = Duration::ZERO;
+    if target > 0 && ev.state.recorder() != std::process::id() {
+        crate::stats::count(&crate::stats::XPROC_EVENT_WAITS);
+        let settings = crate::settings::get();
+        if !settings.mps {
+            penalty = settings.xproc_wait;
+        }
+    }
+    stream::enqueue(&s, Op::WaitEvent(ev.state.clone(), target, penalty));
     Ok(())
 }

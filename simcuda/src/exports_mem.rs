@@ -35,7 +35,9 @@ pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
 pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, dptr: u64) -> CuResult {
     guard("cuMemGetAddressRange_v2", true, || {
         context::current()?;
-        let r = memory::find(dptr).ok_or(NOT_FOUND)?;
+        // Documented for cuMemAlloc memory; registered host memory's device range is not
+        // an allocation (the strict choice: CUDA_ERROR_NOT_FOUND).
+        let r = memory::find(dptr).filter(|r| !matches!(r.kind, Kind::HostRegistered { .. })).ok_or(NOT_FOUND)?;
         if !base.is_null() {
             out(base, r.start)?;
         }
@@ -66,7 +68,7 @@ fn htod(dst: u64, src: *const c_void, n: usize, s: usize, sync_first: bool) -> R
     if n == 0 {
         return Ok(());
     }
-    let span = memory::span(dst, n as u64)?;
+    let span = memory::span_for_write(dst, n as u64)?;
     let bytes = stage(src, n)?;
     if sync_first {
         stream.synchronize();
@@ -74,7 +76,8 @@ fn htod(dst: u64, src: *const c_void, n: usize, s: usize, sync_first: bool) -> R
     stream::enqueue(
         &stream,
         Op::Run(Box::new(move || {
-            // SAFETY: the span lies inside its backing (checked by `span`); `bytes` has n bytes.
+            // SAFETY: the span lies inside its backing (checked by `span`; kept mapped by its
+            // Arc, or registered host pages the caller keeps mapped); `bytes` has n bytes.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), span.backing.at(span.off), bytes.len()) };
         })),
     );
@@ -118,7 +121,7 @@ fn dtod(dst: u64, src: u64, n: usize, s: usize) -> R {
     if n == 0 {
         return Ok(());
     }
-    let (d, sp) = (memory::span(dst, n as u64)?, memory::span(src, n as u64)?);
+    let (d, sp) = (memory::span_for_write(dst, n as u64)?, memory::span(src, n as u64)?);
     stream::enqueue(&stream, Op::Run(Box::new(move || memory::copy(&d, &sp))));
     Ok(())
 }
@@ -128,7 +131,7 @@ fn memset8(dst: u64, v: u8, n: usize, s: usize) -> R {
     if n == 0 {
         return Ok(());
     }
-    let d = memory::span(dst, n as u64)?;
+    let d = memory::span_for_write(dst, n as u64)?;
     stream::enqueue(
         &stream,
         Op::Run(Box::new(move || {
@@ -212,7 +215,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: i32, ptr
         let r = memory::find(ptr).ok_or(INVALID_VALUE)?;
         match attr {
             1 => out(data.cast::<usize>(), context::handle(context::check_device(r.device)?)),
-            2 => out(data.cast::<u32>(), 2), // CU_MEMORYTYPE_DEVICE
+            // CU_MEMORYTYPE_HOST for registered host memory, else CU_MEMORYTYPE_DEVICE.
+            2 => out(data.cast::<u32>(), if matches!(r.kind, Kind::HostRegistered { .. }) { 1 } else { 2 }),
             3 => out(data.cast::<u64>(), ptr),
             9 => out(data.cast::<i32>(), r.device),
             10 => out(data.cast::<u8>(), u8::from(matches!(r.kind, Kind::Alloc { .. }))),
