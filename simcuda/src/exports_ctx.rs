@@ -102,6 +102,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut i32, attr: i32, dev: i32) 
             92 => memops,   // CAN_USE_STREAM_MEM_OPS_V1
             93 => memops,   // CAN_USE_64_BIT_STREAM_MEM_OPS_V1
             94 => memops,   // CAN_USE_STREAM_WAIT_VALUE_NOR_V1
+            // CU_STREAM_WAIT_VALUE_FLUSH is refused, as on x86 (memops.rs).
+            98 => 0,        // CAN_FLUSH_REMOTE_WRITES
             99 => i32::from(settings.host_register), // HOST_REGISTER_SUPPORTED
             102 => 1,       // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             103 => 1,       // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
