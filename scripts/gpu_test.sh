@@ -32,7 +32,11 @@
 #   rust       the Rust CUDA suite (tests/cuda_sim*.rs) built by `prepare`, run against the
 #              real driver: IPC of every dtype and view, zero-copy, handle cache, stream
 #              order, VMM, GPU ring, SIGKILL cases, the C ABI's CUDA calls, forwarding a
-#              CUDA import host -> relay -> last (IPC and VMM)
+#              CUDA import host -> relay -> last (IPC and VMM); and simcuda's conformance
+#              tests (tests/simcuda_driver.rs), which calibrate the simulated driver against
+#              this one: documented rules must hold here too, and the answers simcuda
+#              chooses strictly are recorded as CALIBRATION lines in
+#              GPU_TEST_LOG_DIR/simcuda-calibration.log (simcuda-only tests say SKIPPED)
 #   build      cpp/build.sh with TENSORWIRE_PREFIX (no cargo) against python3's torch; the
 #              configure log must say "CUDA toolkit: ON"; tensorwire.cuda_available()
 #   pytest     (tests) tests/python (CPU suite + the CUDA smoke tests) if pytest is installed
@@ -72,10 +76,12 @@ if [[ "${1:-}" == "prepare" ]]; then
   cmake --install "$root/build/tensorwire-cmake" --prefix "$out" >/dev/null
   rm -f "$out"/lib/libtensorwire.so                 # the extension links the static library
   strip --strip-debug "$out/lib/libtensorwire.a"    # debug info is most of its size
-  # The Rust CUDA suite: the same test binaries that run on simcuda in every test run.
+  # The Rust CUDA suite: the same test binaries that run on simcuda in every test run, and
+  # simcuda's own rules (simcuda_driver: its conformance tests run against the real driver).
   mkdir -p "$out/rust-tests"
   cargo test --release --locked --no-run --message-format=json \
-      --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward 2>/dev/null |
+      --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward \
+      --test simcuda_driver 2>/dev/null |
     "${PYTHON:-python3}" -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -198,10 +204,18 @@ if [[ "$stage" == rust || "$stage" == all ]]; then
   echo "=== Rust CUDA suite against the real driver ($prefix/rust-tests)"
   if compgen -G "$prefix/rust-tests/*" >/dev/null; then
     rust_failed=0
+    : >"$logs/rust-tests.log"
     for t in "$prefix"/rust-tests/*; do
-      "$t" --test-threads=1 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
+      # simcuda_driver prints what this driver answers where simcuda answers its own strict
+      # choice (CALIBRATION lines): shown, not captured.
+      extra=()
+      [[ "$(basename "$t")" == simcuda_driver ]] && extra=(--nocapture)
+      "$t" --test-threads=1 ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
     done
-    if grep -q "GPU tests SKIPPED\|SKIPPED" "$logs/rust-tests.log"; then rust_note="some tests SKIPPED: see log"; else rust_note=""; fi
+    grep -o 'CALIBRATION .*' "$logs/rust-tests.log" >"$logs/simcuda-calibration.log" || true
+    # simcuda-only tests skip themselves on a real driver by design: not worth a note.
+    if grep "SKIPPED" "$logs/rust-tests.log" | grep -qv "simcuda-only"; then rust_note="some tests SKIPPED: see log"; else rust_note=""; fi
+    rust_note="${rust_note:+$rust_note; }$(wc -l <"$logs/simcuda-calibration.log") simcuda calibration lines: $logs/simcuda-calibration.log"
     if ((rust_failed == 0)); then record "rust cuda suite" PASS "$rust_note"; else record "rust cuda suite" FAIL "log: $logs/rust-tests.log"; fi
   else
     record "rust cuda suite" FAIL "no test binaries in $prefix/rust-tests: run 'bash scripts/gpu_test.sh prepare' where cargo is"
