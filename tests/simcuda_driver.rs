@@ -357,6 +357,7 @@ fn child() {
         "exit_orphan" => child_exit_orphan(),
         "switches" => child_switches(),
         "count_ops" => child_count_ops(),
+        "value_wait_cost" => child_value_wait_cost(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -928,7 +929,23 @@ fn stream_memory_operations_refuse_bad_arguments() {
     strict("cuStreamWaitValue32_v2 on address 0x1000", wait32(s.0, 0x1000, 0, GEQ), INVALID_VALUE);
     strict("cuStreamWriteValue32_v2 past a 4-byte allocation", write32(s.0, d.ptr().get() + 4, 1, 0), INVALID_VALUE);
     strict("cuStreamWriteValue64_v2 straddling a 4-byte allocation's end", write64(s.0, d.ptr().get(), 1, 0), INVALID_VALUE);
+    // The older (v1) name, which CUDA 11 binaries call (cudarc binds it for CUDA 11 only, so
+    // it is looked up here): NO_MEMORY_BARRIER is its flag.
+    type WriteV1 = unsafe extern "C" fn(sys::CUstream, u64, u32, u32) -> CUresult;
+    // SAFETY: dlopen of the already-loaded driver (NOLOAD) and a symbol lookup; a symbol of
+    // that name has the v1 signature (cuda.h of CUDA 11).
+    let v1 = unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        let f = if h.is_null() { std::ptr::null_mut() } else { libc::dlsym(h, c"cuStreamWriteValue32".as_ptr()) };
+        (!f.is_null()).then(|| std::mem::transmute::<*mut libc::c_void, WriteV1>(f))
+    };
+    // SAFETY: plain values; the word is inside the registered page.
+    let r = v1.map(|f| unsafe { f(s.0, w.dptr(64), 1, NO_MEMORY_BARRIER) });
+    strict("cuStreamWriteValue32 (v1) with NO_MEMORY_BARRIER", r, Some(OK));
     s.sync();
+    if on_sim() {
+        assert_eq!(w.u32(64).load(Ordering::SeqCst), 1, "the v1 write landed");
+    }
 }
 
 /// simcuda-only (strict): the device pointer of registered host memory is a different
@@ -1254,6 +1271,42 @@ fn child_xproc_event() {
     s.sync();
     let waits = sim_stats().unwrap().xproc_event_waits - before;
     println!("RESULT waits={waits} stream_ms={stream_ms} host_ms={host_ms}");
+    std::process::exit(0);
+}
+
+/// simcuda-only: `SIMCUDA_VALUE_WAIT_US` is added to each stream value wait once its
+/// condition holds (the cost model; 0 by default).
+#[test]
+fn stream_value_waits_cost_simcuda_value_wait_us() {
+    if !sim_only("stream_value_waits_cost_simcuda_value_wait_us") {
+        return;
+    }
+    let run = |us: &str| -> u64 {
+        let env = [("SIMCUDA_VALUE_WAIT_US", us.to_string()), ("SIMCUDA_MAX_DELAY_US", "0".to_string())];
+        let mut kid = Kid::spawn("value_wait_cost", &env, None);
+        let line = kid.expect("RESULT ms=");
+        let (st, err) = kid.finish();
+        assert!(st.success(), "{st:?}: {err}");
+        line["RESULT ms=".len()..].parse().unwrap()
+    };
+    let ms = run("20000");
+    assert!(ms >= 5 * 20, "5 waits of 20 ms each: {ms} ms");
+    let ms = run("0");
+    assert!(ms < 80, "no cost by default: {ms} ms");
+}
+
+fn child_value_wait_cost() {
+    assert!(tensorwire::cuda::available());
+    let w = HostWords::new();
+    let s = NbStream::new();
+    let _c = ensure_context(0).unwrap();
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        assert_eq!(wait32(s.0, w.dptr(0), 0, GEQ), OK);
+        s.sync();
+    }
+    println!("RESULT ms={}", t0.elapsed().as_millis());
+    drop(w);
     std::process::exit(0);
 }
 
