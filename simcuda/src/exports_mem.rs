@@ -59,7 +59,7 @@ fn stage(src: *const c_void, n: usize) -> R<Vec<u8>> {
 
 fn write_host(dst: usize, from: &Span) {
     // SAFETY: the DtoH caller passed `n` writable host bytes at `dst` and waits for this
-    // op before it returns; the span lies inside its backing.
+    // op before it returns; the span lies inside its backing (mapped: see `htod`).
     unsafe { std::ptr::copy_nonoverlapping(from.backing.at(from.off), dst as *mut u8, from.n as usize) };
 }
 
@@ -135,7 +135,8 @@ fn memset8(dst: u64, v: u8, n: usize, s: usize) -> R {
     stream::enqueue(
         &stream,
         Op::Run(Box::new(move || {
-            // SAFETY: the span lies inside its backing (checked by `span`).
+            // SAFETY: the span lies inside its backing (checked by `span`; kept mapped by its
+            // Arc, or registered host pages the caller keeps mapped).
             unsafe { std::ptr::write_bytes(d.backing.at(d.off), v, d.n as usize) };
         })),
     );

@@ -205,7 +205,8 @@ pub fn span_for_write(dptr: u64, n: u64) -> R<Span> {
 /// Copy between two spans of equal length (may overlap).
 pub fn copy(dst: &Span, src: &Span) {
     // SAFETY: both spans were checked to lie inside their backings' aliases, which their
-    // Arcs keep mapped; `copy` allows overlap.
+    // Arcs keep mapped (registered host pages: the caller keeps them mapped while work on
+    // them is queued); `copy` allows overlap.
     unsafe { std::ptr::copy(src.backing.at(src.off), dst.backing.at(dst.off), src.n as usize) };
 }
 

@@ -331,7 +331,8 @@ pub fn drain_at_exit(limit: Duration) {
                 left.push(format!("stream {} (still busy after {limit:?})", s.serial));
                 break;
             }
-            // Relaxed: as in `synchronize`.
+            // Relaxed: a position; a stale one only ends this 20 ms wait early or late, and
+            // `idle` reads it again on the next round.
             s.wait_done_for(s.enqueued.load(Ordering::Relaxed), (deadline - now).min(Duration::from_millis(20)));
         }
     }
