@@ -358,6 +358,7 @@ fn child() {
         "switches" => child_switches(),
         "count_ops" => child_count_ops(),
         "value_wait_cost" => child_value_wait_cost(),
+        "probe" => child_probe(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -896,6 +897,51 @@ fn child_value_wait_xproc() {
     std::process::exit(0);
 }
 
+/// Make one call that a real driver might take and then fault on, in a child process (a
+/// fault is a sticky error for the whole process): "PROBE <the call's answer>, then <a
+/// stream synchronize's answer>", or what went wrong.
+fn run_probe(what: &str) -> String {
+    let mut kid = Kid::spawn("probe", &[(MODE_ENV, what.to_string())], None);
+    let line = kid.expect("PROBE");
+    let (st, err) = kid.finish();
+    if !st.success() {
+        return format!("{line} (the child then failed: {st:?}: {})", err.trim());
+    }
+    line
+}
+
+fn child_probe() {
+    let mode = std::env::var(MODE_ENV).unwrap();
+    assert!(tensorwire::cuda::available());
+    let w = HostWords::new();
+    let s = NbStream::new();
+    let _c = ensure_context(0).unwrap();
+    let r = match mode.as_str() {
+        "wait32_unaligned" => wait32(s.0, w.dptr(2), 0, GEQ),
+        "wait64_unaligned" => wait64(s.0, w.dptr(4), 0, GEQ),
+        "write32_unaligned" => write32(s.0, w.dptr(66), 1, 0),
+        "wait32_unknown" => wait32(s.0, 0x1000, 0, GEQ),
+        "write32_read_only" => {
+            // SAFETY: a fresh private page, made read-only, registered READ_ONLY; the child
+            // exits without unmapping it.
+            unsafe {
+                let m = libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+                assert_ne!(m, libc::MAP_FAILED);
+                assert_eq!(libc::mprotect(m, PAGE, libc::PROT_READ), 0);
+                assert_eq!(sys::cuMemHostRegister_v2(m, PAGE, DEVICEMAP | READ_ONLY), OK);
+                let mut dptr = 0;
+                assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut dptr, m, 0), OK);
+                write32(s.0, dptr, 1, 0)
+            }
+        }
+        other => panic!("unknown probe {other}"),
+    };
+    // SAFETY: a live stream of the current context.
+    let sync = unsafe { sys::cuStreamSynchronize(s.0) };
+    println!("PROBE {r:?}, then {sync:?}");
+    std::process::exit(0);
+}
+
 /// Arguments the documentation refuses, and simcuda's strict refusals (printed, not
 /// checked, on a real driver).
 #[test]
@@ -922,11 +968,17 @@ fn stream_memory_operations_refuse_bad_arguments() {
         0,
     );
     strict("cuStreamWaitValue32_v2 with EQ | FLUSH (a wait that holds)", wait32(s.0, w.dptr(0), u32::MAX, EQ | FLUSH), NOT_SUPPORTED);
-    // Addresses: unaligned, unknown, past the allocation.
-    strict("cuStreamWaitValue32_v2 on an unaligned address", wait32(s.0, w.dptr(2), 0, GEQ), INVALID_VALUE);
-    strict("cuStreamWaitValue64_v2 on a 4-byte aligned address", wait64(s.0, w.dptr(4), 0, GEQ), INVALID_VALUE);
-    strict("cuStreamWriteValue32_v2 on an unaligned address", write32(s.0, w.dptr(66), 1, 0), INVALID_VALUE);
-    strict("cuStreamWaitValue32_v2 on address 0x1000", wait32(s.0, 0x1000, 0, GEQ), INVALID_VALUE);
+    // Addresses: unaligned, unknown (asked in a child: a driver that took them might fault
+    // the GPU, a sticky error for the rest of the process), past the allocation (harmless on
+    // hardware, whose allocations are page-granular).
+    for (rule, probe) in [
+        ("cuStreamWaitValue32_v2 on an unaligned address", "wait32_unaligned"),
+        ("cuStreamWaitValue64_v2 on a 4-byte aligned address", "wait64_unaligned"),
+        ("cuStreamWriteValue32_v2 on an unaligned address", "write32_unaligned"),
+        ("cuStreamWaitValue32_v2 on address 0x1000", "wait32_unknown"),
+    ] {
+        strict(rule, run_probe(probe), "PROBE CUDA_ERROR_INVALID_VALUE, then CUDA_SUCCESS".to_string());
+    }
     strict("cuStreamWriteValue32_v2 past a 4-byte allocation", write32(s.0, d.ptr().get() + 4, 1, 0), INVALID_VALUE);
     strict("cuStreamWriteValue64_v2 straddling a 4-byte allocation's end", write64(s.0, d.ptr().get(), 1, 0), INVALID_VALUE);
     // The older (v1) name, which CUDA 11 binaries call (cudarc binds it for CUDA 11 only, so
@@ -1026,13 +1078,19 @@ fn host_registration_follows_the_documented_rules() {
         if r == OK {
             assert_eq!(sys::cuMemHostUnregister(at(2)), OK);
         }
-        assert_eq!(sys::cuMemHostRegister_v2(at(2), PAGE, DEVICEMAP | READ_ONLY), OK);
-        assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut dptr, at(2), 0), OK);
-        let s = NbStream::new();
-        strict("cuStreamWriteValue32_v2 to host memory registered READ_ONLY", write32(s.0, dptr, 1, 0), INVALID_VALUE);
-        assert_eq!(wait32(s.0, dptr, 0, GEQ), OK, "the device may read it");
-        s.sync();
-        assert_eq!(sys::cuMemHostUnregister(at(2)), OK);
+        if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED) != 0 {
+            assert_eq!(sys::cuMemHostRegister_v2(at(2), PAGE, DEVICEMAP | READ_ONLY), OK);
+            assert_eq!(sys::cuMemHostGetDevicePointer_v2(&mut dptr, at(2), 0), OK);
+            let s = NbStream::new();
+            assert_eq!(wait32(s.0, dptr, 0, GEQ), OK, "the device may read it");
+            s.sync();
+            assert_eq!(sys::cuMemHostUnregister(at(2)), OK);
+            strict(
+                "cuStreamWriteValue32_v2 to host memory registered READ_ONLY",
+                run_probe("write32_read_only"),
+                "PROBE CUDA_ERROR_INVALID_VALUE, then CUDA_SUCCESS".to_string(),
+            );
+        }
         if on_sim() {
             // No I/O memory to simulate (hardware may take this flag on real MMIO only).
             assert_eq!(sys::cuMemHostRegister_v2(at(0), PAGE, IOMEMORY), NOT_SUPPORTED, "IOMEMORY");
