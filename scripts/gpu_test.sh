@@ -35,7 +35,11 @@
 #              zero-copy, handle cache, stream order (the ordering suites again under
 #              TENSORWIRE_CUDA_WAIT=host and =event), the wait policies' signal words and a
 #              producer that never signals or dies, VMM, GPU ring, SIGKILL cases, the C
-#              ABI's CUDA calls (c-tests/), forwarding a CUDA import host -> relay -> last
+#              ABI's CUDA calls (c-tests/), forwarding a CUDA import host -> relay -> last;
+#              and simcuda's conformance tests (tests/simcuda_driver.rs), which calibrate
+#              the simulated driver against this one: documented rules must hold here too,
+#              and the answers simcuda chooses strictly are recorded as CALIBRATION lines in
+#              GPU_TEST_LOG_DIR/simcuda-calibration.log (simcuda-only tests say SKIPPED)
 #   build      cpp/build.sh with TENSORWIRE_PREFIX (no cargo) against python3's torch; the
 #              configure log must say "CUDA toolkit: ON"; tensorwire.cuda_available()
 #   pytest     (tests) tests/python (CPU suite + the CUDA smoke tests) if pytest is installed
@@ -79,7 +83,8 @@ if [[ "${1:-}" == "prepare" ]]; then
   cmake --install "$root/build/tensorwire-cmake" --prefix "$out" >/dev/null
   rm -f "$out"/lib/libtensorwire.so                 # the extension links the static library
   strip --strip-debug "$out/lib/libtensorwire.a"    # debug info is most of its size
-  # The Rust CUDA suite: the same test binaries that run on simcuda in every test run.
+  # The Rust CUDA suite: the same test binaries that run on simcuda in every test run, and
+  # simcuda's own rules (simcuda_driver: its conformance tests run against the real driver).
   mkdir -p "$out/rust-tests"
   # Each test binary under its target's name (the RPC crate's prefixed rpc-).
   copy_tests() {  # $1: name prefix; then cargo's arguments
@@ -96,7 +101,7 @@ for l in sys.stdin:
       done
   }
   copy_tests "" --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward \
-    --test cuda_sim_order
+    --test cuda_sim_order --test simcuda_driver
   copy_tests rpc- -p tensorwire-rpc --test cuda_sim --test cuda_sim_hostile
   ls "$out/rust-tests"
   # The C ABI's CUDA tests (tests/c/cuda*.c), linked against the static library as the
@@ -220,8 +225,13 @@ if [[ "$stage" == rust || "$stage" == all ]]; then
   echo "=== Rust CUDA suite against the real driver ($prefix/rust-tests)"
   if compgen -G "$prefix/rust-tests/*" >/dev/null; then
     rust_failed=0
+    : >"$logs/rust-tests.log"
     for t in "$prefix"/rust-tests/*; do
-      "$t" --test-threads=1 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
+      # simcuda_driver prints what this driver answers where simcuda answers its own strict
+      # choice (CALIBRATION lines): shown, not captured.
+      extra=()
+      [[ "$(basename "$t")" == simcuda_driver ]] && extra=(--nocapture)
+      "$t" --test-threads=1 ${extra[@]+"${extra[@]}"} 2>&1 | tee -a "$logs/rust-tests.log" || rust_failed=1
     done
     # The ordering suites under the two other wait policies (the default, stream, ran above).
     for wait in host event; do
@@ -239,7 +249,10 @@ if [[ "$stage" == rust || "$stage" == all ]]; then
       rc=${PIPESTATUS[0]}
       if ((rc != 0)); then echo "$(basename "$t") exited $rc" | tee -a "$logs/rust-tests.log"; rust_failed=1; fi
     done
-    if grep -q "GPU tests SKIPPED\|SKIPPED" "$logs/rust-tests.log"; then rust_note="some tests SKIPPED: see log"; else rust_note=""; fi
+    grep -o 'CALIBRATION .*' "$logs/rust-tests.log" >"$logs/simcuda-calibration.log" || true
+    # simcuda-only tests skip themselves on a real driver by design: not worth a note.
+    if grep "SKIPPED" "$logs/rust-tests.log" | grep -qv "simcuda-only"; then rust_note="some tests SKIPPED: see log"; else rust_note=""; fi
+    rust_note="${rust_note:+$rust_note; }$(wc -l <"$logs/simcuda-calibration.log") simcuda calibration lines: $logs/simcuda-calibration.log"
     if ((rust_failed == 0)); then record "rust cuda suite" PASS "$rust_note"; else record "rust cuda suite" FAIL "log: $logs/rust-tests.log"; fi
   else
     record "rust cuda suite" FAIL "no test binaries in $prefix/rust-tests: run 'bash scripts/gpu_test.sh prepare' where cargo is"

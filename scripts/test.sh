@@ -84,8 +84,10 @@ step "hostile-peer tests again under a desktop's fd limit (ulimit -n 1024) and a
   cargo test --locked -q --test hostile --test hostile_limits --test ring_hostile &&
   cargo test --locked -q -p tensorwire-rpc --test hostile ) 2>&1 | tee -a "$log"
 
-step "CUDA code on simcuda, the strict simulated driver (tests/cuda_sim*.rs + tests/simcuda_driver.rs, two seeds; the ordering suites under each wait policy; simcuda/README.md)"
+step "CUDA code on simcuda, the strict simulated driver (its unit tests, simcuda/run.sh's install under a running run, tests/cuda_sim*.rs + tests/simcuda_driver.rs, two seeds; the ordering suites under each wait policy; simcuda/README.md)"
 cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+cargo test --locked -q -p simcuda 2>&1 | tee -a "$log"
+bash simcuda/install_test.sh 2>&1 | tee -a "$log"
 for seed in 1 2; do
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_order --test simcuda_driver 2>&1 | tee -a "$log"
   # Forged CUDA tensors against a native-mode RPC server.

@@ -12,9 +12,25 @@ target=${CARGO_TARGET_DIR:-$root/target}
 cargo build --locked -q -p simcuda --manifest-path "$root/Cargo.toml"
 lib=$target/simcuda-lib
 mkdir -p "$lib"
-cp -f "$target/debug/libsimcuda.so" "$lib/libsimcuda.so"
-ln -sf libsimcuda.so "$lib/libcuda.so.1"
-ln -sf libsimcuda.so "$lib/libcuda.so"
+# Another run of this script may have the installed library loaded right now (two cargo
+# tests started together). Never write into that file: a new build goes in beside it under a
+# temporary name and is renamed over it (processes that loaded the old one keep its inode),
+# and nothing is written when the build did not change. `cp -f` rewrote the mapped file in
+# place: SIGSEGV, SIGBUS and failed dlopens in the other run (simcuda/install_test.sh).
+if ! cmp -s "$target/debug/libsimcuda.so" "$lib/libsimcuda.so"; then
+  tmp=$(mktemp "$lib/.libsimcuda.so.XXXXXX")
+  cp "$target/debug/libsimcuda.so" "$tmp"
+  chmod 755 "$tmp"
+  mv -f "$tmp" "$lib/libsimcuda.so"
+fi
+# The links, likewise: `ln -sf` unlinks first, and a dlopen in that gap finds no library.
+for name in libcuda.so.1 libcuda.so; do
+  if [ "$(readlink "$lib/$name" 2>/dev/null)" != libsimcuda.so ]; then
+    tmp=$(mktemp -u "$lib/.$name.XXXXXX")
+    ln -s libsimcuda.so "$tmp"
+    mv -fT "$tmp" "$lib/$name"
+  fi
+done
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # tests/cuda_sim.rs then insists that the driver it loaded is simcuda.
 export TW_EXPECT_SIMCUDA=1

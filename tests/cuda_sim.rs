@@ -50,7 +50,7 @@ fn simcuda_is_loaded_when_expected() {
     }
     assert!(tensorwire::cuda::available(), "simcuda/run.sh ran the suite but no CUDA driver loaded");
     let s = sim_stats().expect("the loaded libcuda is not simcuda (no simcuda_stats)");
-    assert_eq!(s.version, 3);
+    assert_eq!(s.version, SIM_STATS_VERSION);
 }
 
 #[test]

@@ -23,7 +23,7 @@ pub fn init(flags: u32) -> R {
         return Err(INVALID_VALUE);
     }
     contexts();
-    crate::stream::drain_on_exit();
+    crate::stream::install_exit_drain();
     // Release: pairs with the Acquire load in `initialised`.
     INIT.store(true, Ordering::Release);
     Ok(())

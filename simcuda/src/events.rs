@@ -4,7 +4,9 @@
 //! the most recent record completed; `cuStreamWaitEvent` captures the record most recent
 //! when it is called; an event never recorded is complete. An interprocess event keeps
 //! its counters in a memfd page that the processes opening its handle map too, so
-//! records and waits work across processes.
+//! records and waits work across processes. Each record also notes the recording
+//! process, so a stream wait on a record another process made can be told apart: that is
+//! what costs a GPU time-slice switch on hardware without MPS (`SIMCUDA_XPROC_WAIT_US`).
 
 use crate::memory::Backing;
 use crate::result::*;
@@ -21,7 +23,7 @@ pub const CU_EVENT_INTERPROCESS: u32 = 4;
 const W_ID: usize = 0;
 const W_RECORDED: usize = 1;
 const W_COMPLETED: usize = 2;
-/// The pid of the process that made the most recent record (0: never recorded).
+/// The pid of the process that made the most recent record.
 const W_RECORDER: usize = 3;
 const WORDS: usize = 4;
 
@@ -45,13 +47,6 @@ impl EventState {
         }
     }
 
-    /// The pid of the process that made the most recent record (0: none yet).
-    fn recorder(&self) -> u64 {
-        // Relaxed: read by the thread that then captures the record count; a record made
-        // at the same moment by another process counts either way.
-        self.words()[W_RECORDER].load(Ordering::Relaxed)
-    }
-
     pub fn id(&self) -> u64 {
         // Relaxed: written once before the handle was made.
         self.words()[W_ID].load(Ordering::Relaxed)
@@ -66,6 +61,21 @@ impl EventState {
         // Acquire: pairs with the Release fetch_max in the recording stream's op: the work
         // before the record (its copies) happens-before whoever sees it complete.
         self.words()[W_COMPLETED].load(Ordering::Acquire)
+    }
+
+    /// The process that made the most recent record (read after `recorded`: the pid of
+    /// that record's maker or of a later one's).
+    fn recorder(&self) -> u32 {
+        // Relaxed: stored before the AcqRel fetch_add in `record`, which the Acquire load in
+        // `recorded` (called first) pairs with.
+        self.words()[W_RECORDER].load(Ordering::Relaxed) as u32
+    }
+
+    /// True if record `target` is not complete and can never complete: the process that
+    /// made the most recent record is gone (a stream waiting on it waits forever, as on
+    /// hardware; a normal exit does not wait for it).
+    pub fn orphaned(&self, target: u64) -> bool {
+        self.completed() < target && !crate::ipc::alive(self.recorder())
     }
 
     /// Block (the calling stream worker or host thread) until record `target` completed.
@@ -156,7 +166,7 @@ pub fn record(h: usize, stream_h: usize) -> R {
     if s.device != ev.device {
         return Err(INVALID_HANDLE);
     }
-    // Relaxed: a label of the record (see `recorder`).
+    // Relaxed: published by the fetch_add below (see `recorder`).
     ev.state.words()[W_RECORDER].store(u64::from(std::process::id()), Ordering::Relaxed);
     // AcqRel: pairs with the Acquire loads of `recorded` in query/wait (any process).
     let target = ev.state.words()[W_RECORDED].fetch_add(1, Ordering::AcqRel) + 1;
@@ -190,28 +200,25 @@ pub fn synchronize(h: usize) -> R {
 /// `cuStreamWaitEvent`: the stream's later work waits for the record most recent now.
 /// Flags other than 0 are CUDA_ERROR_INVALID_VALUE (only the default is simulated).
 ///
-/// A wait on a record another process made is a *cross-process event stream wait*:
-/// counted, and — the measured cost of one on hardware without MPS, where the two
-/// processes' contexts time-slice on the GPU — followed by `SIMCUDA_XPROC_WAIT_US` µs
-/// once the record completed, unless `SIMCUDA_MPS=1`.
+/// A wait on a record another process made is a cross-process event stream wait: counted
+/// (`xproc_event_waits`), and without `SIMCUDA_MPS=1` the stream then also sleeps
+/// `SIMCUDA_XPROC_WAIT_US` once the event completed (the GPU time-slice switch such a wait
+/// costs on hardware). Host waits (`cuEventSynchronize`, `cuEventQuery`) pay nothing.
 pub fn stream_wait(stream_h: usize, h: usize, flags: u32) -> R {
     if flags != 0 {
         return Err(INVALID_VALUE);
     }
     let ev = get(h)?;
     let s = stream::resolve(stream_h)?;
-    let recorder = ev.state.recorder();
     let target = ev.state.recorded();
-    let xproc = target > 0 && recorder != 0 && recorder != u64::from(std::process::id());
-    let penalty = if xproc {
-        crate::stats::xproc_event_wait();
-        crate::cost::xproc_event_wait()
-    } else {
-        Duration::ZERO
-    };
-    stream::enqueue(&s, Op::WaitEvent(ev.state.clone(), target));
-    if !penalty.is_zero() {
-        stream::enqueue(&s, Op::Run(Box::new(move || std::thread::sleep(penalty))));
+    let mut penalty = Duration::ZERO;
+    if target > 0 && ev.state.recorder() != std::process::id() {
+        crate::stats::count(&crate::stats::XPROC_EVENT_WAITS);
+        let settings = crate::settings::get();
+        if !settings.mps {
+            penalty = settings.xproc_wait;
+        }
     }
+    stream::enqueue(&s, Op::WaitEvent(ev.state.clone(), target, penalty));
     Ok(())
 }

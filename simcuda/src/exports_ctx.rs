@@ -84,6 +84,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: i32) -> CuR
 pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut i32, attr: i32, dev: i32) -> CuResult {
     guard("cuDeviceGetAttribute", true, || {
         context::check_device(dev)?;
+        let settings = crate::settings::get();
+        let memops = i32::from(settings.memops);
         let value = match attr {
             1 => 1024,      // MAX_THREADS_PER_BLOCK
             10 => 32,       // WARP_SIZE
@@ -92,16 +94,24 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut i32, attr: i32, dev: i32) 
             33 => dev + 1,  // PCI_BUS_ID
             34 => 0,        // PCI_DEVICE_ID
             41 => 1,        // UNIFIED_ADDRESSING
-            // Registered host memory has a device address of its own (host_register.rs).
-            91 => 0,        // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
-            92 | 93 | 94 | 122 | 123 => i32::from(crate::memops::supported()), // stream memory operations
-            99 => i32::from(crate::host_register::supported()),              // HOST_REGISTER_SUPPORTED
-            133 => i32::from(crate::cost::mps()),                            // MPS_ENABLED
             75 => 9,        // COMPUTE_CAPABILITY_MAJOR
             76 => 0,        // COMPUTE_CAPABILITY_MINOR
+            // The device pointer of registered host memory is not the host pointer
+            // (host_register.rs: the strict choice).
+            91 => 0,        // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+            92 => memops,   // CAN_USE_STREAM_MEM_OPS_V1
+            93 => memops,   // CAN_USE_64_BIT_STREAM_MEM_OPS_V1
+            94 => memops,   // CAN_USE_STREAM_WAIT_VALUE_NOR_V1
+            // CU_STREAM_WAIT_VALUE_FLUSH is refused, as on x86 (memops.rs).
+            98 => 0,        // CAN_FLUSH_REMOTE_WRITES
+            99 => i32::from(settings.host_register), // HOST_REGISTER_SUPPORTED
             102 => 1,       // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             103 => 1,       // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+            113 => 1,       // READ_ONLY_HOST_REGISTER_SUPPORTED
+            122 => memops,  // CAN_USE_64_BIT_STREAM_MEM_OPS
+            123 => memops,  // CAN_USE_STREAM_WAIT_VALUE_NOR
             125 => 1,       // IPC_EVENT_SUPPORTED
+            133 => i32::from(settings.mps), // MPS_ENABLED
             // Not simulated: an error, not a made-up value.
             _ => return Err(INVALID_VALUE),
         };

@@ -35,7 +35,9 @@ pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
 pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, dptr: u64) -> CuResult {
     guard("cuMemGetAddressRange_v2", true, || {
         context::current()?;
-        let r = memory::find(dptr).ok_or(NOT_FOUND)?;
+        // Documented for cuMemAlloc memory; registered host memory's device range is not
+        // an allocation (the strict choice: CUDA_ERROR_NOT_FOUND).
+        let r = memory::find(dptr).filter(|r| !matches!(r.kind, Kind::HostRegistered { .. })).ok_or(NOT_FOUND)?;
         if !base.is_null() {
             out(base, r.start)?;
         }
@@ -57,7 +59,7 @@ fn stage(src: *const c_void, n: usize) -> R<Vec<u8>> {
 
 fn write_host(dst: usize, from: &Span) {
     // SAFETY: the DtoH caller passed `n` writable host bytes at `dst` and waits for this
-    // op before it returns; the span lies inside its backing.
+    // op before it returns; the span lies inside its backing (mapped: see `htod`).
     unsafe { std::ptr::copy_nonoverlapping(from.backing.at(from.off), dst as *mut u8, from.n as usize) };
 }
 
@@ -66,7 +68,7 @@ fn htod(dst: u64, src: *const c_void, n: usize, s: usize, sync_first: bool) -> R
     if n == 0 {
         return Ok(());
     }
-    let span = memory::span(dst, n as u64)?;
+    let span = memory::span_for_write(dst, n as u64)?;
     let bytes = stage(src, n)?;
     if sync_first {
         stream.synchronize();
@@ -74,7 +76,8 @@ fn htod(dst: u64, src: *const c_void, n: usize, s: usize, sync_first: bool) -> R
     stream::enqueue(
         &stream,
         Op::Run(Box::new(move || {
-            // SAFETY: the span lies inside its backing (checked by `span`); `bytes` has n bytes.
+            // SAFETY: the span lies inside its backing (checked by `span`; kept mapped by its
+            // Arc, or registered host pages the caller keeps mapped); `bytes` has n bytes.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), span.backing.at(span.off), bytes.len()) };
         })),
     );
@@ -118,7 +121,7 @@ fn dtod(dst: u64, src: u64, n: usize, s: usize) -> R {
     if n == 0 {
         return Ok(());
     }
-    let (d, sp) = (memory::span(dst, n as u64)?, memory::span(src, n as u64)?);
+    let (d, sp) = (memory::span_for_write(dst, n as u64)?, memory::span(src, n as u64)?);
     stream::enqueue(&stream, Op::Run(Box::new(move || memory::copy(&d, &sp))));
     Ok(())
 }
@@ -128,11 +131,12 @@ fn memset8(dst: u64, v: u8, n: usize, s: usize) -> R {
     if n == 0 {
         return Ok(());
     }
-    let d = memory::span(dst, n as u64)?;
+    let d = memory::span_for_write(dst, n as u64)?;
     stream::enqueue(
         &stream,
         Op::Run(Box::new(move || {
-            // SAFETY: the span lies inside its backing (checked by `span`).
+            // SAFETY: the span lies inside its backing (checked by `span`; kept mapped by its
+            // Arc, or registered host pages the caller keeps mapped).
             unsafe { std::ptr::write_bytes(d.backing.at(d.off), v, d.n as usize) };
         })),
     );
@@ -212,7 +216,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: i32, ptr
         let r = memory::find(ptr).ok_or(INVALID_VALUE)?;
         match attr {
             1 => out(data.cast::<usize>(), context::handle(context::check_device(r.device)?)),
-            2 => out(data.cast::<u32>(), 2), // CU_MEMORYTYPE_DEVICE
+            // CU_MEMORYTYPE_HOST for registered host memory, else CU_MEMORYTYPE_DEVICE.
+            2 => out(data.cast::<u32>(), if matches!(r.kind, Kind::HostRegistered { .. }) { 1 } else { 2 }),
             3 => out(data.cast::<u64>(), ptr),
             9 => out(data.cast::<i32>(), r.device),
             10 => out(data.cast::<u8>(), u8::from(matches!(r.kind, Kind::Alloc { .. }))),
@@ -298,39 +303,4 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(h: *mut u64, addr: *mut c_v
         }
         out(h, vmm::retain(addr as u64)?)
     })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitValue32_v2(s: usize, addr: u64, value: u32, flags: u32) -> CuResult {
-    guard("cuStreamWaitValue32_v2", true, || crate::memops::wait(s, addr, u64::from(value), flags, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitValue64_v2(s: usize, addr: u64, value: u64, flags: u32) -> CuResult {
-    guard("cuStreamWaitValue64_v2", true, || crate::memops::wait(s, addr, value, flags, true))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWriteValue32_v2(s: usize, addr: u64, value: u32, flags: u32) -> CuResult {
-    guard("cuStreamWriteValue32_v2", true, || crate::memops::write(s, addr, u64::from(value), flags, false))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWriteValue64_v2(s: usize, addr: u64, value: u64, flags: u32) -> CuResult {
-    guard("cuStreamWriteValue64_v2", true, || crate::memops::write(s, addr, value, flags, true))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: u32) -> CuResult {
-    guard("cuMemHostRegister_v2", true, || crate::host_register::register(p as u64, bytesize as u64, flags))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CuResult {
-    guard("cuMemHostUnregister", true, || crate::host_register::unregister(p as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c_void, flags: u32) -> CuResult {
-    guard("cuMemHostGetDevicePointer_v2", true, || out(pdptr, crate::host_register::device_pointer(p as u64, flags)?))
 }

@@ -1,15 +1,19 @@
-//! Registered host memory (`cuMemHostRegister`, `cuMemHostGetDevicePointer`,
-//! `cuMemHostUnregister`). A registered range gets a device address range of its own —
-//! reserved `PROT_NONE`, so code that passes the host pointer where the device pointer is
-//! required fails (the strict reading; `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM` answers
-//! 0) — whose region reaches the registered host pages themselves: a stream's write to it
-//! is a store to those pages, seen by the host and by any other process mapping the same
-//! file, and a host store to them is seen by the stream.
+//! Host memory registration: `cuMemHostRegister`, `cuMemHostUnregister`,
+//! `cuMemHostGetDevicePointer`.
+//!
+//! A registration records the caller's range. With `CU_MEMHOSTREGISTER_DEVICEMAP` it also
+//! gets a device address range of its own, reserved `PROT_NONE` like every device range
+//! (`memory`): a region whose pages are the caller's, so copies and stream memory
+//! operations on the device pointer reach the host pages, and two processes that register
+//! their own shared mappings of one memfd see each other's writes through those pages. The
+//! host pointer itself is not a device address (the strict choice: the device reports
+//! `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM` = 0, and the documentation says the device
+//! pointer then does not match the host pointer), so code that hands the host pointer to
+//! a stream operation fails here as it would on such a device.
 
-use crate::memory::{self, Backing, Kind, Region};
+use crate::memory::{self, Backing, Kind, PAGE, Region};
 use crate::result::*;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const PORTABLE: u32 = 1;
@@ -17,96 +21,134 @@ pub const DEVICEMAP: u32 = 2;
 pub const IOMEMORY: u32 = 4;
 pub const READ_ONLY: u32 = 8;
 
-/// `SIMCUDA_NO_HOST_REGISTER=1`: the device cannot register host memory.
-pub fn supported() -> bool {
-    std::env::var("SIMCUDA_NO_HOST_REGISTER").as_deref() != Ok("1")
+/// The device range of a `DEVICEMAP` registration.
+struct DeviceRange {
+    dptr: u64,
+    /// The `PROT_NONE` reservation holding it (page-aligned; `dptr` keeps the host
+    /// pointer's offset in its page, so alignment carries over).
+    reserved: u64,
+    reserved_len: u64,
 }
 
 struct Registration {
     len: u64,
-    device_start: u64,
-    devicemap: bool,
+    device: Option<DeviceRange>,
 }
 
-/// Host start address → registration.
-static REGISTERED: Mutex<BTreeMap<u64, Registration>> = Mutex::new(BTreeMap::new());
-static LIVE: AtomicU64 = AtomicU64::new(0);
+/// This process's registrations by host start address.
+static REGS: Mutex<BTreeMap<u64, Registration>> = Mutex::new(BTreeMap::new());
 
-/// True if every page of `ptr..ptr+len` is mapped in this process.
-fn mapped(ptr: u64, len: u64) -> bool {
-    let page = memory::PAGE;
-    let start = ptr / page * page;
-    let pages = (ptr + len).div_ceil(page) * page - start;
-    let mut vec = vec![0u8; (pages / page) as usize];
-    // SAFETY: mincore only reports on the range; it fails with ENOMEM where a page is not
-    // mapped, which is what we ask.
-    unsafe { libc::mincore(start as *mut libc::c_void, pages as usize, vec.as_mut_ptr()) == 0 }
+fn regs() -> std::sync::MutexGuard<'static, BTreeMap<u64, Registration>> {
+    REGS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `cuMemHostRegister_v2`.
-pub fn register(ptr: u64, len: u64, flags: u32) -> R {
+/// True if `[start, end)` is mapped in this process, readable, and writable when `write`
+/// (from /proc/self/maps: a registration is rare, the file is short).
+fn mapped(start: u64, end: u64, write: bool) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+    let mut at = start - start % PAGE;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else { continue };
+        if e <= at {
+            continue;
+        }
+        // The lines are sorted: a mapping starting after `at` leaves a hole.
+        if s > at {
+            return false;
+        }
+        let p = perms.as_bytes();
+        if p.first() != Some(&b'r') || (write && p.get(1) != Some(&b'w')) {
+            return false;
+        }
+        at = e;
+        if at >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// `cuMemHostRegister`: flags a subset of PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY, a
+/// non-null pointer and a non-zero size (else CUDA_ERROR_INVALID_VALUE); a range that
+/// overlaps a registered one is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (documented); the
+/// range must be mapped, readable and (without READ_ONLY) writable, else
+/// CUDA_ERROR_INVALID_VALUE. IOMEMORY (a third-party device's I/O space) is
+/// CUDA_ERROR_NOT_SUPPORTED: there is none to simulate (a documented answer for it).
+pub fn register(p: u64, size: u64, flags: u32) -> R {
     let ctx = crate::context::current()?;
-    if !supported() {
+    if !crate::settings::get().host_register {
         return Err(NOT_SUPPORTED);
     }
-    if ptr == 0 || len == 0 || flags & !(PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY) != 0 {
+    if flags & !(PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY) != 0 || p == 0 || size == 0 {
         return Err(INVALID_VALUE);
     }
-    let end = ptr.checked_add(len).ok_or(INVALID_VALUE)?;
-    let mut reg = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    let overlaps = reg.range(..end).next_back().is_some_and(|(s, r)| s + r.len > ptr);
-    if overlaps {
+    let end = p.checked_add(size).ok_or(INVALID_VALUE)?;
+    if flags & IOMEMORY != 0 {
+        return Err(NOT_SUPPORTED);
+    }
+    let read_only = flags & READ_ONLY != 0;
+    let mut regs = regs();
+    if regs.range(..end).next_back().is_some_and(|(&s, r)| s + r.len > p) {
         return Err(HOST_MEMORY_ALREADY_REGISTERED);
     }
-    if !mapped(ptr, len) {
+    if !mapped(p, end, !read_only) {
         return Err(INVALID_VALUE);
     }
-    let device_start = memory::reserve_range(len.div_ceil(memory::PAGE) * memory::PAGE)?;
-    let backing = Backing::borrow(ptr, len)?;
-    memory::insert(Region {
-        start: device_start,
-        len,
-        device: ctx.device,
-        backing: Arc::new(backing),
-        offset: 0,
-        kind: Kind::Host,
-        accessible: true,
-    });
-    reg.insert(ptr, Registration { len, device_start, devicemap: flags & DEVICEMAP != 0 });
-    // Relaxed: statistics.
-    LIVE.fetch_add(1, Ordering::Relaxed);
+    let device = if flags & DEVICEMAP != 0 {
+        let in_page = p % PAGE;
+        let reserved_len = (in_page + size).div_ceil(PAGE) * PAGE;
+        let reserved = memory::reserve_range(reserved_len)?;
+        let dptr = reserved + in_page;
+        memory::insert(Region {
+            start: dptr,
+            len: size,
+            device: ctx.device,
+            backing: Arc::new(Backing::caller(p, size)),
+            offset: 0,
+            kind: Kind::HostRegistered { read_only },
+            accessible: true,
+        });
+        Some(DeviceRange { dptr, reserved, reserved_len })
+    } else {
+        None
+    };
+    regs.insert(p, Registration { len: size, device });
     Ok(())
 }
 
-/// `cuMemHostUnregister`: `ptr` must be the start of a registered range. Work already
-/// queued on it keeps its pages reachable (its region's backing is shared by the queued
-/// ops), as the driver leaves such work undefined.
-pub fn unregister(ptr: u64) -> R {
+/// `cuMemHostUnregister`: `p` must be the start of a registered range (documented: "the
+/// base address must be the same one specified to cuMemHostRegister"), else
+/// CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED. Work already queued on the device pointer still
+/// runs: it holds the region's pages (the caller's, which it keeps mapped until that work
+/// ran, as pinned pages on hardware).
+pub fn unregister(p: u64) -> R {
     crate::context::current()?;
-    let r = REGISTERED.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr).ok_or(HOST_MEMORY_NOT_REGISTERED)?;
-    memory::remove(r.device_start);
-    memory::unreserve_range(r.device_start, r.len.div_ceil(memory::PAGE) * memory::PAGE);
-    // Relaxed: statistics.
-    LIVE.fetch_sub(1, Ordering::Relaxed);
+    let r = regs().remove(&p).ok_or(HOST_MEMORY_NOT_REGISTERED)?;
+    if let Some(d) = r.device {
+        memory::remove(d.dptr);
+        memory::unreserve_range(d.reserved, d.reserved_len);
+    }
     Ok(())
 }
 
-/// `cuMemHostGetDevicePointer_v2`: flags must be 0; `ptr` inside a range registered with
-/// `DEVICEMAP`.
-pub fn device_pointer(ptr: u64, flags: u32) -> R<u64> {
+/// `cuMemHostGetDevicePointer`: flags must be 0 (documented); `p` anywhere inside a range
+/// registered with DEVICEMAP (documented: fails if the memory was not mapped), else
+/// CUDA_ERROR_INVALID_VALUE. The device pointer never equals the host pointer (see above).
+pub fn device_pointer(p: u64, flags: u32) -> R<u64> {
     crate::context::current()?;
     if flags != 0 {
         return Err(INVALID_VALUE);
     }
-    let reg = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    let (start, r) = reg.range(..=ptr).next_back().ok_or(INVALID_VALUE)?;
-    if ptr >= start + r.len || !r.devicemap {
-        return Err(INVALID_VALUE);
-    }
-    Ok(r.device_start + (ptr - start))
+    let regs = regs();
+    let (&start, r) = regs.range(..=p).next_back().filter(|(s, r)| p < **s + r.len).ok_or(INVALID_VALUE)?;
+    let d = r.device.as_ref().ok_or(INVALID_VALUE)?;
+    Ok(d.dptr + (p - start))
 }
 
+/// Live registrations.
 pub fn live() -> u64 {
-    // Relaxed: statistics.
-    LIVE.load(Ordering::Relaxed)
+    regs().len() as u64
 }

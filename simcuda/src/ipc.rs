@@ -47,7 +47,8 @@ fn data_len(size: u64) -> u64 {
     size.div_ceil(PAGE) * PAGE
 }
 
-fn alive(pid: u32) -> bool {
+/// True if process `pid` exists (a process of another user counts: EPERM).
+pub fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence.
     unsafe { libc::kill(pid as i32, 0) == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) }
 }
@@ -159,7 +160,9 @@ pub fn get_mem_handle(dptr: u64) -> R<[u8; 64]> {
     crate::context::current()?;
     let r = memory::find(dptr).ok_or(INVALID_VALUE)?;
     match r.kind {
-        Kind::Alloc { id } if r.start == dptr => Ok(encode(MAGIC_MEM, r.backing.fd.as_raw_fd(), id, r.len, r.device)),
+        Kind::Alloc { id } if r.start == dptr => {
+            Ok(encode(MAGIC_MEM, r.backing.fd().ok_or(INVALID_VALUE)?.as_raw_fd(), id, r.len, r.device))
+        }
         _ => Err(INVALID_VALUE),
     }
 }
@@ -251,7 +254,7 @@ pub fn get_event_handle(ev: usize) -> R<[u8; 64]> {
         return Err(INVALID_HANDLE);
     }
     let b = e.state.backing().ok_or(INVALID_HANDLE)?;
-    Ok(encode(MAGIC_EVENT, b.fd.as_raw_fd(), e.state.id(), 0, e.device))
+    Ok(encode(MAGIC_EVENT, b.fd().ok_or(INVALID_HANDLE)?.as_raw_fd(), e.state.id(), 0, e.device))
 }
 
 /// `cuIpcOpenEventHandle`: in the current context; a handle of this very process is

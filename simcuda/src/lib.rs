@@ -5,20 +5,24 @@
 //! process (a host dereference of a device pointer faults, as on hardware) and simcuda
 //! moves bytes through a private alias mapping of the same pages. Streams run their work
 //! on worker threads after seeded random delays, so a missing wait shows up as wrong data.
+//! Stream memory operations wait on and write words of device memory or of registered
+//! host memory, across processes too.
 //! See README.md beside this crate for each call's semantics and where they come from.
 
 mod context;
-mod cost;
 mod events;
 mod exports_ctx;
 mod exports_mem;
+mod exports_memops;
 mod faults;
 mod host_register;
 mod ipc;
-mod memory;
 mod memops;
+mod memory;
 mod result;
+mod settings;
 mod stats;
+mod stats_layout;
 mod stream;
 mod vmm;
 

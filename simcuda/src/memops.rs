@@ -1,80 +1,151 @@
-//! Stream memory operations: `cuStreamWaitValue32/64` and `cuStreamWriteValue32/64`.
+//! Stream memory operations: `cuStreamWaitValue32/64` and `cuStreamWriteValue32/64`
+//! (`_v2` and the older names).
 //!
-//! Both are stream ops: a write stores after the stream's earlier work (Release); a wait
-//! polls the word until its condition holds (Acquire), so a write by another stream,
-//! another process mapping the same pages, or a plain host store releases it. Conditions
-//! as documented: GEQ `(int32_t)(*addr - value) >= 0` (cyclic, wraparound ignored; int64
-//! for the 64-bit call), EQ, AND `(*addr & value) != 0`, NOR `~(*addr | value) != 0`;
-//! `FLUSH` may be or-ed in. The address is a device address simcuda knows (device memory,
-//! opened IPC memory, a VMM mapping, registered host memory's device pointer), aligned
-//! to the word's size.
+//! Both are stream ops (legacy-stream ordering and seeded delays as for every op). A write
+//! stores the word after the stream's earlier work (a Release store: what the stream did
+//! before is visible to whoever sees the value). A wait polls the word (Acquire loads,
+//! short sleeps) until its condition holds, so a write by another stream, another process
+//! or a plain host store to registered memory releases it. The address must be a device
+//! address simcuda knows (`cuMemAlloc`, opened IPC memory, an accessible VMM mapping, the
+//! device pointer of registered host memory), aligned to the word, the word inside one
+//! allocation: else CUDA_ERROR_INVALID_VALUE.
 
-use crate::memory;
+use crate::memory::{self, Span};
 use crate::result::*;
 use crate::stream::{self, Op};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-const GEQ: u32 = 0;
-const EQ: u32 = 1;
-const AND: u32 = 2;
-const NOR: u32 = 3;
-const FLUSH: u32 = 1 << 30;
-const NO_MEMORY_BARRIER: u32 = 1;
+pub const WAIT_GEQ: u32 = 0;
+pub const WAIT_EQ: u32 = 1;
+pub const WAIT_AND: u32 = 2;
+pub const WAIT_NOR: u32 = 3;
+pub const WAIT_FLUSH: u32 = 1 << 30;
+pub const WRITE_DEFAULT: u32 = 0;
+pub const WRITE_NO_MEMORY_BARRIER: u32 = 1;
 
-/// `SIMCUDA_NO_MEMOPS=1`: the device has no stream memory operations.
-pub fn supported() -> bool {
-    std::env::var("SIMCUDA_NO_MEMOPS").as_deref() != Ok("1")
+/// How long a waiting stream sleeps between two looks at the word.
+const POLL: Duration = Duration::from_micros(10);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Width {
+    W32,
+    W64,
 }
 
-fn holds(cond: u32, word: u64, value: u64, wide: bool) -> bool {
-    match cond {
-        GEQ if wide => (word.wrapping_sub(value) as i64) >= 0,
-        GEQ => ((word as u32).wrapping_sub(value as u32) as i32) >= 0,
-        EQ => word == value,
-        AND => word & value != 0,
-        _ => !(word | value) & if wide { u64::MAX } else { u64::from(u32::MAX) } != 0,
+impl Width {
+    fn bytes(self) -> u64 {
+        match self {
+            Width::W32 => 4,
+            Width::W64 => 8,
+        }
     }
 }
 
-/// The word at `addr`: inside one accessible region, aligned.
-fn word(addr: u64, wide: bool) -> R<memory::Span> {
-    let n = if wide { 8 } else { 4 };
-    if !supported() {
+/// Which entry point was called: the `_v2` calls do not take
+/// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER` (documented: "This flag is not supported in
+/// the v2 API"); the older names do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    V1,
+    V2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cond {
+    Geq,
+    Eq,
+    And,
+    Nor,
+}
+
+/// The condition in wait `flags`. `CU_STREAM_WAIT_VALUE_FLUSH` is documented as supported
+/// on selected platforms only (`CAN_FLUSH_REMOTE_WRITES`); x86 drivers have refused it
+/// since CUDA 9.2, so simcuda (an x86 H200) reports the attribute 0 and refuses the flag with
+/// CUDA_ERROR_NOT_SUPPORTED (the strict choice; the code a real driver returns is calibrated).
+fn condition(flags: u32) -> R<Cond> {
+    let cond = match flags & !WAIT_FLUSH {
+        WAIT_GEQ => Cond::Geq,
+        WAIT_EQ => Cond::Eq,
+        WAIT_AND => Cond::And,
+        WAIT_NOR => Cond::Nor,
+        _ => return Err(INVALID_VALUE),
+    };
+    if flags & WAIT_FLUSH != 0 {
         return Err(NOT_SUPPORTED);
     }
-    if addr % n != 0 {
-        return Err(INVALID_VALUE);
-    }
-    memory::span(addr, n)
+    Ok(cond)
 }
 
-fn load(w: &memory::Span, wide: bool) -> u64 {
+/// The documented conditions: GEQ is the cyclic `(int32_t)(*addr - value) >= 0` (int64 for
+/// the 64-bit call), which ignores wraparound; AND is `(*addr & value) != 0`; NOR is
+/// `~(*addr | value) != 0`.
+fn holds(cond: Cond, width: Width, cur: u64, value: u64) -> bool {
+    let (cur, value, mask) = match width {
+        Width::W32 => (cur & 0xffff_ffff, value & 0xffff_ffff, 0xffff_ffffu64),
+        Width::W64 => (cur, value, u64::MAX),
+    };
+    match cond {
+        Cond::Geq => match width {
+            Width::W32 => (cur.wrapping_sub(value) as u32 as i32) >= 0,
+            Width::W64 => (cur.wrapping_sub(value) as i64) >= 0,
+        },
+        Cond::Eq => cur == value,
+        Cond::And => cur & value != 0,
+        Cond::Nor => !(cur | value) & mask != 0,
+    }
+}
+
+/// The word at device address `addr`: a known address, aligned, inside one allocation.
+fn word(addr: u64, width: Width, write: bool) -> R<Span> {
+    if addr % width.bytes() != 0 {
+        return Err(INVALID_VALUE);
+    }
+    if write { memory::span_for_write(addr, width.bytes()) } else { memory::span(addr, width.bytes()) }
+}
+
+fn load(w: &Span, width: Width) -> u64 {
     let p = w.backing.at(w.off);
-    // SAFETY: `word` checked the span lies in its backing, aligned to its size; the word
-    // is only accessed atomically (here, by host code, by other processes).
-    // Acquire: pairs with the Release store of whoever wrote the value (a stream write,
-    // a host store), so the work before it is visible to the waiting stream's later work.
-    unsafe {
-        if wide { (*p.cast::<AtomicU64>()).load(Ordering::Acquire) } else { u64::from((*p.cast::<AtomicU32>()).load(Ordering::Acquire)) }
+    match width {
+        // SAFETY: the span is an aligned word inside its backing's pages (checked by `word`;
+        // a memfd alias the span's Arc keeps mapped, or registered host pages the caller
+        // keeps mapped); every access to it by simcuda is atomic. Acquire: pairs with the
+        // Release store of the write op (this or another process) or a host store.
+        Width::W32 => u64::from(unsafe { AtomicU32::from_ptr(p.cast()) }.load(Ordering::Acquire)),
+        // SAFETY: as above.
+        Width::W64 => unsafe { AtomicU64::from_ptr(p.cast()) }.load(Ordering::Acquire),
     }
 }
 
-/// `cuStreamWaitValue32/64`.
-pub fn wait(stream_h: usize, addr: u64, value: u64, flags: u32, wide: bool) -> R {
-    let cond = flags & !FLUSH;
-    if cond > NOR {
-        return Err(INVALID_VALUE);
+fn store(w: &Span, width: Width, v: u64) {
+    let p = w.backing.at(w.off);
+    match width {
+        // SAFETY: as in `load`. Release: the stream's earlier ops ran before this one on
+        // this worker; pairs with the Acquire load of a wait (any process) or the host.
+        Width::W32 => unsafe { AtomicU32::from_ptr(p.cast()) }.store(v as u32, Ordering::Release),
+        // SAFETY: as above.
+        Width::W64 => unsafe { AtomicU64::from_ptr(p.cast()) }.store(v, Ordering::Release),
     }
-    let w = word(addr, wide)?;
+}
+
+fn supported() -> R {
+    if crate::settings::get().memops { Ok(()) } else { Err(NOT_SUPPORTED) }
+}
+
+/// `cuStreamWaitValue32/64`: enqueue a wait until the condition in `flags` holds for the
+/// word at `addr` (other flag values: CUDA_ERROR_INVALID_VALUE; FLUSH: see `condition`).
+pub fn wait(stream_h: usize, addr: u64, value: u64, flags: u32, width: Width) -> R {
+    supported()?;
     let s = stream::resolve(stream_h)?;
-    crate::stats::value_wait();
-    let extra = crate::cost::value_wait();
+    let cond = condition(flags)?;
+    let w = word(addr, width, false)?;
+    let extra = crate::settings::get().value_wait;
+    crate::stats::count(&crate::stats::VALUE_WAITS);
     stream::enqueue(
         &s,
         Op::Run(Box::new(move || {
-            while !holds(cond, load(&w, wide), value, wide) {
-                std::thread::sleep(Duration::from_micros(10));
+            while !holds(cond, width, load(&w, width), value) {
+                std::thread::sleep(POLL);
             }
             if !extra.is_zero() {
                 std::thread::sleep(extra);
@@ -84,29 +155,21 @@ pub fn wait(stream_h: usize, addr: u64, value: u64, flags: u32, wide: bool) -> R
     Ok(())
 }
 
-/// `cuStreamWriteValue32/64`.
-pub fn write(stream_h: usize, addr: u64, value: u64, flags: u32, wide: bool) -> R {
-    if flags & !NO_MEMORY_BARRIER != 0 {
+/// `cuStreamWriteValue32/64`: enqueue a store of `value` to the word at `addr`. Flags:
+/// DEFAULT, or NO_MEMORY_BARRIER with the older API only (else CUDA_ERROR_INVALID_VALUE;
+/// simcuda's store always orders after the stream's earlier work, which the flag allows).
+/// Host memory registered read-only is CUDA_ERROR_INVALID_VALUE (strict: the device must
+/// not write it).
+pub fn write(stream_h: usize, addr: u64, value: u64, flags: u32, width: Width, api: Api) -> R {
+    supported()?;
+    let s = stream::resolve(stream_h)?;
+    let ok = flags == WRITE_DEFAULT || (flags == WRITE_NO_MEMORY_BARRIER && api == Api::V1);
+    if !ok {
         return Err(INVALID_VALUE);
     }
-    let w = word(addr, wide)?;
-    let s = stream::resolve(stream_h)?;
-    crate::stats::value_write();
-    stream::enqueue(
-        &s,
-        Op::Run(Box::new(move || {
-            let p = w.backing.at(w.off);
-            // SAFETY: as in `load`. Release: the stream's earlier ops ran before this one on
-            // this worker; whoever sees the value sees their effects.
-            unsafe {
-                if wide {
-                    (*p.cast::<AtomicU64>()).store(value, Ordering::Release)
-                } else {
-                    (*p.cast::<AtomicU32>()).store(value as u32, Ordering::Release)
-                }
-            }
-        })),
-    );
+    let w = word(addr, width, true)?;
+    crate::stats::count(&crate::stats::VALUE_WRITES);
+    stream::enqueue(&s, Op::Run(Box::new(move || store(&w, width, value))));
     Ok(())
 }
 
@@ -115,12 +178,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn conditions_are_the_documented_ones() {
-        assert!(holds(GEQ, 5, 0xFFFF_FFF0, false), "32-bit GEQ is cyclic");
-        assert!(!holds(GEQ, 0xFFFF_FFF0, 5, false));
-        assert!(holds(GEQ, 7, 7, true) && !holds(GEQ, 6, 7, true));
-        assert!(holds(EQ, 3, 3, false) && !holds(EQ, 3, 4, false));
-        assert!(holds(AND, 6, 2, false) && !holds(AND, 4, 2, false));
-        assert!(holds(NOR, 0, 0, false) && !holds(NOR, 0xFFFF_FFFF, 0, false));
+    fn conditions_follow_the_documented_formulas() {
+        // GEQ is cyclic: 5 is "after" 0xFFFF_FFF0 (the difference 0x15 is positive).
+        assert!(holds(Cond::Geq, Width::W32, 5, 0xFFFF_FFF0));
+        assert!(!holds(Cond::Geq, Width::W32, 0xFFFF_FFF0, 5));
+        assert!(holds(Cond::Geq, Width::W32, 7, 7));
+        assert!(!holds(Cond::Geq, Width::W32, 6, 7));
+        assert!(holds(Cond::Geq, Width::W64, 5, u64::MAX - 15));
+        assert!(!holds(Cond::Geq, Width::W64, 1 << 32, (1 << 32) + 1));
+        // 32-bit: only the low word counts.
+        assert!(holds(Cond::Eq, Width::W32, 0x1_0000_0007, 7));
+        assert!(holds(Cond::And, Width::W32, 0b0110, 0b0100));
+        assert!(!holds(Cond::And, Width::W32, 0b0110, 0b1001));
+        assert!(holds(Cond::Nor, Width::W32, 0b0001, 0b0010));
+        assert!(!holds(Cond::Nor, Width::W32, 0xFFFF_0000, 0x0000_FFFF));
+        assert!(!holds(Cond::Nor, Width::W64, u64::MAX, 0));
+        assert!(holds(Cond::Nor, Width::W64, 0xFFFF_FFFF, 0));
+        assert_eq!(condition(WAIT_NOR), Ok(Cond::Nor));
+        assert_eq!(condition(WAIT_EQ | WAIT_FLUSH), Err(NOT_SUPPORTED));
+        assert_eq!(condition(5 | WAIT_FLUSH), Err(INVALID_VALUE));
+        assert_eq!(condition(4), Err(INVALID_VALUE));
+        assert_eq!(condition(1 << 29), Err(INVALID_VALUE));
     }
 }

@@ -5,28 +5,38 @@
 //! device pointer faults, as on hardware) that maps to an offset in a [`Backing`], a memfd
 //! whose pages simcuda reaches through a private read-write alias mapping. A `cuMemAlloc`
 //! memfd carries one extra metadata page after its data (see `ipc`), which the
-//! importers of its IPC handle map too.
+//! importers of its IPC handle map too. Registered host memory (`host_register`) is a
+//! region too: its device range maps to the caller's own pages.
 
 use crate::result::*;
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 pub const PAGE: u64 = 4096;
 
-/// A memfd and this process's read-write alias of all of it — or, for registered host
-/// memory, the caller's own pages (borrowed: never unmapped here; the fd is an empty
-/// memfd that names nothing).
-pub struct Backing {
-    pub fd: OwnedFd,
-    alias: usize,
-    pub len: u64,
-    borrowed: bool,
+/// Whose pages a [`Backing`] reaches.
+enum Pages {
+    /// A memfd; the alias is simcuda's own mapping of it (unmapped on drop).
+    Memfd(OwnedFd),
+    /// Host memory the caller registered (`cuMemHostRegister`): the alias is the caller's
+    /// own address, which the caller keeps mapped while it is registered or in use by
+    /// queued work (as it must keep pinned pages on hardware); never unmapped here.
+    Caller,
 }
 
-// SAFETY: the alias is a shared mapping owned by this value; every access goes through raw
-// copies whose ordering the stream workers and events provide, as on a device.
+/// The pages behind device addresses: a memfd and this process's read-write alias of all
+/// of it, or registered host memory.
+pub struct Backing {
+    pages: Pages,
+    alias: usize,
+    pub len: u64,
+}
+
+// SAFETY: the alias is a shared mapping owned by this value (or the caller's registered
+// pages); every access goes through raw copies or atomics whose ordering the stream
+// workers and events provide, as on a device.
 unsafe impl Send for Backing {}
 // SAFETY: as above.
 unsafe impl Sync for Backing {}
@@ -58,19 +68,20 @@ impl Backing {
         if p == libc::MAP_FAILED {
             return Err(MAP_FAILED);
         }
-        Ok(Backing { fd, alias: p as usize, len, borrowed: false })
+        Ok(Backing { pages: Pages::Memfd(fd), alias: p as usize, len })
     }
 
-    /// The caller's `len` bytes at host address `ptr` (registered host memory).
-    pub fn borrow(ptr: u64, len: u64) -> R<Backing> {
-        // SAFETY: a NUL-terminated name; the returned fd is checked below.
-        let fd = unsafe { libc::memfd_create(c"simcuda-host-registration".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(OUT_OF_MEMORY);
+    /// The caller's registered host range `[addr, addr + len)` (not mapped or owned here).
+    pub fn caller(addr: u64, len: u64) -> Backing {
+        Backing { pages: Pages::Caller, alias: addr as usize, len }
+    }
+
+    /// The memfd, if the pages are one (None for registered host memory).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.pages {
+            Pages::Memfd(fd) => Some(fd.as_fd()),
+            Pages::Caller => None,
         }
-        // SAFETY: a fresh fd owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Backing { fd, alias: ptr as usize, len, borrowed: true })
     }
 
     /// Host address of byte `off` of the alias (callers check `off` against `len`).
@@ -81,12 +92,11 @@ impl Backing {
 
 impl Drop for Backing {
     fn drop(&mut self) {
-        if self.borrowed {
-            return;
+        if let Pages::Memfd(_) = self.pages {
+            // SAFETY: unmapping the alias this value mapped; nothing else refers to it
+            // (every user holds an Arc to this value).
+            unsafe { libc::munmap(self.alias as *mut libc::c_void, self.len as usize) };
         }
-        // SAFETY: unmapping the alias this value mapped; nothing else refers to it (every
-        // user holds an Arc to this value).
-        unsafe { libc::munmap(self.alias as *mut libc::c_void, self.len as usize) };
     }
 }
 
@@ -122,8 +132,9 @@ pub enum Kind {
     IpcOpen { id: u64 },
     /// A VMM mapping of physical allocation `handle`.
     Vmm { handle: u64 },
-    /// The device address range of registered host memory.
-    Host,
+    /// The device range of host memory registered with `CU_MEMHOSTREGISTER_DEVICEMAP`
+    /// (`read_only`: registered `CU_MEMHOSTREGISTER_READ_ONLY`, never written by the device).
+    HostRegistered { read_only: bool },
 }
 
 #[derive(Clone)]
@@ -162,7 +173,7 @@ pub fn with_regions<T>(f: impl FnOnce(&mut BTreeMap<u64, Region>) -> T) -> T {
 
 /// What a copy reads or writes: `n` bytes of a backing from an offset (kept alive by the
 /// Arc until the queued copy ran, as the device keeps freed memory's pages until the work
-/// using it finished).
+/// using it finished; registered host pages are the caller's to keep mapped).
 #[derive(Clone)]
 pub struct Span {
     pub backing: Arc<Backing>,
@@ -181,10 +192,21 @@ pub fn span(dptr: u64, n: u64) -> R<Span> {
     Ok(Span { backing: r.backing.clone(), off: r.offset + (dptr - r.start), n })
 }
 
+/// As [`span`], for bytes the device writes: host memory registered read-only is
+/// CUDA_ERROR_INVALID_VALUE too (the device must not write it; hardware would fault, simcuda
+/// refuses at the call: the strict choice).
+pub fn span_for_write(dptr: u64, n: u64) -> R<Span> {
+    if matches!(find(dptr).map(|r| r.kind), Some(Kind::HostRegistered { read_only: true })) {
+        return Err(INVALID_VALUE);
+    }
+    span(dptr, n)
+}
+
 /// Copy between two spans of equal length (may overlap).
 pub fn copy(dst: &Span, src: &Span) {
     // SAFETY: both spans were checked to lie inside their backings' aliases, which their
-    // Arcs keep mapped; `copy` allows overlap.
+    // Arcs keep mapped (registered host pages: the caller keeps them mapped while work on
+    // them is queued); `copy` allows overlap.
     unsafe { std::ptr::copy(src.backing.at(src.off), dst.backing.at(dst.off), src.n as usize) };
 }
 

@@ -19,10 +19,10 @@ pub const MAP_FAILED: CuResult = 205;
 pub const INVALID_HANDLE: CuResult = 400;
 pub const NOT_FOUND: CuResult = 500;
 pub const NOT_READY: CuResult = 600;
-pub const HOST_MEMORY_ALREADY_REGISTERED: CuResult = 712;
-pub const HOST_MEMORY_NOT_REGISTERED: CuResult = 713;
 pub const ILLEGAL_ADDRESS: CuResult = 700;
 pub const TOO_MANY_PEERS: CuResult = 711;
+pub const HOST_MEMORY_ALREADY_REGISTERED: CuResult = 712;
+pub const HOST_MEMORY_NOT_REGISTERED: CuResult = 713;
 pub const NOT_PERMITTED: CuResult = 800;
 pub const NOT_SUPPORTED: CuResult = 801;
 pub const UNKNOWN: CuResult = 999;
@@ -42,7 +42,11 @@ pub const CODES: &[(CuResult, &str, &str)] = &[
     (NOT_READY, "CUDA_ERROR_NOT_READY\0", "device not ready\0"),
     (ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS\0", "an illegal memory access was encountered\0"),
     (TOO_MANY_PEERS, "CUDA_ERROR_TOO_MANY_PEERS\0", "peer mapping resources exhausted\0"),
-    (HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED\0", "part or all of the requested memory range is already mapped\0"),
+    (
+        HOST_MEMORY_ALREADY_REGISTERED,
+        "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED\0",
+        "part or all of the requested memory range is already mapped\0",
+    ),
     (HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED\0", "pointer does not correspond to a registered memory region\0"),
     (NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED\0", "operation not permitted\0"),
     (NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED\0", "operation not supported\0"),

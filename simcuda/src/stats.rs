@@ -1,6 +1,8 @@
 //! `simcuda_stats`: what this process holds in the simulated driver, for tests that look
-//! the function up with dlsym (it exists only in simcuda, never in a real libcuda).
+//! the function up with dlsym (it exists only in simcuda, never in a real libcuda). The
+//! struct's layout is in `stats_layout.rs`.
 
+pub use crate::stats_layout::{LAYOUT_VERSION, SimcudaStats};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The calls that share or open memory, counted at every call (whatever its outcome) so a
@@ -8,6 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const OPENING: [&str; 4] =
     ["cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"];
 static OPENING_CALLS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Cumulative counters bumped where the thing happens (see [`SimcudaStats`]).
+pub static XPROC_EVENT_WAITS: AtomicU64 = AtomicU64::new(0);
+pub static VALUE_WAITS: AtomicU64 = AtomicU64::new(0);
+pub static VALUE_WRITES: AtomicU64 = AtomicU64::new(0);
 
 /// Count a call of `name` if it is one of [`OPENING`].
 pub fn called(name: &str) {
@@ -17,74 +24,21 @@ pub fn called(name: &str) {
     }
 }
 
-/// Counters of this process (a snapshot).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SimcudaStats {
-    /// Layout version of this struct (2: `opening_calls` added; 3: the stream memory
-    /// operation and cross-process wait counters after it).
-    pub version: u64,
-    /// Live `cuMemAlloc` allocations.
-    pub allocations: u64,
-    /// IPC memory handles open in this process (distinct mappings).
-    pub ipc_open_handles: u64,
-    /// Live events (created or opened).
-    pub events: u64,
-    /// Live created streams (the legacy streams are not counted).
-    pub streams: u64,
-    /// Sum of primary-context retain counts.
-    pub context_retains: u64,
-    /// VMM generic allocation handles not yet released.
-    pub vmm_handles: u64,
-    /// Live VMM mappings.
-    pub vmm_mappings: u64,
-    /// Live address reservations.
-    pub vmm_reservations: u64,
-    /// `cuMemFree` calls made while another live process had the allocation's IPC handle open.
-    pub free_while_imported: u64,
-    /// Calls failed on purpose by `SIMCUDA_FAIL`.
-    pub faults_injected: u64,
-    /// Calls so far (cumulative, failed ones too) of `cuIpcGetMemHandle`,
-    /// `cuIpcOpenMemHandle_v2`, `cuMemExportToShareableHandle`,
-    /// `cuMemImportFromShareableHandle`, in that order.
-    pub opening_calls: [u64; 4],
-    /// Stream waits enqueued on an event record another process made (cumulative): what
-    /// costs a GPU time-slice switch on hardware without MPS.
-    pub xproc_event_waits: u64,
-    /// Stream waits on a word enqueued (`cuStreamWaitValue32/64`, cumulative).
-    pub value_waits: u64,
-    /// Stream writes of a word enqueued (`cuStreamWriteValue32/64`, cumulative).
-    pub value_writes: u64,
-    /// Live host registrations (`cuMemHostRegister`).
-    pub host_registrations: u64,
+/// Add one to a cumulative counter.
+pub fn count(c: &AtomicU64) {
+    // Relaxed: statistics.
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
-static XPROC_EVENT_WAITS: AtomicU64 = AtomicU64::new(0);
-static VALUE_WAITS: AtomicU64 = AtomicU64::new(0);
-static VALUE_WRITES: AtomicU64 = AtomicU64::new(0);
-
-/// Count a cross-process event stream wait.
-pub fn xproc_event_wait() {
+fn read(c: &AtomicU64) -> u64 {
     // Relaxed: statistics.
-    XPROC_EVENT_WAITS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Count a stream value wait.
-pub fn value_wait() {
-    // Relaxed: statistics.
-    VALUE_WAITS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Count a stream value write.
-pub fn value_write() {
-    // Relaxed: statistics.
-    VALUE_WRITES.fetch_add(1, Ordering::Relaxed);
+    c.load(Ordering::Relaxed)
 }
 
 pub fn snapshot() -> SimcudaStats {
     let (vmm_handles, vmm_mappings, vmm_reservations) = crate::vmm::counts();
     SimcudaStats {
-        version: 3,
+        version: LAYOUT_VERSION,
         allocations: crate::memory::live_allocations(),
         ipc_open_handles: crate::ipc::open_handles(),
         events: crate::events::live_events(),
@@ -95,12 +49,10 @@ pub fn snapshot() -> SimcudaStats {
         vmm_reservations,
         free_while_imported: crate::ipc::free_while_open(),
         faults_injected: crate::faults::injected(),
-        // Relaxed: statistics.
-        opening_calls: std::array::from_fn(|i| OPENING_CALLS[i].load(Ordering::Relaxed)),
-        // Relaxed: statistics.
-        xproc_event_waits: XPROC_EVENT_WAITS.load(Ordering::Relaxed),
-        value_waits: VALUE_WAITS.load(Ordering::Relaxed),
-        value_writes: VALUE_WRITES.load(Ordering::Relaxed),
+        opening_calls: std::array::from_fn(|i| read(&OPENING_CALLS[i])),
+        xproc_event_waits: read(&XPROC_EVENT_WAITS),
+        value_waits: read(&VALUE_WAITS),
+        value_writes: read(&VALUE_WRITES),
         host_registrations: crate::host_register::live(),
     }
 }

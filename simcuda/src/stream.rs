@@ -6,13 +6,17 @@
 //! that device's blocking streams as the driver documents: work on it waits for all work
 //! enqueued before on blocking streams, and work enqueued on a blocking stream waits for
 //! the legacy stream's earlier work. Streams created `CU_STREAM_NON_BLOCKING` do neither.
+//!
+//! A normal exit (`exit`, a return from `main`) first lets every stream of the process
+//! finish its queued work, as the driver does (a copy queued before `exit(0)` lands): see
+//! [`drain_at_exit`]. A killed process's queued work is lost.
 
 use crate::events::EventState;
 use crate::result::*;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 pub const CU_STREAM_LEGACY: usize = 1;
 pub const CU_STREAM_PER_THREAD: usize = 2;
@@ -22,8 +26,15 @@ pub enum Op {
     Run(Box<dyn FnOnce() + Send>),
     /// Wait until `stream` completed its first `n` ops.
     WaitStream(Arc<Stream>, u64),
-    /// Wait until `event` completed record number `target` (0: nothing to wait for).
-    WaitEvent(Arc<EventState>, u64),
+    /// Wait until `event` completed record number `target` (0: nothing to wait for), then
+    /// sleep for the duration (the cross-process cost model; usually zero).
+    WaitEvent(Arc<EventState>, u64, Duration),
+}
+
+/// What a stream's worker is blocked on while it runs a wait op.
+enum Blocked {
+    Stream(Arc<Stream>),
+    Event(Arc<EventState>, u64),
 }
 
 struct Queue {
@@ -40,6 +51,12 @@ pub struct Stream {
     enqueued: AtomicU64,
     done: Mutex<u64>,
     done_cv: Condvar,
+    serial: u64,
+    /// The process whose thread works this stream (a child forked without exec has the
+    /// stream's state but no worker).
+    owner: u32,
+    /// The wait the worker is blocked in, if any (read by the exit drain).
+    blocked: Mutex<Option<Blocked>>,
 }
 
 impl Stream {
@@ -52,6 +69,9 @@ impl Stream {
             enqueued: AtomicU64::new(0),
             done: Mutex::new(0),
             done_cv: Condvar::new(),
+            serial,
+            owner: std::process::id(),
+            blocked: Mutex::new(None),
         });
         let worker = s.clone();
         let seed = settings().0 ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -83,8 +103,19 @@ impl Stream {
             }
             match op {
                 Op::Run(f) => f(),
-                Op::WaitStream(s, n) => s.wait_done(n),
-                Op::WaitEvent(ev, target) => ev.wait_completed(target),
+                Op::WaitStream(s, n) => {
+                    self.set_blocked(Some(Blocked::Stream(s.clone())));
+                    s.wait_done(n);
+                    self.set_blocked(None);
+                }
+                Op::WaitEvent(ev, target, then) => {
+                    self.set_blocked(Some(Blocked::Event(ev.clone(), target)));
+                    ev.wait_completed(target);
+                    self.set_blocked(None);
+                    if !then.is_zero() {
+                        std::thread::sleep(then);
+                    }
+                }
             }
             let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
             *d += 1;
@@ -100,10 +131,31 @@ impl Stream {
         self.wake.notify_one();
     }
 
+    fn set_blocked(&self, b: Option<Blocked>) {
+        *self.blocked.lock().unwrap_or_else(|e| e.into_inner()) = b;
+    }
+
     fn wait_done(&self, n: u64) {
         let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
         while *d < n {
             d = self.done_cv.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Wait up to `limit` for the first `n` ops to complete; true if they did.
+    fn wait_done_for(&self, n: u64, limit: Duration) -> bool {
+        let d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let (d, _) = self.done_cv.wait_timeout_while(d, limit, |d| *d < n).unwrap_or_else(|e| e.into_inner());
+        *d >= n
+    }
+
+    /// True if the worker is blocked in a wait that can never end: on an event whose
+    /// recording process is gone, or on a stream that is itself so blocked.
+    fn stuck(&self, depth: u32) -> bool {
+        match &*self.blocked.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => false,
+            Some(Blocked::Event(ev, target)) => ev.orphaned(*target),
+            Some(Blocked::Stream(s)) => depth < 8 && s.stuck(depth + 1),
         }
     }
 
@@ -156,9 +208,10 @@ fn next_serial() -> u64 {
     SERIAL.fetch_add(1, Ordering::Relaxed)
 }
 
+static DEVICES: OnceLock<Vec<DeviceStreams>> = OnceLock::new();
+
 fn devices() -> &'static [DeviceStreams] {
-    static D: OnceLock<Vec<DeviceStreams>> = OnceLock::new();
-    D.get_or_init(|| {
+    DEVICES.get_or_init(|| {
         (0..crate::context::device_count())
             .map(|d| DeviceStreams { enqueue: Mutex::new(Vec::new()), legacy: Stream::spawn(d, true, next_serial()) })
             .collect()
@@ -237,49 +290,6 @@ pub fn enqueue(s: &Arc<Stream>, op: Op) {
     s.push(op);
 }
 
-/// Wait (at most until `end`) for every op queued so far on every stream of this process;
-/// false if some stream had not finished by then.
-fn drain_until(end: std::time::Instant) -> bool {
-    let mut all: Vec<Arc<Stream>> = HANDLES.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or_else(Vec::new, |m| m.values().cloned().collect());
-    for d in devices() {
-        all.push(d.legacy.clone());
-        all.extend(d.enqueue.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade));
-    }
-    all.iter().all(|s| {
-        // Relaxed: as in `synchronize`.
-        let n = s.enqueued.load(Ordering::Relaxed);
-        let mut d = s.done.lock().unwrap_or_else(|e| e.into_inner());
-        while *d < n {
-            let now = std::time::Instant::now();
-            if now >= end {
-                return false;
-            }
-            d = s.done_cv.wait_timeout(d, end - now).unwrap_or_else(|e| e.into_inner()).0;
-        }
-        true
-    })
-}
-
-/// At a normal exit, work the process queued still runs, as on a real driver (a child
-/// that queued a copy into its parent's memory and exited: the parent sees the bytes).
-/// Bounded: a stream waiting on what never comes (a dead peer's event) must not hold the
-/// exit for good. A SIGKILLed process's queued work is lost, as on hardware.
-extern "C" fn drain_at_exit() {
-    if !drain_until(std::time::Instant::now() + Duration::from_secs(10)) {
-        eprintln!("simcuda: a stream still had queued work 10 s after exit began; exiting without it");
-    }
-}
-
-/// Register [`drain_at_exit`] (once, at `cuInit`).
-pub fn drain_on_exit() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: registers a plain `extern "C" fn()` that lives as long as the library
-        // (simcuda is never unloaded: cudarc keeps it loaded for the process's life).
-        unsafe { libc::atexit(drain_at_exit) };
-    });
-}
-
 /// `cuCtxSynchronize`: every stream of the current context's device.
 pub fn synchronize_device() -> R {
     let ctx = crate::context::current()?;
@@ -291,4 +301,59 @@ pub fn synchronize_device() -> R {
         s.synchronize();
     }
     Ok(())
+}
+
+/// At a normal exit, wait up to `limit` for the work queued on every stream this process
+/// works (legacy, created, destroyed but not yet finished): on hardware a copy queued
+/// before `exit(0)` lands. A stream blocked in a wait that can never end (an event whose
+/// recording process is gone) or still busy at the limit is reported on stderr and left.
+pub fn drain_at_exit(limit: Duration) {
+    let Some(devs) = DEVICES.get() else { return };
+    let me = std::process::id();
+    let deadline = Instant::now() + limit;
+    let mut streams = Vec::new();
+    for d in devs {
+        streams.push(d.legacy.clone());
+        streams.extend(d.enqueue.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade));
+    }
+    let mut left = Vec::new();
+    for s in streams.iter().filter(|s| s.owner == me) {
+        loop {
+            if s.idle() {
+                break;
+            }
+            if s.stuck(0) {
+                left.push(format!("stream {} (waits on an event whose recording process is gone)", s.serial));
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                left.push(format!("stream {} (still busy after {limit:?})", s.serial));
+                break;
+            }
+            // Relaxed: a position; a stale one only ends this 20 ms wait early or late, and
+            // `idle` reads it again on the next round.
+            s.wait_done_for(s.enqueued.load(Ordering::Relaxed), (deadline - now).min(Duration::from_millis(20)));
+        }
+    }
+    if !left.is_empty() {
+        eprintln!("simcuda: at exit, queued work left unfinished on {}", left.join(", "));
+    }
+}
+
+extern "C" fn drain_at_exit_hook() {
+    let _ = std::panic::catch_unwind(|| drain_at_exit(crate::settings::get().exit_drain));
+}
+
+/// Register [`drain_at_exit`] to run at a normal exit (once per process; `cuInit` calls it).
+pub fn install_exit_drain() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a function of this library that never unwinds; the library is
+        // never unloaded before exit (cudarc keeps it loaded; glibc runs a shared object's
+        // atexit handlers at its unload anyway).
+        if unsafe { libc::atexit(drain_at_exit_hook) } != 0 {
+            eprintln!("simcuda: atexit failed; work queued at exit may be lost");
+        }
+    });
 }

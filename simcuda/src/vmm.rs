@@ -279,8 +279,9 @@ pub fn export(out: *mut libc::c_void, h: u64, handle_type: u32, flags: u64) -> R
         if !p.shareable {
             return Err(INVALID_VALUE);
         }
+        let memfd = p.backing.fd().ok_or(INVALID_VALUE)?.as_raw_fd();
         // SAFETY: dup of a memfd we hold, close-on-exec.
-        let fd = unsafe { libc::fcntl(p.backing.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        let fd = unsafe { libc::fcntl(memfd, libc::F_DUPFD_CLOEXEC, 0) };
         if fd < 0 { Err(OUT_OF_MEMORY) } else { Ok(fd) }
     })?;
     out_int(out, fd)

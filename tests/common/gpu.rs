@@ -32,34 +32,12 @@ pub fn gpu(test: &str) -> bool {
     false
 }
 
-/// `simcuda_stats` layout (simcuda/src/stats.rs).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SimStats {
-    pub version: u64,
-    pub allocations: u64,
-    pub ipc_open_handles: u64,
-    pub events: u64,
-    pub streams: u64,
-    pub context_retains: u64,
-    pub vmm_handles: u64,
-    pub vmm_mappings: u64,
-    pub vmm_reservations: u64,
-    pub free_while_imported: u64,
-    pub faults_injected: u64,
-    /// Calls of cuIpcGetMemHandle, cuIpcOpenMemHandle_v2, cuMemExportToShareableHandle,
-    /// cuMemImportFromShareableHandle so far.
-    pub opening_calls: [u64; 4],
-    /// Stream waits on an event another process recorded (cumulative): what costs a GPU
-    /// time-slice switch on hardware without MPS (layout version 3).
-    pub xproc_event_waits: u64,
-    /// Stream waits on a 32/64-bit word (cumulative).
-    pub value_waits: u64,
-    /// Stream writes of a word (cumulative).
-    pub value_writes: u64,
-    /// Live host registrations.
-    pub host_registrations: u64,
-}
+/// `simcuda_stats` layout: simcuda's own definition (one file with no dependencies), so the
+/// tests and the library cannot disagree on it.
+#[path = "../../simcuda/src/stats_layout.rs"]
+mod stats_layout;
+#[allow(unused_imports)] // the layout version: not every test binary checks it
+pub use stats_layout::{LAYOUT_VERSION as SIM_STATS_VERSION, SimcudaStats as SimStats};
 
 /// The simulated driver's counters for this process; `None` on a real driver.
 pub fn sim_stats() -> Option<SimStats> {
