@@ -1,6 +1,6 @@
 //! The CUDA setup messages a peer sends (src/cuda): the GPU ring setup
 //! (`cuda::ring::RingSetup::decode`) and the IPC event pool's bounds
-//! (`cuda::event::RemoteEvents::open`, which `Peer::open_cuda_events` feeds after its own
+//! (`cuda::order::remote_events::RemoteEvents::open`, which `Peer::open_cuda_events` feeds after its own
 //! payload checks; those run through a socket in the `peer_setup` target).
 //!
 //! A decoded ring setup must describe a valid ring (`CudaRingConfig::check`), carry one
@@ -15,7 +15,10 @@ mod input;
 use input::{Input, memfd};
 use libfuzzer_sys::fuzz_target;
 use tensorwire::Segment;
-use tensorwire::cuda::event::RemoteEvents;
+use std::sync::Arc;
+use tensorwire::cuda::CudaWait;
+use tensorwire::cuda::order::PeerWatch;
+use tensorwire::cuda::order::remote_events::RemoteEvents;
 use tensorwire::cuda::ring::{MAX_SLOTS, MIN_SLOT_BYTES, RingSetup};
 
 /// Bytes of a setup before the per-slot handles: device, slots, slot bytes, descriptor
@@ -69,7 +72,9 @@ fn events(inp: &mut Input<'_>, sel: u8) {
     let acks = Segment::from_fd(memfd(ack_len, &[], false), 1).expect("a sealed memfd maps");
     let device = inp.u32() as i32;
     let good = (1..=1024).contains(&n) && acks.len() >= 8 * n;
-    match RemoteEvents::open(device, &handles, acks) {
+    let me = Arc::new(PeerWatch::new(std::process::id() as i32));
+    let wait = tensorwire::Wait::For(std::time::Duration::from_secs(1));
+    match RemoteEvents::open(device, &handles, acks, CudaWait::Stream, wait, me) {
         Ok(ev) => {
             assert!(good, "accepted {n} events with a {ack_len}-byte ack table");
             // No driver in the fuzzer: usable() explains, nothing panics.
