@@ -34,6 +34,7 @@ pub mod doorbell;
 pub mod credits;
 pub mod wait;
 pub mod ring;
+pub mod signal_word;
 
 // Module declarations stay outside the macro: cbindgen does not expand macros, and it
 // finds the C ABI (and the constants the header carries) by following these `mod` items.

@@ -626,3 +626,44 @@ fn credits_reuse_spin0() {
 fn credits_reuse_spin1() {
     credits_reuse(1);
 }
+
+/// A CUDA signal word (`tensorwire::signal_word`): the producer (its stream, modelled as a
+/// thread) writes data, then the word's values 1 and 2 in order; the consumer's watchdog
+/// raises the word to 1 at the same time (the producer is late); a reader that sees value
+/// 2 reads the data. Whatever the interleaving, the word ends at 2 (a raise never lowers a
+/// value the producer wrote), and the data written before value 2 is what the reader sees
+/// (loom reports the race otherwise). Fails when `raise` is a blind store (the word can
+/// end at 1) or `load` is Relaxed (a data race on the read). The producer's writes are
+/// modelled as swaps: loom 0.7 can order a plain store after a compare-and-swap that read
+/// the value before it (tokio-rs/loom issue 282), which no real memory does.
+#[test]
+fn signal_word_raise_never_lowers_and_a_seen_value_publishes_the_work() {
+    use tensorwire::signal_word::{load, raise, reached};
+    use tensorwire::sync::AtomicU32;
+    model(None, || {
+        let word = Arc::new(AtomicU32::new(0));
+        let data = Arc::new(UnsafeCell::new(0u64));
+        let producer = {
+            let (word, data) = (word.clone(), data.clone());
+            thread::spawn(move || {
+                // SAFETY: loom checks this access against the reader's.
+                data.with_mut(|d| unsafe { *d = 42 });
+                word.swap(1, Ordering::Release);
+                word.swap(2, Ordering::Release);
+            })
+        };
+        let watchdog = {
+            let word = word.clone();
+            thread::spawn(move || {
+                raise(&word, 1);
+            })
+        };
+        if reached(load(&word), 2) {
+            // SAFETY: loom checks this access against the producer's.
+            assert_eq!(data.with(|d| unsafe { *d }), 42);
+        }
+        producer.join().unwrap();
+        watchdog.join().unwrap();
+        assert_eq!(load(&word), 2, "a raise lowered the producer's value");
+    });
+}

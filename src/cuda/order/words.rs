@@ -17,17 +17,14 @@ use super::super::types::{CudaStream, DevicePtr};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 
 /// Bytes between two lanes' words (a cache line each).
 pub const LANE_STRIDE: usize = 64;
 /// Most lanes a peer may announce.
 pub const MAX_LANES: u32 = 1024;
 
-/// True if `word` is at or past `value` in cyclic order (the driver's GEQ).
-pub fn reached(word: u32, value: u32) -> bool {
-    (word.wrapping_sub(value) as i32) >= 0
-}
+pub use crate::signal_word::reached;
 
 /// The words of one connection and direction, mapped here, and registered with CUDA
 /// where this side's stream writes or waits on them.
@@ -103,10 +100,7 @@ impl SignalWords {
     /// The lane's word now.
     pub fn load(&self, lane: u32) -> Result<u32> {
         self.check(lane)?;
-        // Acquire: pairs with the memory barrier of the producer's `cuStreamWriteValue32`
-        // (its default flags): the producer's work before the write is complete and
-        // visible once the value is seen.
-        Ok(self.word(lane).load(Ordering::Acquire))
+        Ok(crate::signal_word::load(self.word(lane)))
     }
 
     /// Has lane `lane` reached `value`?
@@ -118,20 +112,7 @@ impl SignalWords {
     /// stream wait for `value` on it (or any smaller value). Returns whether it wrote.
     pub fn force(&self, lane: u32, value: u32) -> Result<bool> {
         self.check(lane)?;
-        let w = self.word(lane);
-        // Acquire/AcqRel: a compare-and-swap, so a value the peer's GPU stored between
-        // our load and our store is never lowered; it publishes no data (the wait it
-        // releases reads nothing we wrote).
-        let mut cur = w.load(Ordering::Acquire);
-        loop {
-            if reached(cur, value) {
-                return Ok(false);
-            }
-            match w.compare_exchange_weak(cur, value, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(true),
-                Err(now) => cur = now,
-            }
-        }
+        Ok(crate::signal_word::raise(self.word(lane), value))
     }
 
     fn device_word(&self, lane: u32, what: &str) -> Result<(i32, DevicePtr)> {
@@ -173,14 +154,6 @@ impl Drop for SignalWords {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reached_is_the_drivers_cyclic_geq() {
-        assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
-        assert!(reached(5, 0xFFFF_FFF0), "wrapped past");
-        assert!(!reached(0xFFFF_FFF0, 5));
-        assert!(reached(0, 0));
-    }
 
     #[test]
     fn force_raises_but_never_lowers_and_lanes_are_checked() {
