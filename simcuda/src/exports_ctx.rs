@@ -99,9 +99,11 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut i32, attr: i32, dev: i32) 
             // The device pointer of registered host memory is not the host pointer
             // (host_register.rs: the strict choice).
             91 => 0,        // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
-            92 => memops,   // CAN_USE_STREAM_MEM_OPS_V1
-            93 => memops,   // CAN_USE_64_BIT_STREAM_MEM_OPS_V1
-            94 => memops,   // CAN_USE_STREAM_WAIT_VALUE_NOR_V1
+            // The v1 attributes describe the v1 entry points; CUDA 13's driver (580 on an
+            // H200) answers 0 for all three while its v2 memops work: calibrated.
+            92 => 0,        // CAN_USE_STREAM_MEM_OPS_V1
+            93 => 0,        // CAN_USE_64_BIT_STREAM_MEM_OPS_V1
+            94 => 0,        // CAN_USE_STREAM_WAIT_VALUE_NOR_V1
             // CU_STREAM_WAIT_VALUE_FLUSH is refused, as on x86 (memops.rs).
             98 => 0,        // CAN_FLUSH_REMOTE_WRITES
             99 => i32::from(settings.host_register), // HOST_REGISTER_SUPPORTED

@@ -8,7 +8,7 @@
 //!   H200 measured ~280 µs per round trip: a GPU time-slice switch).
 //! - `SIMCUDA_VALUE_WAIT_US=N` (default 0): a stream value wait sleeps N µs on the stream
 //!   once its condition holds (an H200 measured ~9 µs more than a host wait).
-//! - `SIMCUDA_NO_MEMOPS=1`: no stream memory operations (attributes 92/93/94/122/123 are
+//! - `SIMCUDA_NO_MEMOPS=1`: no stream memory operations (attributes 122/123 are
 //!   0, `cuStreamWaitValue*`/`cuStreamWriteValue*` return CUDA_ERROR_NOT_SUPPORTED).
 //! - `SIMCUDA_NO_HOST_REGISTER=1`: no host registration (attribute 99 is 0,
 //!   `cuMemHostRegister` returns CUDA_ERROR_NOT_SUPPORTED).

@@ -289,13 +289,7 @@ pub(super) fn child_switches() {
     let mode = std::env::var(MODE_ENV).unwrap();
     assert!(tensorwire::cuda::available());
     let (no_memops, no_register) = (mode == "no_memops", mode == "no_host_register");
-    for a in [
-        CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1,
-        CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1,
-        CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1,
-        CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
-        CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
-    ] {
+    for a in [CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR] {
         assert_eq!(attr(a), i32::from(!no_memops), "{a:?}");
     }
     assert_eq!(attr(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED), i32::from(!no_register));
