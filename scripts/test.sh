@@ -104,7 +104,7 @@ done
 # Where the words cannot be used (no host registration here), producers fall back to IPC
 # events and consumers wait for them on the host.
 echo "-- no host registration: the event fallback"
-SIMCUDA_NO_HOST_REGISTER=1 bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_forward 2>&1 | tee -a "$log"
+SIMCUDA_NO_HOST_REGISTER=1 bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
 
 step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports device memory made with the driver API), tests/c/cuda_forward.c (host -> relay -> last, the CUDA import forwarded), plain and under valgrind (ctest)"
 # The build from the C ABI step above; 20 ms stream delays make a missing stream wait

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 const MSG_MAGIC: u32 = u32::from_le_bytes(*b"TWM1");
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
 /// Wire protocol version exchanged in the hello.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 const HEADER: usize = 8;
 const KIND_HELLO: u32 = 0;
 /// The kernel's default overflow uid/gid, which it reports for a message sent without

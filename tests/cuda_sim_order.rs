@@ -293,3 +293,112 @@ fn a_producer_killed_before_its_signal_leaves_a_named_error_and_a_stream_that_ru
         assert!(t.elapsed() < Duration::from_secs(10), "{wait}: ended after {:?}", t.elapsed());
     }
 }
+
+/// A GPU ring on a pair in this process, under `wait`, with a stream of the producer's
+/// held back by a gate word this test raises: what the producer's stream does before its
+/// send is not done until then.
+struct GatedRing {
+    producer: Peer,
+    consumer: Peer,
+    gate: SignalWords,
+    ps: Stream,
+    cs: Stream,
+}
+
+const RING_BYTES: usize = 4 * 4096;
+
+impl GatedRing {
+    fn new(wait: CudaWait, timeout: Duration) -> GatedRing {
+        let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 4096 };
+        let cfg = PeerConfig { cuda_ring: Some(ring), cuda_wait: wait, cuda_wait_timeout: timeout.into(), ..PeerConfig::default() };
+        let (producer, consumer) = Peer::pair(cfg).unwrap();
+        let mut gate = SignalWords::create(1).unwrap();
+        gate.register(0).unwrap();
+        let (ps, cs) = (Stream::new(), Stream::new());
+        gate.stream_wait(0, 1, ps.0).unwrap();
+        GatedRing { producer, consumer, gate, ps, cs }
+    }
+
+    /// Write `seed`'s pattern behind the gate and send it: 4 chunks through 2 slots (two
+    /// reuses). The consumer receives on another thread; returns the destination and how
+    /// long the send and the receive took.
+    fn send_and_receive(&self, seed: u8) -> (DeviceBuffer, Duration, Result<(), Error>) {
+        let src = DeviceBuffer::alloc(0, RING_BYTES as u64).unwrap();
+        let dst = DeviceBuffer::alloc(0, RING_BYTES as u64).unwrap();
+        htod_async(src.ptr(), &pattern(RING_BYTES, seed), self.ps.0);
+        let l = Layout::contiguous(DType::UInt8, &[RING_BYTES as i64]).unwrap();
+        let (consumer, cs, out) = (&self.consumer, self.cs.0, dst.ptr());
+        let t = Instant::now();
+        let received = std::thread::scope(|s| {
+            let rx = s.spawn(move || {
+                let (tag, _) = consumer.cuda_ring_recv(T)?;
+                assert_eq!(tag, seed as u64);
+                consumer.cuda_ring_recv_finish(out, RING_BYTES as u64, cs, T)
+            });
+            self.producer.cuda_ring_send(src.ptr(), &l, self.ps.0, seed as u64, T).unwrap();
+            rx.join().unwrap()
+        });
+        let took = t.elapsed();
+        // The source may go: the copies out of it are ordered before later work on `ps`.
+        sync_later(src, self.ps.0);
+        (dst, took, received)
+    }
+}
+
+/// Keep `buf` until `stream` has run what was queued so far (a test helper: a thread).
+fn sync_later(buf: DeviceBuffer, stream: CudaStream) {
+    let _ = std::thread::spawn(move || {
+        sync(stream);
+        drop(buf);
+    });
+}
+
+#[test]
+fn under_stream_a_gpu_ring_message_blocks_no_thread_on_gpu_work_and_arrives_in_order() {
+    if !gpu("under_stream_a_gpu_ring_message_blocks_no_thread_on_gpu_work_and_arrives_in_order")
+        || !words_here("under_stream_a_gpu_ring_message_blocks_no_thread_on_gpu_work_and_arrives_in_order")
+    {
+        return;
+    }
+    let r = GatedRing::new(CudaWait::Stream, Duration::from_secs(30));
+    assert!(r.consumer.cuda_ring_uses_words().unwrap(), "under stream the ring goes by its signal words");
+    let (dst, took, received) = r.send_and_receive(3);
+    received.unwrap();
+    // Both calls returned with the producer's stream still held at the gate: the copy-in
+    // of each reused slot waits on the GPU for the consumer's copy out, the copies out on
+    // the GPU for the copies in.
+    assert!(took < Duration::from_secs(5), "the send and receive took {took:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!stream_idle(r.ps.0) && !stream_idle(r.cs.0), "both streams wait behind the gate");
+    r.gate.force(0, 1).unwrap();
+    assert_eq!(dtoh_on(dst.ptr(), RING_BYTES, r.cs.0), pattern(RING_BYTES, 3), "the bytes written behind the gate");
+    // And the next message, with nothing held back, through the same (reused) slots.
+    let (dst, _, received) = r.send_and_receive(4);
+    received.unwrap();
+    assert_eq!(dtoh_on(dst.ptr(), RING_BYTES, r.cs.0), pattern(RING_BYTES, 4));
+}
+
+#[test]
+fn a_gpu_ring_copy_that_never_comes_ends_the_consumers_wait_and_breaks_the_ring_by_name() {
+    if !gpu("a_gpu_ring_copy_that_never_comes_ends_the_consumers_wait_and_breaks_the_ring_by_name")
+        || !words_here("a_gpu_ring_copy_that_never_comes_ends_the_consumers_wait_and_breaks_the_ring_by_name")
+    {
+        return;
+    }
+    let timeout = Duration::from_millis(300);
+    let r = GatedRing::new(CudaWait::Stream, timeout);
+    // The gate stays shut past the consumer's `cuda_wait_timeout`: the producer's copies
+    // (and its written words) never come in time.
+    let (_dst, _, received) = r.send_and_receive(5);
+    received.unwrap();
+    let t = Instant::now();
+    sync(r.cs.0);
+    let waited = t.elapsed();
+    assert!(waited < timeout + Duration::from_secs(5), "the consumer's stream ran again after {waited:?}");
+    let e = r.consumer.cuda_ring_recv(Duration::from_millis(10)).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("ended by this side"), "{e}");
+    let e = r.consumer.cuda_ring_recv(Duration::from_millis(10)).unwrap_err();
+    assert!(e.to_string().contains("broken"), "stays broken: {e}");
+    r.gate.force(0, 1).unwrap();
+    sync(r.ps.0);
+}

@@ -159,11 +159,13 @@ fn injected_producer_failures_are_named_and_leave_the_connection_usable() {
     }
     let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
     // The second export's signal fails: its event record (a consumer that asked for
-    // events), else its word write (the first write is the producer's probe of the words).
-    let signal_fault = if PeerConfig::default().cuda_wait == tensorwire::cuda::CudaWait::Event {
+    // events, or no signal words here), else its word write (the first two writes are the producer's probes of its
+    // GPU ring's words and of its export words; the third signals the first export).
+    let words_here = tensorwire::cuda::order::words::SignalWords::create(1).and_then(|mut w| w.register(0)).is_ok();
+    let signal_fault = if PeerConfig::default().cuda_wait == tensorwire::cuda::CudaWait::Event || !words_here {
         "cuEventRecord:2,cuMemcpyDtoDAsync_v2:2"
     } else {
-        "cuStreamWriteValue32_v2:3,cuMemcpyDtoDAsync_v2:2"
+        "cuStreamWriteValue32_v2:4,cuMemcpyDtoDAsync_v2:2"
     };
     let env = [("SIMCUDA_FAIL", signal_fault)];
     let (mut child, peer) = spawn("fault_export", &env, Some(ring), PeerConfig::default());

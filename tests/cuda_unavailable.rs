@@ -68,14 +68,14 @@ fn every_cuda_entry_point_is_cuda_unavailable() {
     assert_eq!(ack(1), 0, "a wait that was not enqueued must not acknowledge");
     drop(claim);
     assert_eq!(ack(1), 7, "a claim dropped without a wait acknowledges its record");
-    let e = remote_events::RemoteEvents::open(0, &[[0; 64]; 3], tensorwire::Segment::create(16).unwrap(), CudaWait::Stream, wait, me).err().unwrap();
+    let e = remote_events::RemoteEvents::open(0, &[[0; 64]; 3], tensorwire::Segment::create(16).unwrap(), CudaWait::Stream, wait, me.clone()).err().unwrap();
     assert!(matches!(e, Error::Protocol(_)), "an ack table too small for the events is refused: {e}");
     unavailable(vmm::VmmAllocation::create(0, 1 << 20).err().unwrap());
     let seg = tensorwire::Segment::create(4096).unwrap();
     let fd = seg.fd().try_clone_to_owned().unwrap();
     unavailable(vmm::VmmAllocation::import_fd(&fd, 0, 4096).err().unwrap());
     unavailable(vmm::export_pointer(DevicePtr(0x7000_0000), 64).unwrap_err());
-    unavailable(ring::CudaRingSender::create(ring::CudaRingConfig::default(), CudaWait::Stream).err().unwrap());
+    unavailable(ring::CudaRingSender::create(ring::CudaRingConfig::default(), CudaWait::Stream, wait, me.clone()).err().unwrap());
     let with_ring = PeerConfig { cuda_ring: Some(ring::CudaRingConfig::default()), ..PeerConfig::default() };
     unavailable(Peer::pair(with_ring).unwrap_err());
 
@@ -164,7 +164,7 @@ fn a_gpu_ring_offered_to_a_machine_without_cuda_is_refused_cleanly() {
     use tensorwire::peer::KIND_CUDA_RING;
     let table = Exporter::new(16, u64::MAX).unwrap();
     let cfg = CudaRingConfig { device: 0, slots: 2, slot_bytes: 4096 };
-    let setup = RingSetup { cfg, arena: [9; 64], desc_ring_bytes: 65536, written: vec![[4; 64]; 2] };
+    let setup = RingSetup { cfg, arena: [9; 64], desc_ring_bytes: 65536, words: false, written: vec![[4; 64]; 2] };
     let ctrl = tensorwire::Segment::create(4096).unwrap();
     let descs = tensorwire::ring::RingShared::create(65536).unwrap();
     // A refused GPU ring must not fail the connection.

@@ -358,8 +358,10 @@ fn hostile_gpu_ring_setup_is_refused() {
         cfg: CudaRingConfig { device: 0, slots: 2, slot_bytes: 4096 },
         arena: [1; 64],
         desc_ring_bytes: 65536,
+        words: false,
         written: vec![[2; 64]; 2],
     };
+    let offers_words = RingSetup { words: true, ..good.clone() }.encode();
     let mut zero_slots = good.encode();
     zero_slots[4..8].copy_from_slice(&0u32.to_le_bytes());
     let short = good.encode()[..100].to_vec();
@@ -370,7 +372,9 @@ fn hostile_gpu_ring_setup_is_refused() {
     let cases: Vec<(u32, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>, &str)> = vec![
         (KIND_CUDA_RING, zero_slots, vec![ctrl.as_fd(), descs.segment().fd()], "GPU ring of 0 slots"),
         (KIND_CUDA_RING, short, vec![ctrl.as_fd(), descs.segment().fd()], "100 bytes for 2 slots"),
-        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd()], "2 fds"),
+        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd()], "2 or 3 fds"),
+        (KIND_CUDA_RING, offers_words, vec![ctrl.as_fd(), descs.segment().fd()], "offers signal words and needs 3 fds, came with 2"),
+        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd(), descs.segment().fd(), ctrl.as_fd()], "does not offer signal words and needs 2 fds, came with 3"),
         (KIND_USER, b"hello".to_vec(), vec![], "expected the peer's GPU ring setup"),
         (KIND_CUDA_RING, good.encode(), vec![small_ctrl.as_fd(), descs.segment().fd()], "segment too small"),
     ];

@@ -128,7 +128,11 @@ impl Peer {
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;
         let export_table = exporter.table().clone();
         let tx_ring = if cfg.ring_bytes > 0 { Some(RingShared::create(cfg.ring_bytes)?) } else { None };
-        let cuda_tx = cfg.cuda_ring.map(|r| crate::cuda::ring::CudaRingSender::create(r, cfg.cuda_wait)).transpose()?;
+        let peer_watch = Arc::new(crate::cuda::order::PeerWatch::new(conn.peer_pid()));
+        let cuda_tx = cfg
+            .cuda_ring
+            .map(|r| crate::cuda::ring::CudaRingSender::create(r, cfg.cuda_wait, cfg.cuda_wait_timeout, peer_watch.clone()))
+            .transpose()?;
         let flags = if cuda_tx.is_some() { SETUP_HAS_CUDA_RING } else { 0 }
             | if cfg.cuda_wait == crate::cuda::CudaWait::Event { SETUP_WANTS_EVENTS } else { 0 };
         let setup = setup_payload(exporter.capacity(), cfg.ring_bytes as u64, flags);
@@ -168,7 +172,7 @@ impl Peer {
                 )));
             }
         };
-        let cuda_rx = if flags & SETUP_HAS_CUDA_RING != 0 { Some(Self::open_cuda_ring(&conn, &cfg)?) } else { None };
+        let cuda_rx = if flags & SETUP_HAS_CUDA_RING != 0 { Some(Self::open_cuda_ring(&conn, &cfg, &peer_watch)?) } else { None };
         // From here on a receive sleeps on the message doorbell in the peer's table, and
         // each send rings ours (`connection::MessageBells` says why not the socket).
         // SAFETY: a `MessageLine` is atomics only; the offset is the table layout's.
@@ -179,7 +183,6 @@ impl Peer {
             }
         });
         let max_ring_message = cfg.max_ring_message;
-        let peer_watch = Arc::new(crate::cuda::order::PeerWatch::new(conn.peer_pid()));
         let inner = Arc::new(Inner {
             conn,
             cfg,
@@ -216,21 +219,34 @@ impl Peer {
     /// Receive the peer's GPU ring setup and open it. A malformed setup fails the
     /// connection; a ring this side cannot open (no CUDA here) is refused in its control
     /// segment, so the producer's sends fail with a clear error, and remembered for ours.
-    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig) -> Result<PeerCudaRing> {
+    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig, peer: &Arc<crate::cuda::order::PeerWatch>) -> Result<PeerCudaRing> {
         use crate::cuda::ring::{CudaRingReceiver, RingSetup};
         let msg = conn.recv(cfg.handshake_timeout)?;
-        if msg.kind != KIND_CUDA_RING || msg.fds.len() != 2 {
+        if msg.kind != KIND_CUDA_RING || !(2..=3).contains(&msg.fds.len()) {
             return Err(Error::Protocol(format!(
-                "expected the peer's GPU ring setup (kind {KIND_CUDA_RING}, 2 fds), got kind {} with {} fds",
+                "expected the peer's GPU ring setup (kind {KIND_CUDA_RING}, 2 or 3 fds), got kind {} with {} fds",
                 msg.kind,
                 msg.fds.len()
             )));
         }
         let setup = RingSetup::decode(&msg.payload)?;
+        setup.check_fds(msg.fds.len())?;
         let mut fds = msg.fds.into_iter();
         let ctrl = CudaRingReceiver::map_control(&setup, fds.next().expect("checked"))?;
         let desc_ring = fds.next().expect("checked");
-        match CudaRingReceiver::open(setup, ctrl.clone(), desc_ring, cfg.max_peer_ring_bytes, cfg.max_ring_message, cfg.cuda_wait) {
+        let words = fds.next();
+        let opened = CudaRingReceiver::open(
+            setup,
+            ctrl.clone(),
+            desc_ring,
+            words,
+            cfg.max_peer_ring_bytes,
+            cfg.max_ring_message,
+            cfg.cuda_wait,
+            cfg.cuda_wait_timeout,
+            peer.clone(),
+        );
+        match opened {
             Ok(rx) => Ok(PeerCudaRing::Open(rx)),
             Err(e) => {
                 CudaRingReceiver::refuse(&ctrl);

@@ -100,6 +100,13 @@ impl Peer {
         self.cuda_ring_rx()?.finish(dst, capacity, stream, wait.into(), self.inner.cfg.ring_spin, &|| conn.is_peer_gone())
     }
 
+    /// How this side orders its copies out of the peer's GPU ring after the peer's copies
+    /// in: by the ring's signal words (`true`: both sides registered them and neither
+    /// asked for `CudaWait::Event`) or by IPC events.
+    pub fn cuda_ring_uses_words(&self) -> Result<bool> {
+        Ok(self.cuda_ring_rx()?.uses_words())
+    }
+
     /// Drop the message `cuda_ring_recv` returned without copying it.
     pub fn cuda_ring_discard(&self, wait: impl Into<Wait>) -> Result<()> {
         let conn = &self.inner.conn;

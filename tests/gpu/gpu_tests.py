@@ -524,6 +524,7 @@ def test_vmm():
         ack(conn, tag)
         verdict = conn.recv(timeout=120).tolist()
         check(verdict == [1], f"producer did not see the consumer's write: {verdict}")
+        ack(conn, 3)  # the verdict is in: the producer may close (closing ends its leases)
         check(proc.wait(timeout=120) == 0, "producer failed")
         return "expandable-segments tensor shared by fd (no IPC handle opened), zero-copy"
     finally:
@@ -546,6 +547,8 @@ def vmm_producer(fd):
         return
     conn.recv(timeout=120)  # the consumer wrote and released
     ack(conn, 2, [int(t[0].item() == -1)])
+    # Closing ends every lease this side granted, the verdict's too: wait until it is read.
+    conn.recv(timeout=120)
     conn.close()
 
 

@@ -170,10 +170,14 @@ fn pass(w: &Watchdog) {
             });
             let why = timed_out.or((died == Some(true)).then_some(Forced::PeerGone { pid: e.p.peer.pid() }));
             if let Some(why) = why {
-                let _ = e.p.words.force(e.p.lane, e.p.value);
                 *e.p.outcome.0.lock() = Some(why);
                 e.forced = true;
             }
+        }
+        if e.forced {
+            // Every look until the stream passed the wait: a live peer may lower the word
+            // again before the stream saw our store.
+            let _ = e.p.words.force(e.p.lane, e.p.value);
         }
         true
     });

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicU32;
 /// Bytes between two lanes' words (a cache line each).
 pub const LANE_STRIDE: usize = 64;
 /// Most lanes a peer may announce.
-pub const MAX_LANES: u32 = 1024;
+pub const MAX_LANES: u32 = 2048;
 
 pub use crate::signal_word::reached;
 

@@ -49,7 +49,8 @@ impl CudaRingConfig {
     }
 }
 
-/// What the producer sends once at setup, with two fds (control segment, descriptor ring).
+/// What the producer sends once at setup, with two fds (control segment, descriptor ring)
+/// and, where it offers them, a third: the ring's signal words (`words`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingSetup {
     pub cfg: CudaRingConfig,
@@ -57,11 +58,15 @@ pub struct RingSetup {
     pub arena: [u8; 64],
     /// Data bytes of the descriptor ring.
     pub desc_ring_bytes: u64,
-    /// Handles of the producer's `slots` "written" events.
+    /// The producer offers the ring's signal words (their memfd is the third fd).
+    pub words: bool,
+    /// Handles of the producer's `slots` "written" events (used where words are not).
     pub written: Vec<[u8; 64]>,
 }
 
-const SETUP_FIXED: usize = 4 + 4 + 8 + 8 + 64;
+const SETUP_FIXED: usize = 4 + 4 + 8 + 8 + 64 + 4;
+/// Setup flags: the producer offers signal words.
+const SETUP_WORDS: u32 = 1;
 
 impl RingSetup {
     pub fn encode(&self) -> Vec<u8> {
@@ -71,10 +76,24 @@ impl RingSetup {
         p.extend_from_slice(&self.cfg.slot_bytes.to_le_bytes());
         p.extend_from_slice(&self.desc_ring_bytes.to_le_bytes());
         p.extend_from_slice(&self.arena);
+        p.extend_from_slice(&if self.words { SETUP_WORDS } else { 0 }.to_le_bytes());
         for h in &self.written {
             p.extend_from_slice(h);
         }
         p
+    }
+
+    /// The fds its message must come with: control segment, descriptor ring, and the
+    /// signal words where offered.
+    pub fn check_fds(&self, fds: usize) -> Result<()> {
+        let want = if self.words { 3 } else { 2 };
+        if fds != want {
+            return Err(Error::Protocol(format!(
+                "GPU ring setup {} signal words and needs {want} fds, came with {fds}",
+                if self.words { "offers" } else { "does not offer" }
+            )));
+        }
+        Ok(())
     }
 
     /// Parse and check a peer's setup payload.
@@ -93,8 +112,12 @@ impl RingSetup {
             return Err(bad(format!("{} bytes for {} slots, expected {want}", p.len(), cfg.slots)));
         }
         let arena = p[24..88].try_into().expect("64 bytes");
+        let flags = u32_at(88);
+        if flags & !SETUP_WORDS != 0 {
+            return Err(bad(format!("unknown flags {flags:#x}")));
+        }
         let written = p[SETUP_FIXED..].chunks_exact(64).map(|c| c.try_into().expect("64 bytes")).collect();
-        Ok(RingSetup { cfg, arena, desc_ring_bytes, written })
+        Ok(RingSetup { cfg, arena, desc_ring_bytes, words: flags & SETUP_WORDS != 0, written })
     }
 }
 
@@ -105,10 +128,15 @@ mod tests {
 
     #[test]
     fn setup_round_trips_and_rejects_bad_shapes() {
-        let s = RingSetup { cfg: cfg(), arena: [7; 64], desc_ring_bytes: 65536, written: vec![[1; 64]; 4] };
+        let s = RingSetup { cfg: cfg(), arena: [7; 64], desc_ring_bytes: 65536, words: true, written: vec![[1; 64]; 4] };
         assert_eq!(RingSetup::decode(&s.encode()).unwrap(), s);
+        let no_words = RingSetup { words: false, ..s.clone() };
+        assert_eq!(RingSetup::decode(&no_words.encode()).unwrap(), no_words);
         let p = s.encode();
         let err = |p: &[u8]| RingSetup::decode(p).unwrap_err().to_string();
+        let mut q = p.clone();
+        q[88] = 3;
+        assert!(err(&q).contains("unknown flags 0x3"));
         assert!(err(&p[..10]).contains("expected at least"));
         assert!(err(&p[..p.len() - 1]).contains("for 4 slots"));
         let mut q = p.clone();

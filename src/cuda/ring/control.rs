@@ -17,12 +17,17 @@ pub(super) const DESC_RING_BYTES: usize = 64 << 10;
 pub(super) const LIVENESS_SLICE: Duration = Duration::from_millis(20);
 
 // Control segment layout (created by the producer, written by both; each word on its own
-// cache line): the consumer's `freed` count and its doorbell, the consumer's state, then
-// its `slots` event handles.
+// cache line): the consumer's `freed` count and its doorbell, the consumer's state, how it
+// orders its copies (`MODE_*`), then its `slots` event handles (events mode).
 const FREED_OFF: usize = 0;
 const BELL_OFF: usize = 64;
 pub(super) const STATE_OFF: usize = 128;
+const MODE_OFF: usize = 192;
 pub(super) const HANDLES_OFF: usize = 256;
+/// The consumer's choice, written before it says READY: the ring's signal words (the
+/// producer offered them and both sides registered them), or IPC events.
+pub(super) const MODE_WORDS: u32 = 1;
+pub(super) const MODE_EVENTS: u32 = 2;
 /// Consumer state: 0 not yet opened; opened, read events published; could not open;
 /// broken (it found a bad record or lost a message part-way and frees nothing more);
 /// closed (its copies out finished, or it stopped waiting for them; it is about to destroy
@@ -73,6 +78,13 @@ impl Ctrl {
     pub(super) fn state(&self) -> &AtomicU32 {
         // SAFETY: STATE_OFF + 4 ≤ len (checked in `new`), aligned; accessed atomically only.
         unsafe { &*self.seg.as_ptr().add(STATE_OFF).cast::<AtomicU32>() }
+    }
+
+    /// The consumer's `MODE_*` word (valid once its state is READY or later).
+    pub(super) fn mode(&self) -> &AtomicU32 {
+        // SAFETY: MODE_OFF + 4 ≤ HANDLES_OFF ≤ len (checked in `new`), aligned; accessed
+        // atomically only.
+        unsafe { &*self.seg.as_ptr().add(MODE_OFF).cast::<AtomicU32>() }
     }
 }
 

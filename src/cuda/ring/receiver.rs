@@ -3,10 +3,11 @@
 
 use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
-use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, STATE_BROKEN, STATE_CLOSED, STATE_OFF, STATE_READY, STATE_REFUSED};
+use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, MODE_EVENTS, MODE_WORDS, STATE_BROKEN, STATE_CLOSED, STATE_OFF, STATE_READY, STATE_REFUSED};
+use super::words::{use_of, RingWords, Waits, Word};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device};
 use crate::cuda::event::IpcEventSet;
-use crate::cuda::order::{host_wait, CudaWait};
+use crate::cuda::order::{host_wait, CudaWait, PeerWatch};
 use crate::cuda::ipc;
 use crate::desc::{DeviceType, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
@@ -92,19 +93,28 @@ fn check_chunk(cfg: &CudaRingConfig, max_message: u64, due: &Due, tag: u64, c: &
     Ok(())
 }
 
+/// How the consumer orders its copies after the producer's and tells it when a slot is
+/// free to reuse.
+enum Order {
+    /// The ring's signal words: the copy out waits for the slot's written word (by the
+    /// caller's stream under `Stream`, on the host under `Host`), then raises its read word.
+    Words(parking_lot::Mutex<RingWords>),
+    /// IPC events: the producer's written events are waited for on the host (`Stream`,
+    /// `Host`) or by the caller's stream (`Event`); our read events are recorded after
+    /// each copy out.
+    Events { written: IpcEventSet, read: IpcEventSet },
+}
+
 /// The consuming half (opened from the peer's setup).
 pub struct CudaRingReceiver {
     cfg: CudaRingConfig,
     arena: ipc::IpcMapping,
-    written: IpcEventSet,
-    read: IpcEventSet,
+    order: Order,
     ctrl: Ctrl,
     descs: RingReceiver,
     max_message: u64,
     state: parking_lot::Mutex<RecvState>,
-    /// How a copy out waits for the producer's copy into the slot: on the host
-    /// (`Stream`, `Host`) or by the caller's stream (`Event`).
-    wait_policy: CudaWait,
+    waits: Waits,
 }
 
 impl CudaRingReceiver {
@@ -124,16 +134,24 @@ impl CudaRingReceiver {
         }
     }
 
-    /// Open the producer's ring: its arena (once, through the handle cache), its events,
-    /// the descriptor ring; create and publish our read events.
+    /// Open the producer's ring: its arena (once, through the handle cache), the
+    /// descriptor ring, and its signal words (`words`, the third fd of its setup, where it
+    /// offered them and our policy is not `Event`) — or its events, with ours created and
+    /// published. Our copies wait for the producer's as `wait_policy` says, a stream's wait
+    /// at most `wait_timeout` (then the ring breaks) and not past `peer`'s death.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         setup: RingSetup,
         ctrl: Arc<Segment>,
         desc_ring: OwnedFd,
+        words: Option<OwnedFd>,
         max_desc_ring: usize,
         max_message: u64,
         wait_policy: CudaWait,
+        wait_timeout: Wait,
+        peer: Arc<PeerWatch>,
     ) -> Result<CudaRingReceiver> {
+        setup.check_fds(2 + usize::from(words.is_some()))?;
         let cfg = setup.cfg;
         let ctrl = Ctrl::new(ctrl, cfg.slots)?;
         let descs = RingReceiver::new(RingShared::open(desc_ring, setup.desc_ring_bytes, max_desc_ring)?, 64 << 10);
@@ -144,15 +162,44 @@ impl CudaRingReceiver {
         let arena = ipc::cache().open_unwarmed(cfg.device, setup.arena)?;
         ipc::check_range(0, cfg.arena_bytes(), arena.size())
             .map_err(|_| Error::Protocol(format!("GPU ring arena of {} bytes is smaller than {} slots of {}", arena.size(), cfg.slots, cfg.slot_bytes)))?;
-        let written = IpcEventSet::open(&setup.written)?;
-        let read = IpcEventSet::create(cfg.slots as usize)?;
-        let handles: Vec<u8> = read.handles().concat();
-        ctrl.seg.write_at(HANDLES_OFF, &handles)?;
-        // Release: pairs with the producer's Acquire load in `read_events`: the handles
-        // written above are visible once it sees READY.
+        // Words where both sides can use them; a registration that fails here falls back
+        // to events (the producer signals both until it reads our choice).
+        let words = words.filter(|_| wait_policy != CudaWait::Event).and_then(|fd| RingWords::open(fd, cfg.device, cfg.slots).ok());
+        let order = match words {
+            Some(w) => {
+                // Relaxed: published by the Release store of READY below.
+                ctrl.mode().store(MODE_WORDS, Ordering::Relaxed);
+                Order::Words(parking_lot::Mutex::new(w))
+            }
+            None => {
+                let written = IpcEventSet::open(&setup.written)?;
+                let read = IpcEventSet::create(cfg.slots as usize)?;
+                let handles: Vec<u8> = read.handles().concat();
+                ctrl.seg.write_at(HANDLES_OFF, &handles)?;
+                // Relaxed: published by the Release store of READY below.
+                ctrl.mode().store(MODE_EVENTS, Ordering::Relaxed);
+                Order::Events { written, read }
+            }
+        };
+        // Release: pairs with the producer's Acquire loads in `mode` and `read_events`: the
+        // mode word and the handles written above are visible once it sees READY.
         ctrl.state().store(STATE_READY, Ordering::Release);
         let state = RecvState { seq: 0, pending: None, buf: Vec::new(), broken: None };
-        Ok(CudaRingReceiver { cfg, arena, written, read, ctrl, descs, max_message, state: parking_lot::Mutex::new(state), wait_policy })
+        Ok(CudaRingReceiver {
+            cfg,
+            arena,
+            order,
+            ctrl,
+            descs,
+            max_message,
+            state: parking_lot::Mutex::new(state),
+            waits: Waits::new(wait_policy, wait_timeout, peer),
+        })
+    }
+
+    /// Whether this ring goes by its signal words (else by IPC events).
+    pub fn uses_words(&self) -> bool {
+        matches!(self.order, Order::Words(_))
     }
 
     pub fn config(&self) -> CudaRingConfig {
@@ -205,6 +252,10 @@ impl CudaRingReceiver {
         let mut st = self.state.lock();
         if let Some(m) = &st.broken {
             return Err(Error::Protocol(format!("GPU ring broken earlier: {m}")));
+        }
+        if let Err(e) = self.waits.check() {
+            self.mark_broken(&mut st, e.to_string());
+            return Err(e);
         }
         if let Some(p) = st.pending {
             return Ok((p.tag, p.desc));
@@ -282,19 +333,40 @@ impl CudaRingReceiver {
         loop {
             let progressed = c.seq != p.first.seq;
             let slot = (c.seq % self.cfg.slots as u64) as usize;
-            if let Some((dst, stream)) = copy {
-                let src = self.arena.base() + slot as u64 * self.cfg.slot_bytes;
-                // The producer's copy into the slot first: waited for on the host unless
-                // the policy is `Event` (see `CudaWait`).
-                if self.wait_policy == CudaWait::Event {
-                    self.written.wait(stream, slot).map_err(|e| (e, progressed))?;
-                } else {
-                    host_wait(|| self.written.query(slot), deadline, gone, WRITTEN_WAIT).map_err(|e| (e, progressed))?;
+            let value = use_of(c.seq, self.cfg.slots);
+            match (&self.order, copy) {
+                (Order::Words(words), Some((dst, stream))) => {
+                    let mut words = words.lock();
+                    let src = self.arena.base() + slot as u64 * self.cfg.slot_bytes;
+                    words.after_own(slot, stream).map_err(|e| (e, progressed))?;
+                    words.wait(slot, Word::Written, value, stream, &self.waits, deadline, gone, WRITTEN_WAIT).map_err(|e| (e, progressed))?;
+                    memcpy_dtod_async(dst + c.offset, src, c.len, stream).map_err(|e| (e, progressed))?;
+                    // A copy is queued from here on: if no word covers it, the slot must
+                    // never be freed (reused under it), so the ring breaks.
+                    words.signal(slot, Word::Read, value, stream).map_err(|e| (e, true))?;
                 }
-                memcpy_dtod_async(dst + c.offset, src, c.len, stream).map_err(|e| (e, progressed))?;
-                // A copy is queued from here on: if no read event covers it, the slot must
-                // never be freed (reused under it), so the ring breaks.
-                self.read.record(slot, stream).map_err(|e| (e, true))?;
+                (Order::Words(words), None) => {
+                    // Nothing of ours reads the slot: once the producer's copy into it is
+                    // done (on the host: there is no stream here), it is free.
+                    let words = words.lock();
+                    host_wait(|| words.reached(slot, Word::Written, value), deadline, gone, WRITTEN_WAIT).map_err(|e| (e, progressed))?;
+                    words.raise(slot, Word::Read, value).map_err(|e| (e, true))?;
+                }
+                (Order::Events { written, read }, Some((dst, stream))) => {
+                    let src = self.arena.base() + slot as u64 * self.cfg.slot_bytes;
+                    // The producer's copy into the slot first: waited for on the host
+                    // unless the policy is `Event` (see `CudaWait`).
+                    if self.waits.policy == CudaWait::Event {
+                        written.wait(stream, slot).map_err(|e| (e, progressed))?;
+                    } else {
+                        host_wait(|| written.query(slot), deadline, gone, WRITTEN_WAIT).map_err(|e| (e, progressed))?;
+                    }
+                    memcpy_dtod_async(dst + c.offset, src, c.len, stream).map_err(|e| (e, progressed))?;
+                    // A copy is queued from here on: if no read event covers it, the slot
+                    // must never be freed (reused under it), so the ring breaks.
+                    read.record(slot, stream).map_err(|e| (e, true))?;
+                }
+                (Order::Events { .. }, None) => {}
             }
             credits.free(c.seq);
             if c.flags & FLAG_LAST != 0 {
@@ -313,9 +385,14 @@ impl Drop for CudaRingReceiver {
         // Bounded, and never a device-wide synchronize.
         if let Ok(_ctx) = ensure_context(self.cfg.device) {
             let deadline = Instant::now() + Duration::from_secs(1);
-            for i in 0..self.read.len() {
-                while matches!(self.read.query(i), Ok(false)) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_micros(200));
+            match &self.order {
+                Order::Words(words) => words.lock().wait_own(deadline),
+                Order::Events { read, .. } => {
+                    for i in 0..read.len() {
+                        while matches!(read.query(i), Ok(false)) && Instant::now() < deadline {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    }
                 }
             }
         }

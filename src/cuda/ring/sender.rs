@@ -1,12 +1,13 @@
-//! The producing half: copies into arena slots on the caller's stream, records the
-//! "written" events, publishes chunk records.
+//! The producing half: copies into arena slots on the caller's stream, signals each copy
+//! (the slot's written word, or its "written" event), publishes chunk records.
 
 use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
-use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, LIVENESS_SLICE, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
+use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, LIVENESS_SLICE, MODE_EVENTS, MODE_WORDS, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
+use super::words::{use_of, RingWords, Waits, Word};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device, DeviceBuffer};
 use crate::cuda::event::IpcEventSet;
-use crate::cuda::order::{host_wait, CudaWait};
+use crate::cuda::order::{host_wait, CudaWait, PeerWatch};
 use crate::cuda::ipc;
 use crate::desc::{Layout, StorageKind, StorageRef, TensorDesc};
 use crate::error::{Error, Result};
@@ -17,57 +18,122 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 use crate::wait::{Deadline, Wait};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// What the consumer chose to order by (known once it opened the ring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Words,
+    Events,
+}
+
+/// What a reuse wait for the consumer's copy out names in its error.
+const READ_WAIT: &str = "the consumer's copy out of a GPU ring slot";
 
 /// The producing half (one per direction, owned by the sending side).
 pub struct CudaRingSender {
     cfg: CudaRingConfig,
     arena: DeviceBuffer,
     arena_handle: [u8; 64],
+    /// Signal words, where this side offers them (its policy is not `Event` and the
+    /// driver can register and write them).
+    words: Option<RingWords>,
+    /// "Written" events, for a consumer that orders by events.
     written: IpcEventSet,
-    /// The consumer's "read" events, opened when first needed (a slot's second use).
+    /// The consumer's "read" events (events mode), opened when first needed.
     read: Option<IpcEventSet>,
+    /// The consumer's choice, once read from the control segment.
+    mode: Option<Mode>,
     ctrl: Ctrl,
     descs: RingSender,
     descs_seg: Arc<Segment>,
     /// Chunks sent so far (the next chunk's sequence number).
     seq: u64,
     broken: Option<String>,
-    /// How a slot's reuse waits for the consumer's copy out of it: on the host
-    /// (`Stream`, `Host`) or by our stream (`Event`, `cuStreamWaitEvent`).
-    wait_policy: CudaWait,
+    /// How a slot's reuse waits for the consumer's copy out of it: by our stream on its
+    /// read word (`Stream`), on the host (`Host`; and `Stream` in events mode), or by our
+    /// stream on its read event (`Event`).
+    waits: Waits,
 }
 
 impl CudaRingSender {
-    /// Allocate the arena and events on `cfg.device` (`CudaUnavailable` without a driver);
-    /// slot reuse waits for the consumer as `wait_policy` says.
-    pub fn create(cfg: CudaRingConfig, wait_policy: CudaWait) -> Result<CudaRingSender> {
+    /// Allocate the arena, words and events on `cfg.device` (`CudaUnavailable` without a
+    /// driver); slot reuse waits for the consumer as `wait_policy` says, a stream's wait
+    /// at most `wait_timeout` (then the ring breaks) and not past `peer`'s death.
+    pub fn create(cfg: CudaRingConfig, wait_policy: CudaWait, wait_timeout: Wait, peer: Arc<PeerWatch>) -> Result<CudaRingSender> {
         cfg.check()?;
         crate::cuda::driver::init()?;
         let arena = DeviceBuffer::alloc(cfg.device, cfg.arena_bytes())?;
         let _ctx = ensure_context(cfg.device)?;
         let exp = ipc::export_pointer(arena.ptr())?;
+        let words = if wait_policy == CudaWait::Event { None } else { RingWords::create(cfg.device, cfg.slots).ok() };
         let written = IpcEventSet::create(cfg.slots as usize)?;
         let ctrl = Ctrl::new(Arc::new(Segment::create(ctrl_bytes(cfg.slots))?), cfg.slots)?;
         let shared = RingShared::create(DESC_RING_BYTES)?;
         let descs_seg = shared.segment().clone();
         let descs = RingSender::new(shared);
-        Ok(CudaRingSender { cfg, arena, arena_handle: exp.handle, written, read: None, ctrl, descs, descs_seg, seq: 0, broken: None, wait_policy })
+        Ok(CudaRingSender {
+            cfg,
+            arena,
+            arena_handle: exp.handle,
+            words,
+            written,
+            read: None,
+            mode: None,
+            ctrl,
+            descs,
+            descs_seg,
+            seq: 0,
+            broken: None,
+            waits: Waits::new(wait_policy, wait_timeout, peer),
+        })
     }
 
     pub fn config(&self) -> CudaRingConfig {
         self.cfg
     }
 
-    /// The setup message for the peer: payload and fds (control segment, descriptor ring).
-    pub fn setup(&self) -> (Vec<u8>, [BorrowedFd<'_>; 2]) {
+    /// The setup message for the peer: payload and fds (control segment, descriptor ring,
+    /// and the signal words where offered).
+    pub fn setup(&self) -> (Vec<u8>, Vec<BorrowedFd<'_>>) {
         let s = RingSetup {
             cfg: self.cfg,
             arena: self.arena_handle,
             desc_ring_bytes: self.descs.capacity(),
+            words: self.words.is_some(),
             written: self.written.handles().to_vec(),
         };
-        (s.encode(), [self.ctrl.seg.fd(), self.descs_seg.fd()])
+        let mut fds = vec![self.ctrl.seg.fd(), self.descs_seg.fd()];
+        fds.extend(self.words.as_ref().map(RingWords::fd));
+        (s.encode(), fds)
+    }
+
+    /// Whether the ring goes by its signal words (`None` until the consumer opened it).
+    pub fn uses_words(&mut self) -> Result<Option<bool>> {
+        Ok(self.mode()?.map(|m| m == Mode::Words))
+    }
+
+    /// The consumer's choice, once it published one.
+    fn mode(&mut self) -> Result<Option<Mode>> {
+        if self.mode.is_none() {
+            // Acquire: pairs with the consumer's Release store of READY, made after its
+            // mode word (BROKEN and CLOSED come only after READY).
+            if !matches!(self.ctrl.state().load(Ordering::Acquire), STATE_READY | STATE_BROKEN | STATE_CLOSED) {
+                return Ok(None);
+            }
+            // Relaxed: ordered by the Acquire load above.
+            self.mode = Some(match self.ctrl.mode().load(Ordering::Relaxed) {
+                MODE_WORDS if self.words.is_some() => Mode::Words,
+                MODE_EVENTS => Mode::Events,
+                m => {
+                    return Err(Error::Protocol(format!(
+                        "GPU ring broken: the consumer chose ordering mode {m}{}",
+                        if self.words.is_none() { " (signal words were not offered)" } else { "" }
+                    )))
+                }
+            });
+        }
+        Ok(self.mode)
     }
 
     /// True once the consumer reported that it cannot open the ring, that it broke, or that
@@ -82,6 +148,7 @@ impl CudaRingSender {
         if let Some(m) = &self.broken {
             return Err(Error::Protocol(format!("GPU ring broken earlier: {m}")));
         }
+        self.waits.check()?;
         // Acquire: as in `refused`.
         match self.ctrl.state().load(Ordering::Acquire) {
             STATE_BROKEN => {
@@ -197,29 +264,58 @@ impl CudaRingSender {
         }
         self.check_usable()?;
         let slot = (c.seq % slots) as usize;
+        let value = use_of(c.seq, self.cfg.slots);
+        // Before the consumer opened the ring its choice is unknown: signal both ways (no
+        // slot is reused before then: reuse needs its credits).
+        let mode = self.mode()?;
         if c.seq >= slots {
-            // Reuse: the copy-in waits for the consumer's copy-out of the previous use —
-            // on the host unless the policy is `Event` (a GPU-side wait on the consumer's
-            // IPC event costs a time-slice switch without MPS).
-            let policy = self.wait_policy;
-            let read = self.read_events()?;
-            if policy == CudaWait::Event {
-                read.wait(stream, slot)?;
-            } else {
-                host_wait(|| read.query(slot), deadline, gone, "the consumer's copy out of a GPU ring slot")?;
+            // Reuse: the copy-in waits for the consumer's copy out of the slot's last use.
+            match mode {
+                Some(Mode::Words) => {
+                    let words = self.words.as_ref().expect("words mode only where offered");
+                    words.wait(slot, Word::Read, value.wrapping_sub(1), stream, &self.waits, deadline, gone, READ_WAIT)?;
+                }
+                Some(Mode::Events) => {
+                    // On the host unless the policy is `Event` (a GPU-side wait on the
+                    // consumer's IPC event costs a time-slice switch without MPS).
+                    let policy = self.waits.policy;
+                    let read = self.read_events()?;
+                    if policy == CudaWait::Event {
+                        read.wait(stream, slot)?;
+                    } else {
+                        host_wait(|| read.query(slot), deadline, gone, READ_WAIT)?;
+                    }
+                }
+                None => {
+                    return Err(Error::Protocol(
+                        "GPU ring broken: the consumer freed slots before saying how it orders its copies".into(),
+                    ))
+                }
             }
         }
-        // And for our own last copy into the slot, which may have run on another stream and
-        // which no copy-out ordered: a discarded message records no read, and a chunk whose
-        // record could not be pushed (timeout) is copied again under the same sequence
-        // number. Waiting on a never-recorded event is a no-op.
-        self.written.wait(stream, slot)?;
+        // And our own last copy into the slot, which may have run on another stream and
+        // which no copy-out ordered: a discarded message's, or a chunk's whose record could
+        // not be pushed (timeout; it is copied again under the same sequence number).
+        match (&self.words, mode) {
+            (Some(w), Some(Mode::Words) | None) => w.after_own(slot, stream)?,
+            // Waiting on a never-recorded event is a no-op.
+            _ => self.written.wait(stream, slot)?,
+        }
         let dst = self.arena.ptr() + slot as u64 * self.cfg.slot_bytes;
         memcpy_dtod_async(dst, src + c.offset, c.len, stream)?;
-        if let Err(e) = self.written.record(slot, stream) {
-            // A copy into the slot is queued that no event covers: a later copy (another
-            // stream) could race it, so nothing more may go through.
-            self.broken.get_or_insert_with(|| format!("recording the slot's event after a copy failed: {e}"));
+        // A copy into the slot is queued from here on: if nothing signals it, a later copy
+        // (another stream) could race it, so nothing more may go through.
+        let mut signalled = Ok(());
+        if mode != Some(Mode::Events) {
+            if let Some(w) = &mut self.words {
+                signalled = w.signal(slot, Word::Written, value, stream);
+            }
+        }
+        if mode != Some(Mode::Words) && signalled.is_ok() {
+            signalled = self.written.record(slot, stream);
+        }
+        if let Err(e) = signalled {
+            self.broken.get_or_insert_with(|| format!("signalling a copy into a slot failed: {e}"));
             return Err(e);
         }
         let rec = c.encode(desc);
@@ -249,15 +345,34 @@ impl CudaRingSender {
             return;
         }
         let Ok(_ctx) = ensure_context(self.cfg.device) else { return };
-        // Fewer chunks than slots were sent: the read events were never needed until now.
-        if self.read_events().is_err() {
-            return;
-        }
-        let Some(read) = &self.read else { return };
-        for i in 0..read.len() {
-            while matches!(read.query(i), Ok(false)) && !deadline.expired() && !gone() {
-                std::thread::sleep(Duration::from_micros(200));
+        match self.mode() {
+            Ok(Some(Mode::Words)) => {
+                // Each slot's last use: its read word reaches it once the copy out ran.
+                let words = self.words.as_ref().expect("words mode only where offered");
+                let slots = self.cfg.slots as u64;
+                for slot in 0..slots.min(self.seq) {
+                    let last = self.seq - 1 - (self.seq - 1 - slot) % slots;
+                    let value = use_of(last, self.cfg.slots);
+                    while matches!(words.reached(slot as usize, Word::Read, value), Ok(false)) && !deadline.expired() && !gone() {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                // And our own copies into the arena.
+                words.wait_own(Instant::now() + deadline.remaining().unwrap_or(Duration::from_secs(1)));
             }
+            Ok(Some(Mode::Events)) => {
+                // Fewer chunks than slots were sent: the read events were never needed until now.
+                if self.read_events().is_err() {
+                    return;
+                }
+                let Some(read) = &self.read else { return };
+                for i in 0..read.len() {
+                    while matches!(read.query(i), Ok(false)) && !deadline.expired() && !gone() {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }
