@@ -53,7 +53,7 @@
 #              opened per message); VMM export (a producer with expandable segments; no
 #              IPC handle opened). A test that reports SKIPPED is noted on this row.
 #   bench      (bench) benches/torch_cuda_transfer.py: round trip per message at 4 KiB and
-#              32 MiB: its same-run floors (pipe, + host event wait, + event stream wait),
+#              32 MiB: its same-run floors (pipe, + host event wait, + a child op of its own, + event stream wait),
 #              tw cached and GPU ring per wait policy, a handle opened per message,
 #              torch.multiprocessing; whether MPS is active. FAIL if it crashed or its
 #              measurement was invalid (its per-row open counts or lease checks failed);
