@@ -358,6 +358,7 @@ fn child() {
         "switches" => child_switches(),
         "count_ops" => child_count_ops(),
         "value_wait_cost" => child_value_wait_cost(),
+        "timeslice" => child_timeslice(),
         "probe" => child_probe(),
         other => panic!("unknown child role {other}"),
     }

@@ -75,7 +75,7 @@ fn htod(dst: u64, src: *const c_void, n: usize, s: usize, sync_first: bool) -> R
     }
     stream::enqueue(
         &stream,
-        Op::Run(Box::new(move || {
+        Op::Work(Box::new(move || {
             // SAFETY: the span lies inside its backing (checked by `span`; kept mapped by its
             // Arc, or registered host pages the caller keeps mapped); `bytes` has n bytes.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), span.backing.at(span.off), bytes.len()) };
@@ -90,7 +90,7 @@ fn run_and_wait(s: &Arc<stream::Stream>, op: impl FnOnce() + Send + 'static) {
     let d2 = done.clone();
     stream::enqueue(
         s,
-        Op::Run(Box::new(move || {
+        Op::Work(Box::new(move || {
             op();
             *d2.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
             d2.1.notify_all();
@@ -122,7 +122,7 @@ fn dtod(dst: u64, src: u64, n: usize, s: usize) -> R {
         return Ok(());
     }
     let (d, sp) = (memory::span_for_write(dst, n as u64)?, memory::span(src, n as u64)?);
-    stream::enqueue(&stream, Op::Run(Box::new(move || memory::copy(&d, &sp))));
+    stream::enqueue(&stream, Op::Work(Box::new(move || memory::copy(&d, &sp))));
     Ok(())
 }
 
@@ -134,7 +134,7 @@ fn memset8(dst: u64, v: u8, n: usize, s: usize) -> R {
     let d = memory::span_for_write(dst, n as u64)?;
     stream::enqueue(
         &stream,
-        Op::Run(Box::new(move || {
+        Op::Work(Box::new(move || {
             // SAFETY: the span lies inside its backing (checked by `span`; kept mapped by its
             // Arc, or registered host pages the caller keeps mapped).
             unsafe { std::ptr::write_bytes(d.backing.at(d.off), v, d.n as usize) };

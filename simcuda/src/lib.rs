@@ -24,6 +24,7 @@ mod settings;
 mod stats;
 mod stats_layout;
 mod stream;
+mod timeslice;
 mod vmm;
 
 pub use stats::SimcudaStats;

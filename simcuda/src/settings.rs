@@ -6,6 +6,9 @@
 //! - `SIMCUDA_XPROC_WAIT_US=N` (default 0): a `cuStreamWaitEvent` on a record made by
 //!   another process sleeps N µs on the stream once the event completed (without MPS; an
 //!   H200 measured ~280 µs per round trip: a GPU time-slice switch).
+//! - `SIMCUDA_CTX_SWITCH_US=N` (default 0): a copy or memset that runs while the device's
+//!   last engine work was another process's sleeps N µs first (without MPS; an H200
+//!   measured ~140 µs a switch: `timeslice.rs`).
 //! - `SIMCUDA_VALUE_WAIT_US=N` (default 0): a stream value wait sleeps N µs on the stream
 //!   once its condition holds (an H200 measured ~9 µs more than a host wait).
 //! - `SIMCUDA_NO_MEMOPS=1`: no stream memory operations (attributes 122/123 are
@@ -23,6 +26,7 @@ use std::time::Duration;
 pub struct Settings {
     pub mps: bool,
     pub xproc_wait: Duration,
+    pub ctx_switch: Duration,
     pub value_wait: Duration,
     pub memops: bool,
     pub host_register: bool,
@@ -55,6 +59,7 @@ pub fn get() -> &'static Settings {
     S.get_or_init(|| Settings {
         mps: switch("SIMCUDA_MPS"),
         xproc_wait: Duration::from_micros(number("SIMCUDA_XPROC_WAIT_US", 0)),
+        ctx_switch: Duration::from_micros(number("SIMCUDA_CTX_SWITCH_US", 0)),
         value_wait: Duration::from_micros(number("SIMCUDA_VALUE_WAIT_US", 0)),
         memops: !switch("SIMCUDA_NO_MEMOPS"),
         host_register: !switch("SIMCUDA_NO_HOST_REGISTER"),

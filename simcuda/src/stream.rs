@@ -24,6 +24,9 @@ pub const CU_STREAM_NON_BLOCKING: u32 = 1;
 
 pub enum Op {
     Run(Box<dyn FnOnce() + Send>),
+    /// Engine work (a copy, a memset): what a context switch between processes is paid
+    /// for (`timeslice`).
+    Work(Box<dyn FnOnce() + Send>),
     /// Wait until `stream` completed its first `n` ops.
     WaitStream(Arc<Stream>, u64),
     /// Wait until `event` completed record number `target` (0: nothing to wait for), then
@@ -103,6 +106,10 @@ impl Stream {
             }
             match op {
                 Op::Run(f) => f(),
+                Op::Work(f) => {
+                    crate::timeslice::take_turn();
+                    f()
+                }
                 Op::WaitStream(s, n) => {
                     self.set_blocked(Some(Blocked::Stream(s.clone())));
                     s.wait_done(n);

@@ -351,3 +351,56 @@ pub(super) fn child_count_ops() {
     assert_eq!(sim_stats().unwrap().host_registrations, before.host_registrations);
     std::process::exit(0);
 }
+
+/// `SIMCUDA_CTX_SWITCH_US`: engine work (a copy, a memset) that follows another live
+/// process's on the device pays a time-slice switch; back-to-back work of one process does
+/// not, nor anything under MPS (the H200's measured cost, modelled: simcuda/src/timeslice.rs).
+#[test]
+fn engine_work_after_another_processs_pays_a_time_slice_switch() {
+    if !sim_only("engine_work_after_another_processs_pays_a_time_slice_switch") {
+        return;
+    }
+    let file = std::env::temp_dir().join(format!("simcuda-timeslice-test-{}", std::process::id()));
+    let run = |mps: &str| {
+        // The device's last engine work: this (live) process's.
+        let mut page = vec![0u8; 4096];
+        page[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        std::fs::write(&file, &page).unwrap();
+        let env = [
+            ("SIMCUDA_TIMESLICE_FILE", file.display().to_string()),
+            ("SIMCUDA_CTX_SWITCH_US", "20000".to_string()),
+            ("SIMCUDA_MAX_DELAY_US", "0".to_string()),
+            ("SIMCUDA_MPS", mps.to_string()),
+        ];
+        let mut kid = Kid::spawn("timeslice", &env, None);
+        let line = kid.expect("RESULT");
+        let (st, err) = kid.finish();
+        assert!(st.success(), "{st:?}: {err}");
+        let field = |k: &str| -> u64 {
+            line.split_whitespace().find_map(|f| f.strip_prefix(&format!("{k}="))).unwrap().parse().unwrap()
+        };
+        (field("first_ms"), field("rest_ms"), u32::from_le_bytes(std::fs::read(&file).unwrap()[..4].try_into().unwrap()))
+    };
+    let (first, rest, last) = run("0");
+    assert!(first >= 20, "the first memset follows another process's work: {first} ms");
+    assert!(rest < 20, "three more of its own pay nothing: {rest} ms");
+    assert_ne!(last, std::process::id(), "the kid's work is now the device's last");
+    let (first, _, _) = run("1");
+    assert!(first < 20, "no switch is paid under MPS: {first} ms");
+    let _ = std::fs::remove_file(&file);
+}
+
+pub(super) fn child_timeslice() {
+    let b = DeviceBuffer::alloc(0, 4096).unwrap();
+    let s = NbStream::new();
+    let t0 = Instant::now();
+    memset_async(b.ptr(), 1, 4096, tensorwire::cuda::CudaStream(s.0 as usize));
+    s.sync();
+    let first_ms = t0.elapsed().as_millis();
+    let t0 = Instant::now();
+    for v in 2..5 {
+        memset_async(b.ptr(), v, 4096, tensorwire::cuda::CudaStream(s.0 as usize));
+        s.sync();
+    }
+    println!("RESULT first_ms={first_ms} rest_ms={}", t0.elapsed().as_millis());
+}
