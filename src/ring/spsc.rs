@@ -47,7 +47,7 @@
 //! waiter count, which costs what the ring's one locked add costs, and the ring's line
 //! stays in the producer's cache (the consumer reads it only before it sleeps).
 
-pub use super::broken::{RingBroken, RingError};
+pub use crate::error::ring::{RingBroken, RingError};
 use super::broken::Broken;
 use crate::doorbell::Doorbell;
 use crate::sync::{AtomicU64, Ordering};

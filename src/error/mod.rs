@@ -1,7 +1,11 @@
 //! The one error type of the transport. Every variant says what was wrong in words a user
 //! can act on; `Display` is the message the C ABI and Python surface verbatim.
 
-use crate::ring::spsc::{RingBroken, RingError};
+#[cfg(not(loom))]
+pub mod cuda_code;
+pub mod ring;
+
+pub use ring::{RingBroken, RingError};
 use std::fmt;
 use std::io;
 
@@ -41,7 +45,7 @@ pub enum Error {
     /// (e.g. `CUDA_ERROR_INVALID_VALUE`), for messages.
     // Not in the loom model build, which compiles no CUDA code (`crate::cuda` is out).
     #[cfg(not(loom))]
-    Cuda { call: &'static str, code: crate::cuda::CudaCode, name: String },
+    Cuda { call: &'static str, code: cuda_code::CudaCode, name: String },
     /// The machine or a process limit said no: no fd (`EMFILE`/`ENFILE`), no address
     /// space or memory (`ENOMEM`, e.g. under `RLIMIT_AS`), no room on a file system or
     /// under a file-size limit (`ENOSPC`/`EFBIG`), no lockable memory (`EPERM`/`EAGAIN`
