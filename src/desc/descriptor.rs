@@ -1,7 +1,7 @@
 //! `TensorDesc` and `StorageRef`: the fixed-size wire descriptor, and the validation
 //! every descriptor from a peer passes before any field is read.
 
-use super::{DType, DeviceType, Layout, StorageKind, DESC_MAGIC, DESC_VERSION, MAX_NDIM};
+use super::{DType, DeviceType, Layout, Signal, StorageKind, DESC_MAGIC, DESC_VERSION, MAX_NDIM};
 use crate::error::{Error, Result};
 use bytemuck::{Pod, Zeroable};
 
@@ -194,8 +194,7 @@ impl TensorDesc {
 
     /// What a (validated) CUDA descriptor says to wait for.
     #[cfg(not(loom))]
-    pub fn signal(&self) -> crate::cuda::order::Signal {
-        use crate::cuda::order::Signal;
+    pub fn signal(&self) -> super::Signal {
         if self.flags & FLAG_SIGNAL_WORD != 0 {
             Signal::Word { lane: self.storage.event_slot, value: self.storage.event_seq as u32 }
         } else {
@@ -205,8 +204,7 @@ impl TensorDesc {
 
     /// Name `s` as what the consumer waits for.
     #[cfg(not(loom))]
-    pub fn set_signal(&mut self, s: crate::cuda::order::Signal) {
-        use crate::cuda::order::Signal;
+    pub fn set_signal(&mut self, s: super::Signal) {
         match s {
             Signal::Word { lane, value } => {
                 self.flags |= FLAG_SIGNAL_WORD;

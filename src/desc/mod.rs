@@ -12,11 +12,13 @@ mod descriptor;
 mod dtype;
 mod layout;
 mod pack;
+mod signal;
 
 pub use descriptor::{StorageRef, TensorDesc, DESC_SIZE, FLAG_SIGNAL_WORD};
 pub use dtype::{DType, DeviceType, StorageKind};
 pub use layout::Layout;
 pub use pack::PackCursor;
+pub use signal::Signal;
 
 /// Most dimensions a descriptor can describe.
 pub const MAX_NDIM: usize = 16;

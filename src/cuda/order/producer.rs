@@ -17,14 +17,7 @@ use crate::wait::Wait;
 /// streams than this take over the least recently used lane.
 pub const LANES: u32 = 64;
 
-/// What a message names for the consumer to wait on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// Lane `lane` of the producer's signal words reaches `value`.
-    Word { lane: u32, value: u32 },
-    /// Record `seq` of the producer's pooled IPC event `slot`.
-    Event { slot: u32, seq: u64 },
-}
+pub use crate::desc::Signal;
 
 struct Lane {
     stream: Option<CudaStream>,
