@@ -8,7 +8,7 @@
 //! new import is refused — a producer that never says FORGET cannot pin our address space.
 //!
 //! The producer sends a segment's fd once into one of this connection's *fd slots*
-//! (`peer::SEGMENT_FD_SLOTS`, chosen by the producer); later descriptors of that segment
+//! (`wire::SEGMENT_FD_SLOTS`, chosen by the producer); later descriptors of that segment
 //! name the slot instead of carrying the fd again, and a window evicted here is simply
 //! mapped again from the slot's fd. A slot's fd is checked once, when it arrives (a
 //! sealed memfd; its device and inode are the identity later windows are compared
@@ -185,7 +185,7 @@ impl ImportCache {
     /// segment. The window is a cached one of the same file covering the range, or a new
     /// one mapped from the fd.
     pub(crate) fn resolve(&mut self, desc: &TensorDesc, fd: Option<OwnedFd>, slot: u32, limits: Limits) -> Result<Resolved> {
-        use crate::peer::SEGMENT_FD_SLOTS;
+        use crate::wire::SEGMENT_FD_SLOTS;
         let sid = desc.storage.segment_id;
         if slot >= SEGMENT_FD_SLOTS {
             return Err(Error::Protocol(format!(

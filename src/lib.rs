@@ -58,6 +58,8 @@ mod shared_tensor;
 mod spin_policy;
 #[cfg(not(loom))]
 pub mod sys;
+#[cfg(not(loom))]
+pub mod wire;
 
 cfg_not_loom! {
     pub use connection::{Connection, Listener};

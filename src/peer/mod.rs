@@ -28,22 +28,22 @@ mod cuda_import;
 mod export;
 mod fd_slots;
 mod forward;
+mod held_lease;
 mod import;
 mod reaper;
 mod ring;
-mod wire;
 
 pub use crate::shared_tensor::SharedTensor;
 pub use config::{ExportOptions, PeerConfig};
 pub use cuda_import::CudaImported;
 pub(crate) use export::CpuStorage;
 pub use import::{Imported, Incoming};
-pub use wire::{
+pub use crate::wire::{
     setup_payload, tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER,
     NO_FD_SLOT, SEGMENT_FD_SLOTS, SETUP_HAS_CUDA_RING, SETUP_WANTS_EVENTS, TENSOR_PAYLOAD,
 };
 use reaper::collect_lingering;
-use wire::SETUP_FLAGS;
+use crate::wire::SETUP_FLAGS;
 
 /// State shared by a `Peer`, its reaper thread and its imports (which outlive the handle).
 struct Inner {

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use super::wire::KIND_FORGET;
+use crate::wire::KIND_FORGET;
 use super::Inner;
 
 /// How often the reaper looks for a dead peer when no lease is live.

@@ -1,4 +1,6 @@
-//! Wire message kinds of the peer protocol and the setup payload.
+//! What travels on a connection between two peers (after the socket's hello,
+//! `connection`): the message kinds, the tensor message and the setup payload. Below
+//! `peer` and `import_cache`, which both read it.
 
 /// Wire message kinds of the peer protocol (after the connection's hello).
 /// Setup: the lease table this side grants from (4-byte capacity, 1 fd).
@@ -50,7 +52,7 @@ pub fn tensor_payload(tag: u64, desc: &crate::desc::TensorDesc, fd_slot: u32) ->
 
 /// A `KIND_TENSOR` payload's parts after its shape is checked: tag, the descriptor's
 /// bytes (decoded and validated by the caller), fd slot.
-pub(super) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8], u32)> {
+pub(crate) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8], u32)> {
     use crate::desc::DESC_SIZE;
     if p.len() != TENSOR_PAYLOAD {
         return Err(crate::error::Error::Protocol(format!("tensor message has {} bytes, expected {TENSOR_PAYLOAD}", p.len())));
@@ -68,18 +70,18 @@ pub(super) fn split_tensor_payload(p: &[u8]) -> crate::error::Result<(u64, &[u8]
 /// before (and whatever) any check of them: for giving its lease back when the message is
 /// refused, asking for a lost slot's fd again, and saying which tag was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Named {
-    pub(super) tag: u64,
+pub(crate) struct Named {
+    pub(crate) tag: u64,
     /// The lease its descriptor's storage reference names (`TensorDesc` is a fixed
     /// `#[repr(C)]` Pod struct, so the offsets of `storage.lease_slot` and
     /// `storage.lease_gen` are known).
-    pub(super) lease: crate::lease::LeaseId,
-    pub(super) fd_slot: u32,
+    pub(crate) lease: crate::lease::LeaseId,
+    pub(crate) fd_slot: u32,
 }
 
 /// [`Named`] of a `KIND_TENSOR` payload; `None` for a payload of another size, which is
 /// not the protocol's layout and names nothing.
-pub(super) fn named_in_tensor_payload(p: &[u8]) -> Option<Named> {
+pub(crate) fn named_in_tensor_payload(p: &[u8]) -> Option<Named> {
     use crate::desc::{TensorDesc, DESC_SIZE};
     if p.len() != TENSOR_PAYLOAD {
         return None;
@@ -101,7 +103,7 @@ pub const SETUP_HAS_CUDA_RING: u32 = 1;
 /// records them for its CUDA exports rather than writing signal words.
 pub const SETUP_WANTS_EVENTS: u32 = 2;
 /// Every `KIND_TABLE` flag this build knows.
-pub(super) const SETUP_FLAGS: u32 = SETUP_HAS_CUDA_RING | SETUP_WANTS_EVENTS;
+pub(crate) const SETUP_FLAGS: u32 = SETUP_HAS_CUDA_RING | SETUP_WANTS_EVENTS;
 
 /// The `KIND_TABLE` payload: lease table capacity, ring data bytes (0: no ring), flags
 /// (`SETUP_*`). Public for tools and tests that speak the wire protocol.
