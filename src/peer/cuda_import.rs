@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use super::export::{CudaHandle, CudaStorage};
-use super::import::{import_accessors, HeldLease};
+use super::held_lease::{import_accessors, HeldLease};
 use super::reaper::hold_until;
 
 /// A CUDA tensor imported from the peer: its allocation opened through the process's

@@ -1,5 +1,5 @@
 //! Receiving: the message loop (`recv`), descriptor checks and the CPU and CUDA import
-//! paths; `Imported` and the consumer's side of a lease.
+//! paths; `Imported`.
 
 use crate::desc::{Layout, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
@@ -11,8 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use crate::wait::Wait;
 use super::cuda_import::{CudaImported, CudaMemory};
-use super::wire::{named_in_tensor_payload, split_tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
-use super::{Inner, Peer};
+use super::held_lease::{import_accessors, HeldLease};
+use crate::wire::{named_in_tensor_payload, split_tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
+use super::Peer;
 
 /// What `recv` returns.
 #[allow(clippy::large_enum_variant)] // one per message; boxing would only add an allocation
@@ -303,58 +304,6 @@ pub struct Imported {
     tag: u64,
 }
 
-/// The consumer's side of one lease: released once, explicitly or on drop.
-pub(super) struct HeldLease {
-    pub(super) inner: Arc<Inner>,
-    pub(super) lease: LeaseId,
-    pub(super) released: bool,
-}
-
-impl HeldLease {
-    /// An explicit release: says `PeerGone` if the peer has gone (one `poll` to know).
-    pub(super) fn release(&mut self) -> Result<()> {
-        self.release_as(self.inner.conn.is_peer_gone())
-    }
-
-    fn release_as(&mut self, gone: bool) -> Result<()> {
-        self.released = true;
-        if self.inner.stop.load(Ordering::Acquire) || gone {
-            return Err(Error::peer_gone("the connection ended before the lease was released"));
-        }
-        self.inner.import.release(self.lease)
-    }
-}
-
-impl Drop for HeldLease {
-    fn drop(&mut self) {
-        if !self.released {
-            // Nobody reads this result: what is known is enough, not a `poll` per dropped
-            // tensor. A release written into the table of a peer that has just died is
-            // harmless (the table stays mapped here until we close).
-            let _ = self.release_as(self.inner.conn.known_gone());
-        }
-    }
-}
-
-/// The accessors both imports ([`Imported`], [`CudaImported`]) have, over their `desc`
-/// and `tag` fields.
-macro_rules! import_accessors {
-    () => {
-        /// The validated descriptor.
-        pub fn desc(&self) -> &TensorDesc {
-            &self.desc
-        }
-        /// The view's layout.
-        pub fn layout(&self) -> Layout {
-            self.desc.layout()
-        }
-        /// The tag the producer sent with the tensor.
-        pub fn tag(&self) -> u64 {
-            self.tag
-        }
-    };
-}
-pub(super) use import_accessors;
 
 impl Imported {
     import_accessors!();
