@@ -1,8 +1,28 @@
 //! A message taken from a ring: its bytes copied out, or still in the ring (borrowed)
 //! until it is dropped.
 
-use super::receiver::BorrowToken;
 use crate::desc::TensorDesc;
+use std::sync::Arc;
+
+/// Where a borrowed message's bytes go back to (the receiver's state), in ring order.
+pub(super) trait Release: Send + Sync {
+    /// The record ending at ring position `end` is done with.
+    fn release(&self, end: u64);
+}
+
+/// Keeps a borrowed region unreleased; dropping it releases in ring order.
+pub(super) struct BorrowToken {
+    pub(super) to: Option<Arc<dyn Release>>,
+    pub(super) end: u64,
+}
+
+impl Drop for BorrowToken {
+    fn drop(&mut self) {
+        if let Some(r) = self.to.take() {
+            r.release(self.end);
+        }
+    }
+}
 
 /// How a received message's bytes are held.
 pub(super) enum Data {

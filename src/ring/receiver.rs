@@ -2,7 +2,7 @@
 //! message reassembled into one buffer, a single record copied out or borrowed in place),
 //! ring space released in ring order as messages are done with it.
 
-use super::message::{Data, RingMessage};
+use super::message::{BorrowToken, Data, Release, RingMessage};
 use super::shared::{MmapRegion, RingShared};
 use super::spsc::{Consumer, Record, RingBroken, Watch, FLAG_FIRST, FLAG_LAST};
 use super::waiter::Waiter;
@@ -20,18 +20,9 @@ use std::sync::Arc;
 const RECV_WAITS_FOR: &str = "a message in the ring";
 const RECV_GONE: &str = "the producer went away with nothing left in the ring";
 
-/// Keeps a borrowed region unreleased; dropping it releases in ring order.
-pub(super) struct BorrowToken {
-    /// `None` once disarmed by a caller that finished the record itself.
-    state: Option<Arc<Mutex<RecvState>>>,
-    end: u64,
-}
-
-impl Drop for BorrowToken {
-    fn drop(&mut self) {
-        if let Some(s) = self.state.take() {
-            s.lock().finish(self.end);
-        }
+impl Release for Mutex<RecvState> {
+    fn release(&self, end: u64) {
+        self.lock().finish(end);
     }
 }
 
@@ -138,7 +129,7 @@ impl RecvState {
                     // SAFETY: data_offset + data_len lies inside the validated record;
                     // the token keeps it unreleased.
                     let ptr = unsafe { self.consumer_base().add(rec.data_offset as usize) };
-                    let token = BorrowToken { state: Some(me.clone()), end: rec.end };
+                    let token = BorrowToken { to: Some(me.clone() as Arc<dyn Release>), end: rec.end };
                     return Ok(Some(RingMessage { tag: h.tag, desc, data: Data::Borrowed { ptr, len: h.data_len as usize, _token: token } }));
                 }
                 let mut buf = std::mem::take(&mut self.spare);
