@@ -4,6 +4,7 @@
 //! `guard` (initialisation check, fault injection, no unwinding into C); the pointer
 //! arguments are the C caller's, as the driver API defines them.
 
+use crate::guard::guard;
 use crate::result::*;
 use crate::{context, events, ipc, stream};
 use std::ffi::c_char;

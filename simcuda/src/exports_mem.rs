@@ -10,6 +10,7 @@
 
 use crate::exports_ctx::IpcHandle;
 use crate::memory::{self, Kind, Span};
+use crate::guard::guard;
 use crate::result::*;
 use crate::stream::{self, Op};
 use crate::{context, ipc, vmm};

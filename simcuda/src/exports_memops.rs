@@ -6,6 +6,7 @@
 
 use crate::host_register;
 use crate::memops::{self, Api, Width};
+use crate::guard::guard;
 use crate::result::*;
 use std::ffi::c_void;
 

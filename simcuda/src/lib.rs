@@ -15,6 +15,7 @@ mod exports_ctx;
 mod exports_mem;
 mod exports_memops;
 mod faults;
+mod guard;
 mod host_register;
 mod ipc;
 mod memops;

@@ -1,7 +1,6 @@
 //! CUresult codes simcuda returns, their names and descriptions, and the guard every
 //! exported call runs in (initialisation check, fault injection, no unwinding into C).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// `CUresult` (a C enum: an `int` in the ABI).
 pub type CuResult = i32;
@@ -59,27 +58,6 @@ pub fn code_of(name: &str) -> Option<CuResult> {
         let n = n.trim_end_matches('\0');
         n == name || n.strip_prefix("CUDA_ERROR_") == Some(name)
     }).map(|c| c.0)
-}
-
-/// Run one exported call: the driver must be initialised (unless `needs_init` is false),
-/// an injected fault answers first, and a panic becomes CUDA_ERROR_UNKNOWN (never unwinds
-/// into the caller's C frames).
-pub fn guard(name: &'static str, needs_init: bool, f: impl FnOnce() -> R) -> CuResult {
-    crate::stats::called(name);
-    if needs_init && !crate::context::initialised() {
-        return NOT_INITIALIZED;
-    }
-    if let Some(code) = crate::faults::hit(name) {
-        return code;
-    }
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            eprintln!("simcuda: {name} panicked (a bug in simcuda); returning CUDA_ERROR_UNKNOWN");
-            UNKNOWN
-        }
-    }
 }
 
 /// Write `v` through an out-pointer the caller passed (null is CUDA_ERROR_INVALID_VALUE).
