@@ -10,7 +10,7 @@ between a module and its own ancestor or descendant is not projected (a parent d
 and re-exports its children). Any cycle among siblings is an import loop: printed, and the
 exit status is 1.
 
-  python3 scripts/module_graph.py src rpc/src     # the crates' src folders
+  python3 scripts/module_graph.py src rpc/src simcuda/src     # the crates' src folders
   python3 scripts/module_graph.py --self-test     # it must see the loops it is for
 """
 

@@ -28,9 +28,9 @@ export CARGO_INCREMENTAL=0
 step "build (debug, all targets)"
 cargo build --all-targets --locked 2>&1 | tail -n 3
 
-step "module graph: imports go one way (no loop between the modules of src/ and rpc/src/; scripts/module_graph.py)"
+step "module graph: imports go one way (no loop between the modules of src/, rpc/src/, simcuda/src/; scripts/module_graph.py)"
 python3 scripts/module_graph.py --self-test
-python3 scripts/module_graph.py src rpc/src
+python3 scripts/module_graph.py src rpc/src simcuda/src
 
 step "clippy (undocumented unsafe blocks and other denied lints fail the run)"
 cargo clippy --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks

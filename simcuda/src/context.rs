@@ -23,7 +23,6 @@ pub fn init(flags: u32) -> R {
         return Err(INVALID_VALUE);
     }
     contexts();
-    crate::stream::install_exit_drain();
     // Release: pairs with the Acquire load in `initialised`.
     INIT.store(true, Ordering::Release);
     Ok(())

@@ -18,7 +18,12 @@ pub struct IpcHandle {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: u32) -> CuResult {
-    guard("cuInit", false, || context::init(flags))
+    guard("cuInit", false, || {
+        context::init(flags)?;
+        // Work queued before a normal exit still runs (stream.rs).
+        crate::stream::install_exit_drain();
+        Ok(())
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -23,13 +23,13 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult 
         if dptr.is_null() {
             return Err(INVALID_VALUE);
         }
-        out(dptr, memory::alloc(size as u64)?)
+        out(dptr, crate::allocation::alloc(size as u64)?)
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
-    guard("cuMemFree_v2", true, || memory::free(dptr))
+    guard("cuMemFree_v2", true, || crate::allocation::free(dptr))
 }
 
 #[unsafe(no_mangle)]

@@ -13,6 +13,7 @@
 //! `simcuda_stats().free_while_imported`.
 
 use crate::memory::{self, Backing, Kind, PAGE, Region};
+use crate::process::alive;
 use crate::result::*;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -47,11 +48,6 @@ fn data_len(size: u64) -> u64 {
     size.div_ceil(PAGE) * PAGE
 }
 
-/// True if process `pid` exists (a process of another user counts: EPERM).
-pub fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) }
-}
 
 /// Count one more open of the allocation by this process (slot per process).
 fn slot_add(b: &Backing, data: u64, delta: i64) -> R {

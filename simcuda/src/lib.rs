@@ -9,17 +9,21 @@
 //! host memory, across processes too.
 //! See README.md beside this crate for each call's semantics and where they come from.
 
+mod allocation;
 mod context;
+mod event_state;
 mod events;
 mod exports_ctx;
 mod exports_mem;
 mod exports_memops;
+mod exports_stats;
 mod faults;
 mod guard;
 mod host_register;
 mod ipc;
 mod memops;
 mod memory;
+mod process;
 mod result;
 mod settings;
 mod stats;
@@ -28,4 +32,4 @@ mod stream;
 mod timeslice;
 mod vmm;
 
-pub use stats::SimcudaStats;
+pub use exports_stats::SimcudaStats;

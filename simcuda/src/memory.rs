@@ -210,7 +210,6 @@ pub fn copy(dst: &Span, src: &Span) {
     unsafe { std::ptr::copy(src.backing.at(src.off), dst.backing.at(dst.off), src.n as usize) };
 }
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A process-unique, system-unique id (pid in the high bits).
@@ -219,41 +218,3 @@ pub fn new_id() -> u64 {
     (u64::from(std::process::id()) << 32) | NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// `cuMemAlloc`: `size` > 0 (0 is CUDA_ERROR_INVALID_VALUE, as documented), on the current
-/// context's device; data pages plus one metadata page (IPC bookkeeping).
-pub fn alloc(size: u64) -> R<u64> {
-    let ctx = crate::context::current()?;
-    if size == 0 {
-        return Err(INVALID_VALUE);
-    }
-    let data = size.div_ceil(PAGE).checked_mul(PAGE).ok_or(OUT_OF_MEMORY)?;
-    let id = new_id();
-    let backing = Backing::create(&format!("simcuda-mem-{id}"), data + PAGE)?;
-    crate::ipc::init_meta(&backing, data, size, id);
-    let start = reserve_range(data)?;
-    insert(Region { start, len: size, device: ctx.device, backing: Arc::new(backing), offset: 0, kind: Kind::Alloc { id }, accessible: true });
-    // Relaxed: statistics.
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    Ok(start)
-}
-
-/// `cuMemFree`: only the base of a `cuMemAlloc` allocation (anything else is
-/// CUDA_ERROR_INVALID_VALUE). Reports a free while another process has the handle open.
-pub fn free(dptr: u64) -> R {
-    crate::context::current()?;
-    let r = find(dptr).ok_or(INVALID_VALUE)?;
-    if r.start != dptr || !matches!(r.kind, Kind::Alloc { .. }) {
-        return Err(INVALID_VALUE);
-    }
-    crate::ipc::check_free_while_open(&r);
-    remove(dptr);
-    unreserve_range(r.start, r.len.div_ceil(PAGE) * PAGE);
-    // Relaxed: statistics.
-    ALLOCS.fetch_sub(1, Ordering::Relaxed);
-    Ok(())
-}
-
-pub fn live_allocations() -> u64 {
-    // Relaxed: statistics.
-    ALLOCS.load(Ordering::Relaxed)
-}

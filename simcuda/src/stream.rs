@@ -11,7 +11,7 @@
 //! finish its queued work, as the driver does (a copy queued before `exit(0)` lands): see
 //! [`drain_at_exit`]. A killed process's queued work is lost.
 
-use crate::events::EventState;
+use crate::event_state::EventState;
 use crate::result::*;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

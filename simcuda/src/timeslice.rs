@@ -57,7 +57,7 @@ pub fn take_turn() {
     let me = std::process::id();
     // Relaxed: the pid is the whole message; nothing else is published through it.
     let prev = word.swap(me, Ordering::Relaxed);
-    if prev != 0 && prev != me && crate::ipc::alive(prev) {
+    if prev != 0 && prev != me && crate::process::alive(prev) {
         std::thread::sleep(s.ctx_switch);
     }
 }
