@@ -63,7 +63,7 @@ fn every_dtype_and_noncontiguous_views_roundtrip_and_alias() {
             assert_eq!(after[0], !before[0], "{name}: the child's write is not visible here (not zero-copy)");
         }
     }
-    wait_until("all leases released", || peer.export_stats().live_leases == 0);
+    wait_until("all leases released", T, || peer.export_stats().live_leases == 0);
     let s = peer.export_stats();
     assert_eq!((s.granted, s.released), (cases.len() as u64, cases.len() as u64));
 
@@ -136,7 +136,7 @@ fn window_expiry_and_quotas() {
     let err = peer.export(&mk(10), ExportOptions::default()).unwrap_err();
     assert!(err.to_string().contains("peer holds 4 leases, the limit is 4"), "{err}");
     // The windowed lease expires although the child still holds it.
-    wait_until("the window to expire", || dropped.load(Ordering::SeqCst) == 1);
+    wait_until("the window to expire", T, || dropped.load(Ordering::SeqCst) == 1);
     let s = peer.export_stats();
     assert_eq!((s.live_leases, s.expired), (3, 1));
     peer.export(&mk(10), ExportOptions::default()).unwrap();
@@ -174,7 +174,7 @@ fn listener_client_entry() {
     let t = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[64]).unwrap()).unwrap();
     t.write_storage(0, &(0..64u8).collect::<Vec<_>>()).unwrap();
     peer.export(&t, ExportOptions::default()).unwrap();
-    wait_until("release", || peer.export_stats().released == 1);
+    wait_until("release", T, || peer.export_stats().released == 1);
 }
 
 #[test]

@@ -30,8 +30,6 @@
 mod common;
 
 use common::gpu::*;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,8 +38,6 @@ use tensorwire::cuda::vmm::VmmAllocation;
 use tensorwire::cuda::{CudaStream, DevicePtr};
 use tensorwire::{CudaImported, DType, Error, ExportOptions, Incoming, Layout, Peer, PeerConfig};
 
-const ROLE_ENV: &str = "TW_FWD_ROLE";
-const FDS_ENV: &str = "TW_FWD_FDS";
 // Commands (first word of a message); replies are words too.
 const TAKE: u64 = 1;
 const RELEASE: u64 = 2;
@@ -69,16 +65,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 #[ignore = "child-process entry point; the other tests run it in a subprocess"]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else { return };
-    let mut fds = std::env::var(FDS_ENV)
-        .unwrap()
-        .split(',')
-        // SAFETY: the parent handed us these inherited fd numbers; nothing else owns them.
-        .map(|n| unsafe { OwnedFd::from_raw_fd(n.parse().unwrap()) })
-        .collect::<Vec<_>>()
-        .into_iter();
-    let first = Peer::from_fd(fds.next().unwrap(), PeerConfig::default()).unwrap();
-    let second = Peer::from_fd(fds.next().unwrap(), PeerConfig::default()).unwrap();
+    let Some((role, peers)) = child_peers() else { return };
+    let [first, second]: [Peer; 2] = peers.try_into().unwrap_or_else(|_| panic!("two sockets"));
     match role.as_str() {
         "relay" => relay(first, second),
         "last" => last(first, second),
@@ -204,38 +192,6 @@ fn last(host: Peer, up: Peer) {
         };
         host.send_message(&words(&reply), &[]).unwrap();
     }
-}
-
-fn spawn_role(role: &str, fds: [BorrowedFd<'_>; 2]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let nums: Vec<String> = fds.iter().map(|fd| tensorwire::sys::inherit_in_child(&mut cmd, *fd).to_string()).collect();
-    cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role)
-        .env(FDS_ENV, nums.join(","))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-struct Chain {
-    relay: Child,
-    last: Child,
-    to_relay: Peer,
-    to_last: Peer,
-}
-
-/// Host ↔ relay (the tensors, the relay's reports), host ↔ last (commands), relay ↔ last
-/// (the forward).
-fn chain() -> Chain {
-    let (h_r, r_h) = tensorwire::sys::seqpacket_pair().unwrap();
-    let (h_l, l_h) = tensorwire::sys::seqpacket_pair().unwrap();
-    let (r_l, l_r) = tensorwire::sys::seqpacket_pair().unwrap();
-    let relay = spawn_role("relay", [r_h.as_fd(), r_l.as_fd()]);
-    let last = spawn_role("last", [l_h.as_fd(), l_r.as_fd()]);
-    drop((r_h, r_l, l_h, l_r));
-    let to_relay = Peer::from_fd(h_r, PeerConfig::default()).unwrap();
-    let to_last = Peer::from_fd(h_l, PeerConfig::default()).unwrap();
-    Chain { relay, last, to_relay, to_last }
 }
 
 impl Chain {

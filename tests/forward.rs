@@ -18,14 +18,11 @@
 mod common;
 
 use common::*;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tensorwire::{DType, Error, ExportOptions, Incoming, Layout, Peer, PeerConfig, SharedTensor};
 
-const FDS_ENV: &str = "TW_FWD_FDS";
 // Commands to the last (first word of a message); replies are words too.
 const TAKE: u64 = 1;
 const READ: u64 = 2;
@@ -41,20 +38,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Entry point of the child processes (run by `spawn_role`, never on its own).
+/// Entry point of the child processes (run by `chain`, never on its own).
 #[test]
 #[ignore = "child-process entry point; the other tests run it in a subprocess"]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else { return };
-    let fds: Vec<OwnedFd> = std::env::var(FDS_ENV)
-        .unwrap()
-        .split(',')
-        // SAFETY: the parent handed us these inherited fd numbers; nothing else owns them.
-        .map(|n| unsafe { OwnedFd::from_raw_fd(n.parse().unwrap()) })
-        .collect();
-    let mut fds = fds.into_iter();
-    let host = Peer::from_fd(fds.next().unwrap(), PeerConfig::default()).unwrap();
-    let link = Peer::from_fd(fds.next().unwrap(), PeerConfig::default()).unwrap();
+    let Some((role, peers)) = child_peers() else { return };
+    let [host, link]: [Peer; 2] = peers.try_into().unwrap_or_else(|_| panic!("two sockets"));
     match role.as_str() {
         "relay" => relay(host, link),
         "last" => last(host, link),
@@ -122,37 +111,6 @@ fn last(host: Peer, up: Peer) {
     }
 }
 
-fn spawn_role(role: &str, fds: [BorrowedFd<'_>; 2]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let nums: Vec<String> = fds.iter().map(|fd| tensorwire::sys::inherit_in_child(&mut cmd, *fd).to_string()).collect();
-    cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role)
-        .env(FDS_ENV, nums.join(","))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-struct Chain {
-    relay: Child,
-    last: Child,
-    to_relay: Peer,
-    to_last: Peer,
-}
-
-/// Host ↔ relay, host ↔ last (commands), relay ↔ last (the forward).
-fn chain() -> Chain {
-    let (h_r, r_h) = tensorwire::sys::seqpacket_pair().unwrap();
-    let (h_l, l_h) = tensorwire::sys::seqpacket_pair().unwrap();
-    let (r_l, l_r) = tensorwire::sys::seqpacket_pair().unwrap();
-    let relay = spawn_role("relay", [r_h.as_fd(), r_l.as_fd()]);
-    let last = spawn_role("last", [l_h.as_fd(), l_r.as_fd()]);
-    drop((r_h, r_l, l_h, l_r));
-    let to_relay = Peer::from_fd(h_r, PeerConfig::default()).unwrap();
-    let to_last = Peer::from_fd(h_l, PeerConfig::default()).unwrap();
-    Chain { relay, last, to_relay, to_last }
-}
-
 impl Chain {
     fn last(&self, cmd: u64) -> Vec<u64> {
         self.to_last.send_message(&words(&[cmd]), &[]).unwrap();
@@ -204,7 +162,7 @@ fn three_processes_share_one_memory_and_the_lease_chain_ends_with_the_last_relea
     assert_eq!(c.relay_stats(), vec![1, 0, 0]);
 
     assert_eq!(c.last(RELEASE), vec![0]);
-    wait_until("the host's lease released through the relay", || c.to_relay.reap_now().live_leases == 0);
+    wait_until("the host's lease released through the relay", T, || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 1);
     let s = c.to_relay.export_stats();
     assert_eq!((s.granted, s.released, s.reclaimed), (1, 1, 0));
@@ -217,13 +175,13 @@ fn three_processes_share_one_memory_and_the_lease_chain_ends_with_the_last_relea
     // in-process below); here: forwarding again works after the first chain ended.
     assert_eq!(c.send(&t, 2, &drops), vec![2, 0, 8 * 16]);
     assert_eq!(c.last(RELEASE), vec![0]);
-    wait_until("the second lease released", || c.to_relay.reap_now().live_leases == 0);
+    wait_until("the second lease released", T, || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 2);
 
     // The host drops its segment: it tells the relay to forget it, the relay's slot lets
     // the fd go, and the last is told to forget the forwarded storage.
     drop(t);
-    wait_until("the last to forget the forwarded storage", || {
+    wait_until("the last to forget the forwarded storage", T, || {
         c.to_relay.reap_now();
         c.last(SEGS) == vec![0]
     });
@@ -242,7 +200,7 @@ fn relay_sigkilled_ends_the_hosts_lease_and_the_last_keeps_its_mapping() {
     let drops = Arc::new(AtomicUsize::new(0));
     assert_eq!(c.send(&t, 0, &drops), vec![0, 0, 8 * 16]);
     kill9(&mut c.relay);
-    wait_until("the host to reclaim the dead relay's lease", || c.to_relay.reap_now().live_leases == 0);
+    wait_until("the host to reclaim the dead relay's lease", T, || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 1, "the host's owner must be dropped exactly once");
     let s = c.to_relay.export_stats();
     assert_eq!((s.granted, s.released, s.reclaimed), (1, 0, 1));
@@ -271,7 +229,7 @@ fn last_sigkilled_ends_the_forward_and_releases_the_relays_import() {
     c.send(&t, 0, &drops);
     assert_eq!(c.relay_stats(), vec![1, 0, 0]);
     kill9(&mut c.last);
-    wait_until("the relay to release its import back to the host", || c.to_relay.reap_now().live_leases == 0);
+    wait_until("the relay to release its import back to the host", T, || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 1);
     let s = c.to_relay.export_stats();
     assert_eq!((s.released, s.reclaimed), (1, 0), "the relay is alive: it released, nothing was reclaimed");
@@ -317,7 +275,7 @@ fn in_process_forward_checks_the_view_and_holds_the_upstream_lease() {
     relay_down.reap_now();
     assert_eq!(host.reap_now().live_leases, 1, "one forward still holds the import");
     back.release().unwrap();
-    wait_until("the host's lease", || {
+    wait_until("the host's lease", T, || {
         relay_up.reap_now();
         host.reap_now().live_leases == 0
     });
@@ -389,7 +347,7 @@ fn imports_share_their_slots_fd_and_fdless_ones_forward_as_the_same_memory() {
     send_raw(&conn, &mut table, &seg, false);
     let err = victim.recv(T).unwrap_err();
     assert!(err.to_string().contains("which holds no fd"), "{err}");
-    wait_until("the forwarded storage forgotten downstream", || {
+    wait_until("the forwarded storage forgotten downstream", T, || {
         down.reap_now();
         let _ = other.recv(tensorwire::Wait::Never);
         open_fds() == base

@@ -29,7 +29,7 @@ fn run_holder_and_kill(n: usize) -> (usize, usize) {
     assert_eq!(peer.export_stats().live_leases, n as u64);
     assert_eq!(dropped.load(Ordering::SeqCst), 0, "no owner may drop while the child holds its lease");
     kill9(&mut child);
-    wait_until("every owner dropped after the consumer died", || dropped.load(Ordering::SeqCst) == n);
+    wait_until("every owner dropped after the consumer died", T, || dropped.load(Ordering::SeqCst) == n);
     let s = peer.export_stats();
     assert_eq!((s.live_leases, s.live_bytes, s.reclaimed), (0, 0, n as u64));
     let err = peer.recv(T).unwrap_err();

@@ -1,7 +1,7 @@
 //! Helpers for the CUDA tests (`tests/cuda_sim.rs`): raw driver calls for filling and
 //! reading device memory, streams, the simulated driver's counters (only when the loaded
-//! libcuda is simcuda: found by dlsym of `simcuda_stats`), and child processes that get
-//! a role, a socket, a GPU-ring config and extra environment.
+//! libcuda is simcuda: found by dlsym of `simcuda_stats`); the child-process harness is
+//! `process` (re-exported here).
 //!
 //! The same tests run on a real GPU: nothing here depends on simcuda except
 //! [`sim_stats`], which returns `None` on a real driver.
@@ -9,18 +9,10 @@
 #![allow(dead_code)]
 
 use cudarc::driver::sys;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use tensorwire::cuda::driver::{call, ensure_context};
 use tensorwire::cuda::{CudaStream, DevicePtr};
-use tensorwire::cuda::ring::CudaRingConfig;
-use tensorwire::{Incoming, Peer, PeerConfig};
 
-pub const T: Duration = Duration::from_secs(30);
-const ROLE_ENV: &str = "TW_SIM_ROLE";
-const FD_ENV: &str = "TW_SIM_FD";
-const RING_ENV: &str = "TW_SIM_RING";
+pub use super::process::*;
 
 /// True if a CUDA driver with a device is loaded; otherwise says loudly that `test` was
 /// skipped (run the suite under `simcuda/run.sh`, or on a GPU machine).
@@ -140,74 +132,4 @@ pub fn sync(stream: CudaStream) {
 /// A patterned buffer: byte i is `(i * 31 + seed) % 251`.
 pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| ((i * 31 + seed as usize) % 251) as u8).collect()
-}
-
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3))
-}
-
-pub fn words(v: &[u64]) -> Vec<u8> {
-    v.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-pub fn unwords(p: &[u8]) -> Vec<u64> {
-    p.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()
-}
-
-/// The next user message from the peer, as bytes.
-pub fn recv_msg(peer: &Peer) -> Vec<u8> {
-    match peer.recv(T).unwrap() {
-        Incoming::Message { payload, .. } => payload,
-        other => panic!("expected a message, got {other:?}"),
-    }
-}
-
-pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-pub fn kill9(child: &mut Child) {
-    // SAFETY: plain kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-    child.wait().unwrap();
-}
-
-/// Spawn this test binary as a child playing `role` (its `child_entry` test), with `env`
-/// added; `ring` is the GPU ring the child offers (it sends through it). Returns the child
-/// and our peer, whose config is `cfg`.
-pub fn spawn(role: &str, env: &[(&str, &str)], ring: Option<CudaRingConfig>, cfg: PeerConfig) -> (Child, Peer) {
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
-    cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role)
-        .env(FD_ENV, fd.to_string())
-        .stdout(Stdio::null());
-    if let Some(r) = ring {
-        cmd.env(RING_ENV, format!("{}:{}", r.slots, r.slot_bytes));
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let child = cmd.spawn().unwrap();
-    drop(theirs);
-    let peer = Peer::from_fd(mine, cfg).unwrap();
-    (child, peer)
-}
-
-/// In a child: its role and peer (with the GPU ring its parent asked it to offer).
-pub fn child_peer() -> Option<(String, Peer)> {
-    let role = std::env::var(ROLE_ENV).ok()?;
-    let fd: i32 = std::env::var(FD_ENV).ok()?.parse().ok()?;
-    let ring = std::env::var(RING_ENV).ok().map(|v| {
-        let (s, b) = v.split_once(':').unwrap();
-        CudaRingConfig { device: 0, slots: s.parse().unwrap(), slot_bytes: b.parse().unwrap() }
-    });
-    // SAFETY: the parent handed us this inherited fd number; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Some((role, Peer::from_fd(fd, PeerConfig { cuda_ring: ring, ..PeerConfig::default() }).unwrap()))
 }

@@ -1,78 +1,20 @@
-//! Child processes for the cross-process tests: the test binary re-executes itself,
-//! running only the ignored `child_entry` test, with a role and an inherited socket.
+//! What the integration tests share: the child-process harness (`process`), the CPU
+//! roles children play (`child_main`), resource counts; the CUDA helpers (`gpu`,
+//! `gpu_roles`).
 
 #![allow(dead_code)]
 
 pub mod gpu;
 pub mod gpu_roles;
+pub mod process;
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-use tensorwire::{DType, ExportOptions, Incoming, Layout, Peer, PeerConfig, SharedTensor};
+pub use process::*;
+
+use std::time::Duration;
+use tensorwire::{DType, ExportOptions, Incoming, Layout, SharedTensor};
 
 pub const QUERY: u64 = u64::MAX;
 pub const DONE: u64 = u64::MAX - 1;
-
-pub const ROLE_ENV: &str = "TW_TEST_ROLE";
-pub const FD_ENV: &str = "TW_TEST_FD";
-pub const T: Duration = Duration::from_secs(30);
-
-/// Spawn this test binary as a child playing `role`; returns it and our connected peer.
-pub fn spawn_child(role: &str, cfg: PeerConfig) -> (Child, Peer) {
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
-    let child = cmd
-        .args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role)
-        .env(FD_ENV, fd.to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    drop(theirs);
-    let peer = Peer::from_fd(mine, cfg).unwrap();
-    assert_eq!(peer.peer_pid() as u32, child.id(), "kernel-verified peer pid must be the child's");
-    (child, peer)
-}
-
-/// In the child: the role and the peer, if this process is a child.
-pub fn child_peer() -> Option<(String, Peer)> {
-    let role = std::env::var(ROLE_ENV).ok()?;
-    let fd: i32 = std::env::var(FD_ENV).ok()?.parse().ok()?;
-    // SAFETY: the parent handed us this inherited fd number; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Some((role, Peer::from_fd(fd, PeerConfig::default()).unwrap()))
-}
-
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3))
-}
-
-pub fn words(v: &[u64]) -> Vec<u8> {
-    v.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-pub fn recv_words(peer: &Peer) -> Vec<u64> {
-    match peer.recv(T).unwrap() {
-        Incoming::Message { payload, .. } => payload.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect(),
-        other => panic!("expected a message, got {other:?}"),
-    }
-}
-
-pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-pub fn kill9(child: &mut Child) {
-    // SAFETY: plain kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-    child.wait().unwrap();
-}
 
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
