@@ -97,7 +97,7 @@ impl CudaImported {
     pub fn release_after(self, stream: CudaStream) -> Result<()> {
         let mark = crate::cuda::event::StreamMark::record(self.device(), stream)?;
         let inner = self.held.inner.clone();
-        let mut deferred = inner.deferred.lock();
+        let mut deferred = inner.imports.deferred.lock();
         // Checked under the lock `Peer::drop`'s last pass takes: after that pass nobody
         // would release a deferred import (and it would keep `inner` alive for good).
         // Acquire: pairs with the Release store of `stop` in `Peer::drop`.

@@ -11,7 +11,12 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use crate::wire::{tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
+use super::fd_slots::FdSlots;
 use super::{ExportOptions, Peer, SharedTensor};
+use crate::cuda::order::Signaller;
+use crate::lease::Exporter;
+use crate::segment::Segment;
+use parking_lot::Mutex;
 
 /// A CPU storage as a descriptor names it: the id this process shows it under on every
 /// connection, what keeps it alive here, its fd, and the byte range of its file.
@@ -52,6 +57,35 @@ fn legacy_ipc(answer: Result<bool>) -> Result<bool> {
     }
 }
 
+/// What this side exports to the peer: the lease table it grants from, what the peer
+/// keeps in its fd slots, and how our CUDA exports signal it.
+pub(super) struct Exports {
+    pub(super) exporter: Mutex<Exporter>,
+    /// The shared lease table (`exporter`'s), for the peer's releases and doorbells.
+    pub(super) table: Arc<Segment>,
+    /// Held across grant + send, so a segment's fd always precedes descriptors naming it;
+    /// it guards what the peer keeps in its fd slots, changed only by the messages sent
+    /// under it (tensors, FORGET).
+    pub(super) send_lock: Mutex<FdSlots>,
+    /// How our CUDA exports signal the peer (its words or an event pool, created and
+    /// announced at the first export).
+    pub(super) signaller: Mutex<Option<Signaller>>,
+    /// The peer asked for IPC events rather than signal words (`SETUP_WANTS_EVENTS`).
+    pub(super) peer_wants_events: bool,
+}
+
+impl Exports {
+    pub(super) fn new(exporter: Exporter, table: Arc<Segment>, peer_wants_events: bool) -> Exports {
+        Exports {
+            exporter: Mutex::new(exporter),
+            table,
+            send_lock: Mutex::new(FdSlots::default()),
+            signaller: Mutex::new(None),
+            peer_wants_events,
+        }
+    }
+}
+
 impl Peer {
     /// Export `t` under a lease whose owner is `t`'s segment (kept alive until release).
     pub fn export(&self, t: &SharedTensor, opts: ExportOptions) -> Result<LeaseId> {
@@ -87,9 +121,9 @@ impl Peer {
         self.inner.reap_if_released();
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
-        let mut slots = self.inner.send_lock.lock();
+        let mut slots = self.inner.exports.send_lock.lock();
         let sid = storage.id;
-        let granted = self.inner.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
+        let granted = self.inner.exports.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
         let (id, first) = granted.map_err(|(e, owner)| {
             drop(owner);
             e
@@ -108,7 +142,7 @@ impl Peer {
         // from the slot's fd again whenever it evicted its mapping.
         // Relaxed: a hint the consumer sets (see `lease::lost_fd_slots`); it publishes no
         // data, and a bit seen late only costs the descriptor it was for.
-        let lost = crate::lease::lost_fd_slots(&self.inner.export_table);
+        let lost = crate::lease::lost_fd_slots(&self.inner.exports.table);
         if lost.load(Ordering::Relaxed) != 0 {
             slots.lost(lost.swap(0, Ordering::Relaxed));
         }
@@ -119,14 +153,14 @@ impl Peer {
             slots.unsent(choice);
             let mut dead = Reclaimed::default();
             {
-                let mut ex = self.inner.exporter.lock();
+                let mut ex = self.inner.exports.exporter.lock();
                 ex.revoke(id, &mut dead);
                 if first {
                     ex.unshare_segment(sid);
                 }
             }
             drop(slots);
-            dead.settle(&self.inner.exporter);
+            dead.settle(&self.inner.exports.exporter);
             return Err(e);
         }
         self.inner.wake_idle_reaper();
@@ -198,8 +232,8 @@ impl Peer {
             Error::InvalidArgument(format!("{nbytes} bytes at offset {offset} pass the end of a {alloc_size}-byte CUDA allocation"))
         })?;
         let device_index = u8::try_from(device).map_err(|_| Error::InvalidArgument(format!("device {device} out of range")))?;
-        let _send = self.inner.send_lock.lock();
-        let mut signaller = self.inner.cuda_tx.lock();
+        let _send = self.inner.exports.send_lock.lock();
+        let mut signaller = self.inner.exports.signaller.lock();
         if signaller.is_none() {
             *signaller = Some(self.announce_signals(device, stream)?);
         }
@@ -213,7 +247,7 @@ impl Peer {
         let signal = sig.signal(stream, self.inner.cfg.handshake_timeout)?;
         let window = opts.window.or(self.inner.cfg.default_window);
         let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
-        let granted = self.inner.exporter.lock().grant(None, nbytes, owner, deadline);
+        let granted = self.inner.exports.exporter.lock().grant(None, nbytes, owner, deadline);
         let id = match granted {
             Ok((id, _)) => id,
             Err((e, owner)) => {
@@ -246,10 +280,10 @@ impl Peer {
         if let Err(e) = self.inner.conn.send(KIND_TENSOR, &payload, fd.as_slice()) {
             sig.cancel(signal);
             let mut dead = Reclaimed::default();
-            self.inner.exporter.lock().revoke(id, &mut dead);
+            self.inner.exports.exporter.lock().revoke(id, &mut dead);
             drop(signaller);
             drop(_send);
-            dead.settle(&self.inner.exporter);
+            dead.settle(&self.inner.exports.exporter);
             return Err(e);
         }
         self.inner.wake_idle_reaper();
@@ -262,7 +296,7 @@ impl Peer {
     /// no stream memory operations), then the event pool.
     fn announce_signals(&self, device: i32, stream: CudaStream) -> Result<crate::cuda::order::Signaller> {
         use crate::cuda::order::{event_pool::EventPool, Signaller, WordLanes};
-        if !self.inner.peer_wants_events {
+        if !self.inner.exports.peer_wants_events {
             if let Ok(lanes) = WordLanes::new(device, stream) {
                 let mut payload = device.to_le_bytes().to_vec();
                 payload.extend_from_slice(&lanes.words().lanes().to_le_bytes());

@@ -25,7 +25,7 @@ impl HeldLease {
         if self.inner.stop.load(Ordering::Acquire) || gone {
             return Err(Error::peer_gone("the connection ended before the lease was released"));
         }
-        self.inner.import.release(self.lease)
+        self.inner.imports.table.release(self.lease)
     }
 }
 

@@ -14,6 +14,11 @@ use super::cuda_import::{CudaImported, CudaMemory};
 use super::held_lease::{import_accessors, HeldLease};
 use crate::wire::{named_in_tensor_payload, split_tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::Peer;
+use crate::cuda::event::StreamMark;
+use crate::cuda::order::RemoteSignals;
+use crate::import_cache::ImportCache;
+use crate::lease::ImportTable;
+use parking_lot::Mutex;
 
 /// What `recv` returns.
 #[allow(clippy::large_enum_variant)] // one per message; boxing would only add an allocation
@@ -36,6 +41,35 @@ impl std::fmt::Debug for Incoming {
     }
 }
 
+/// What this side imports from the peer: its lease table, our windows of its segments,
+/// its CUDA signals, the CUDA imports released after a stream's work, and the last
+/// refusal.
+pub(super) struct Imports {
+    pub(super) table: ImportTable,
+    /// Our mappings of the peer's segments (windows), bounded per connection.
+    pub(super) cache: Mutex<ImportCache>,
+    /// The peer's signals (its words and/or its event pool), opened as it announces them.
+    pub(super) signals: Mutex<RemoteSignals>,
+    /// CUDA imports released "after the stream's work": released by the reaper once
+    /// their mark completes (`CudaImported::release_after`).
+    pub(super) deferred: Mutex<Vec<(StreamMark, CudaImported)>>,
+    /// The tag of the tensor message whose refusal the last receive returned
+    /// (`Peer::refused_tag`); written only when a receive fails.
+    pub(super) refused_tag: Mutex<Option<u64>>,
+}
+
+impl Imports {
+    pub(super) fn new(table: ImportTable) -> Imports {
+        Imports {
+            table,
+            cache: Mutex::new(ImportCache::default()),
+            signals: Mutex::new(RemoteSignals::default()),
+            deferred: Mutex::new(Vec::new()),
+            refused_tag: Mutex::new(None),
+        }
+    }
+}
+
 impl Peer {
     /// Receive the next tensor or user message, waiting as `wait` says (`Wait::Forever`:
     /// until something arrives or the peer dies).
@@ -43,7 +77,7 @@ impl Peer {
         let mut refused = None;
         let r = self.recv_noting(wait, &mut refused);
         if r.is_err() {
-            *self.inner.refused_tag.lock() = refused;
+            *self.inner.imports.refused_tag.lock() = refused;
         }
         r
     }
@@ -55,7 +89,7 @@ impl Peer {
     /// caller that matches tensors to tags (the RPC layer), so that what waits for that
     /// tag can fail at once with the refusal. The tag is the peer's word, as any tag is.
     pub fn refused_tag(&self) -> Option<u64> {
-        *self.inner.refused_tag.lock()
+        *self.inner.imports.refused_tag.lock()
     }
 
     /// `recv`, noting in `refused` the tag of a tensor message it refused.
@@ -86,7 +120,7 @@ impl Peer {
                     let id: [u8; 8] = msg.payload.as_slice().try_into().map_err(|_| {
                         Error::Protocol(format!("forget message of {} bytes, expected 8", msg.payload.len()))
                     })?;
-                    self.inner.import_segments.lock().forget(u64::from_le_bytes(id));
+                    self.inner.imports.cache.lock().forget(u64::from_le_bytes(id));
                 }
                 k => return Err(Error::Protocol(format!("unknown message kind {k}"))),
             }
@@ -99,7 +133,7 @@ impl Peer {
             Incoming::Tensor(t) => Ok(t),
             other => {
                 // This error refuses no tensor message (`refused_tag` says so).
-                *self.inner.refused_tag.lock() = None;
+                *self.inner.imports.refused_tag.lock() = None;
                 Err(Error::Protocol(format!("expected a tensor, got {other:?}")))
             }
         }
@@ -109,7 +143,7 @@ impl Peer {
     /// producer has gone (closing ends every lease it granted, also those still in
     /// flight), say that: `PeerGone`, not a stale lease.
     fn check_live(&self, lease: LeaseId) -> Result<()> {
-        self.inner.import.check_live(lease).map_err(|e| {
+        self.inner.imports.table.check_live(lease).map_err(|e| {
             if self.inner.conn.is_peer_gone() {
                 Error::peer_gone(format!(
                     "process {} closed the connection; the lease of this tensor ended with it",
@@ -145,7 +179,7 @@ impl Peer {
         // Kept even when the events cannot be opened here: its ack table still hands the
         // producer's event slots back as our imports fail, so its exports do not jam.
         let unusable = ev.usable().err().map(|why| format!("the producer's IPC events could not be opened here: {why}"));
-        self.inner.cuda_rx.lock().events = Some(Arc::new(ev));
+        self.inner.imports.signals.lock().events = Some(Arc::new(ev));
         match unusable {
             Some(m) => Err(Error::CudaUnavailable(m)),
             None => Ok(()),
@@ -170,7 +204,7 @@ impl Peer {
             cfg.cuda_wait_timeout,
             self.inner.peer_watch.clone(),
         )?;
-        self.inner.cuda_rx.lock().words = Some(Arc::new(words));
+        self.inner.imports.signals.lock().words = Some(Arc::new(words));
         Ok(())
     }
 
@@ -197,7 +231,7 @@ impl Peer {
             if let Some(n) = named {
                 // Refused by the table unless that generation of that slot is live (an
                 // import path that gave it back already, a lease that was never live).
-                let _ = self.inner.import.release(n.lease);
+                let _ = self.inner.imports.table.release(n.lease);
                 *refused = Some(n.tag);
             }
         }
@@ -239,7 +273,7 @@ impl Peer {
         let lease = LeaseId { slot: desc.storage.lease_slot, generation: desc.storage.lease_gen };
         // Claim the producer's signal first: whatever fails below, the claim's drop
         // acknowledges an event record, so the producer's event slot is not left waiting.
-        let claim = self.inner.cuda_rx.lock().claim(desc.signal());
+        let claim = self.inner.imports.signals.lock().claim(desc.signal());
         self.check_live(lease)?;
         // Any failure from here is a refusal `import` gives the lease back for.
         let (mapping, claim) = (|| -> Result<_> {
@@ -272,7 +306,7 @@ impl Peer {
             max_bytes: self.inner.cfg.max_import_mapped_bytes,
         };
         let fd_less = fd.is_none();
-        let r = self.inner.import_segments.lock().resolve(desc, fd, fd_slot, limits);
+        let r = self.inner.imports.cache.lock().resolve(desc, fd, fd_slot, limits);
         if fd_less && matches!(r, Err(Error::InvalidDescriptor(_))) {
             // The slot lacks that segment's fd (an empty slot, or another segment's):
             // ask for it again with the next export. Any other refusal of an fd-less
@@ -286,7 +320,7 @@ impl Peer {
     fn report_lost_slot(&self, slot: u32) {
         if slot < super::SEGMENT_FD_SLOTS {
             // Relaxed: a hint, paired with nothing (see the producer's read in `export`).
-            crate::lease::lost_fd_slots(self.inner.import.segment()).fetch_or(1 << slot, Ordering::Relaxed);
+            crate::lease::lost_fd_slots(self.inner.imports.table.segment()).fetch_or(1 << slot, Ordering::Relaxed);
         }
     }
 }

@@ -1,19 +1,21 @@
 //! `Peer`: one end of a tensorwire connection. Exports tensor views under leases,
 //! imports the peer's, and carries small user messages with fds.
 //!
-//! This file holds the `Peer` handle, its shared state, setup (handshake) and teardown;
-//! the rest is one job per file: `config` (limits, export options), `wire` (message
-//! kinds, setup payload), `export` (CPU and CUDA exports), `import` (receive and the
-//! import paths), `cuda_import` (CUDA imports and their memory), `reaper` (lease reaping
-//! and lingering CUDA mappings), `ring` (ring pass-throughs) and `forward` (sending an
-//! import on as the same memory). `SharedTensor` lives in `crate::shared_tensor`.
+//! This file holds the `Peer` handle, its shared state (`Inner`: the connection and one
+//! part per concern), setup (handshake) and teardown; the rest is one job per file, each
+//! concern's state with its code: `config` (limits, export options), `export` (`Exports`;
+//! CPU and CUDA exports), `fd_slots` (what the peer keeps in each fd slot), `import`
+//! (`Imports`; receive and the import paths), `held_lease` (the consumer's side of a
+//! lease), `cuda_import` (CUDA imports and their memory), `reaper` (`ReaperState`; lease
+//! reaping and lingering CUDA mappings), `ring` (`Rings`; ring pass-throughs) and
+//! `forward` (sending an import on as the same memory). What travels on the wire is
+//! `crate::wire`; `SharedTensor` lives in `crate::shared_tensor`.
 
 use crate::connection::{Connection, Listener, MessageBells};
 use crate::segment::SharedRef;
 use crate::error::{Error, Result};
 use crate::lease::{Exporter, ImportTable, LeaseStats, MESSAGE_LINE_OFFSET};
 use crate::ring::{RingReceiver, RingSender, RingShared};
-use crate::segment::Segment;
 use crate::wait::Wait;
 use parking_lot::Mutex;
 use std::os::fd::OwnedFd;
@@ -45,66 +47,26 @@ pub use crate::wire::{
 use reaper::collect_lingering;
 use crate::wire::SETUP_FLAGS;
 
-/// State shared by a `Peer`, its reaper thread and its imports (which outlive the handle).
+/// State shared by a `Peer`, its reaper thread and its imports (which outlive the handle):
+/// the connection, and one part per concern, each in its own file.
 struct Inner {
     conn: Connection,
     cfg: PeerConfig,
-    exporter: Mutex<Exporter>,
-    export_table: Arc<Segment>,
-    /// Held across grant + send, so a segment's fd always precedes descriptors naming it;
-    /// it guards what the peer keeps in its fd slots, changed only by the messages sent
-    /// under it (tensors, FORGET).
-    send_lock: Mutex<fd_slots::FdSlots>,
-    import: ImportTable,
-    /// Our mappings of the peer's segments (windows), bounded per connection.
-    import_segments: Mutex<crate::import_cache::ImportCache>,
     /// Set once by `Peer::drop` (Release); the reaper and imports read it (Acquire) so
     /// they see the shutdown and stop using the connection. Nothing else is published
     /// through it.
     stop: AtomicBool,
-    /// Wakes the reaper early (shutdown); private to this process.
-    reaper_wake: parking_lot::Condvar,
-    reaper_lock: Mutex<()>,
-    /// Release-doorbell sequence at the last reap.
-    reaped_seq: std::sync::atomic::AtomicU32,
-    /// Serialises reap passes, owner drops included, so `reap_now` returns only once
-    /// every release it can see is settled. Re-entrant: a release callback may call back
-    /// into this peer on the same thread.
-    reap_lock: parking_lot::ReentrantMutex<()>,
-    /// The reaper is in its long idle sleep (no live lease for a while); an export wakes it.
-    reaper_idle: AtomicBool,
-    /// The tag of the tensor message whose refusal the last receive returned
-    /// (`Peer::refused_tag`); written only when a receive fails.
-    refused_tag: Mutex<Option<u64>>,
-    ring_tx: Option<Mutex<RingSender>>,
-    ring_rx: Option<RingReceiver>,
-    /// How our CUDA exports signal the peer (its words or an event pool, created and
-    /// announced at the first export).
-    cuda_tx: Mutex<Option<crate::cuda::order::Signaller>>,
-    /// The peer asked for IPC events rather than signal words (`SETUP_WANTS_EVENTS`).
-    peer_wants_events: bool,
-    /// The peer's signals (its words and/or its event pool), opened as it announces them.
-    cuda_rx: Mutex<crate::cuda::order::RemoteSignals>,
     /// The peer process, for waits on its CUDA work that must end when it dies (they may
     /// outlive this connection: a stream's wait is watched process-wide).
     peer_watch: Arc<crate::cuda::order::PeerWatch>,
-    /// CUDA imports released "after the stream's work": released by the reaper once
-    /// their mark completes (`CudaImported::release_after`).
-    deferred: Mutex<Vec<(crate::cuda::event::StreamMark, CudaImported)>>,
-    /// Our GPU bounce ring (sending side), if configured.
-    cuda_ring_tx: Option<Mutex<crate::cuda::ring::CudaRingSender>>,
-    /// The peer's GPU bounce ring, if it offered one.
-    cuda_ring_rx: Option<PeerCudaRing>,
-}
-
-/// The peer's GPU bounce ring as this side holds it.
-#[allow(clippy::large_enum_variant)] // one per connection, held for its life: boxing would only add an allocation
-enum PeerCudaRing {
-    /// Opened: its messages can be received.
-    Open(crate::cuda::ring::CudaRingReceiver),
-    /// Refused here (no usable CUDA, or the ring could not be mapped): why, reported at
-    /// every receive.
-    Refused(Error),
+    /// What we export to the peer (`export.rs`).
+    exports: export::Exports,
+    /// What we import from the peer (`import.rs`).
+    imports: import::Imports,
+    /// The reaper thread's wake-ups and passes (`reaper.rs`).
+    reaper: reaper::ReaperState,
+    /// The CPU rings and GPU bounce rings (`ring.rs`).
+    rings: ring::Rings,
 }
 
 /// One end of a connection. `Send + Sync`: export from any thread; one thread at a time
@@ -186,27 +148,17 @@ impl Peer {
         let inner = Arc::new(Inner {
             conn,
             cfg,
-            exporter: Mutex::new(exporter),
-            export_table,
-            send_lock: Mutex::new(Default::default()),
-            import,
-            import_segments: Mutex::new(Default::default()),
             stop: AtomicBool::new(false),
-            reaper_wake: parking_lot::Condvar::new(),
-            reaper_lock: Mutex::new(()),
-            reaped_seq: std::sync::atomic::AtomicU32::new(0),
-            reap_lock: parking_lot::ReentrantMutex::new(()),
-            reaper_idle: AtomicBool::new(false),
-            refused_tag: Mutex::new(None),
-            ring_tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
-            ring_rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
-            cuda_tx: Mutex::new(None),
-            peer_wants_events: flags & SETUP_WANTS_EVENTS != 0,
-            cuda_rx: Mutex::new(Default::default()),
             peer_watch,
-            deferred: Mutex::new(Vec::new()),
-            cuda_ring_tx: cuda_tx.map(Mutex::new),
-            cuda_ring_rx: cuda_rx,
+            exports: export::Exports::new(exporter, export_table, flags & SETUP_WANTS_EVENTS != 0),
+            imports: import::Imports::new(import),
+            reaper: reaper::ReaperState::default(),
+            rings: ring::Rings {
+                tx: tx_ring.map(|r| Mutex::new(RingSender::new(r))),
+                rx: rx_ring.map(|r| RingReceiver::new(r, max_ring_message)),
+                cuda_tx: cuda_tx.map(Mutex::new),
+                cuda_rx,
+            },
         });
         let r = inner.clone();
         let reaper = std::thread::Builder::new()
@@ -219,7 +171,7 @@ impl Peer {
     /// Receive the peer's GPU ring setup and open it. A malformed setup fails the
     /// connection; a ring this side cannot open (no CUDA here) is refused in its control
     /// segment, so the producer's sends fail with a clear error, and remembered for ours.
-    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig, peer: &Arc<crate::cuda::order::PeerWatch>) -> Result<PeerCudaRing> {
+    fn open_cuda_ring(conn: &Connection, cfg: &PeerConfig, peer: &Arc<crate::cuda::order::PeerWatch>) -> Result<ring::PeerCudaRing> {
         use crate::cuda::ring::{CudaRingReceiver, RingSetup};
         let msg = conn.recv(cfg.handshake_timeout)?;
         if msg.kind != KIND_CUDA_RING || !(2..=3).contains(&msg.fds.len()) {
@@ -247,10 +199,10 @@ impl Peer {
             peer.clone(),
         );
         match opened {
-            Ok(rx) => Ok(PeerCudaRing::Open(rx)),
+            Ok(rx) => Ok(ring::PeerCudaRing::Open(rx)),
             Err(e) => {
                 CudaRingReceiver::refuse(&ctrl);
-                Ok(PeerCudaRing::Refused(e))
+                Ok(ring::PeerCudaRing::Refused(e))
             }
         }
     }
@@ -315,7 +267,7 @@ impl Peer {
 
     /// Counters of what this side exported to the peer.
     pub fn export_stats(&self) -> LeaseStats {
-        self.inner.exporter.lock().stats()
+        self.inner.exports.exporter.lock().stats()
     }
 
     /// Run one reaper pass now (releases, windows, peer death) instead of waiting for the
@@ -327,21 +279,21 @@ impl Peer {
 
     /// Number of the peer's segments mapped here.
     pub fn imported_segments(&self) -> usize {
-        self.inner.import_segments.lock().len()
+        self.inner.imports.cache.lock().len()
     }
 }
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        if let Some(tx) = &self.inner.cuda_ring_tx {
+        if let Some(tx) = &self.inner.rings.cuda_tx {
             // The peer may still be copying out of our arena: let it finish (bounded).
             let conn = &self.inner.conn;
             tx.lock().drain(Duration::from_secs(1), &|| conn.is_peer_gone());
         }
         self.inner.stop.store(true, Ordering::Release);
         {
-            let _g = self.inner.reaper_lock.lock();
-            self.inner.reaper_wake.notify_all();
+            let _g = self.inner.reaper.lock.lock();
+            self.inner.reaper.wake.notify_all();
         }
         if let Some(t) = self.reaper.take() {
             let _ = t.join();
@@ -351,7 +303,7 @@ impl Drop for Peer {
         // SAFETY: shutdown on our own open socket; it does not close the fd.
         unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.inner.conn.socket()), libc::SHUT_RDWR) };
         self.inner.reap_once(true);
-        self.inner.import_segments.lock().clear();
+        self.inner.imports.cache.lock().clear();
         // Deferred CUDA imports hold `inner` (a cycle): release them with the connection
         // (`stop` is set, so `release_after` defers nothing more); mappings whose readers
         // are still running linger until they finish — waited for here, bounded, since

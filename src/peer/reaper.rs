@@ -10,33 +10,50 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use crate::wire::KIND_FORGET;
 use super::Inner;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+
+/// The reaper's wake-ups and passes.
+#[derive(Default)]
+pub(super) struct ReaperState {
+    /// Wakes the reaper early (shutdown, an export while it idles); private to this process.
+    pub(super) wake: parking_lot::Condvar,
+    pub(super) lock: Mutex<()>,
+    /// Release-doorbell sequence at the last reap.
+    pub(super) seq: AtomicU32,
+    /// Serialises reap passes, owner drops included, so `reap_now` returns only once
+    /// every release it can see is settled. Re-entrant: a release callback may call back
+    /// into this peer on the same thread.
+    pub(super) reap_lock: parking_lot::ReentrantMutex<()>,
+    /// The reaper is in its long idle sleep (no live lease for a while); an export wakes it.
+    pub(super) idle: AtomicBool,
+}
 
 /// How often the reaper looks for a dead peer when no lease is live.
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
 impl Inner {
     fn release_doorbell(&self) -> Doorbell<'_> {
-        crate::lease::release_doorbell(&self.export_table)
+        crate::lease::release_doorbell(&self.exports.table)
     }
 
     /// One reaper pass; returns (next deadline, peer gone, live leases). `look` asks the
     /// kernel whether the peer is gone (a `poll`); without it only what is already known
     /// counts (the export path's pass, which must not cost a system call per send).
     pub(super) fn reap_once(&self, look: bool) -> (Option<Instant>, bool, u64) {
-        let _pass = self.reap_lock.lock();
+        let _pass = self.reaper.reap_lock.lock();
         let mut dead = Reclaimed::default();
         let gone = if look { self.conn.is_peer_gone() } else { self.conn.known_gone() };
         // Relaxed: only a hint of whether anything was released since the last pass; the
         // slot words themselves carry the Acquire/Release pairing.
-        self.reaped_seq.store(self.release_doorbell().current(), Ordering::Relaxed);
+        self.reaper.seq.store(self.release_doorbell().current(), Ordering::Relaxed);
         let closing = gone || self.stop.load(Ordering::Acquire);
         // Reclaiming everything waits for an export that is sending (it holds `send_lock`
         // from grant to send): if its send fails, that export takes its own lease back
         // (revoked: its descriptor never went out), rather than this pass counting it as
         // reclaimed from a peer that never saw it. Same lock order as the export path.
-        let sending = closing.then(|| self.send_lock.lock());
+        let sending = closing.then(|| self.exports.send_lock.lock());
         let (next, forget, live) = {
-            let mut ex = self.exporter.lock();
+            let mut ex = self.exports.exporter.lock();
             if closing {
                 ex.reclaim_all(&mut dead);
                 (None, Vec::new(), 0)
@@ -47,9 +64,9 @@ impl Inner {
         };
         drop(sending);
         // Owners run arbitrary drop code (a C callback): never under our locks.
-        dead.settle(&self.exporter);
+        dead.settle(&self.exports.exporter);
         for id in forget {
-            let mut slots = self.send_lock.lock();
+            let mut slots = self.exports.send_lock.lock();
             // The consumer empties the slot holding it as it forgets; were this send to
             // fail, the connection is over and the slots with it.
             slots.forget(id);
@@ -65,7 +82,7 @@ impl Inner {
     pub(super) fn release_finished_imports(&self, all: bool) -> u64 {
         collect_lingering();
         let (finished, unfinished): (Vec<_>, Vec<_>) = {
-            let mut d = self.deferred.lock();
+            let mut d = self.imports.deferred.lock();
             if d.is_empty() {
                 return 0;
             }
@@ -79,7 +96,7 @@ impl Inner {
                 (done, Vec::new())
             }
         };
-        let waiting = self.deferred.lock().len() as u64;
+        let waiting = self.imports.deferred.lock().len() as u64;
         drop(finished);
         for (mark, imp) in unfinished {
             imp.linger(mark);
@@ -89,9 +106,9 @@ impl Inner {
 
     /// Reap if the consumer released anything since the last pass (cheap check).
     pub(super) fn reap_if_released(&self) {
-        if self.release_doorbell().current() != self.reaped_seq.load(Ordering::Relaxed) {
+        if self.release_doorbell().current() != self.reaper.seq.load(Ordering::Relaxed) {
             // Only if no pass is running: the export path never waits on one.
-            if let Some(_pass) = self.reap_lock.try_lock() {
+            if let Some(_pass) = self.reaper.reap_lock.try_lock() {
                 self.reap_once(false);
             }
         }
@@ -112,7 +129,7 @@ pub(super) fn reaper(inner: Arc<Inner>) {
             return;
         }
         quiet = if live > 0 { 0 } else { quiet.saturating_add(1) };
-        let mut g = inner.reaper_lock.lock();
+        let mut g = inner.reaper.lock.lock();
         if inner.stop.load(Ordering::Acquire) {
             return;
         }
@@ -120,17 +137,17 @@ pub(super) fn reaper(inner: Arc<Inner>) {
             // Idle: announce it, then re-check under the lock an export takes to wake us
             // (SeqCst store, then the exporter's lock: an export either sees the flag and
             // notifies — we hold `reaper_lock` until we wait — or granted before our check).
-            inner.reaper_idle.store(true, Ordering::SeqCst);
-            if inner.exporter.lock().stats().live_leases == 0 {
-                inner.reaper_wake.wait_for(&mut g, IDLE_TICK);
+            inner.reaper.idle.store(true, Ordering::SeqCst);
+            if inner.exports.exporter.lock().stats().live_leases == 0 {
+                inner.reaper.wake.wait_for(&mut g, IDLE_TICK);
             }
-            inner.reaper_idle.store(false, Ordering::SeqCst);
-            if inner.exporter.lock().stats().live_leases > 0 {
+            inner.reaper.idle.store(false, Ordering::SeqCst);
+            if inner.exports.exporter.lock().stats().live_leases > 0 {
                 quiet = 0;
             }
         } else {
             let tick = next.map_or(inner.cfg.reap_interval, |d| d.saturating_duration_since(Instant::now()).min(inner.cfg.reap_interval));
-            inner.reaper_wake.wait_for(&mut g, tick);
+            inner.reaper.wake.wait_for(&mut g, tick);
         }
     }
 }
@@ -139,9 +156,9 @@ impl Inner {
     /// After a grant: wake the reaper if it is in its long idle sleep.
     pub(super) fn wake_idle_reaper(&self) {
         // SeqCst: pairs with the reaper's SeqCst store of the flag before its re-check.
-        if self.reaper_idle.load(Ordering::SeqCst) {
-            let _g = self.reaper_lock.lock();
-            self.reaper_wake.notify_all();
+        if self.reaper.idle.load(Ordering::SeqCst) {
+            let _g = self.reaper.lock.lock();
+            self.reaper.wake.notify_all();
         }
     }
 }

@@ -5,7 +5,29 @@ use crate::desc::{Layout, TensorDesc};
 use crate::error::{Error, Result};
 use crate::ring::{RingItem, RingMessage};
 use crate::wait::Wait;
-use super::{Peer, PeerCudaRing};
+use super::Peer;
+use crate::cuda::ring::{CudaRingReceiver, CudaRingSender};
+use crate::ring::{RingReceiver, RingSender};
+use parking_lot::Mutex;
+
+/// The connection's rings: our CPU ring and GPU bounce ring (sending), the peer's
+/// (receiving); each only if configured or offered.
+pub(super) struct Rings {
+    pub(super) tx: Option<Mutex<RingSender>>,
+    pub(super) rx: Option<RingReceiver>,
+    pub(super) cuda_tx: Option<Mutex<CudaRingSender>>,
+    pub(super) cuda_rx: Option<PeerCudaRing>,
+}
+
+/// The peer's GPU bounce ring as this side holds it.
+#[allow(clippy::large_enum_variant)] // one per connection, held for its life: boxing would only add an allocation
+pub(super) enum PeerCudaRing {
+    /// Opened: its messages can be received.
+    Open(CudaRingReceiver),
+    /// Refused here (no usable CUDA, or the ring could not be mapped): why, reported at
+    /// every receive.
+    Refused(Error),
+}
 
 // Every wait here spins `PeerConfig::ring_spin` polls before it sleeps (none for
 // `Wait::Never`, and none while the peer runs on our CPU and we cannot move off it:
@@ -26,7 +48,7 @@ impl Peer {
     /// Copy `items` (bytes or tensor views, packed contiguous) through this side's ring:
     /// one publish and one wake-up for the batch. Waits for space as `wait` says.
     pub fn ring_send(&self, items: &[RingItem<'_>], wait: impl Into<Wait>) -> Result<()> {
-        let tx = self.inner.ring_tx.as_ref().ok_or_else(|| Self::no_ring("send through"))?;
+        let tx = self.inner.rings.tx.as_ref().ok_or_else(|| Self::no_ring("send through"))?;
         let conn = &self.inner.conn;
         let sent = tx.lock().send_many(items, wait, self.ring_spin(), &|| conn.is_peer_gone());
         conn.note_send_cpu();
@@ -41,7 +63,7 @@ impl Peer {
     /// Receive the next ring message; with `borrow`, a message that fits one record stays
     /// in the ring until the returned message is dropped (zero copies on receive).
     pub fn ring_recv_with(&self, borrow: bool, wait: impl Into<Wait>) -> Result<RingMessage> {
-        let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
+        let rx = self.inner.rings.rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
         let conn = &self.inner.conn;
         rx.recv(borrow, wait, self.ring_spin(), &|| conn.is_peer_gone())
     }
@@ -49,7 +71,7 @@ impl Peer {
     /// Receive the next ring message into `buf`, reusing its capacity (no allocation in
     /// steady state, also for messages larger than the ring). Returns tag and descriptor.
     pub fn ring_recv_into(&self, buf: &mut Vec<u8>, wait: impl Into<Wait>) -> Result<(u64, Option<TensorDesc>)> {
-        let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
+        let rx = self.inner.rings.rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
         let conn = &self.inner.conn;
         rx.recv_into(buf, wait, self.ring_spin(), &|| conn.is_peer_gone())
     }
@@ -57,13 +79,13 @@ impl Peer {
     /// Receive up to `max` ring messages: waits for the first, takes the rest that are
     /// already there.
     pub fn ring_recv_many(&self, max: usize, borrow: bool, wait: impl Into<Wait>) -> Result<Vec<RingMessage>> {
-        let rx = self.inner.ring_rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
+        let rx = self.inner.rings.rx.as_ref().ok_or_else(|| Self::no_ring("receive from"))?;
         let conn = &self.inner.conn;
         rx.recv_many(max.max(1), borrow, wait, self.ring_spin(), &|| conn.is_peer_gone())
     }
 
     fn cuda_ring_rx(&self) -> Result<&crate::cuda::ring::CudaRingReceiver> {
-        match &self.inner.cuda_ring_rx {
+        match &self.inner.rings.cuda_rx {
             Some(PeerCudaRing::Open(rx)) => Ok(rx),
             Some(PeerCudaRing::Refused(why)) => Err(Error::CudaUnavailable(format!("the peer's GPU ring could not be opened here: {why}"))),
             None => Err(Error::InvalidArgument(
@@ -77,7 +99,7 @@ impl Peer {
     /// enqueued on `stream` after the work already there (no synchronize). Waits for free
     /// slots as `wait` says.
     pub fn cuda_ring_send(&self, src: DevicePtr, layout: &Layout, stream: CudaStream, tag: u64, wait: impl Into<Wait>) -> Result<()> {
-        let tx = self.inner.cuda_ring_tx.as_ref().ok_or_else(|| {
+        let tx = self.inner.rings.cuda_tx.as_ref().ok_or_else(|| {
             Error::InvalidArgument("this connection has no GPU ring to send through (PeerConfig::cuda_ring was None)".into())
         })?;
         let conn = &self.inner.conn;
