@@ -129,8 +129,8 @@ TORCH_LIBRARY(tensorwire, m) {
   // A CUDA tensor goes through the GPU ring (connection opened with cuda_ring_device):
   // packed on the current stream, copied into the device arena there (no synchronize,
   // no handle opened), in chunks if larger than a slot; `cuda_ring_recv` returns it as a
-  // fresh contiguous tensor on the ring's device, copied out on the current stream after
-  // a stream wait for the producer.
+  // fresh contiguous tensor on the ring's device, copied out on the current stream once the
+  // producer's copy in is done (the ring's signal word, as the connection's cuda_wait says).
   m.def("ring_send(int conn, Tensor tensor, int tag=0, int timeout_ms=-1) -> ()");
   m.def("ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
   m.def("cuda_ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)");
@@ -147,7 +147,8 @@ TORCH_LIBRARY(tensorwire, m) {
   m.def("cuda_device_count() -> int");
   // This process's IPC handle cache: [cuIpcOpenMemHandle calls so far, handles open now].
   m.def("cuda_ipc_cache_stats() -> int[]");
-  // How many unused opened handles stay open (default 16; 0: a handle opened per message).
+  // How many unused opened handles stay open (default 0: a handle is closed once its last
+  // import is released; n > 0 keeps the n most recently used open for reuse).
   m.def("cuda_ipc_cache_keep_warm(int n) -> ()");
 
   // Interop with PyTorch's own CPU sharing (file_descriptor strategy).
