@@ -405,9 +405,15 @@ mod tests {
         assert!(Segment::from_fd(fd.try_clone().unwrap(), 1).is_err());
         let s = Segment::from_trusted_fd(dup, 4096).unwrap();
         assert_eq!(s.len(), 4096);
-        assert!(Segment::from_trusted_fd(fd, 8192).unwrap_err().to_string().contains("too small"));
+        {
+        let e = Segment::from_trusted_fd(fd, 8192).unwrap_err();
+        assert!(matches!(e, Error::InvalidSegment(_)) && e.to_string().contains("too small"), "{e}");
+    }
         let (a, _b) = sys::seqpacket_pair().unwrap();
-        assert!(Segment::from_trusted_fd(a, 1).unwrap_err().to_string().contains("not a regular"));
+        {
+        let e = Segment::from_trusted_fd(a, 1).unwrap_err();
+        assert!(matches!(e, Error::InvalidSegment(_)) && e.to_string().contains("not a regular"), "{e}");
+    }
     }
 
     #[test]
@@ -427,7 +433,10 @@ mod tests {
         let mut b = [0; 4];
         t.read_at(0, &mut b).unwrap();
         assert_eq!(b, [7; 4]);
-        assert!(Segment::open_named(&name, 1 << 20).unwrap_err().to_string().contains("too small"));
+        {
+        let e = Segment::open_named(&name, 1 << 20).unwrap_err();
+        assert!(matches!(e, Error::InvalidSegment(_)) && e.to_string().contains("too small"), "{e}");
+    }
         drop(s);
         assert!(Segment::open_named(&name, 1).is_err(), "creator must unlink on drop");
     }

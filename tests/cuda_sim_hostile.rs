@@ -138,7 +138,7 @@ fn cuda_messages_refused_before_the_import_give_their_leases_back() {
         let fds = if with_fd { vec![some_fd.fd()] } else { vec![] };
         b.send(KIND_TENSOR, &p, &fds).unwrap();
         let e = v.recv(T).unwrap_err();
-        assert!(e.to_string().contains(needle), "{what}: expected {needle:?} in {e}");
+        assert!(matches!(e, Error::InvalidDescriptor(_) | Error::Protocol(_)) && e.to_string().contains(needle), "{what}: expected {needle:?} in {e}");
         let released_before = table.stats().released;
         let mut owners = tensorwire::lease::Reclaimed::default();
         table.reap(std::time::Instant::now(), &mut owners);

@@ -22,7 +22,7 @@ fn no_driver() -> bool {
 
 fn unavailable(e: Error) {
     assert!(matches!(e, Error::CudaUnavailable(_)), "expected CudaUnavailable, got {e}");
-    assert!(e.to_string().contains("no NVIDIA driver"), "{e}");
+    assert!(matches!(e, Error::CudaUnavailable(_)) && e.to_string().contains("no NVIDIA driver"), "{e}");
 }
 
 /// A victim `Peer` (default config) set up against a hand-driven attacker end: the
@@ -148,7 +148,10 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     let mut bad = 0i32.to_le_bytes().to_vec();
     bad.extend_from_slice(&5000u32.to_le_bytes());
     b.send(KIND_CUDA_EVENTS, &bad, &[acks.fd()]).unwrap();
-    assert!(victim.recv(T).unwrap_err().to_string().contains("announces 5000 events"));
+    {
+        let e = victim.recv(T).unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("announces 5000 events"), "{e}");
+    }
 }
 
 /// A producer that offers a GPU ring to a consumer without CUDA: the connection still

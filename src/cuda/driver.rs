@@ -295,7 +295,7 @@ mod tests {
         }
         for e in [device_count().unwrap_err(), ensure_context(0).err().unwrap(), call("cuInit", || unreachable!()).unwrap_err()] {
             assert!(matches!(e, Error::CudaUnavailable(_)), "{e}");
-            assert!(e.to_string().contains("no NVIDIA driver"), "{e}");
+            assert!(matches!(e, Error::CudaUnavailable(_)) && e.to_string().contains("no NVIDIA driver"), "{e}");
         }
     }
 }

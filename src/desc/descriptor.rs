@@ -327,7 +327,10 @@ mod tests {
             let err = TensorDesc::decode(d.encode()).unwrap_err().to_string();
             assert!(err.contains(needle), "expected {needle:?} in {err:?}");
         }
-        assert!(TensorDesc::decode(&[0u8; 3]).unwrap_err().to_string().contains("bytes, expected"));
+        {
+        let e = TensorDesc::decode(&[0u8; 3]).unwrap_err();
+        assert!(matches!(e, Error::InvalidDescriptor(_)) && e.to_string().contains("bytes, expected"), "{e}");
+    }
         let err = good.check_fits(16).unwrap_err().to_string();
         assert!(err.contains("segment too small: descriptor needs 32 bytes at offset 0, segment has 16"), "{err}");
     }

@@ -78,8 +78,14 @@ mod tests {
             assert_eq!(w.name().parse::<CudaWait>().unwrap(), w);
             assert_eq!(CudaWait::from_code(w as u32).unwrap(), w);
         }
-        assert!(CudaWait::from_code(3).unwrap_err().to_string().contains("policy 3 unknown"));
-        assert!("gpu".parse::<CudaWait>().unwrap_err().to_string().contains("\"gpu\" unknown"));
+        {
+        let e = CudaWait::from_code(3).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("policy 3 unknown"), "{e}");
+    }
+        {
+        let e = "gpu".parse::<CudaWait>().unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("\"gpu\" unknown"), "{e}");
+    }
         assert_eq!(CudaWait::default(), CudaWait::Stream);
     }
 }

@@ -158,12 +158,24 @@ mod tests {
         assert_eq!((c2.flags, c2.seq, c2.offset, c2.len, c2.total), (c.flags, 0, 0, 4096, 10_000));
         assert_eq!(d2.unwrap(), d);
         let mut r = c.encode(None);
-        assert!(Chunk::decode(&r).unwrap_err().to_string().contains("must carry the descriptor"));
+        {
+        let e = Chunk::decode(&r).unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("must carry the descriptor"), "{e}");
+    }
         r[0] ^= 1;
-        assert!(Chunk::decode(&r).unwrap_err().to_string().contains("bad magic"));
+        {
+        let e = Chunk::decode(&r).unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("bad magic"), "{e}");
+    }
         let mut r = c.encode(Some(&d));
         r[50] = 1;
-        assert!(Chunk::decode(&r).unwrap_err().to_string().contains("reserved"));
-        assert!(Chunk::decode(&[0; 100]).unwrap_err().to_string().contains("100 bytes"));
+        {
+        let e = Chunk::decode(&r).unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("reserved"), "{e}");
+    }
+        {
+        let e = Chunk::decode(&[0; 100]).unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("100 bytes"), "{e}");
+    }
     }
 }
