@@ -20,11 +20,10 @@ if [[ -n "${TENSORWIRE_PREFIX:-}" ]]; then
     || { echo "cpp/build.sh: TENSORWIRE_PREFIX=$prefix has no tensorwire CMake package (lib/cmake/tensorwire, lib/libtensorwire.a)" >&2; exit 1; }
 else
   prefix=$build/tensorwire-prefix
-  cmake -S "$root" -B "$build/tensorwire-cmake" -DCMAKE_BUILD_TYPE=Release -DTENSORWIRE_BUILD_TESTS=OFF \
-        -DTENSORWIRE_CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" >"$build/tensorwire-configure.log" \
-    || { cat "$build/tensorwire-configure.log" >&2; exit 1; }
-  cmake --build "$build/tensorwire-cmake" -j"$jobs" >&2
-  cmake --install "$build/tensorwire-cmake" --prefix "$prefix" >/dev/null
+  # shellcheck source=../scripts/lib/cmake_package.sh
+  source "$root/scripts/lib/cmake_package.sh"
+  cmake_package_build "$build/tensorwire-cmake" "$build/tensorwire-configure.log" -DCMAKE_BUILD_TYPE=Release -DTENSORWIRE_BUILD_TESTS=OFF
+  cmake_package_install "$build/tensorwire-cmake" "$prefix"
 fi
 
 torch_prefix=$("$py" -c "import torch; print(torch.utils.cmake_prefix_path)")

@@ -76,11 +76,11 @@ if [[ "${1:-}" == "prepare" ]]; then
   set -e
   out=${2:-$root/build/gpu-prefix}
   mkdir -p "$root/build"
-  cmake -S "$root" -B "$root/build/tensorwire-cmake" -DCMAKE_BUILD_TYPE=Release -DTENSORWIRE_BUILD_TESTS=OFF \
-        -DTENSORWIRE_CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" >/dev/null
-  cmake --build "$root/build/tensorwire-cmake" -j"$(nproc 2>/dev/null || echo 2)"
+  # shellcheck source=lib/cmake_package.sh
+  source "$root/scripts/lib/cmake_package.sh"
+  cmake_package_build "$root/build/tensorwire-cmake" "$root/build/tensorwire-configure.log" -DCMAKE_BUILD_TYPE=Release -DTENSORWIRE_BUILD_TESTS=OFF
   rm -rf "$out"
-  cmake --install "$root/build/tensorwire-cmake" --prefix "$out" >/dev/null
+  cmake_package_install "$root/build/tensorwire-cmake" "$out"
   rm -f "$out"/lib/libtensorwire.so                 # the extension links the static library
   strip --strip-debug "$out/lib/libtensorwire.a"    # debug info is most of its size
   # The Rust CUDA suite: the same test binaries that run on simcuda in every test run, and

@@ -7,10 +7,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$root/build/cmake-package}
 rm -rf "$work"
 mkdir -p "$work"
-cmake -S "$root" -B "$work/build" -DTENSORWIRE_CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" >"$work/configure.log"
-cmake --build "$work/build" -j2
+# shellcheck source=../scripts/lib/cmake_package.sh
+source "$root/scripts/lib/cmake_package.sh"
+cmake_package_build "$work/build" "$work/configure.log"
 (cd "$work/build" && ctest --output-on-failure)
-cmake --install "$work/build" --prefix "$work/prefix" >/dev/null
+cmake_package_install "$work/build" "$work/prefix"
 for f in include/tensorwire.h lib/libtensorwire.a lib/libtensorwire.so lib/cmake/tensorwire/tensorwireConfig.cmake \
          lib/cmake/tensorwire/tensorwireConfigVersion.cmake; do
   [ -f "$work/prefix/$f" ] || { echo "install is missing $f" >&2; exit 1; }
