@@ -57,6 +57,9 @@ import torch  # noqa: E402
 
 import tensorwire  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from tensor_views import views_of  # noqa: E402
+
 STOP = 999_999
 SET_KEEP_WARM = 999_998  # control message to the child: payload n
 REPORT = 999_997         # control message: reply with the child's IPC cache stats
@@ -253,17 +256,6 @@ def random_cuda(shape, dtype):
     s = storage_bytes(t)
     s.copy_(torch.randint(0, 2 if dtype == torch.bool else 256, s.shape, dtype=torch.uint8))
     return t
-
-
-def views_of(base):
-    return {
-        "contiguous": base,
-        "transposed": base.t(),
-        "slice": base[1::2, 3:],
-        "expand": base[2:3, :5].expand(4, 5),
-        "scalar": base[1, 2],
-        "empty view": base[:, 8:],
-    }
 
 
 def test_dtypes_and_views():

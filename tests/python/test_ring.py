@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tensorwire
+from tensor_views import views_of
 from test_two_process import DTYPES, random_bytes, raw
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
@@ -56,18 +57,6 @@ def child(request):
     c = RingChild(getattr(request, "param", 0))
     yield c
     c.kill()
-
-
-def views_of(base):
-    """Contiguous, transposed, strided slice with a storage offset, stride-0 expand, 0-dim, empty."""
-    return {
-        "contiguous": base,
-        "transposed": base.t(),
-        "slice": base[1::2, 3:],
-        "expand": base[2:3, :5].expand(4, 5),
-        "scalar": base[1, 2],
-        "empty": base[:, 8:],
-    }
 
 
 def check_packed(meta, back, t, what):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tensorwire
+from tensor_views import views_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -77,17 +78,6 @@ def random_bytes(shape, dtype):
     return t
 
 
-def views_of(base):
-    """Contiguous, transposed, strided slice with a storage offset, stride-0 expand, 0-dim."""
-    return {
-        "contiguous": base,
-        "transposed": base.t(),
-        "slice": base[1::2, 3:],
-        "expand": base[2:3, :5].expand(4, 5),
-        "scalar": base[1, 2],
-    }
-
-
 def exchange(c, t, tag):
     """Send `t`, let the echo child flip bit 0 of element 0, get its view of `t` back."""
     storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
@@ -109,7 +99,7 @@ def test_every_dtype_and_view_zero_copy(child):
     tag = 0
     for dtype in DTYPES:
         base = random_bytes((6, 8), dtype)
-        for name, t in views_of(base).items():
+        for name, t in views_of(base, empty=False).items():
             tag += 1
             meta, copy, expected, before, after = exchange(child, t, tag)
             what = f"{dtype} {name}"
