@@ -224,9 +224,18 @@ typedef struct tw_ring_message_t tw_ring_message_t;
 typedef struct tw_segment_t tw_segment_t;
 
 /*
- Limits for one connection (`tw_peer_config_default` fills the defaults).
+ Limits for one connection (`tw_peer_config_default` fills the defaults, `size`
+ included: start from it, then change fields).
  */
 typedef struct {
+  /*
+   `sizeof(tw_peer_config_t)` as the caller's header has it (`tw_peer_config_default`
+   sets it), so the struct can grow: a caller built against an older header passes a
+   smaller size and the fields it does not know take their defaults; a newer header's
+   larger size is accepted when the fields this library does not know are all zero.
+   A multiple of 8 from 8 to 4096; anything else is `TW_ERR_INVALID_ARGUMENT`.
+   */
+  uint64_t size;
   /*
    Leases the peer may hold at once.
    */
@@ -879,7 +888,7 @@ tw_result_e tw_listener_bind(const char *path, tw_listener_t **out);
  waiting at most the config's handshake timeout).
 
  # Safety
- `listener` live; `cfg` NULL or readable; `out` writable.
+ `listener` live; `cfg` NULL, or readable for the `size` bytes its first field says (`tw_peer_config_t::size`); `out` writable.
  */
 tw_result_e tw_listener_accept(const tw_listener_t *listener,
                                int64_t timeout_ms,
@@ -945,17 +954,21 @@ tw_result_e tw_fd_set_inheritable(int fd, bool inheritable);
  not) and set up leases. Takes ownership of `fd`. `cfg` may be NULL (defaults).
 
  # Safety
- `fd` open and owned by the caller; `cfg` NULL or readable; `out` writable.
+ `fd` open and owned by the caller; `cfg` NULL, or readable for the `size` bytes its first field says (`tw_peer_config_t::size`); `out` writable.
  */
-tw_result_e tw_peer_from_fd(int fd, const tw_peer_config_t *cfg, tw_peer_t **out);
+tw_result_e tw_peer_from_fd(int fd,
+                            const tw_peer_config_t *cfg,
+                            tw_peer_t **out);
 
 /*
  Connect to a listener at `path`.
 
  # Safety
- `path` a C string; `cfg` NULL or readable; `out` writable.
+ `path` a C string; `cfg` NULL, or readable for the `size` bytes its first field says (`tw_peer_config_t::size`); `out` writable.
  */
-tw_result_e tw_peer_connect(const char *path, const tw_peer_config_t *cfg, tw_peer_t **out);
+tw_result_e tw_peer_connect(const char *path,
+                            const tw_peer_config_t *cfg,
+                            tw_peer_t **out);
 
 /*
  End the connection and free the handle. Every lease this side granted ends (release

@@ -17,10 +17,17 @@ pub enum tw_cuda_wait_e {
     TW_CUDA_WAIT_EVENT = 2,
 }
 
-/// Limits for one connection (`tw_peer_config_default` fills the defaults).
+/// Limits for one connection (`tw_peer_config_default` fills the defaults, `size`
+/// included: start from it, then change fields).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct tw_peer_config_t {
+    /// `sizeof(tw_peer_config_t)` as the caller's header has it (`tw_peer_config_default`
+    /// sets it), so the struct can grow: a caller built against an older header passes a
+    /// smaller size and the fields it does not know take their defaults; a newer header's
+    /// larger size is accepted when the fields this library does not know are all zero.
+    /// A multiple of 8 from 8 to 4096; anything else is `TW_ERR_INVALID_ARGUMENT`.
+    pub size: u64,
     /// Leases the peer may hold at once.
     pub max_leases: u32,
     /// Largest lease table accepted from the peer.
@@ -122,6 +129,7 @@ impl tw_peer_config_t {
     fn from_default() -> tw_peer_config_t {
         let d = PeerConfig::default();
         tw_peer_config_t {
+            size: std::mem::size_of::<tw_peer_config_t>() as u64,
             max_leases: d.max_leases,
             max_peer_table_capacity: d.max_peer_table_capacity,
             max_lease_bytes: d.max_lease_bytes,
@@ -146,11 +154,45 @@ impl tw_peer_config_t {
     }
 }
 
+/// Largest `tw_peer_config_t::size` accepted (a newer header's struct, grown).
+const MAX_CONFIG_SIZE: u64 = 4096;
+
+/// The caller's config as this library reads it: its first `size` bytes over the
+/// defaults (see `tw_peer_config_t::size`).
+///
 /// # Safety
-/// `cfg` NULL or readable.
+/// `cfg` NULL, or readable for 8 bytes and then for the `size` bytes its first field says.
 pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerConfig> {
-    // SAFETY: NULL or readable per the callers' contracts.
-    unsafe { cfg.as_ref() }.map_or_else(|| Ok(PeerConfig::default()), PeerConfig::try_from)
+    if cfg.is_null() {
+        return Ok(PeerConfig::default());
+    }
+    let bad = |m: String| crate::Error::InvalidArgument(format!("tw_peer_config_t: {m}"));
+    // SAFETY: readable for its first 8 bytes (the size field) per the contract.
+    let size = unsafe { std::ptr::read_unaligned(cfg.cast::<u64>()) };
+    let ours = std::mem::size_of::<tw_peer_config_t>() as u64;
+    if size == 0 {
+        return Err(bad("size is 0: fill the struct with tw_peer_config_default first".into()));
+    }
+    if size % 8 != 0 || !(8..=MAX_CONFIG_SIZE).contains(&size) {
+        return Err(bad(format!("size {size} is not a multiple of 8 in 8..={MAX_CONFIG_SIZE} (this library's is {ours})")));
+    }
+    let mut c = tw_peer_config_t::from_default();
+    let known = size.min(ours) as usize;
+    // SAFETY: the caller's struct is readable for `size` ≥ `known` bytes (contract); `c`
+    // is ours, `known` ≤ its size; it is plain integers without padding (`Pod`), so any
+    // bytes make a valid value (the fields are validated below, as `PeerConfig`).
+    unsafe { std::ptr::copy_nonoverlapping(cfg.cast::<u8>(), bytemuck::bytes_of_mut(&mut c).as_mut_ptr(), known) };
+    if size > ours {
+        // SAFETY: readable for `size` bytes (contract); the slice covers bytes ours..size.
+        let newer = unsafe { std::slice::from_raw_parts(cfg.cast::<u8>().add(ours as usize), (size - ours) as usize) };
+        if let Some(i) = newer.iter().position(|&b| b != 0) {
+            return Err(bad(format!(
+                "size {size} (a newer header) sets byte {} past this library's {ours}-byte struct: that setting is unknown here",
+                ours as usize + i
+            )));
+        }
+    }
+    PeerConfig::try_from(&c)
 }
 
 #[cfg(test)]
@@ -169,7 +211,54 @@ mod tests {
         }
         let mut c = tw_peer_config_t::from_default();
         c.cuda_wait = 9;
-        let e = PeerConfig::try_from(&c).unwrap_err();
+        // SAFETY: a live struct of our own size.
+        let e = unsafe { config(&c) }.unwrap_err();
         assert!(matches!(e, crate::error::Error::InvalidArgument(_)) && e.to_string().contains("policy 9 unknown"), "{e}");
+    }
+
+    /// A struct of an older header (shorter `size`): what it sets is read, what it does not
+    /// know takes its default; a newer header's longer struct is read when its extra
+    /// fields are zero; a size that was never filled in is refused by name.
+    #[test]
+    fn the_struct_can_grow_both_ways() {
+        let ours = std::mem::size_of::<tw_peer_config_t>();
+        let d = PeerConfig::default();
+        let mut c = tw_peer_config_t::from_default();
+        assert_eq!(c.size as usize, ours);
+        c.max_leases = 7;
+        c.cuda_wait_timeout_ms = 1234;
+        // As a caller whose header ended before `cuda_wait_timeout_ms` (its last field).
+        c.size = std::mem::offset_of!(tw_peer_config_t, cuda_wait_timeout_ms) as u64;
+        // SAFETY: a live struct, longer than the size it names.
+        let got = unsafe { config(&c) }.unwrap();
+        assert_eq!(got.max_leases, 7, "a field the old header knows is read");
+        assert_eq!(got.cuda_wait_timeout, d.cuda_wait_timeout, "one it does not know takes its default");
+        c.size = ours as u64;
+        // SAFETY: as above.
+        assert_eq!(unsafe { config(&c) }.unwrap().cuda_wait_timeout, crate::Wait::For(Duration::from_millis(1234)));
+        // A newer header's struct: 16 more bytes, zero, then one of them set.
+        let mut newer = [0u64; 64];
+        let words = ours / 8;
+        newer[..words].copy_from_slice(bytemuck::cast_slice(bytemuck::bytes_of(&c)));
+        newer[0] = ours as u64 + 16;
+        // SAFETY: `newer` is readable for the 64 words, more than the size it names, and
+        // 8-aligned; config reads it as bytes.
+        let got = unsafe { config(newer.as_ptr().cast()) }.unwrap();
+        assert_eq!(got.max_leases, 7);
+        newer[words + 1] = 5;
+        // SAFETY: as above.
+        let e = unsafe { config(newer.as_ptr().cast()) }.unwrap_err();
+        assert!(matches!(e, crate::error::Error::InvalidArgument(_)) && e.to_string().contains(&format!("byte {}", ours + 8)), "{e}");
+        for (size, needle) in [(0u64, "fill the struct with tw_peer_config_default"), (12, "not a multiple of 8"), (8192, "not a multiple of 8 in 8..=4096")] {
+            c.size = size;
+            // SAFETY: as above (no size past the struct is read: each is refused first).
+            let e = unsafe { config(&c) }.unwrap_err();
+            assert!(matches!(e, crate::error::Error::InvalidArgument(_)) && e.to_string().contains(needle), "{size}: {e}");
+        }
+        // Only the size field: every default.
+        let only_size = [8u64];
+        // SAFETY: readable for the 8 bytes it names.
+        let got = unsafe { config(only_size.as_ptr().cast()) }.unwrap();
+        assert_eq!(got.max_leases, d.max_leases);
     }
 }

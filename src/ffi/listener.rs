@@ -30,7 +30,7 @@ pub unsafe extern "C" fn tw_listener_bind(path: *const c_char, out: *mut *mut tw
 /// waiting at most the config's handshake timeout).
 ///
 /// # Safety
-/// `listener` live; `cfg` NULL or readable; `out` writable.
+/// `listener` live; `cfg` NULL, or readable for the `size` bytes its first field says (`tw_peer_config_t::size`); `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_listener_accept(
     listener: *const tw_listener_t,

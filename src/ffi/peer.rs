@@ -70,7 +70,7 @@ pub(super) fn boxed_peer(p: Peer) -> *mut tw_peer_t {
 /// not) and set up leases. Takes ownership of `fd`. `cfg` may be NULL (defaults).
 ///
 /// # Safety
-/// `fd` open and owned by the caller; `cfg` NULL or readable; `out` writable.
+/// `fd` open and owned by the caller; `cfg` NULL, or readable for the `size` bytes its first field says (`tw_peer_config_t::size`); `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_peer_from_fd(fd: c_int, cfg: *const tw_peer_config_t, out: *mut *mut tw_peer_t) -> tw_result_e {
     guard("tw_peer_from_fd", || {
@@ -96,7 +96,7 @@ pub(super) fn path_arg<'a>(path: *const c_char) -> Result<&'a str, Fail> {
 /// Connect to a listener at `path`.
 ///
 /// # Safety
-/// `path` a C string; `cfg` NULL or readable; `out` writable.
+/// `path` a C string; `cfg` NULL, or readable for the `size` bytes its first field says (`tw_peer_config_t::size`); `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_peer_connect(path: *const c_char, cfg: *const tw_peer_config_t, out: *mut *mut tw_peer_t) -> tw_result_e {
     guard("tw_peer_connect", || {

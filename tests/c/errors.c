@@ -114,6 +114,20 @@ int main(void) {
     EXPECT(ringed == NULL);
     close(c2);
   }
+  /* The config's size: a struct never filled by tw_peer_config_default is refused by
+   * name; one of an older header (a shorter size) takes defaults for what it lacks. */
+  {
+    tw_peer_config_t cfg;
+    CHECK(tw_peer_config_default(&cfg));
+    EXPECT(cfg.size == sizeof cfg);
+    int c1, c2;
+    CHECK(tw_socketpair(&c1, &c2));
+    tw_peer_t *p = NULL;
+    cfg.size = 0;
+    EXPECT_ERR(tw_peer_from_fd(c1, &cfg, &p), TW_ERR_INVALID_ARGUMENT, "tw_peer_config_default");
+    EXPECT(p == NULL);
+    close(c2);
+  }
   /* No GPU ring on this connection: clear errors that name the setting. */
   EXPECT_ERR(tw_peer_cuda_ring_send(producer, 0x70000000, &layout, 0, 1, 100), TW_ERR_INVALID_ARGUMENT, "cuda_ring");
   uint64_t ring_tag = 77;
