@@ -112,8 +112,9 @@ impl Peer {
     /// failure the lease is taken back and `owner` dropped.
     /// The one path every CPU export takes (own segments and forwarded imports alike).
     pub(crate) fn send_leased(&self, storage: CpuStorage<'_>, layout: &Layout, owner: Owner, opts: ExportOptions) -> Result<LeaseId> {
-        // What is known, not a `poll` per export: a peer that is gone but not yet known
-        // to be fails the send below (its socket end closed), which takes the lease back.
+        // Only what is already known (asking the kernel would cost a `poll` on every
+        // export's hot path): a peer that is gone but not yet known to be fails the send
+        // below (its socket end closed), which takes the lease back.
         if self.inner.conn.known_gone() {
             drop(owner);
             return Err(Error::peer_gone(format!("process {} is gone; nothing can be exported to it", self.peer_pid())));

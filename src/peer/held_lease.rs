@@ -32,9 +32,10 @@ impl HeldLease {
 impl Drop for HeldLease {
     fn drop(&mut self) {
         if !self.released {
-            // Nobody reads this result: what is known is enough, not a `poll` per dropped
-            // tensor. A release written into the table of a peer that has just died is
-            // harmless (the table stays mapped here until we close).
+            // Nobody reads this result, so what is already known is enough (asking the
+            // kernel would cost a `poll` for every dropped tensor). A release written into
+            // the table of a peer that has just died is harmless (the table stays mapped
+            // here until we close).
             let _ = self.release_as(self.inner.conn.known_gone());
         }
     }
