@@ -33,12 +33,7 @@ fn big(i: u64) -> Vec<u8> {
 #[test]
 #[ignore = "child-process entry point; the other tests run it in a subprocess"]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else { return };
-    let cfgd = cfg();
-    let fd: i32 = std::env::var(FD_ENV).unwrap().parse().unwrap();
-    // SAFETY: the inherited fd number the parent gave us.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let peer = tensorwire::Peer::from_fd(fd, cfgd).unwrap();
+    let Some((role, peer)) = child_peer_with(cfg()) else { return };
     match role.as_str() {
         // Receive a million small messages, check order and contents, report a checksum.
         "million_rx" => {

@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -265,11 +264,8 @@ fn hostile_consumer_scribbling_tail_breaks_the_sender_cleanly() {
 #[test]
 #[ignore = "child-process entry point; random_scribbling_never_crashes_or_hangs runs it"]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE_ENV) else { return };
+    let Some((role, fd)) = child_socket() else { return };
     assert_eq!(role, "scribbler");
-    let fd: i32 = std::env::var(FD_ENV).unwrap().parse().unwrap();
-    // SAFETY: the inherited fd number the parent gave us.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     let conn = Connection::establish(fd, Duration::from_secs(10)).unwrap();
     let table = Exporter::new(16, u64::MAX).unwrap();
     let ring = RingShared::create(CAP as usize).unwrap();
@@ -324,18 +320,8 @@ static CPU_HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn random_scribbling_never_crashes_or_hangs() {
     let _one_at_a_time = CPU_HEAVY.lock().unwrap_or_else(|e| e.into_inner());
-    // The child is a raw-protocol process, not a Peer: spawn it by hand.
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
-    let mut child = cmd
-        .args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, "scribbler")
-        .env(FD_ENV, fd.to_string())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    drop(theirs);
+    // The child is a raw-protocol process, not a Peer.
+    let (mut child, mine) = spawn_raw("scribbler");
     // Fresh victims until the child is done: each gets scribbled into brokenness.
     let victim = Peer::from_fd(mine, PeerConfig::default()).unwrap();
     let (mut ok, mut errs) = (0, 0);

@@ -20,13 +20,7 @@ const FDS_ENV: &str = "TW_TEST_FDS";
 /// added; `ring` is the GPU ring the child offers (it sends through it). Returns the child
 /// and our peer, whose config is `cfg`.
 pub fn spawn(role: &str, env: &[(&str, &str)], ring: Option<CudaRingConfig>, cfg: PeerConfig) -> (Child, Peer) {
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
-    cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role)
-        .env(FD_ENV, fd.to_string())
-        .stdout(Stdio::null());
+    let (mut cmd, mine, theirs) = child_command(role);
     if let Some(r) = ring {
         cmd.env(RING_ENV, format!("{}:{}", r.slots, r.slot_bytes));
     }
@@ -47,16 +41,50 @@ pub fn spawn_child(role: &str, cfg: PeerConfig) -> (Child, Peer) {
 
 /// In a child: its role and peer (with the GPU ring its parent asked it to offer).
 pub fn child_peer() -> Option<(String, Peer)> {
-    let role = std::env::var(ROLE_ENV).ok()?;
-    let fd: i32 = std::env::var(FD_ENV).ok()?.parse().ok()?;
     let ring = std::env::var(RING_ENV).ok().map(|v| {
         let (s, b) = v.split_once(':').unwrap();
         CudaRingConfig { device: 0, slots: s.parse().unwrap(), slot_bytes: b.parse().unwrap() }
     });
-    // SAFETY: the parent handed us this inherited fd number; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    Some((role, Peer::from_fd(fd, PeerConfig { cuda_ring: ring, ..PeerConfig::default() }).unwrap()))
+    child_peer_with(PeerConfig { cuda_ring: ring, ..PeerConfig::default() })
 }
+
+/// In a child: its role and its peer, set up with `cfg`.
+pub fn child_peer_with(cfg: PeerConfig) -> Option<(String, Peer)> {
+    let (role, fd) = child_socket()?;
+    Some((role, Peer::from_fd(fd, cfg).unwrap()))
+}
+
+/// In a child: its role and the raw socket its parent handed it (for children that speak
+/// the protocol by hand, or set up their peer themselves).
+pub fn child_socket() -> Option<(String, OwnedFd)> {
+    let role = std::env::var(ROLE_ENV).ok()?;
+    let fd: i32 = std::env::var(FD_ENV).ok()?.parse().ok()?;
+    // SAFETY: the parent handed us this inherited fd number; nothing else owns it.
+    Some((role, unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Spawn this test binary as a child playing `role`, and return our end of its socket as
+/// it is (the child may not be a `Peer`: it may speak the protocol by hand).
+pub fn spawn_raw(role: &str) -> (Child, OwnedFd) {
+    let (mut cmd, mine, theirs) = child_command(role);
+    let child = cmd.spawn().unwrap();
+    drop(theirs);
+    (child, mine)
+}
+
+/// This test binary, to run only its `child_entry` test as `role`, with the child's end of
+/// a new socket inherited; returns the command and both ends (close the child's once it
+/// is spawned).
+fn child_command(role: &str) -> (Command, OwnedFd, OwnedFd) {
+    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    cmd.args(CHILD_ARGS).env(ROLE_ENV, role).env(FD_ENV, fd.to_string()).stdout(Stdio::null());
+    (cmd, mine, theirs)
+}
+
+/// How a child runs only the binary's `child_entry` test.
+const CHILD_ARGS: [&str; 5] = ["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"];
 
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3))
@@ -103,7 +131,7 @@ pub fn kill9(child: &mut Child) {
 pub fn spawn_with_fds(role: &str, fds: &[BorrowedFd<'_>]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     let nums: Vec<String> = fds.iter().map(|fd| tensorwire::sys::inherit_in_child(&mut cmd, *fd).to_string()).collect();
-    cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    cmd.args(CHILD_ARGS)
         .env(ROLE_ENV, role)
         .env(FDS_ENV, nums.join(","))
         .stdout(Stdio::null())
