@@ -55,13 +55,6 @@ const ROWS: i64 = 16;
 const COLS: i64 = 256;
 const N: usize = (ROWS * COLS) as usize;
 
-/// One test at a time: they compare this process's driver counters.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 #[ignore = "child-process entry point; the other tests run it in a subprocess"]
 fn child_entry() {

@@ -31,13 +31,6 @@ const SEGS: u64 = 4;
 /// The byte the last writes at element 0 of the view it receives.
 const MARK: u8 = 0xAB;
 
-/// One test at a time: one of them counts this process's open fds.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Entry point of the child processes (run by `chain`, never on its own).
 #[test]
 #[ignore = "child-process entry point; the other tests run it in a subprocess"]

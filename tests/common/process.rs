@@ -174,3 +174,11 @@ pub fn chain() -> Chain {
     let to_last = Peer::from_fd(h_l, PeerConfig::default()).unwrap();
     Chain { relay, last, to_relay, to_last }
 }
+
+/// Run the tests of one binary that call this one at a time (they compare counters of
+/// this whole process: open fds, driver objects); a test that panicked leaves the lock
+/// usable.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -58,7 +58,7 @@ import torch  # noqa: E402
 import tensorwire  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "python"))
-from tensor_views import views_of  # noqa: E402
+from support import views_of, wait_stats  # noqa: E402
 
 STOP = 999_999
 SET_KEEP_WARM = 999_998  # control message to the child: payload n
@@ -240,15 +240,6 @@ class Skipped(Exception):
 def check(cond, what):
     if not cond:
         raise Failed(what)
-
-
-def wait_stats(conn, pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        s = conn.stats()
-        if pred(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
 
 
 def random_cuda(shape, dtype):

@@ -12,18 +12,10 @@ import pytest
 import torch
 
 import tensorwire
+from support import wait_stats
 
 PEER = str(Path(__file__).with_name("forward_peer.py"))
 STOP = 999_999
-
-
-def wait_stats(conn, pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        s = conn.stats()
-        if pred(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
 
 
 class Chain:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tensorwire
-from tensor_views import views_of
+from support import views_of
 from test_two_process import DTYPES, random_bytes, raw
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tensorwire
-from tensor_views import views_of
+from support import views_of, wait_stats
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -53,15 +53,6 @@ def child(request):
     yield c
     c.kill()
     c.conn.close()
-
-
-def wait_stats(conn, pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        s = conn.stats()
-        if pred(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
 
 
 def raw(t):

@@ -1,5 +1,7 @@
-"""The views every round-trip test sends: a tensor's layouts that a transport must carry
-exactly (shared by tests/python and tests/gpu/gpu_tests.py)."""
+"""What the Python round-trip tests share (tests/python and tests/gpu/gpu_tests.py): the
+views every one sends, and a bounded wait on a connection's lease counters."""
+
+import time
 
 
 def views_of(base, empty=True):
@@ -16,3 +18,13 @@ def views_of(base, empty=True):
     if empty:
         views["empty"] = base[:, 8:]
     return views
+
+
+def wait_stats(conn, pred, timeout=10.0):
+    """Poll `conn.stats()` until `pred` holds or `timeout` seconds pass; the last stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = conn.stats()
+        if pred(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.005)
