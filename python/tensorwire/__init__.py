@@ -109,9 +109,10 @@ def is_shared(t: torch.Tensor) -> bool:
     return ops.is_shared(t)
 
 
-def send(conn: Connection, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
-    """``conn.send(tensor, tag, window_ms)``."""
-    return conn.send(tensor, tag, window_ms)
+def send(conn: Connection, tensor: torch.Tensor, tag: int = 0, window_ms: Optional[int] = None, *,
+         window: Optional[float] = None) -> bool:
+    """``conn.send(tensor, tag, window=window)`` (``window_ms``: deprecated, as there)."""
+    return conn._send(tensor, tag, window_ms, window, stacklevel=2)
 
 
 def recv(conn: Connection, timeout: Optional[float] = None) -> torch.Tensor:

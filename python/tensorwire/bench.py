@@ -94,7 +94,7 @@ def human(n):
 # --- children ------------------------------------------------------------------------
 
 def tw_child(fd):
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(fd)
     ack = tensorwire.zeros(1)
     while True:
         t, tag = conn.recv_tagged()
@@ -106,7 +106,7 @@ def tw_child(fd):
 
 
 def ring_child(fd):
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(fd)
     ack = torch.zeros(1)
     while True:
         t, tag = conn.ring_recv_tagged()
@@ -161,7 +161,7 @@ def bench_tensorwire(sizes, base_iters):
     parent_fd, child_fd = tensorwire.socketpair()
     child = subprocess.Popen([sys.executable, "-m", "tensorwire.bench", "--child-tw", str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(parent_fd)
     small = tensorwire.zeros(1024, dtype=torch.uint8)
     warm_up(lambda i: (conn.send(small, i), conn.recv()))
     del small
@@ -193,7 +193,7 @@ def bench_ring(sizes, base_iters):
     parent_fd, child_fd = tensorwire.socketpair()
     child = subprocess.Popen([sys.executable, "-m", "tensorwire.bench", "--child-ring", str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(parent_fd)
     small = torch.ones(1024, dtype=torch.uint8)
     warm_up(lambda i: (conn.ring_send(small, i), conn.ring_recv()))
     out = {}

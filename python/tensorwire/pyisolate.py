@@ -71,8 +71,11 @@ CONNECT_WAIT_S = 10.0
 #: How often the host's accept loop looks whether it is closing (a blocked accept would
 #: keep the listener, and its socket file, alive).
 ACCEPT_POLL_S = 1.0
-#: How long closing the host waits for its accept thread to leave the listener.
-CLOSE_JOIN_S = 10.0
+#: How long an accepted child has for its handshake (it has imported torch already).
+ACCEPT_HANDSHAKE_S = 10.0
+#: How long closing the host waits for its accept thread to leave the listener (a
+#: handshake under way, at most ACCEPT_HANDSHAKE_S, finishes first).
+CLOSE_JOIN_S = ACCEPT_HANDSHAKE_S + 5.0
 #: Tensors received ahead of the message naming them that one connection may hold.
 MAX_STASHED = 1024
 
@@ -160,7 +163,7 @@ class _Host:
                 listener = self.listener
                 if listener is None or self.closing:
                     return
-                conn = listener.accept(timeout=ACCEPT_POLL_S)
+                conn = listener.accept(timeout=ACCEPT_POLL_S, handshake_timeout=ACCEPT_HANDSHAKE_S)
             except Timeout:
                 # No child connected (or one connected and never finished its hello: it
                 # sees the failure itself).

@@ -148,7 +148,7 @@ def test_real_failures_raise_the_mapped_classes():
     import os
     os.close(b)
     with pytest.raises(tensorwire.PeerGone):
-        tensorwire.from_fd(a, handshake_timeout_ms=2000)
+        tensorwire.from_fd(a, handshake_timeout=2)
 
 
 _FD_LIMIT_CHILD = r'''
