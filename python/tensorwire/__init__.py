@@ -41,13 +41,14 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 
+from ._version import __version__
 from ._loader import build_info, library_path, ops
 from . import _fake  # noqa: F401  (fake implementations for torch.compile / opcheck)
 from .connection import Connection, Listener, connect, from_fd, listen, socketpair
 from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, ResourceExhausted, Timeout, translate
 
 __all__ = [
-    "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
+    "__version__", "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
     "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable",
     "empty", "zeros", "to_shared", "share_", "is_shared", "send", "recv", "stats",
     "from_torch_shared", "to_torch_shared", "library_path", "build_info", "cuda_available", "cuda_built",
