@@ -158,7 +158,7 @@ pub fn release_doorbell(table: &Segment) -> Doorbell<'_> {
     Doorbell::new(unsafe { &(*table.as_ptr().cast::<TableHeader>()).release })
 }
 
-/// The lease table's lost-fd-slots word (see [`TableHeader`]): the consumer sets bits in
+/// The lease table's lost-fd-slots word (see `TableHeader`): the consumer sets bits in
 /// the producer's table, the producer takes them.
 pub fn lost_fd_slots(table: &Segment) -> &AtomicU32 {
     assert!(table.len() >= TABLE_HEADER_BYTES);
@@ -167,7 +167,7 @@ pub fn lost_fd_slots(table: &Segment) -> &AtomicU32 {
     unsafe { &(*table.as_ptr().cast::<TableHeader>()).lost_fd_slots }
 }
 
-/// Offset of the [`MessageLine`] in a lease table (see [`TableHeader`]).
+/// Offset of the [`MessageLine`] in a lease table (see `TableHeader`).
 ///
 /// Why a doorbell for socket messages: a receive then waits by polling this line (no
 /// system call per look, unlike poll(2) on the socket), and the line also carries the
