@@ -156,7 +156,7 @@ def bench_floors(iters):
 
 
 def tw_child(fd, policy):
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000, cuda_wait=policy)
+    conn = tensorwire.from_fd(fd, cuda_wait=policy)
     ack = tensorwire.zeros(1)
     while True:
         t, tag = conn.recv_tagged()
@@ -219,7 +219,7 @@ def bench_tensorwire(iters, policy, open_per_message):
     child = subprocess.Popen([sys.executable, __file__, "--child-tw", str(child_fd), "--policy", policy],
                              pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, cuda_ring_device=0, cuda_wait=policy)
+    conn = tensorwire.from_fd(parent_fd, cuda_ring_device=0, cuda_wait=policy)
 
     def round_trip(t):
         def go(i):

@@ -428,7 +428,10 @@ typedef struct {
    */
   uint64_t live_leases;
   /*
-   Bytes of storage under those leases.
+   Bytes of storage those leases keep alive, each storage counted once however many
+   views of it are leased (the per-peer byte quota is checked against this). A
+   storage is a region of a segment as exported (its segment, offset and length), or
+   for device memory each export's own range.
    */
   uint64_t live_bytes;
   /*

@@ -35,6 +35,13 @@ python3 scripts/module_graph.py src rpc/src simcuda/src
 step "clippy (undocumented unsafe blocks and other denied lints fail the run)"
 cargo clippy --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 
+step "docs: cargo doc of the workspace without warnings (public docs link no private item)"
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --locked -q
+
+step "crates: cargo publish --dry-run of tensorwire and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire)"
+# --allow-dirty: what is checked is the packages and their metadata, not the checkout's state.
+cargo publish --dry-run --locked --allow-dirty -p tensorwire -p tensorwire-rpc 2>&1 | grep -E "Packaged|Verifying|error|warning: [^a]"
+
 step "unit, integration, cross-process and doc tests"
 cargo test --locked 2>&1 | tee -a "$log"
 # Again with output shown, so a machine without a GPU says loudly that GPU tests were
@@ -73,6 +80,20 @@ elsewhere=$(mktemp -d)
 (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
   "$pip_py" -m pytest -q -p no:cacheprovider "$root/tests/python" 2>&1) | tee -a "$log"
 rm -rf "$elsewhere"
+# The README's other install route: a uv venv (it has no pip) and `uv pip install`, into
+# the same build dir (rebuilds only what differs).
+uv_venv=$root/build/uv-venv
+rm -rf "$uv_venv"
+uv_bin=$root/.tools/uv/bin/uv
+UV_CACHE_DIR="${UV_CACHE_DIR:-$root/.tools/uv-cache}" "$uv_bin" venv -q --python python3 "$uv_venv"
+test ! -e "$uv_venv/bin/pip"
+torch_pin=$("$pip_py" -c 'import torch; print(torch.__version__.split("+")[0])')
+skbuild_pin=$("$pip_py" -c 'import importlib.metadata as m; print(m.version("scikit-build-core"))')
+( export VIRTUAL_ENV=$uv_venv UV_CACHE_DIR="${UV_CACHE_DIR:-$root/.tools/uv-cache}"
+  "$uv_bin" pip install -q "torch==$torch_pin" "scikit-build-core==$skbuild_pin"
+  env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$uv_bin" pip install -q --no-build-isolation "$root" )
+(cd /tmp && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$uv_venv/bin/python" -c \
+  "import tensorwire; print('uv venv: import tensorwire', tensorwire.__version__, tensorwire.library_path())")
 
 step "torch CUDA glue: cpp/src/cuda.cpp compiles against torch's and the CUDA wheels' headers (syntax only; the GPU runs it: scripts/gpu_test.sh)"
 sp=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

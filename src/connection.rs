@@ -46,6 +46,10 @@ pub struct Message {
     pub fds_lost: bool,
 }
 
+/// How long a peer found gone by its socket's end may take to be seen ended by its pidfd
+/// (its files close before its exit is signalled); paid once, only by a peer that lives on.
+const PROCESS_END_GRACE: Duration = Duration::from_millis(50);
+
 /// How long a send waits for room in the peer's socket buffer by default.
 pub const DEFAULT_SEND_TIMEOUT: Wait = Wait::For(Duration::from_secs(10));
 
@@ -55,6 +59,9 @@ pub struct Connection {
     peer_pid: i32,
     pidfd: Option<OwnedFd>,
     gone: AtomicBool,
+    /// What became of the peer, worked out the first time it is found gone (see
+    /// `peer_end`).
+    end: std::sync::OnceLock<String>,
     max_message: usize,
     recv_buf: Mutex<Vec<u8>>,
     /// How long `recv` polls without blocking before it sleeps (see `set_recv_spin`).
@@ -168,6 +175,7 @@ impl Connection {
             peer_pid: cred.pid,
             pidfd,
             gone: AtomicBool::new(false),
+            end: std::sync::OnceLock::new(),
             max_message,
             recv_buf: Mutex::new(vec![0u8; max_message + HEADER + 1]),
             recv_spin: Duration::ZERO,
@@ -248,7 +256,34 @@ impl Connection {
 
     fn gone_error(&self, what: &str) -> Error {
         self.gone.store(true, Ordering::Release);
-        Error::peer_gone(format!("process {} {what}", self.peer_pid))
+        Error::peer_gone(self.peer_end(what).to_owned())
+    }
+
+    /// What became of the peer, as the kernel tells it through the pidfd: "process 7 was
+    /// killed by SIGKILL (signal 9)", "process 7 exited with status 3" (a child of ours),
+    /// "process 7 exited" (another's), or, while its process lives on (or without a
+    /// pidfd), "process 7 <what>". Worked out once, then kept.
+    pub(crate) fn peer_end(&self, what: &str) -> &str {
+        self.end.get_or_init(|| {
+            let pid = self.peer_pid;
+            let Some(pidfd) = &self.pidfd else { return format!("process {pid} {what}") };
+            // A dying process's files close before the kernel marks it ended, so its
+            // socket's end can come first: give the pidfd a moment (not for a peer in
+            // this very process, which is not ending).
+            if u32::try_from(pid).ok() != Some(std::process::id()) {
+                let _ = sys::poll_readable(&[pidfd.as_fd()], Wait::For(PROCESS_END_GRACE));
+            }
+            match sys::pidfd_process_end(pidfd.as_fd()) {
+                sys::ProcessEnd::Killed { signal, core } => format!(
+                    "process {pid} was killed by {} (signal {signal}{})",
+                    sys::signal_name(signal),
+                    if core { ", core dumped" } else { "" }
+                ),
+                sys::ProcessEnd::Exited(status) => format!("process {pid} exited with status {status}"),
+                sys::ProcessEnd::Ended => format!("process {pid} exited"),
+                sys::ProcessEnd::Running => format!("process {pid} {what}"),
+            }
+        })
     }
 
     /// Send one message (`payload` ≤ the max message size, ≤ 8 fds). Safe to call from

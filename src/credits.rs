@@ -58,8 +58,8 @@ impl<'a> Credits<'a> {
     ///
     /// The consumer writes the doorbell, and can move it without freeing anything: a move
     /// only makes the producer look again. The spin is not renewed by a move, every look
-    /// after the first checks the deadline, and after [`FALSE_RINGS`] wake-ups by the
-    /// doorbell the call stops sleeping on it (plain sleeps of [`UNTRUSTED_SLICE`], a look
+    /// after the first checks the deadline, and after `doorbell::FALSE_RINGS` (16) wake-ups by the
+    /// doorbell the call stops sleeping on it (plain sleeps of `doorbell::UNTRUSTED_SLICE` (1 ms), a look
     /// between), so a consumer playing with it costs a waiting producer no spinning core
     /// and no time past its deadline (an honest one frees the one use we wait for with
     /// its ring).

@@ -517,6 +517,75 @@ pub fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
+/// How a process that a pidfd names ended, as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessEnd {
+    /// Still running (its pidfd is not readable).
+    Running,
+    /// It called `exit` with this status.
+    Exited(i32),
+    /// A signal ended it (`core`: it dumped core).
+    Killed { signal: i32, core: bool },
+    /// It has ended, but its status is not ours to read (not our child, or reaped already).
+    Ended,
+}
+
+/// How the process behind `pidfd` ended, without reaping it: `waitid(P_PIDFD, …,
+/// WEXITED | WNOHANG | WNOWAIT)` leaves the zombie and its status for whoever waits for it
+/// (a `subprocess.Popen`, a `Child`). Only a parent can read a status; for any other
+/// process an ended one is `Ended`, told by the pidfd being readable.
+pub fn pidfd_process_end(pidfd: BorrowedFd<'_>) -> ProcessEnd {
+    // SAFETY: siginfo_t is plain data; all zeroes is a valid value (si_pid 0: no child).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is writable and outlives the call; the fd is valid (borrowed).
+    let r = unsafe {
+        libc::waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT)
+    };
+    // SAFETY: `waitid` filled `info` for a child state change (si_pid != 0), else left it
+    // zeroed; si_pid and si_status read the fields the kernel wrote for SIGCHLD info.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if r == 0 && pid != 0 {
+        return match info.si_code {
+            libc::CLD_EXITED => ProcessEnd::Exited(status),
+            libc::CLD_KILLED => ProcessEnd::Killed { signal: status, core: false },
+            libc::CLD_DUMPED => ProcessEnd::Killed { signal: status, core: true },
+            _ => ProcessEnd::Ended,
+        };
+    }
+    // Not a child of ours (ECHILD), or a child still running (WNOHANG, si_pid 0): the
+    // pidfd turns readable once the process has ended.
+    match poll_readable(&[pidfd], Wait::Never) {
+        Ok(r) if r[0] => ProcessEnd::Ended,
+        _ => ProcessEnd::Running,
+    }
+}
+
+/// A signal's name (`SIGKILL`) for the common ones, else `signal N`.
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
+}
+
 /// Number of open fds of this process (for leak tests and stats).
 pub fn count_open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)

@@ -6,7 +6,7 @@
 //! the same with `int64_t timeout_ms` (negative: no limit, 0: do not wait), Python with
 //! `timeout: Optional[float]` seconds (`None`: no limit, 0: do not wait).
 //!
-//! Inside a call, a [`Deadline`] is the wait's clock: started once (the first time the call
+//! Inside a call, a `Deadline` (crate-private) is the wait's clock: started once (the first time the call
 //! would block, so a fast path reads no clock), saturating (a timeout too long to add to
 //! `Instant::now()` is no limit, never an overflow), handed by reference to the inner waits
 //! (poll, futex, ring space) so they share one end, and naming what the caller asked for

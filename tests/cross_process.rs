@@ -186,3 +186,65 @@ fn a_tensor_in_flight_when_the_producer_closes_is_peer_gone_not_stale() {
     let err = b.recv(T).unwrap_err();
     assert!(err.is_peer_gone() && err.to_string().contains("ended with it"), "{err}");
 }
+
+#[test]
+fn live_bytes_count_each_storage_once() {
+    // The byte quota is what the peer's leases keep alive: two views of one 64 MiB
+    // storage hold 64 MiB, not 128; a second storage is what passes the limit.
+    const STORAGE: u64 = 64 << 20;
+    let cfg = PeerConfig { max_lease_bytes: STORAGE, ..PeerConfig::default() };
+    let (mut child, peer) = spawn_child("hold", cfg);
+    let t = SharedTensor::zeros(Layout::contiguous(DType::Float32, &[4096, 4096]).unwrap()).unwrap();
+    let tt = t.view(t.layout().transpose(0, 1).unwrap()).unwrap();
+    peer.export(&t, ExportOptions::default()).unwrap();
+    peer.export(&tt, ExportOptions::default()).unwrap();
+    let s = peer.export_stats();
+    assert_eq!((s.live_leases, s.live_bytes), (2, STORAGE), "{s:?}");
+    let other = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[4096]).unwrap()).unwrap();
+    let err = peer.export(&other, ExportOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, Error::QuotaExceeded(_)) && err.to_string().contains(&format!("peer holds {STORAGE} bytes")),
+        "{err}"
+    );
+    peer.send_message(b"report", &[]).unwrap();
+    assert_eq!(recv_words(&peer), vec![2]); // the child holds both views
+    assert_eq!(peer.export_stats().live_bytes, STORAGE);
+    kill9(&mut child);
+    wait_until("the child's leases to be reclaimed", T, || {
+        peer.reap_now();
+        peer.export_stats().live_leases == 0
+    });
+    let s = peer.export_stats();
+    assert_eq!((s.live_bytes, s.reclaimed), (0, 2), "{s:?}");
+}
+
+#[test]
+fn a_dead_peer_is_reported_as_killed_or_exited() {
+    use std::os::unix::process::ExitStatusExt;
+    // Killed: the signal, read through the pidfd while the child is not yet reaped.
+    let (mut child, peer) = spawn_child("hold", PeerConfig::default());
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let err = peer.recv(T).unwrap_err();
+    let want = format!("process {} was killed by SIGKILL (signal 9)", child.id());
+    assert!(err.is_peer_gone() && err.to_string().contains(&want), "{err}");
+    // Reading it reaped nothing: the status is still the parent's to collect.
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    let t = SharedTensor::zeros(Layout::contiguous(DType::UInt8, &[8]).unwrap()).unwrap();
+    let err = peer.export(&t, ExportOptions::default()).unwrap_err();
+    assert!(err.is_peer_gone(), "{err}");
+
+    // Exited with a status of its own.
+    let (mut child, peer) = spawn_child("exit_with", PeerConfig::default());
+    peer.send_message(&words(&[3]), &[]).unwrap();
+    let err = peer.recv(T).unwrap_err();
+    let want = format!("process {} exited with status 3", child.id());
+    assert!(err.is_peer_gone() && err.to_string().contains(&want), "{err}");
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+
+    // A peer that closes its end and lives on (here: in this process) closed the connection.
+    let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+    drop(b);
+    let err = a.recv(T).unwrap_err();
+    assert!(err.is_peer_gone() && err.to_string().contains("closed the connection"), "{err}");
+}

@@ -23,7 +23,8 @@ tw_peer_config_t peer_config(const ConnectionOptions& o) {
               o.max_leases);
   TORCH_CHECK(o.max_lease_bytes >= 0, "tensorwire: max_lease_bytes must be >= 0, got ", o.max_lease_bytes);
   TORCH_CHECK(o.window_ms >= 0, "tensorwire: window_ms must be >= 0, got ", o.window_ms);
-  TORCH_CHECK(o.handshake_timeout_ms >= 0, "tensorwire: handshake_timeout_ms must be >= 0, got ",
+  TORCH_CHECK(o.handshake_timeout_ms >= -1,
+              "tensorwire: handshake_timeout_ms must be -1 (no limit), 0 (the default) or > 0, got ",
               o.handshake_timeout_ms);
   TORCH_CHECK(o.ring_bytes >= 0, "tensorwire: ring_bytes must be >= 0 (0: the default), got ", o.ring_bytes);
   TORCH_CHECK(o.cuda_ring_device >= -1 && o.cuda_ring_device <= 255,

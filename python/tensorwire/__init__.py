@@ -41,13 +41,14 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 
+from ._version import __version__
 from ._loader import build_info, library_path, ops
 from . import _fake  # noqa: F401  (fake implementations for torch.compile / opcheck)
 from .connection import Connection, Listener, connect, from_fd, listen, socketpair
 from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, ResourceExhausted, Timeout, translate
 
 __all__ = [
-    "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
+    "__version__", "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
     "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable",
     "empty", "zeros", "to_shared", "share_", "is_shared", "send", "recv", "stats",
     "from_torch_shared", "to_torch_shared", "library_path", "build_info", "cuda_available", "cuda_built",
@@ -109,9 +110,10 @@ def is_shared(t: torch.Tensor) -> bool:
     return ops.is_shared(t)
 
 
-def send(conn: Connection, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
-    """``conn.send(tensor, tag, window_ms)``."""
-    return conn.send(tensor, tag, window_ms)
+def send(conn: Connection, tensor: torch.Tensor, tag: int = 0, window_ms: Optional[int] = None, *,
+         window: Optional[float] = None) -> bool:
+    """``conn.send(tensor, tag, window=window)`` (``window_ms``: deprecated, as there)."""
+    return conn._send(tensor, tag, window_ms, window, stacklevel=2)
 
 
 def recv(conn: Connection, timeout: Optional[float] = None) -> torch.Tensor:

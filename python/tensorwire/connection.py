@@ -1,13 +1,18 @@
 """Connections and listeners: one end of a tensorwire link between two processes.
 
 Every blocking method takes ``timeout``: seconds (a float), ``None`` for no limit, ``0``
-to not wait (what is ready is taken, else :class:`tensorwire.Timeout` at once)."""
+to not wait (what is ready is taken, else :class:`tensorwire.Timeout` at once). Every other
+time in this module is in seconds too (``window``, ``handshake_timeout``,
+``cuda_wait_timeout``); the older millisecond names (``window_ms``,
+``handshake_timeout_ms``, ``cuda_wait_timeout_ms``) still work and warn
+(``DeprecationWarning``)."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from types import TracebackType
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
@@ -37,6 +42,20 @@ def _ms(timeout: Optional[float]) -> int:
     if math.isinf(timeout) or timeout * 1000 >= _MAX_MS:
         return -1
     return math.ceil(timeout * 1000)
+
+
+def _positive_ms(name: str, seconds: float) -> int:
+    """A positive number of seconds as whole ms (rounded up), for an option in ms."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+    if math.isinf(seconds) or seconds * 1000 >= _MAX_MS:
+        raise ValueError(f"{name} must be a finite number of seconds, got {seconds!r}")
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _deprecated_ms(old: str, new: str, stacklevel: int) -> None:
+    warnings.warn(f"tensorwire: {old} (milliseconds) is deprecated; pass {new}= in seconds instead",
+                  DeprecationWarning, stacklevel=stacklevel + 1)
 
 
 _C = TypeVar("_C", bound="_Closing")
@@ -70,14 +89,27 @@ class Connection(_Closing):
     def __init__(self, handle: int) -> None:
         self._h = handle
 
-    def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
+    def send(self, tensor: torch.Tensor, tag: int = 0, window_ms: Optional[int] = None, *,
+             window: Optional[float] = None) -> bool:
         """Export ``tensor`` (any strided view, CPU or CUDA) under a lease; returns True
         if it went zero-copy (it lives in a tensorwire segment, came from ``recv`` and is
         forwarded as the same memory, or is CUDA memory), False if it was copied once into
-        a new segment. ``tag`` (>= 0) travels with it;
-        ``window_ms`` > 0 bounds how long the peer may hold it."""
+        a new segment. ``tag`` (>= 0) travels with it; ``window`` (seconds, > 0) bounds
+        how long the peer may hold it (``None``: the connection's ``window``, by default
+        no bound). ``window_ms`` is the deprecated millisecond spelling."""
+        return self._send(tensor, tag, window_ms, window, stacklevel=2)
+
+    def _send(self, tensor: torch.Tensor, tag: int, window_ms: Optional[int], window: Optional[float],
+              stacklevel: int) -> bool:
+        if window_ms is not None:
+            if window is not None:
+                raise TypeError("send() takes window (seconds) or the deprecated window_ms, not both")
+            _deprecated_ms("window_ms", "window", stacklevel + 1)
+            ms = window_ms  # the op checks it (>= 0; 0: the connection's window)
+        else:
+            ms = 0 if window is None else _positive_ms("window", window)
         try:
-            return _send(self._h, tensor, tag, window_ms)
+            return _send(self._h, tensor, tag, ms)
         except RuntimeError as e:
             raise translate(e) from e
 
@@ -168,7 +200,7 @@ class Listener(_Closing):
     def __init__(self, handle: int) -> None:
         self._h = handle
 
-    def accept(self, timeout: Optional[float] = None, **limits: int) -> Connection:
+    def accept(self, timeout: Optional[float] = None, **limits: Any) -> Connection:
         """Wait for one connection (at most ``timeout`` seconds; None: no limit) and
         handshake with it (limits as in :func:`from_fd`)."""
         try:
@@ -185,21 +217,46 @@ class Listener(_Closing):
 _CUDA_WAIT = {"stream": 0, "host": 1, "event": 2}
 
 
-def _options(limits: dict) -> dict:
+#: The handshake's default bound in Python, seconds per setup step (the Rust and C
+#: default is 10 s). The first step waits for the peer's hello, which a child started
+#: just now sends only after ``import torch``: 4.1 s warm and 5-6 s with torch's files
+#: out of the page cache on a busy 2-core machine (torch 2.15.0), so 10 s left a
+#: correct child timing out under load. 60 s is ten times the cold import.
+HANDSHAKE_TIMEOUT_S = 60.0
+
+# Deprecated millisecond option -> its name in seconds.
+_MS_ALIASES = {"window_ms": "window", "handshake_timeout_ms": "handshake_timeout",
+               "cuda_wait_timeout_ms": "cuda_wait_timeout"}
+
+
+def _options(limits: dict, stacklevel: int = 2) -> dict:
     """The connection options as the ops take them: ``cuda_wait`` by name
-    (``"stream"``, ``"host"``, ``"event"``), ``cuda_wait_timeout`` in seconds (``None``: no
-    limit) as ``cuda_wait_timeout_ms``."""
+    (``"stream"``, ``"host"``, ``"event"``); the times in seconds as the ops' ms:
+    ``window`` (> 0: the window of every send that names none; ``None``: none),
+    ``handshake_timeout`` (> 0; ``None``: no limit; left out: ``HANDSHAKE_TIMEOUT_S``)
+    and ``cuda_wait_timeout`` (> 0; ``None``: no limit). Other options left out take the
+    library's default. The deprecated ``*_ms`` spellings pass through as they are, with a
+    ``DeprecationWarning`` pointing at the caller ``stacklevel`` frames up."""
     opts = dict(limits)
+    if "handshake_timeout" not in opts and "handshake_timeout_ms" not in opts:
+        opts["handshake_timeout"] = HANDSHAKE_TIMEOUT_S
+    for old, new in _MS_ALIASES.items():
+        if old in opts:
+            if new in opts:
+                raise TypeError(f"pass {new} (seconds) or the deprecated {old}, not both")
+            _deprecated_ms(old, new, stacklevel + 1)
     if "cuda_wait" in opts:
         w = opts["cuda_wait"]
         if w not in _CUDA_WAIT:
             raise ValueError(f"cuda_wait must be one of {sorted(_CUDA_WAIT)}, got {w!r}")
         opts["cuda_wait"] = _CUDA_WAIT[w]
-    if "cuda_wait_timeout" in opts:
-        t = opts.pop("cuda_wait_timeout")
-        if t is not None and t <= 0:
-            raise ValueError(f"cuda_wait_timeout must be None (no limit) or > 0 seconds, got {t!r}")
-        opts["cuda_wait_timeout_ms"] = -1 if t is None else max(1, math.ceil(t * 1000))
+    if "window" in opts:
+        t = opts.pop("window")
+        opts["window_ms"] = 0 if t is None else _positive_ms("window", t)
+    for name in ("handshake_timeout", "cuda_wait_timeout"):
+        if name in opts:
+            t = opts.pop(name)
+            opts[name + "_ms"] = -1 if t is None else _positive_ms(name, t)
     return opts
 
 
@@ -215,10 +272,16 @@ def socketpair(inheritable_child: bool = True) -> tuple[int, int]:
     return a, b
 
 
-def from_fd(fd: int, **limits: int) -> Connection:
-    """Handshake over an end of :func:`socketpair` (takes ownership of ``fd``). Limits:
-    ``max_leases``, ``max_lease_bytes``, ``window_ms``, ``handshake_timeout_ms``,
-    ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default);
+def from_fd(fd: int, **limits: Any) -> Connection:
+    """Handshake over an end of :func:`socketpair` (takes ownership of ``fd``).
+
+    ``handshake_timeout`` (seconds, default 60; ``None``: no limit) bounds each setup
+    step, the first of which is waiting for the peer's hello: a child started just now
+    says hello only once it has imported torch and tensorwire, and that wait is charged
+    here (see ``HANDSHAKE_TIMEOUT_S``). A peer that exits or closes its end ends the wait
+    at once (:class:`tensorwire.PeerGone`). Limits:
+    ``max_leases``, ``max_lease_bytes``, ``window`` (seconds: the window of every send
+    that names none), ``handshake_timeout``, ``ring_bytes`` (this side's send ring, a power of two >= 4096) (0: library default);
     ``cuda_ring_device`` (>= 0: a GPU bounce ring on that device for this side's CUDA
     ``ring_send``s; needs a driver), ``cuda_ring_slot_bytes``, ``cuda_ring_slots``;
     ``cuda_wait`` — how this side waits for the peer's CUDA work: ``"stream"`` (default:
@@ -226,13 +289,14 @@ def from_fd(fd: int, **limits: int) -> Connection:
     waits until the peer's work completed: lowest latency), ``"event"`` (the stream waits
     on the peer's IPC event: slow without MPS); ``cuda_wait_timeout`` (seconds, default
     30; ``None``: no limit) bounds that wait."""
+    opts = _options(limits)
     try:
-        return Connection(ops.from_fd(fd, **_options(limits)))
+        return Connection(ops.from_fd(fd, **opts))
     except RuntimeError as e:
         raise translate(e) from e
 
 
-def connect(path: str, **limits: int) -> Connection:
+def connect(path: str, **limits: Any) -> Connection:
     """Connect to a :func:`listen`-ing process at ``path`` (limits as in :func:`from_fd`)."""
     try:
         return Connection(ops.connect(path, **_options(limits)))

@@ -18,7 +18,7 @@ import tensorwire
 
 _CHILD = r"""
 import sys, tensorwire, torch
-with tensorwire.from_fd(int(sys.argv[1]), handshake_timeout_ms=20000) as c:
+with tensorwire.from_fd(int(sys.argv[1])) as c:
     t = c.ring_recv(timeout=20)
     c.ring_send(t + 1)
 """
@@ -80,7 +80,7 @@ def check_two_process() -> list[Check]:
     os.close(b)
     out: list[Check] = []
     try:
-        conn = tensorwire.from_fd(a, handshake_timeout_ms=20000)
+        conn = tensorwire.from_fd(a)
     except tensorwire.Error as e:
         proc.kill()
         proc.wait()

@@ -38,6 +38,7 @@ How it plugs in (all through pyisolate's documented extension points, plus one w
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -70,6 +71,11 @@ CONNECT_WAIT_S = 10.0
 #: How often the host's accept loop looks whether it is closing (a blocked accept would
 #: keep the listener, and its socket file, alive).
 ACCEPT_POLL_S = 1.0
+#: How long an accepted child has for its handshake (it has imported torch already).
+ACCEPT_HANDSHAKE_S = 10.0
+#: How long closing the host waits for its accept thread to leave the listener (a
+#: handshake under way, at most ACCEPT_HANDSHAKE_S, finishes first).
+CLOSE_JOIN_S = ACCEPT_HANDSHAKE_S + 5.0
 #: Tensors received ahead of the message naming them that one connection may hold.
 MAX_STASHED = 1024
 
@@ -143,17 +149,21 @@ class _Host:
         self.dir = tempfile.mkdtemp(prefix="tensorwire-pyisolate-")
         os.chmod(self.dir, 0o700)
         self.path = os.path.join(self.dir, "tw.sock")
-        self.listener: Listener = _connection.listen(self.path)
+        self.listener: Optional[Listener] = _connection.listen(self.path)
         self.links: dict[int, _Link] = {}
         self.closing = False
         self.cv = threading.Condition()
         self.thread = threading.Thread(target=self._accept_loop, name="tensorwire-pyisolate-accept", daemon=True)
         self.thread.start()
+        atexit.register(self.close)
 
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn = self.listener.accept(timeout=ACCEPT_POLL_S)
+                listener = self.listener
+                if listener is None or self.closing:
+                    return
+                conn = listener.accept(timeout=ACCEPT_POLL_S, handshake_timeout=ACCEPT_HANDSHAKE_S)
             except Timeout:
                 # No child connected (or one connected and never finished its hello: it
                 # sees the failure itself).
@@ -167,6 +177,9 @@ class _Host:
                 continue
             pid = conn.peer_pid
             with self.cv:
+                if self.closing:
+                    conn.close()
+                    return
                 old = self.links.pop(pid, None)
                 self.links[pid] = _Link(conn)
                 self._prune()
@@ -205,16 +218,42 @@ class _Host:
             return {pid: link.conn.stats() for pid, link in self.links.items()}
 
     def close(self) -> None:
+        """Stop accepting, end every child's connection, remove the listener (idempotent).
+
+        The accept thread is joined before the listener goes, and this runs at interpreter
+        exit too (``atexit``): a daemon thread still inside the accept op when the
+        interpreter finalizes is ended by ``pthread_exit`` as it takes the GIL back, and
+        that unwinds through C++ frames which may not be unwound (``terminate called
+        without an active exception``, exit code 134)."""
         with self.cv:
+            if self.closing and not self.thread.is_alive() and self.listener is None:
+                return
             self.closing = True
             links, self.links = list(self.links.values()), {}
+        self._wake_accept()
+        if self.thread is not threading.current_thread():
+            self.thread.join(CLOSE_JOIN_S)
+            if self.thread.is_alive():
+                logger.warning("tensorwire.pyisolate: the accept thread did not stop within %.0f s", CLOSE_JOIN_S)
         for link in links:
             link.close()
-        self.listener.close()
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.close()
         try:
             os.rmdir(self.dir)
         except OSError:
             pass
+
+    def _wake_accept(self) -> None:
+        """End a blocked ``accept`` now rather than at its next poll: a connection that
+        closes before its hello makes it fail at once (the loop then sees ``closing``)."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                s.connect(self.path)
+        except OSError:
+            pass  # not listening any more: the thread is leaving anyway
 
 
 def _alive(pid: int) -> bool:

@@ -101,7 +101,10 @@ pub struct LeaseId {
 pub struct LeaseStats {
     /// Leases granted and not yet given back.
     pub live_leases: u64,
-    /// Bytes of storage under those leases.
+    /// Bytes of storage those leases keep alive, each storage counted once however many
+    /// views of it are leased (the per-peer byte quota is checked against this). A
+    /// storage is a region of a segment as exported (its segment, offset and length), or
+    /// for device memory each export's own range.
     pub live_bytes: u64,
     /// Leases granted so far.
     pub granted: u64,
@@ -116,9 +119,37 @@ pub struct LeaseStats {
 struct Entry {
     generation: u32,
     owner: Owner,
-    bytes: u64,
+    /// The storage it keeps alive: its bytes count in `live_bytes` while any entry names it.
+    storage: StorageKey,
     segment_id: u64,
     deadline: Option<Instant>,
+}
+
+/// Names a storage for the byte count: a region of a segment (id, offset, length), or
+/// for a lease with no segment (device memory) the lease's own slot and generation, so it
+/// counts alone.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum StorageKey {
+    Region { segment_id: u64, base_offset: u64, nbytes: u64 },
+    Lease { slot: u32, generation: u32, nbytes: u64 },
+}
+
+impl StorageKey {
+    fn nbytes(&self) -> u64 {
+        match *self {
+            StorageKey::Region { nbytes, .. } | StorageKey::Lease { nbytes, .. } => nbytes,
+        }
+    }
+}
+
+/// A CPU storage shown to the peer: the region of a segment (of ours, or a forwarded
+/// import's) a lease keeps alive, and what keeps it alive here.
+pub struct ShownStorage {
+    /// Its segment's id on this connection.
+    pub segment_id: u64,
+    /// Where the storage starts in the segment.
+    pub base_offset: u64,
+    pub keeper: StorageKeeper,
 }
 
 /// Whatever keeps a CPU storage shown to the peer alive in this process: a `Segment` of
@@ -145,6 +176,9 @@ pub struct Exporter {
     live_pos: Vec<u32>,
     stats: LeaseStats,
     segments: HashMap<u64, SharedSegment>,
+    /// Live leases per storage: a storage's bytes count in `stats.live_bytes` from its
+    /// first lease until its last one is taken (and that one's owner dropped).
+    storages: HashMap<StorageKey, u64>,
     gone: bool,
 }
 
@@ -158,7 +192,7 @@ pub fn release_doorbell(table: &Segment) -> Doorbell<'_> {
     Doorbell::new(unsafe { &(*table.as_ptr().cast::<TableHeader>()).release })
 }
 
-/// The lease table's lost-fd-slots word (see [`TableHeader`]): the consumer sets bits in
+/// The lease table's lost-fd-slots word (see `TableHeader`): the consumer sets bits in
 /// the producer's table, the producer takes them.
 pub fn lost_fd_slots(table: &Segment) -> &AtomicU32 {
     assert!(table.len() >= TABLE_HEADER_BYTES);
@@ -167,7 +201,7 @@ pub fn lost_fd_slots(table: &Segment) -> &AtomicU32 {
     unsafe { &(*table.as_ptr().cast::<TableHeader>()).lost_fd_slots }
 }
 
-/// Offset of the [`MessageLine`] in a lease table (see [`TableHeader`]).
+/// Offset of the [`MessageLine`] in a lease table (see `TableHeader`).
 ///
 /// Why a doorbell for socket messages: a receive then waits by polling this line (no
 /// system call per look, unlike poll(2) on the socket), and the line also carries the
@@ -206,6 +240,7 @@ impl Exporter {
             live_pos: vec![u32::MAX; capacity as usize],
             stats: LeaseStats::default(),
             segments: HashMap::new(),
+            storages: HashMap::new(),
             gone: false,
         })
     }
@@ -240,15 +275,15 @@ impl Exporter {
         owner: Owner,
         deadline: Option<Instant>,
     ) -> std::result::Result<(LeaseId, bool), (Error, Owner)> {
-        let shown = segment.map(|s| (s.id(), Arc::downgrade(s) as StorageKeeper));
+        let shown = segment.map(|s| ShownStorage { segment_id: s.id(), base_offset: 0, keeper: Arc::downgrade(s) as _ });
         self.grant_storage(shown, nbytes, owner, deadline)
     }
 
-    /// `grant` for any CPU storage shown by id (a segment of ours, or a forwarded
-    /// import): its id on this connection and what keeps it alive here.
+    /// `grant` for any CPU storage shown by id (a region of a segment of ours, or of a
+    /// forwarded import): `nbytes` of it from `base_offset`.
     pub fn grant_storage(
         &mut self,
-        segment: Option<(u64, StorageKeeper)>,
+        segment: Option<ShownStorage>,
         nbytes: u64,
         owner: Owner,
         deadline: Option<Instant>,
@@ -265,23 +300,33 @@ impl Exporter {
                 owner,
             ));
         }
-        if self.stats.live_bytes.saturating_add(nbytes) > self.max_bytes {
+        // A storage already under lease adds no bytes: another view of it keeps no more
+        // memory alive.
+        let region = segment
+            .as_ref()
+            .map(|s| StorageKey::Region { segment_id: s.segment_id, base_offset: s.base_offset, nbytes });
+        let added = match region {
+            Some(key) if self.storages.contains_key(&key) => 0,
+            _ => nbytes,
+        };
+        if self.stats.live_bytes.saturating_add(added) > self.max_bytes {
             return Err((
                 Error::QuotaExceeded(format!(
-                    "peer holds {} bytes under lease; {} more would pass the {}-byte limit",
-                    self.stats.live_bytes, nbytes, self.max_bytes
+                    "peer holds {} bytes of storage under lease; {} more would pass the {}-byte limit",
+                    self.stats.live_bytes, added, self.max_bytes
                 )),
                 owner,
             ));
         }
         let slot = self.free.pop().expect("checked non-empty");
         let generation = slot::next_gen(self.gens[slot as usize]);
+        let storage = region.unwrap_or(StorageKey::Lease { slot, generation, nbytes });
         self.gens[slot as usize] = generation;
         slot::grant(self.word(slot), generation);
         // CPU exports track which segments the peer has (so it is told to forget one this
         // side dropped); device memory (CUDA) has no segment.
         let (sid, first) = match segment {
-            Some((sid, keeper)) => {
+            Some(ShownStorage { segment_id: sid, keeper, .. }) => {
                 use std::collections::hash_map::Entry as Slot;
                 let first = match self.segments.entry(sid) {
                     Slot::Vacant(v) => {
@@ -303,11 +348,12 @@ impl Exporter {
             }
             None => (0, false),
         };
-        self.entries[slot as usize] = Some(Entry { generation, owner, bytes: nbytes, segment_id: sid, deadline });
+        self.entries[slot as usize] = Some(Entry { generation, owner, storage, segment_id: sid, deadline });
         self.live_pos[slot as usize] = self.live.len() as u32;
         self.live.push(slot);
+        *self.storages.entry(storage).or_insert(0) += 1;
         self.stats.live_leases += 1;
-        self.stats.live_bytes += nbytes;
+        self.stats.live_bytes += added;
         self.stats.granted += 1;
         Ok((LeaseId { slot, generation }, first))
     }
@@ -328,7 +374,15 @@ impl Exporter {
         self.free.push(slot);
         out.owners.push(e.owner);
         out.leases += 1;
-        out.bytes += e.bytes;
+        // The storage's last lease: its bytes stop counting once the owners are dropped.
+        // (Granted again before then, it counts twice for that moment: never too few.)
+        if let std::collections::hash_map::Entry::Occupied(mut o) = self.storages.entry(e.storage) {
+            *o.get_mut() -= 1;
+            if *o.get() == 0 {
+                o.remove();
+                out.bytes += e.storage.nbytes();
+            }
+        }
     }
 
     /// Undo a grant whose descriptor could not be sent.

@@ -124,7 +124,12 @@ impl Peer {
         let deadline = window.and_then(|w| std::time::Instant::now().checked_add(w)); // too long: no window
         let mut slots = self.inner.exports.send_lock.lock();
         let sid = storage.id;
-        let granted = self.inner.exports.exporter.lock().grant_storage(Some((sid, storage.keeper)), storage.nbytes, owner, deadline);
+        let granted = self.inner.exports.exporter.lock().grant_storage(
+            Some(crate::lease::ShownStorage { segment_id: sid, base_offset: storage.base_offset, keeper: storage.keeper }),
+            storage.nbytes,
+            owner,
+            deadline,
+        );
         let (id, first) = granted.map_err(|(e, owner)| {
             drop(owner);
             e

@@ -145,10 +145,8 @@ impl Peer {
     fn check_live(&self, lease: LeaseId) -> Result<()> {
         self.inner.imports.table.check_live(lease).map_err(|e| {
             if self.inner.conn.is_peer_gone() {
-                Error::peer_gone(format!(
-                    "process {} closed the connection; the lease of this tensor ended with it",
-                    self.peer_pid()
-                ))
+                let end = self.inner.conn.peer_end("closed the connection");
+                Error::peer_gone(format!("{end}; the lease of this tensor ended with it"))
             } else {
                 e
             }

@@ -53,6 +53,13 @@ pub fn child_main() {
                 Incoming::CudaTensor(t) => panic!("unexpected CUDA tensor {:?}", t.layout()),
             }
         },
+        // Exit with the status the first message names (one word).
+        "exit_with" => match peer.recv(T).unwrap() {
+            Incoming::Message { payload, .. } if payload.len() == 8 => {
+                std::process::exit(u64::from_le_bytes(payload.try_into().unwrap()) as i32)
+            }
+            other => panic!("exit_with: expected a one-word message, got {other:?}"),
+        },
         // Import and keep everything until told to report, then wait to be killed.
         "hold" => {
             let mut held = Vec::new();

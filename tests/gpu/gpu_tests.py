@@ -107,7 +107,7 @@ def flush_releases(conn):
 
 
 def child_main(mode, fd):
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(fd)
     held = []  # tensors kept alive on HOLD
     hold_next = False
     while True:
@@ -204,7 +204,7 @@ class Child:
         parent_fd, child_fd = tensorwire.socketpair()
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", mode, str(child_fd)], pass_fds=[child_fd])
         os.close(child_fd)
-        self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, **limits)
+        self.conn = tensorwire.from_fd(parent_fd, **limits)
 
     def recv(self, tag=None):
         t, got = self.conn.recv_tagged(timeout=120)
@@ -485,7 +485,7 @@ def test_vmm():
                PYTORCH_ALLOC_CONF="expandable_segments:True")
     proc = subprocess.Popen([sys.executable, __file__, "--vmm-producer", str(child_fd)], pass_fds=[child_fd], env=env)
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(parent_fd)
     try:
         opens0 = tensorwire.cuda_ipc_cache_stats()["opens"]
         t, tag = conn.recv_tagged(timeout=120)
@@ -517,7 +517,7 @@ def test_vmm():
 
 
 def vmm_producer(fd):
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(fd)
     t = torch.arange(1 << 18, dtype=torch.float32, device="cuda") * 3  # 1 MiB, expandable segment
     try:
         conn.send(t, 1)
@@ -537,8 +537,8 @@ def vmm_producer(fd):
 
 def forward_child(role, host_fd, link_fd):
     """The relay or the last of test_forward: HOST_FD to the test, LINK_FD between them."""
-    host = tensorwire.from_fd(host_fd, handshake_timeout_ms=120_000)
-    link = tensorwire.from_fd(link_fd, handshake_timeout_ms=120_000)
+    host = tensorwire.from_fd(host_fd)
+    link = tensorwire.from_fd(link_fd)
     held = None
     while True:
         if role == "relay":
@@ -580,8 +580,8 @@ def test_forward():
     ]
     for fd in (r_h, r_l, l_h, l_r):
         os.close(fd)
-    to_relay = tensorwire.from_fd(h_r, handshake_timeout_ms=120_000)
-    to_last = tensorwire.from_fd(h_l, handshake_timeout_ms=120_000)
+    to_relay = tensorwire.from_fd(h_r)
+    to_last = tensorwire.from_fd(h_l)
 
     def ask_last(tag):
         to_last.send(tensorwire.to_shared(torch.tensor([0])), tag)

@@ -42,8 +42,8 @@ def last(host, up):
 
 if __name__ == "__main__":
     role, host_fd, link_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    host = tensorwire.from_fd(host_fd, handshake_timeout_ms=120_000)
-    link = tensorwire.from_fd(link_fd, handshake_timeout_ms=120_000)
+    host = tensorwire.from_fd(host_fd)
+    link = tensorwire.from_fd(link_fd)
     (relay if role == "relay" else last)(host, link)
     link.close()
     host.close()

@@ -106,7 +106,7 @@ def cuda_echo(conn):
 
 def main():
     mode, fd = sys.argv[1], int(sys.argv[2])
-    conn = tensorwire.from_fd(fd, handshake_timeout_ms=120_000, ring_bytes=int(os.environ.get("TW_TEST_RING_BYTES", "0")))
+    conn = tensorwire.from_fd(fd, ring_bytes=int(os.environ.get("TW_TEST_RING_BYTES", "0")))
     assert conn.peer_pid == os.getppid(), (conn.peer_pid, os.getppid())
     {"echo": echo, "hold": hold, "views": views, "ring_echo": ring_echo, "cuda_echo": cuda_echo}[mode](conn)
     conn.close()

@@ -6,7 +6,8 @@ test_pyisolate.py and benches/pyisolate_adapter.py:
 The child runs TensorExtension (pyisolate_ext_api.py: pyisolate imports it by name there), in its own process started by pyisolate
 (share_torch, sandbox disabled: bubblewrap is not assumed). With --adapter the host
 registers tensorwire.pyisolate.TensorwireAdapter first. Each scenario prints one JSON
-line of results on stdout.
+line of results on stdout, then the host ends as any program does (no ``os._exit``): its
+exit status is part of what the tests check (0, with the adapter too).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def main() -> int:
     args = ap.parse_args()
     result = asyncio.run(main_async(args))
     print("RESULT " + json.dumps(result), flush=True)
-    os._exit(0)  # pyisolate's RPC threads are not daemonic everywhere
+    return 0
 
 
 if __name__ == "__main__":

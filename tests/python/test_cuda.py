@@ -86,7 +86,7 @@ def test_gpu_round_trip_two_processes():
     parent_fd, child_fd = tensorwire.socketpair()
     proc = subprocess.Popen([sys.executable, PEER, "cuda_echo", str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+    conn = tensorwire.from_fd(parent_fd)
     try:
         t = torch.arange(24, dtype=torch.float32, device="cuda").view(4, 6)[1:, ::2]
         orig = t.cpu()

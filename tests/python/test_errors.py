@@ -148,7 +148,7 @@ def test_real_failures_raise_the_mapped_classes():
     import os
     os.close(b)
     with pytest.raises(tensorwire.PeerGone):
-        tensorwire.from_fd(a, handshake_timeout_ms=2000)
+        tensorwire.from_fd(a, handshake_timeout=2)
 
 
 _FD_LIMIT_CHILD = r'''
@@ -194,3 +194,40 @@ def test_resource_exhausted_at_the_fd_limit():
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("RESOURCE"), r.stdout + r.stderr
     assert "open-file limit" in r.stdout, r.stdout
+
+
+_WAITING_CHILD = r'''
+import os, sys, time
+import tensorwire
+c = tensorwire.from_fd(int(sys.argv[1]))
+print("up", flush=True)
+if sys.argv[2] == "exit":
+    os._exit(3)
+time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_a_dead_peer_is_reported_as_killed_or_exited(how):
+    import signal
+    import subprocess
+    import sys
+
+    parent_fd, child_fd = tensorwire.socketpair()
+    child = subprocess.Popen([sys.executable, "-c", _WAITING_CHILD, str(child_fd), how], pass_fds=[child_fd],
+                             stdout=subprocess.PIPE, text=True)
+    os.close(child_fd)
+    try:
+        with tensorwire.from_fd(parent_fd) as conn:
+            assert child.stdout.readline() == "up\n"
+            if how == "kill":
+                os.kill(child.pid, signal.SIGKILL)
+                want = rf"process {child.pid} was killed by SIGKILL \(signal 9\)"
+            else:
+                want = f"process {child.pid} exited with status 3"
+            with pytest.raises(tensorwire.PeerGone, match=want):
+                conn.recv(timeout=30)
+    finally:
+        child.kill()
+    # Reading the status left it for its owner to collect.
+    assert child.wait(timeout=30) == (-signal.SIGKILL if how == "kill" else 3)

@@ -29,8 +29,8 @@ class Chain:
         self.last = subprocess.Popen([sys.executable, PEER, "last", str(l_h), str(l_r)], pass_fds=[l_h, l_r])
         for fd in (r_h, r_l, l_h, l_r):
             os.close(fd)
-        self.to_relay = tensorwire.from_fd(h_r, handshake_timeout_ms=120_000)
-        self.to_last = tensorwire.from_fd(h_l, handshake_timeout_ms=120_000)
+        self.to_relay = tensorwire.from_fd(h_r)
+        self.to_last = tensorwire.from_fd(h_l)
 
     def ask_last(self, cmd):
         self.to_last.send(torch.tensor([cmd]))

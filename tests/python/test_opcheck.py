@@ -54,7 +54,7 @@ def test_connection_options_schema(op, first, own):
 
 
 @pytest.mark.parametrize("name,bad", [("max_leases", -1), ("max_lease_bytes", -1), ("window_ms", -1),
-                                      ("handshake_timeout_ms", -1), ("ring_bytes", -1), ("cuda_ring_device", -2),
+                                      ("handshake_timeout_ms", -2), ("ring_bytes", -1), ("cuda_ring_device", -2),
                                       ("cuda_ring_slot_bytes", -1), ("cuda_ring_slots", -1), ("cuda_wait", 3),
                                       ("cuda_wait_timeout_ms", -2)])
 @pytest.mark.parametrize("op,first", [("from_fd", -1), ("connect", "/nonexistent/tw.sock"), ("accept", -1)])
@@ -68,10 +68,11 @@ def test_connection_options_reach_their_field(op, first, name, bad):
 def test_cuda_wait_is_passed_by_name_and_its_timeout_in_seconds():
     from tensorwire.connection import _options
 
-    assert _options({"cuda_wait": "host", "cuda_wait_timeout": 0.5}) == {"cuda_wait": 1, "cuda_wait_timeout_ms": 500}
-    assert _options({"cuda_wait": "event", "cuda_wait_timeout": None}) == {"cuda_wait": 2, "cuda_wait_timeout_ms": -1}
-    assert _options({"cuda_wait": "stream", "max_leases": 3}) == {"cuda_wait": 0, "max_leases": 3}
+    hs = {"handshake_timeout_ms": 60_000}  # Python's default, always passed
+    assert _options({"cuda_wait": "host", "cuda_wait_timeout": 0.5}) == {"cuda_wait": 1, "cuda_wait_timeout_ms": 500, **hs}
+    assert _options({"cuda_wait": "event", "cuda_wait_timeout": None}) == {"cuda_wait": 2, "cuda_wait_timeout_ms": -1, **hs}
+    assert _options({"cuda_wait": "stream", "max_leases": 3}) == {"cuda_wait": 0, "max_leases": 3, **hs}
     with pytest.raises(ValueError, match="cuda_wait must be one of"):
         _options({"cuda_wait": "gpu"})
-    with pytest.raises(ValueError, match="cuda_wait_timeout must be None"):
+    with pytest.raises(ValueError, match="cuda_wait_timeout must be a positive number of seconds"):
         _options({"cuda_wait_timeout": 0})

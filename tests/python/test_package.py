@@ -70,3 +70,28 @@ def test_doctor_reports_every_cpu_capability():
 def test_cli_rejects_unknown_commands():
     r = run("-m", "tensorwire", "frobnicate")
     assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr
+
+
+def test_version_is_the_crates():
+    # One version for the crate, the wheel (pyproject.toml reads Cargo.toml) and
+    # tensorwire.__version__.
+    import re
+
+    cargo = re.search(r'(?m)^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text()).group(1)
+    assert tensorwire.__version__ == cargo
+    rpc = (ROOT / "rpc/Cargo.toml").read_text()
+    assert re.search(r'(?m)^version = "([^"]+)"', rpc).group(1) == cargo
+    assert f'tensorwire = {{ path = "..", version = "{cargo}" }}' in rpc
+    if installed:
+        assert importlib.metadata.version("tensorwire") == cargo
+
+
+@needs_install
+def test_wheel_metadata_licenses_and_classifiers():
+    meta = importlib.metadata.metadata("tensorwire")
+    classifiers = meta.get_all("Classifier") or []
+    for c in ("License :: OSI Approved :: MIT License", "License :: OSI Approved :: Apache Software License",
+              "Operating System :: POSIX :: Linux", "Topic :: Scientific/Engineering :: Artificial Intelligence"):
+        assert c in classifiers, classifiers
+    files = [str(f) for f in importlib.metadata.files("tensorwire") or []]
+    assert any(f.endswith("LICENSE-MIT") for f in files) and any(f.endswith("LICENSE-APACHE") for f in files), files

@@ -36,7 +36,11 @@ def run_host(env, scenario, adapter):
         cmd.append("--adapter")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    # The host ends normally (no os._exit), after stop_all_extensions(): it must exit 0.
+    # With the adapter it once aborted there (134, "terminate called without an active
+    # exception": its accept thread was still inside a torch op at interpreter exit).
     assert r.returncode == 0 and lines, f"host failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    assert "terminate called" not in r.stderr, r.stderr
     return json.loads(lines[-1][len("RESULT "):])
 
 

@@ -27,7 +27,7 @@ class RingChild:
         env = dict(os.environ, TW_TEST_RING_BYTES=str(ring_bytes))
         self.proc = subprocess.Popen([sys.executable, PEER, "ring_echo", str(child_fd)], pass_fds=[child_fd], env=env)
         os.close(child_fd)
-        self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000, ring_bytes=ring_bytes)
+        self.conn = tensorwire.from_fd(parent_fd, ring_bytes=ring_bytes)
 
     def echo(self, t, tag):
         """Send `t` through the ring; get back what the child saw: its metadata and the tensor."""

@@ -31,7 +31,7 @@ class Child:
         parent_fd, child_fd = tensorwire.socketpair()
         self.proc = subprocess.Popen([sys.executable, PEER, mode, str(child_fd)], pass_fds=[child_fd])
         os.close(child_fd)
-        self.conn = tensorwire.from_fd(parent_fd, handshake_timeout_ms=120_000)
+        self.conn = tensorwire.from_fd(parent_fd)
         assert self.conn.peer_pid == self.proc.pid
 
     def finish(self):
