@@ -25,38 +25,9 @@
 #define TENSORWIRE_VERSION "0.1.0"
 
 /*
- Events per connection.
- */
-#define POOL_SIZE 32
-
-/*
- Most slots per ring.
- */
-#define MAX_SLOTS 1024
-
-/*
- Smallest and largest slot.
- */
-#define MIN_SLOT_BYTES 4096
-
-#define MAX_SLOT_BYTES (1 << 32)
-
-/*
  Most dimensions of a view.
  */
 #define TW_MAX_NDIM 16
-
-/*
- The producer's CUDA IPC event pool (once, before its first CUDA export): device (i32),
- count (u32), count x 64-byte event handles; 1 fd: the ack table.
- */
-#define KIND_CUDA_EVENTS 5
-
-/*
- Setup, right after `KIND_TABLE` when its flags say so: this side's GPU bounce ring
- (`cuda::ring::RingSetup`); 2 fds: control segment, descriptor ring.
- */
-#define KIND_CUDA_RING 6
 
 /*
  Result of every fallible tensorwire C function. Numbers are stable; each area has
@@ -451,8 +422,6 @@ typedef struct {
    */
   uint64_t reclaimed;
 } tw_lease_stats_t;
-
-
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,14 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use crate::spin_policy::{hand_over, Outcome, Plan, SpinClock, SpinPolicy};
 use crate::wait::{Deadline, Wait};
+use crate::wire::connection::{HELLO_MAGIC, KIND_HELLO, MSG_HEADER, MSG_MAGIC, PROTOCOL_VERSION};
 use std::time::{Duration, Instant};
 
-const MSG_MAGIC: u32 = u32::from_le_bytes(*b"TWM1");
-const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"TWHELLO1");
-/// Wire protocol version exchanged in the hello.
-pub const PROTOCOL_VERSION: u32 = 4;
-const HEADER: usize = 8;
-const KIND_HELLO: u32 = 0;
 /// The kernel's default overflow uid/gid, which it reports for a message sent without
 /// credentials.
 const OVERFLOW_ID: u32 = 65534;
@@ -143,7 +138,7 @@ impl Connection {
         let mut buf = vec![0u8; 256];
         let got = sys::recv_msg(sock.as_fd(), &mut buf)?
             .ok_or_else(|| Error::peer_gone("closed the connection during the handshake"))?;
-        if got.truncated || got.len < HEADER + 16 || !got.fds.is_empty() {
+        if got.truncated || got.len < MSG_HEADER + 16 || !got.fds.is_empty() {
             return Err(Error::Protocol(format!("malformed hello ({} bytes, {} fds)", got.len, got.fds.len())));
         }
         let (kind, body) = parse_header(&buf[..got.len])?;
@@ -177,7 +172,7 @@ impl Connection {
             gone: AtomicBool::new(false),
             end: std::sync::OnceLock::new(),
             max_message,
-            recv_buf: Mutex::new(vec![0u8; max_message + HEADER + 1]),
+            recv_buf: Mutex::new(vec![0u8; max_message + MSG_HEADER + 1]),
             recv_spin: Duration::ZERO,
             recv_spin_policy: SpinPolicy::default(),
             send_timeout: DEFAULT_SEND_TIMEOUT,
@@ -592,7 +587,7 @@ fn send_framed(
     creds: bool,
     deadline: &mut Deadline,
 ) -> Result<()> {
-    let mut buf = Vec::with_capacity(HEADER + payload.len());
+    let mut buf = Vec::with_capacity(MSG_HEADER + payload.len());
     buf.extend_from_slice(&MSG_MAGIC.to_le_bytes());
     buf.extend_from_slice(&kind.to_le_bytes());
     buf.extend_from_slice(payload);
@@ -600,14 +595,14 @@ fn send_framed(
 }
 
 fn parse_header(msg: &[u8]) -> Result<(u32, &[u8])> {
-    if msg.len() < HEADER {
-        return Err(Error::Protocol(format!("message of {} bytes is shorter than its {HEADER}-byte header", msg.len())));
+    if msg.len() < MSG_HEADER {
+        return Err(Error::Protocol(format!("message of {} bytes is shorter than its {MSG_HEADER}-byte header", msg.len())));
     }
     let magic = u32::from_le_bytes(msg[0..4].try_into().unwrap());
     if magic != MSG_MAGIC {
         return Err(Error::Protocol(format!("bad message magic {magic:#010x}")));
     }
-    Ok((u32::from_le_bytes(msg[4..8].try_into().unwrap()), &msg[HEADER..]))
+    Ok((u32::from_le_bytes(msg[4..8].try_into().unwrap()), &msg[MSG_HEADER..]))
 }
 
 /// A listening socket path; connections from it are handshaken on accept.

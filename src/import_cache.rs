@@ -185,7 +185,7 @@ impl ImportCache {
     /// segment. The window is a cached one of the same file covering the range, or a new
     /// one mapped from the fd.
     pub(crate) fn resolve(&mut self, desc: &TensorDesc, fd: Option<OwnedFd>, slot: u32, limits: Limits) -> Result<Resolved> {
-        use crate::wire::SEGMENT_FD_SLOTS;
+        use crate::wire::messages::SEGMENT_FD_SLOTS;
         let sid = desc.storage.segment_id;
         if slot >= SEGMENT_FD_SLOTS {
             return Err(Error::Protocol(format!(

@@ -35,6 +35,7 @@ pub mod credits;
 pub mod wait;
 pub mod ring;
 pub mod signal_word;
+pub mod wire;
 
 // Module declarations stay outside the macro: cbindgen does not expand macros, and it
 // finds the C ABI (and the constants the header carries) by following these `mod` items.
@@ -59,7 +60,7 @@ mod spin_policy;
 #[cfg(not(loom))]
 pub mod sys;
 #[cfg(not(loom))]
-pub mod wire;
+mod payload;
 
 cfg_not_loom! {
     pub use connection::{Connection, Listener};

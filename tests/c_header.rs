@@ -18,14 +18,41 @@ fn generate() -> String {
         env!("CARGO_PKG_VERSION"),
     );
     let mut out = Vec::new();
-    cbindgen::Builder::new()
-        .with_crate(root)
+    // Only the C ABI (`src/ffi/`) and the files of the Rust types it names: cbindgen would
+    // otherwise put every public constant of the crate into the header (wire offsets,
+    // limits), unprefixed.
+    let mut builder = cbindgen::Builder::new();
+    for src in ["src/ffi/mod.rs", "src/desc/descriptor.rs", "src/lease/table.rs"] {
+        builder = builder.with_src(root.join(src));
+    }
+    builder
         .with_config(config)
         .with_after_include(version)
         .generate()
         .expect("cbindgen failed")
         .write(&mut out);
     String::from_utf8(out).unwrap()
+}
+
+/// Every name the header defines is the C API's own (`tw_`, `TW_`, `TENSORWIRE_`): a
+/// public Rust constant or type that reached cbindgen by accident would land in every C
+/// caller's namespace unprefixed.
+#[test]
+fn header_defines_only_prefixed_names() {
+    let header = generate();
+    for line in header.lines() {
+        let name = if let Some(rest) = line.strip_prefix("#define ") {
+            rest.split_whitespace().next().unwrap_or("")
+        } else if let Some(name) = line.strip_prefix("} ").and_then(|r| r.strip_suffix(';')) {
+            name // a typedef's name
+        } else {
+            continue;
+        };
+        assert!(
+            ["tw_", "TW_", "TENSORWIRE_"].iter().any(|p| name.starts_with(p)),
+            "include/tensorwire.h defines `{name}`: not the C API's: prefix it, or keep its file out of the sources `generate` gives cbindgen"
+        );
+    }
 }
 
 #[test]

@@ -624,7 +624,7 @@ fn every_refused_tensor_message_gives_its_lease_back() {
 /// timeout, which an accepted hello would run into here: the raw end sends nothing more).
 #[test]
 fn a_hello_of_another_protocol_version_is_refused_at_once() {
-    use tensorwire::connection::PROTOCOL_VERSION;
+    use tensorwire::wire::connection::PROTOCOL_VERSION;
     for version in [0, 1, PROTOCOL_VERSION + 1, u32::MAX] {
         let (ours, raw) = tensorwire::sys::seqpacket_pair().unwrap();
         let mut hello = b"TWM1".to_vec();

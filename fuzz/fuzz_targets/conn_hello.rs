@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
 
     // The hello: well-formed but for what the fuzzer picks, or raw bytes.
     let first = if mode & 1 == 0 {
-        let version = if mode & 2 == 0 { tensorwire::connection::PROTOCOL_VERSION } else { inp.u32() };
+        let version = if mode & 2 == 0 { tensorwire::wire::connection::PROTOCOL_VERSION } else { inp.u32() };
         let mut h = hello(version, inp.u32());
         if mode & 4 != 0 {
             // Trailing bytes are allowed (a later protocol may extend the hello).
@@ -91,7 +91,7 @@ fuzz_target!(|data: &[u8]| {
         && first[0..4] == input::MSG_MAGIC
         && first[4..8] == [0; 4]
         && first[8..16] == input::HELLO_MAGIC
-        && first[16..20] == tensorwire::connection::PROTOCOL_VERSION.to_le_bytes();
+        && first[16..20] == tensorwire::wire::connection::PROTOCOL_VERSION.to_le_bytes();
     let conn = match Connection::establish_with(ours, Duration::from_secs(5), max_message) {
         Ok(c) => {
             assert!(hello_ok, "accepted a malformed hello {first:02x?} (fd: {hello_fd}, credentials: {hello_creds})");

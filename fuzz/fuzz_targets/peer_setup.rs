@@ -66,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
     let flags = inp.u8();
     let (ours, raw) = tensorwire::sys::seqpacket_pair().expect("socketpair");
     // The hello with SCM_CREDENTIALS, as a real peer sends it (conn_hello fuzzes hellos).
-    let h = hello(tensorwire::connection::PROTOCOL_VERSION, 16 << 10);
+    let h = hello(tensorwire::wire::connection::PROTOCOL_VERSION, 16 << 10);
     if tensorwire::sys::send_msg(raw.as_fd(), &h, &[], true, Some(Duration::from_millis(100))).is_err() {
         return;
     }

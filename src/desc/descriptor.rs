@@ -52,12 +52,8 @@ pub struct TensorDesc {
     pub storage: StorageRef,
 }
 
-/// `TensorDesc::flags` bit: a CUDA descriptor's `event_slot`/`event_seq` name a signal
-/// word lane and value (`cuda::order::words`), not an IPC event record.
-pub const FLAG_SIGNAL_WORD: u8 = 1;
-
-/// Size of an encoded descriptor in bytes.
-pub const DESC_SIZE: usize = std::mem::size_of::<TensorDesc>();
+pub use crate::wire::descriptor::{DESC_SIZE, FLAG_SIGNAL_WORD};
+const _: () = assert!(std::mem::size_of::<TensorDesc>() == DESC_SIZE);
 
 impl TensorDesc {
     /// A CPU descriptor for `layout` over `storage` of kind `kind`.

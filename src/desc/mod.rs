@@ -20,9 +20,4 @@ pub use layout::Layout;
 pub use pack::PackCursor;
 pub use signal::Signal;
 
-/// Most dimensions a descriptor can describe.
-pub const MAX_NDIM: usize = 16;
-/// `b"TWD1"` little-endian.
-pub const DESC_MAGIC: u32 = u32::from_le_bytes(*b"TWD1");
-/// Wire version of [`TensorDesc`].
-pub const DESC_VERSION: u16 = 1;
+pub use crate::wire::descriptor::{DESC_MAGIC, DESC_VERSION, MAX_NDIM};

@@ -12,5 +12,6 @@ pub mod slot;
 #[cfg(not(loom))]
 mod table;
 cfg_not_loom! {
-    pub use table::{lost_fd_slots, release_doorbell, Exporter, Reclaimed, ImportTable, LeaseId, LeaseStats, Owner, ShownStorage, StorageKeeper, MessageLine, MESSAGE_LINE_OFFSET, TABLE_HEADER_BYTES, TABLE_VERSION};
+    pub use table::{lost_fd_slots, release_doorbell, Exporter, Reclaimed, ImportTable, LeaseId, LeaseStats, Owner, ShownStorage, StorageKeeper, MessageLine};
+    pub use crate::wire::lease_table::{MESSAGE_LINE_OFFSET, TABLE_HEADER_BYTES, TABLE_VERSION};
 }

@@ -14,10 +14,7 @@
 
 use crate::sync::{AtomicU64, Ordering};
 
-pub const FREE: u32 = 0;
-pub const LIVE: u32 = 1;
-pub const RELEASED: u32 = 2;
-pub const EXPIRED: u32 = 3;
+pub use crate::wire::lease_table::{EXPIRED, FREE, LIVE, RELEASED};
 
 #[inline]
 pub fn pack(generation: u32, state: u32) -> u64 {

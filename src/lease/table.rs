@@ -9,12 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
-
-const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"TWLEASE1");
-/// Version of the table layout (checked when the peer's table is opened).
-pub const TABLE_VERSION: u32 = 2;
-/// Bytes before the first slot word.
-pub const TABLE_HEADER_BYTES: usize = 128;
+use crate::wire::lease_table::{CAPACITY_AT, MESSAGE_LINE_OFFSET, SLOT_BYTES, TABLE_HEADER_BYTES, TABLE_MAGIC, TABLE_VERSION};
 
 /// Shared header of a lease table (the consumer may scribble the doorbell words; the
 /// producer never reads magic/capacity back, it keeps its own copies). Two doorbells, each
@@ -41,7 +36,13 @@ struct TableHeader {
 #[repr(C)]
 #[derive(Default)]
 pub struct MessageLine {
-    /// Rung after each message (see [`MESSAGE_LINE_OFFSET`] for why).
+    /// Rung after each message.
+    ///
+    /// Why a doorbell for socket messages: a receive then waits by polling this line (no
+    /// system call per look, unlike poll(2) on the socket), and the line also carries the
+    /// sender's CPU, which tells a receiver for certain that the two processes share a core
+    /// (`connection::Connection::recv` moves itself to another CPU then; `docs/DESIGN.md`,
+    /// "Two processes on one core", has the measurements).
     pub bell: DoorbellWords,
     /// The CPU the producer last sent from, plus one (`sched_getcpu() + 1`; 0 before its
     /// first message and where the kernel cannot say), stored with each message: a
@@ -51,7 +52,8 @@ pub struct MessageLine {
     pub sender_cpu: AtomicU32,
 }
 
-const _: () = assert!(std::mem::offset_of!(TableHeader, message) == 64);
+const _: () = assert!(std::mem::offset_of!(TableHeader, capacity) == CAPACITY_AT);
+const _: () = assert!(std::mem::offset_of!(TableHeader, message) == MESSAGE_LINE_OFFSET);
 const _: () = assert!(std::mem::size_of::<TableHeader>() <= TABLE_HEADER_BYTES);
 
 /// Anything that keeps exported memory alive. Dropping it is the release.
@@ -201,17 +203,8 @@ pub fn lost_fd_slots(table: &Segment) -> &AtomicU32 {
     unsafe { &(*table.as_ptr().cast::<TableHeader>()).lost_fd_slots }
 }
 
-/// Offset of the [`MessageLine`] in a lease table (see `TableHeader`).
-///
-/// Why a doorbell for socket messages: a receive then waits by polling this line (no
-/// system call per look, unlike poll(2) on the socket), and the line also carries the
-/// sender's CPU, which tells a receiver for certain that the two processes share a core
-/// (`connection::Connection::recv` moves itself to another CPU then; `docs/DESIGN.md`,
-/// "Two processes on one core", has the measurements).
-pub const MESSAGE_LINE_OFFSET: usize = std::mem::offset_of!(TableHeader, message);
-
 fn table_len(capacity: u32) -> usize {
-    TABLE_HEADER_BYTES + capacity as usize * 8
+    TABLE_HEADER_BYTES + capacity as usize * SLOT_BYTES
 }
 
 impl Exporter {
@@ -259,7 +252,7 @@ impl Exporter {
         // SAFETY: slot < capacity, so the word lies inside the table mapping (len =
         // header + capacity*8), 8-aligned (page-aligned base + 64 + 8*slot). AtomicU64 has
         // the layout of u64, and all access to shared words goes through atomics.
-        unsafe { &*self.table.as_ptr().add(TABLE_HEADER_BYTES + slot as usize * 8).cast::<AtomicU64>() }
+        unsafe { &*self.table.as_ptr().add(TABLE_HEADER_BYTES + slot as usize * SLOT_BYTES).cast::<AtomicU64>() }
     }
 
     pub fn stats(&self) -> LeaseStats {
@@ -477,8 +470,7 @@ impl ImportTable {
             )));
         }
         let table = Segment::from_fd_exact(fd, table_len(claimed), "the peer's lease table")?;
-        let cap_at = std::mem::offset_of!(TableHeader, capacity);
-        table.check_header("lease table", (TABLE_MAGIC, TABLE_VERSION), cap_at..cap_at + 4, claimed.into())?;
+        table.check_header("lease table", (TABLE_MAGIC, TABLE_VERSION), CAPACITY_AT..CAPACITY_AT + 4, claimed.into())?;
         Ok(ImportTable { table: Arc::new(table), capacity: claimed })
     }
 
@@ -500,7 +492,7 @@ impl ImportTable {
         }
         // SAFETY: slot < private capacity, and the mapping was checked at open to hold
         // header + capacity*8 bytes; 8-aligned; accessed only atomically.
-        Ok(unsafe { &*self.table.as_ptr().add(TABLE_HEADER_BYTES + lease.slot as usize * 8).cast::<AtomicU64>() })
+        Ok(unsafe { &*self.table.as_ptr().add(TABLE_HEADER_BYTES + lease.slot as usize * SLOT_BYTES).cast::<AtomicU64>() })
     }
 
     fn refusal(lease: LeaseId, r: ReleaseRefused) -> Error {

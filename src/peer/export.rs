@@ -10,7 +10,8 @@ use bytemuck::Zeroable;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use crate::wire::{tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
+use crate::payload::tensor_payload;
+use crate::wire::messages::{KIND_CUDA_EVENTS, KIND_CUDA_SIGNALS, KIND_TENSOR, KIND_USER, NO_FD_SLOT};
 use super::fd_slots::FdSlots;
 use super::{ExportOptions, Peer, SharedTensor};
 use crate::cuda::order::Signaller;
@@ -144,7 +145,7 @@ impl Peer {
         };
         let desc = TensorDesc::new(layout, StorageKind::Segment, sref);
         // The fd goes only when it goes into one of the consumer's fd slots; after that
-        // the descriptor names the slot (`crate::wire::SEGMENT_FD_SLOTS`). The consumer maps
+        // the descriptor names the slot (`crate::wire::messages::SEGMENT_FD_SLOTS`). The consumer maps
         // from the slot's fd again whenever it evicted its mapping.
         // Relaxed: a hint the consumer sets (see `lease::lost_fd_slots`); it publishes no
         // data, and a bit seen late only costs the descriptor it was for.

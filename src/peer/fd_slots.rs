@@ -1,9 +1,9 @@
 //! The producer's record of which segment fd the consumer keeps in each of its fd slots
-//! (`crate::wire::SEGMENT_FD_SLOTS` says why the slots exist). Held under `Inner::send_lock`,
+//! (`crate::wire::messages::SEGMENT_FD_SLOTS` says why the slots exist). Held under `Inner::send_lock`,
 //! the lock every tensor send and FORGET takes, so the record changes in the same order
 //! as the messages that change the consumer's slots.
 
-use crate::wire::SEGMENT_FD_SLOTS;
+use crate::wire::messages::SEGMENT_FD_SLOTS;
 
 /// Which slot a segment's descriptor names, and whether its fd must go with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! lease), `cuda_import` (CUDA imports and their memory), `reaper` (`ReaperState`; lease
 //! reaping and lingering CUDA mappings), `ring` (`Rings`; ring pass-throughs) and
 //! `forward` (sending an import on as the same memory). What travels on the wire is
-//! `crate::wire`; `SharedTensor` lives in `crate::shared_tensor`.
+//! `crate::wire::messages` (built and split in `crate::payload`); `SharedTensor` lives in `crate::shared_tensor`.
 
 use crate::connection::{Connection, Listener, MessageBells};
 use crate::segment::SharedRef;
@@ -40,12 +40,13 @@ pub use config::{ExportOptions, PeerConfig};
 pub use cuda_import::CudaImported;
 pub(crate) use export::CpuStorage;
 pub use import::{Imported, Incoming};
-pub use crate::wire::{
-    setup_payload, tensor_payload, KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER,
-    NO_FD_SLOT, SEGMENT_FD_SLOTS, SETUP_HAS_CUDA_RING, SETUP_WANTS_EVENTS, TENSOR_PAYLOAD,
+pub use crate::payload::{setup_payload, tensor_payload};
+pub use crate::wire::messages::{
+    KIND_CUDA_EVENTS, KIND_CUDA_RING, KIND_CUDA_SIGNALS, KIND_FORGET, KIND_TABLE, KIND_TENSOR, KIND_USER, NO_FD_SLOT,
+    SEGMENT_FD_SLOTS, SETUP_HAS_CUDA_RING, SETUP_WANTS_EVENTS, TENSOR_PAYLOAD,
 };
 use reaper::collect_lingering;
-use crate::wire::SETUP_FLAGS;
+use crate::wire::messages::SETUP_FLAGS;
 
 /// State shared by a `Peer`, its reaper thread and its imports (which outlive the handle):
 /// the connection, and one part per concern, each in its own file.

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use crate::wire::KIND_FORGET;
+use crate::wire::messages::KIND_FORGET;
 use super::Inner;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 

@@ -8,29 +8,15 @@ use crate::error::{Error, Result};
 use crate::segment::Segment;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use crate::wire::ring::{CAPACITY_AT, DATA_BELL_AT, RING_MAGIC, RING_VERSION, SALT_AT, SALT_TOP_BIT, SPACE_BELL_AT, TAIL_AT, VERSION_AT};
 
-const RING_MAGIC: u64 = u64::from_le_bytes(*b"TWRING01");
-/// Version 2: records are published by their own stamps (no shared head counter).
-const RING_VERSION: u32 = 2;
-// Header: magic u64 at 0, version u32 at 8, capacity u64 at 16, stamp salt u64 at 24.
-const OFF_SALT: usize = 24;
 // The producer writes one cache line (the data doorbell it rings), the consumer another
 // (tail + the space doorbell it rings). A waiting consumer polls neither: it polls the
 // stamp of the record it waits for (`spsc`), and reads the data doorbell only before it
-// sleeps; the producer reads the consumer's line only when short of space. These are
-// offsets in a wire format both processes map, so the separation is spelled out in bytes;
-// `CachePadded`'s alignment is the compiler's per-target choice and no layout to share
-// with another build.
-const OFF_DATA_BELL: usize = 64;
-const OFF_TAIL: usize = 128;
-const OFF_SPACE_BELL: usize = 136;
-/// The bit every stamp salt has set.
-const SALT_TOP_BIT: u64 = 1 << 63;
-/// Offset of the data area in the ring segment.
-pub const DATA_OFFSET: usize = 4096;
-/// Smallest and largest data area.
-pub const MIN_RING_BYTES: usize = 4096;
-pub const MAX_RING_BYTES: usize = 1 << 34;
+// sleeps; the producer reads the consumer's line only when short of space
+// (`wire::ring` has the offsets).
+pub use crate::wire::ring::{DATA_OFFSET, MAX_RING_BYTES, MIN_RING_BYTES};
+
 /// The data area of a mapped ring segment (a raw view; copies of it are views of the same
 /// mapping, which the `RingShared` of whoever holds one keeps alive).
 #[derive(Clone)]
@@ -136,9 +122,9 @@ impl RingShared {
         let salt = u64::from_le_bytes(salt) | SALT_TOP_BIT;
         let mut hdr = [0u8; 32];
         hdr[0..8].copy_from_slice(&RING_MAGIC.to_le_bytes());
-        hdr[8..12].copy_from_slice(&RING_VERSION.to_le_bytes());
-        hdr[16..24].copy_from_slice(&(bytes as u64).to_le_bytes());
-        hdr[OFF_SALT..OFF_SALT + 8].copy_from_slice(&salt.to_le_bytes());
+        hdr[VERSION_AT..VERSION_AT + 4].copy_from_slice(&RING_VERSION.to_le_bytes());
+        hdr[CAPACITY_AT..CAPACITY_AT + 8].copy_from_slice(&(bytes as u64).to_le_bytes());
+        hdr[SALT_AT..SALT_AT + 8].copy_from_slice(&salt.to_le_bytes());
         seg.write_at(0, &hdr)?;
         // The ring is registered once and reused for every message: allocate and map all
         // of it now rather than in page faults during the first lap of messages.
@@ -155,10 +141,9 @@ impl RingShared {
             )));
         }
         let seg = Segment::from_fd_exact(fd, DATA_OFFSET + claimed as usize, "the peer's ring segment")?;
-        // The capacity is the u64 at 16 (see `create`).
-        seg.check_header("ring", (RING_MAGIC, RING_VERSION), 16..24, claimed)?;
+        seg.check_header("ring", (RING_MAGIC, RING_VERSION), CAPACITY_AT..CAPACITY_AT + 8, claimed)?;
         let mut salt = [0u8; 8];
-        seg.read_at(OFF_SALT, &mut salt)?;
+        seg.read_at(SALT_AT, &mut salt)?;
         let salt = u64::from_le_bytes(salt);
         if salt & SALT_TOP_BIT == 0 {
             return Err(Error::Protocol(format!("peer's ring stamp salt {salt:#x} lacks its top bit")));
@@ -195,9 +180,9 @@ impl RingShared {
             let word = |off: usize| &*base.add(off).cast::<AtomicU64>();
             let bell = |off: usize| Doorbell::new(&*base.add(off).cast::<DoorbellWords>());
             let ctrl = Ctrl {
-                tail: word(OFF_TAIL),
-                data_bell: bell(OFF_DATA_BELL),
-                space_bell: bell(OFF_SPACE_BELL),
+                tail: word(TAIL_AT),
+                data_bell: bell(DATA_BELL_AT),
+                space_bell: bell(SPACE_BELL_AT),
                 salt: self.salt,
             };
             (ctrl, MmapRegion { base: base.add(DATA_OFFSET), cap: self.cap })

@@ -52,20 +52,7 @@ use super::broken::Broken;
 use crate::doorbell::Doorbell;
 use crate::sync::{AtomicU64, Ordering};
 
-pub const RECORD_ALIGN: u64 = 64;
-pub const HEADER_BYTES: u64 = 64;
-/// Bytes of a header line that hold its fields (copied to private memory as one).
-pub const FIELDS_BYTES: usize = 56;
-/// Offset of the stamp word in a header line.
-pub const STAMP_AT: u64 = 56;
-/// Largest `meta` part of a record (a tensor descriptor fits).
-pub const MAX_META: u32 = 1024;
-pub const KIND_DATA: u32 = 1;
-pub const KIND_PAD: u32 = 2;
-/// First record of a message.
-pub const FLAG_FIRST: u32 = 1;
-/// Last record of a message.
-pub const FLAG_LAST: u32 = 2;
+pub use crate::wire::ring::{FIELDS_BYTES, FLAG_FIRST, FLAG_LAST, HEADER_BYTES, KIND_DATA, KIND_PAD, MAX_META, RECORD_ALIGN, STAMP_AT};
 /// Most bytes past its head the producer takes ownership of after publishing (see
 /// [`Producer::publish`]): a 4 KiB message's record and more, never a large chunk's.
 const PREFETCH_AHEAD: u64 = 8 << 10;

@@ -19,10 +19,7 @@ use crate::segment::Segment;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU32;
 
-/// Bytes between two lanes' words (a cache line each).
-pub const LANE_STRIDE: usize = 64;
-/// Most lanes a peer may announce.
-pub const MAX_LANES: u32 = 2048;
+pub use crate::wire::signal_words::{LANE_STRIDE, MAX_LANES};
 
 pub use crate::signal_word::reached;
 

@@ -3,11 +3,8 @@
 
 use crate::error::{Error, Result};
 
-/// Most slots per ring.
-pub const MAX_SLOTS: u32 = 1024;
-/// Smallest and largest slot.
-pub const MIN_SLOT_BYTES: u64 = 4096;
-pub const MAX_SLOT_BYTES: u64 = 1 << 32;
+pub use crate::wire::cuda_ring::{MAX_SLOTS, MAX_SLOT_BYTES, MIN_SLOT_BYTES};
+use crate::wire::cuda_ring::{SETUP_FIXED, SETUP_WORDS};
 
 /// Shape of one direction's GPU ring (`PeerConfig::cuda_ring`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +61,6 @@ pub struct RingSetup {
     pub written: Vec<[u8; 64]>,
 }
 
-const SETUP_FIXED: usize = 4 + 4 + 8 + 8 + 64 + 4;
-/// Setup flags: the producer offers signal words.
-const SETUP_WORDS: u32 = 1;
 
 impl RingSetup {
     pub fn encode(&self) -> Vec<u8> {

@@ -16,36 +16,16 @@ pub(super) const DESC_RING_BYTES: usize = 64 << 10;
 /// How long a sleeping wait goes before it looks at the peer's liveness again.
 pub(super) const LIVENESS_SLICE: Duration = Duration::from_millis(20);
 
-// Control segment layout (created by the producer, written by both; each word on its own
-// cache line): the consumer's `freed` count and its doorbell, the consumer's state, how it
-// orders its copies (`MODE_*`), then its `slots` event handles (events mode).
-const FREED_OFF: usize = 0;
-const BELL_OFF: usize = 64;
-pub(super) const STATE_OFF: usize = 128;
-const MODE_OFF: usize = 192;
-pub(super) const HANDLES_OFF: usize = 256;
-/// The consumer's choice, written before it says READY: the ring's signal words (the
-/// producer offered them and both sides registered them), or IPC events.
-pub(super) const MODE_WORDS: u32 = 1;
-pub(super) const MODE_EVENTS: u32 = 2;
-/// Consumer state: 0 not yet opened; opened, read events published; could not open;
-/// broken (it found a bad record or lost a message part-way and frees nothing more);
-/// closed (its copies out finished, or it stopped waiting for them; it is about to destroy
-/// its read events and close the arena: the producer must not touch those events again).
-pub(super) const STATE_READY: u32 = 1;
-pub(super) const STATE_REFUSED: u32 = 2;
-pub(super) const STATE_BROKEN: u32 = 3;
-pub(super) const STATE_CLOSED: u32 = 4;
+// The control segment's layout and the consumer's states are in `wire::cuda_ring`.
+pub(super) use crate::wire::cuda_ring::{
+    HANDLES_AT, MODE_EVENTS, MODE_WORDS, FLAG_FIRST, FLAG_LAST, STATE_AT, STATE_BROKEN, STATE_CLOSED,
+    STATE_READY, STATE_REFUSED,
+};
+use crate::wire::cuda_ring::{BELL_AT, FREED_AT, MODE_AT, REC_HEADER, REC_MAGIC};
 
 pub(super) fn ctrl_bytes(slots: u32) -> usize {
-    HANDLES_OFF + slots as usize * 64
+    HANDLES_AT + slots as usize * 64
 }
-
-/// Chunk records: a 64-byte header, plus the message's descriptor in the first chunk.
-const REC_MAGIC: u32 = u32::from_le_bytes(*b"TWGR");
-const REC_HEADER: usize = 64;
-pub(super) const FLAG_FIRST: u32 = 1;
-pub(super) const FLAG_LAST: u32 = 2;
 
 /// The control words in the shared control segment.
 pub(super) struct Ctrl {
@@ -65,26 +45,26 @@ impl Ctrl {
     }
 
     pub(super) fn credits(&self, slots: u32) -> Credits<'_> {
-        // SAFETY: FREED_OFF + 8 and BELL_OFF + 8 ≤ HANDLES_OFF ≤ len (checked in `new`),
+        // SAFETY: FREED_AT + 8 and BELL_AT + 8 ≤ HANDLES_AT ≤ len (checked in `new`),
         // 8-aligned offsets in a page-aligned mapping; the words are only accessed
         // atomically (a hostile peer writing them can only make waits time out or be
         // reported as corrupt, see `credits`).
         unsafe {
             let base = self.seg.as_ptr();
-            Credits::new(&*base.add(FREED_OFF).cast::<AtomicU64>(), &*base.add(BELL_OFF).cast::<DoorbellWords>(), slots as u64)
+            Credits::new(&*base.add(FREED_AT).cast::<AtomicU64>(), &*base.add(BELL_AT).cast::<DoorbellWords>(), slots as u64)
         }
     }
 
     pub(super) fn state(&self) -> &AtomicU32 {
-        // SAFETY: STATE_OFF + 4 ≤ len (checked in `new`), aligned; accessed atomically only.
-        unsafe { &*self.seg.as_ptr().add(STATE_OFF).cast::<AtomicU32>() }
+        // SAFETY: STATE_AT + 4 ≤ len (checked in `new`), aligned; accessed atomically only.
+        unsafe { &*self.seg.as_ptr().add(STATE_AT).cast::<AtomicU32>() }
     }
 
     /// The consumer's `MODE_*` word (valid once its state is READY or later).
     pub(super) fn mode(&self) -> &AtomicU32 {
-        // SAFETY: MODE_OFF + 4 ≤ HANDLES_OFF ≤ len (checked in `new`), aligned; accessed
+        // SAFETY: MODE_AT + 4 ≤ HANDLES_AT ≤ len (checked in `new`), aligned; accessed
         // atomically only.
-        unsafe { &*self.seg.as_ptr().add(MODE_OFF).cast::<AtomicU32>() }
+        unsafe { &*self.seg.as_ptr().add(MODE_AT).cast::<AtomicU32>() }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
-use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, MODE_EVENTS, MODE_WORDS, STATE_BROKEN, STATE_CLOSED, STATE_OFF, STATE_READY, STATE_REFUSED};
+use super::control::{ctrl_bytes, Chunk, Ctrl, FLAG_FIRST, FLAG_LAST, HANDLES_AT, MODE_EVENTS, MODE_WORDS, STATE_BROKEN, STATE_CLOSED, STATE_AT, STATE_READY, STATE_REFUSED};
 use super::words::{use_of, RingWords, Waits, Word};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device};
 use crate::cuda::event::IpcEventSet;
@@ -126,9 +126,9 @@ impl CudaRingReceiver {
 
     /// Tell the producer this side cannot open its ring (no CUDA here, or opening failed).
     pub fn refuse(ctrl: &Segment) {
-        if ctrl.len() >= STATE_OFF + 4 {
-            // SAFETY: STATE_OFF + 4 ≤ len, aligned; accessed atomically only.
-            let state = unsafe { &*ctrl.as_ptr().add(STATE_OFF).cast::<AtomicU32>() };
+        if ctrl.len() >= STATE_AT + 4 {
+            // SAFETY: STATE_AT + 4 ≤ len, aligned; accessed atomically only.
+            let state = unsafe { &*ctrl.as_ptr().add(STATE_AT).cast::<AtomicU32>() };
             // Release: pairs with the producer's Acquire load in `check_usable`.
             state.store(STATE_REFUSED, Ordering::Release);
         }
@@ -175,7 +175,7 @@ impl CudaRingReceiver {
                 let written = IpcEventSet::open(&setup.written)?;
                 let read = IpcEventSet::create(cfg.slots as usize)?;
                 let handles: Vec<u8> = read.handles().concat();
-                ctrl.seg.write_at(HANDLES_OFF, &handles)?;
+                ctrl.seg.write_at(HANDLES_AT, &handles)?;
                 // Relaxed: published by the Release store of READY below.
                 ctrl.mode().store(MODE_EVENTS, Ordering::Relaxed);
                 Order::Events { written, read }

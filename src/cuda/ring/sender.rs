@@ -3,7 +3,7 @@
 
 use crate::cuda::types::{CudaStream, DevicePtr};
 use super::config::{CudaRingConfig, RingSetup};
-use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_OFF, LIVENESS_SLICE, MODE_EVENTS, MODE_WORDS, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
+use super::control::{credit_err, ctrl_bytes, Chunk, Ctrl, DESC_RING_BYTES, FLAG_FIRST, FLAG_LAST, HANDLES_AT, LIVENESS_SLICE, MODE_EVENTS, MODE_WORDS, STATE_BROKEN, STATE_CLOSED, STATE_READY, STATE_REFUSED};
 use super::words::{use_of, RingWords, Waits, Word};
 use crate::cuda::driver::{ensure_context, memcpy_dtod_async, pointer_device, DeviceBuffer};
 use crate::cuda::event::IpcEventSet;
@@ -179,7 +179,7 @@ impl CudaRingSender {
                 ));
             }
             let mut raw = vec![0u8; self.cfg.slots as usize * 64];
-            self.ctrl.seg.read_at(HANDLES_OFF, &mut raw)?;
+            self.ctrl.seg.read_at(HANDLES_AT, &mut raw)?;
             let handles: Vec<[u8; 64]> = raw.chunks_exact(64).map(|c| c.try_into().expect("64 bytes")).collect();
             self.read = Some(IpcEventSet::open(&handles)?);
         }
