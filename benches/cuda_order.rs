@@ -101,9 +101,9 @@ fn main() {
 
 /// (p50, p90) in µs of a round trip with `policy` (`None`: messages only).
 fn run(policy: Option<CudaWait>) -> (f64, f64) {
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    let fd = tensorwire::os::inherit_in_child(&mut cmd, theirs.as_fd());
     cmd.env(CHILD_ENV, fd.to_string()).env(POLICY_ENV, policy.map_or("none", CudaWait::name));
     let mut child = cmd.spawn().unwrap();
     drop(theirs);

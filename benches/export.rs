@@ -113,8 +113,8 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
-        let (ours, theirs) = tensorwire::sys::seqpacket_pair().expect("socketpair");
-        tensorwire::sys::set_cloexec(theirs.as_fd(), false)
+        let (ours, theirs) = tensorwire::os::seqpacket_pair().expect("socketpair");
+        tensorwire::os::set_cloexec(theirs.as_fd(), false)
             .expect("clear FD_CLOEXEC on the child's end");
         let exe = std::env::current_exe().expect("current_exe");
         let child = Command::new(exe)

@@ -104,13 +104,13 @@ fn main() {
 }
 
 fn spawn(mode: &str) -> (std::process::Child, OwnedFd) {
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
     spawn_with(mode, mine, theirs)
 }
 
 fn spawn_with(mode: &str, mine: OwnedFd, theirs: OwnedFd) -> (std::process::Child, OwnedFd) {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    let fd = tensorwire::os::inherit_in_child(&mut cmd, theirs.as_fd());
     let child = cmd.env(ENV, format!("{mode}:{fd}")).spawn().unwrap();
     drop(theirs);
     (child, mine)

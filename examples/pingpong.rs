@@ -118,9 +118,9 @@ fn main() {
     if let Some(c) = o.pin_parent {
         pin(c);
     }
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    let fd = tensorwire::os::inherit_in_child(&mut cmd, theirs.as_fd());
     let mut child = cmd.args(&args).env(ENV, fd.to_string()).spawn().unwrap();
     drop(theirs);
     let peer = Peer::from_fd(mine, o.cfg.clone()).unwrap();

@@ -8,19 +8,18 @@
 //! that pid plus socket EOF turn peer death into `Error::PeerGone`, never a hang.
 
 use crate::doorbell::Doorbell;
-use crate::lease::MessageLine;
-use crate::segment::SharedRef;
 use crate::error::{Error, Result};
-use crate::ring::waiter::Waiter;
 use crate::sys;
 use parking_lot::Mutex;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use crate::spin_policy::{hand_over, Outcome, Plan, SpinClock, SpinPolicy};
+use crate::waiting::cpu::{self, CpuMoves, MessageBells};
+use crate::waiting::message::{self, SocketReady, Watched};
+use crate::waiting::spin_policy::SpinPolicy;
 use crate::wait::{Deadline, Wait};
 use crate::wire::connection::{HELLO_MAGIC, KIND_HELLO, MSG_HEADER, MSG_MAGIC, PROTOCOL_VERSION};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The kernel's default overflow uid/gid, which it reports for a message sent without
 /// credentials.
@@ -68,30 +67,9 @@ pub struct Connection {
     /// Doorbells that replace poll(2) on the socket for waking a receiver, once both
     /// sides have a shared page (a `Peer`'s lease tables): see [`MessageBells`].
     bells: Option<MessageBells>,
-    /// When a receive last tried to move off the peer's CPU (rate limit for a lying peer,
-    /// and whether that found this thread allowed on one CPU only).
-    last_move: Mutex<Option<(Instant, bool)>>,
+    /// Its receives' moves off the peer's CPU.
+    cpu_moves: CpuMoves,
 }
-
-/// The two message lines of a `Peer`'s lease tables. After each message it sends, a side
-/// stores its CPU in `ours` and rings its doorbell; a receive that finds no message waits
-/// on `theirs` (polls it, then sleeps on it), not in poll(2) on the socket
-/// (`lease::MESSAGE_LINE_OFFSET` says why). The peer may ring too often or never, and
-/// write any CPU: a ring only makes a receive look at the socket again (and after
-/// `doorbell::FALSE_RINGS` rings that brought nothing the receive sleeps in `poll(2)`
-/// on the socket instead), a receive also looks between sleep slices (an unrung message
-/// costs latency, not a hang), and a CPU costs at most one move per [`MOVE_AT_MOST_EVERY`].
-pub(crate) struct MessageBells {
-    pub(crate) ours: SharedRef<MessageLine>,
-    pub(crate) theirs: SharedRef<MessageLine>,
-}
-
-/// Fewest time between two moves of a receiving thread off a CPU it shares with the peer.
-/// Short enough that a pair put back together (a burst of other work on the second core)
-/// is split again within a few hundred round trips: with 10 ms, 1 of 24 size blocks of the
-/// torch bench stayed together for the whole block. Long enough that a peer lying about
-/// its CPU costs a move (two `sched_setaffinity` calls and a migration) per 2 ms at most.
-pub(crate) const MOVE_AT_MOST_EVERY: Duration = Duration::from_millis(2);
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -177,7 +155,7 @@ impl Connection {
             recv_spin_policy: SpinPolicy::default(),
             send_timeout: DEFAULT_SEND_TIMEOUT,
             bells: None,
-            last_move: Mutex::new(None),
+            cpu_moves: CpuMoves::default(),
         })
     }
 
@@ -337,160 +315,19 @@ impl Connection {
     /// `recv_lossy` within a caller's deadline (one clock for a larger wait).
     pub(crate) fn recv_lossy_until(&self, deadline: &mut Deadline) -> Result<Message> {
         let mut buf = self.recv_buf.lock();
-        if let Some(bells) = &self.bells {
-            return self.wait_rung(bells, deadline, &mut buf[..]);
-        }
-        let mut wait: Vec<BorrowedFd<'_>> = vec![self.sock.as_fd()];
-        if let Some(p) = &self.pidfd {
-            wait.push(p.as_fd());
-        }
-        let cap = deadline.remaining().map_or(self.recv_spin, |t| t.min(self.recv_spin));
-        let mut ready = vec![false];
-        // How long a spin ran before it gave up on seeing the message (None: no spin, or
-        // it ended otherwise).
-        let mut ran_out = None;
-        // How this wait goes: not a spin while the peer shares our core (`spin_policy`
-        // says why: on one core, a spin that does not hand the core over burns its whole
-        // window every time — the 55 µs torch round trip).
-        let plan = if cap.is_zero() { Plan::Sleep } else { self.recv_spin_policy.next() };
-        if plan == Plan::Spin {
-            let mut clock = SpinClock::start(Instant::now());
-            let mut first = true;
-            loop {
-                ready = sys::poll_readable(&wait[..1], Wait::Never)?;
-                let now = Instant::now();
-                // What ran on our core during that step: a reply that came with another
-                // task's turn (the yield handed it the core) came from our core.
-                let step = clock.step(now);
-                if ready[0] {
-                    // Only a wait counts: not a message there at the first look.
-                    if !first {
-                        self.recv_spin_policy.record(SpinClock::outcome(step));
-                    }
-                    break;
-                }
-                if clock.spun(now) >= cap {
-                    ran_out = Some(clock.spun(now));
-                    break;
-                }
-                first = false;
-                // Yield, not a bare spin: when the peer shares this CPU, it may run now
-                // and reply (then the next step sees the hand-over); when it runs
-                // elsewhere, this returns at once. Not `crossbeam_utils::Backoff`: this
-                // poll is bounded by the configured time (`recv_spin`), not by Backoff's
-                // step count, each round is already a poll(2) call, and Backoff's first
-                // steps spin without yielding — the very thing that keeps a peer on this
-                // CPU from replying.
-                std::thread::yield_now();
-            }
-        } else if plan == Plan::Yield {
-            // The peer shares our core: no spin, but a few yields before sleeping. When
-            // the scheduler runs the peer at one, the reply is there with no wake-up; when
-            // it does not, they cost a few system calls.
-            ready[0] = hand_over(|| Ok::<_, Error>(sys::poll_readable(&wait[..1], Wait::Never)?[0]))?;
-        }
-        if !ready[0] {
-            let slept_from = ran_out.map(|_| Instant::now());
-            ready = sys::poll_readable(&wait, deadline.as_wait())?;
-            if let (Some(spun), Some(from), true) = (ran_out, slept_from, ready[0]) {
-                self.recv_spin_policy.record(Outcome::after_sleep(spun, from.elapsed()));
-            }
-        }
-        if !ready[0] {
-            if ready.get(1).copied().unwrap_or(false) {
-                return Err(self.gone_error("exited"));
-            }
-            return Err(deadline.timed_out("a message from the peer"));
-        }
-        self.take(&mut buf[..])
-    }
-
-    /// Receive the next message (or the peer's EOF), waiting on the peer's message
-    /// doorbell: spin on it once while the spin policy allows, then sleep on it in slices,
-    /// looking at the socket whenever it rings and between slices. The peer writes the
-    /// doorbell: after `doorbell::FALSE_RINGS` rings that brought no message this receive
-    /// stops sleeping on it and sleeps in `poll(2)` on the socket and the peer's pidfd
-    /// instead (`ring::waiter` says why).
-    fn wait_rung(&self, bells: &MessageBells, deadline: &mut Deadline, buf: &mut [u8]) -> Result<Message> {
-        let spin = if self.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
-        let bell = Doorbell::new(&bells.theirs.get().bell);
-        let sock = self.sock.as_fd();
-        let pidfd = self.pidfd.as_ref().map(|p| p.as_fd());
-        // The sleep without the doorbell: until the socket has something (a message or
-        // its end) or the peer's process ends; what it found is looked at by the caller.
-        let on_socket = move |slice: Duration| -> Result<()> {
-            let both;
-            let fds: &[BorrowedFd<'_>] = match pidfd {
-                Some(p) => {
-                    both = [sock, p];
-                    &both
-                }
-                None => std::slice::from_ref(&sock),
+        let watched = Watched { sock: self.sock.as_fd(), pidfd: self.pidfd.as_ref().map(|p| p.as_fd()) };
+        let Some(bells) = &self.bells else {
+            return match message::socket_readable(watched, self.recv_spin, &self.recv_spin_policy, deadline)? {
+                SocketReady::Readable => self.take(&mut buf[..]),
+                SocketReady::PeerExited => Err(self.gone_error("exited")),
             };
-            sys::poll_readable(fds, slice).map(drop)
         };
-        let mut waiter = Waiter::new(bell, spin, &self.recv_spin_policy, deadline, "a message from the peer", "exited")
-            .for_the_bell_only(&on_socket);
-        let exited = || self.pidfd.as_ref().is_some_and(|p| sys::poll_readable(&[p.as_fd()], Wait::Never).is_ok_and(|r| r[0]));
-        loop {
-            // The sequence first, then the socket: a message sent after this look rings
-            // a sequence other than `seen`, so the wait below returns for it.
-            let seen = waiter.current();
-            // The look is a receive that does not wait: one system call, not a `poll`
-            // and then the receive.
-            if let Some(msg) = self.try_take(buf)? {
-                return Ok(msg);
-            }
-            match waiter.wait(&|| bell.current() != seen, &exited) {
-                Err(Error::PeerGone { .. }) => return Err(self.gone_error("exited")),
-                r => r?,
-            }
+        let spin = if self.cpu_moves.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
+        let bell = Doorbell::new(&bells.theirs.get().bell);
+        match message::rung(bell, watched, spin, &self.recv_spin_policy, deadline, || self.try_take(&mut buf[..])) {
+            Err(Error::PeerGone { .. }) => Err(self.gone_error("exited")),
+            r => r,
         }
-    }
-
-    /// Before waiting: if the peer last sent from the CPU we run on, move to another one.
-    /// Returns true when the two share it for good: this thread may run on this CPU only
-    /// (`taskset -c N`). The wait must then not spin or yield, only sleep, which hands the
-    /// core to the peer at once.
-    ///
-    /// Two processes that hand messages back and forth on one core stay there: the
-    /// scheduler puts a woken process next to the one that woke it, and two processes
-    /// that never sleep (they poll, or yield to each other) are only split by the load
-    /// balancer, which leaves tasks that ran within the last half millisecond where they
-    /// are. Measured on the 2-CPU VM with `python/tensorwire/bench.py`'s tensorwire round
-    /// trip: a burst on the other core (torch's OpenMP workers, which spin for a while
-    /// after a parallel `fill_`) put the two processes on one CPU in 10 of 24 size blocks,
-    /// and they stayed there for the whole block (every sample on the same CPU, 21–27 µs
-    /// per round trip against 15 µs apart), whether the waits yielded or slept (making
-    /// every paused wait sleep kept them together in 24 of 24 blocks). `docs/DESIGN.md`,
-    /// "Two processes on one core", has the numbers with this move in place.
-    ///
-    /// So a wait that could move but may not yet (the rate limit) keeps its spin policy:
-    /// sleeping at once there would hold the two together, each wake-up placing the woken
-    /// side next to its waker.
-    fn move_off_peer_cpu(&self, bells: &MessageBells) -> bool {
-        let line = bells.theirs.get();
-        // Relaxed: a hint (see `MessageLine::sender_cpu`); copied before it is compared.
-        let theirs = line.sender_cpu.load(Ordering::Relaxed);
-        if theirs == 0 || theirs != sys::current_cpu().wrapping_add(1) {
-            return false;
-        }
-        let mut last = self.last_move.lock();
-        let now = Instant::now();
-        if let Some((at, only_here)) = *last {
-            if now.saturating_duration_since(at) < MOVE_AT_MOST_EVERY {
-                return only_here;
-            }
-        }
-        let moved = sys::move_off_this_cpu();
-        *last = Some((now, moved == sys::CpuMove::OnlyHere));
-        if moved == sys::CpuMove::Moved {
-            // Say where we are now, so that the peer does not take our last send's CPU
-            // for ours and move there after us. Relaxed: the same hint as at a send,
-            // paired with nothing.
-            bells.ours.get().sender_cpu.store(sys::current_cpu().wrapping_add(1), Ordering::Relaxed);
-        }
-        moved == sys::CpuMove::OnlyHere
     }
 
     /// Our message line's CPU word (tests stand in for a peer that moved).
@@ -499,10 +336,11 @@ impl Connection {
         &self.bells.as_ref().expect("a Peer's connection has message bells").ours.get().sender_cpu
     }
 
-    /// Before a wait on one of the peer's rings: [`Self::move_off_peer_cpu`]. True when
-    /// the peer last ran on our CPU and we could not move: the wait must not spin.
+    /// Before a wait on one of the peer's rings: move off the peer's CPU
+    /// (`waiting::cpu::CpuMoves`). True when the peer last ran on our CPU and we could not
+    /// move: the wait must not spin.
     pub(crate) fn shares_core_with_peer(&self) -> bool {
-        self.bells.as_ref().is_some_and(|b| self.move_off_peer_cpu(b))
+        self.bells.as_ref().is_some_and(|b| self.cpu_moves.move_off_peer_cpu(b))
     }
 
     /// After a send through one of our rings: store the CPU we sent from in our message
@@ -510,12 +348,7 @@ impl Connection {
     /// message's send does, without writing the line each time).
     pub(crate) fn note_send_cpu(&self) {
         if let Some(b) = &self.bells {
-            let line = b.ours.get();
-            let cpu = sys::current_cpu().wrapping_add(1);
-            // Relaxed: a hint read on its own (see `MessageLine::sender_cpu`).
-            if line.sender_cpu.load(Ordering::Relaxed) != cpu {
-                line.sender_cpu.store(cpu, Ordering::Relaxed);
-            }
+            cpu::note_send_cpu(b);
         }
     }
 

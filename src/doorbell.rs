@@ -19,7 +19,7 @@ use crate::wait::Wait;
 /// doing what a ring announces: as fast as it can, backwards, to random values). Each
 /// costs a futex call and a look (a few µs); an honest peer causes one or two at most (a
 /// ring that lags what it announced, which an earlier look already took). Used by every
-/// wait on a peer's doorbell: `ring::waiter` (rings, a connection's receive) and
+/// wait on a peer's doorbell: `waiting::waiter` (rings, a connection's receive) and
 /// `credits`.
 pub(crate) const FALSE_RINGS: u32 = 16;
 

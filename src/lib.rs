@@ -56,9 +56,11 @@ pub mod segment;
 #[cfg(not(loom))]
 mod shared_tensor;
 #[cfg(not(loom))]
-mod spin_policy;
+mod waiting;
 #[cfg(not(loom))]
-pub mod sys;
+pub(crate) mod sys;
+#[cfg(not(loom))]
+pub mod os;
 #[cfg(not(loom))]
 mod payload;
 

@@ -586,11 +586,6 @@ pub fn signal_name(signal: i32) -> String {
     name.to_string()
 }
 
-/// Number of open fds of this process (for leak tests and stats).
-pub fn count_open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
-
 /// The CPU the calling thread runs on (u32::MAX if the kernel cannot say).
 pub(crate) fn current_cpu() -> u32 {
     // SAFETY: sched_getcpu takes no arguments.

@@ -111,7 +111,7 @@ fn fd_limit_fails_receives_and_creates_cleanly() {
         set_soft_limit(libc::RLIMIT_NOFILE, open + 16);
         let mut filler: Vec<OwnedFd> = Vec::new();
         loop {
-            match tensorwire::sys::memfd_create("filler") {
+            match tensorwire::os::memfd_create("filler") {
                 Ok(fd) => filler.push(fd),
                 Err(e) => {
                     assert_resource(&e, libc::EMFILE);

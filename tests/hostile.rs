@@ -43,10 +43,10 @@ fn setup_msg(capacity: u32, ring_bytes: u64) -> Vec<u8> {
 }
 
 fn sealed(len: usize, seals: i32) -> OwnedFd {
-    let fd = tensorwire::sys::memfd_create("hostile").unwrap();
-    tensorwire::sys::ftruncate(fd.as_fd(), len as u64).unwrap();
+    let fd = tensorwire::os::memfd_create("hostile").unwrap();
+    tensorwire::os::ftruncate(fd.as_fd(), len as u64).unwrap();
     if seals != 0 {
-        tensorwire::sys::add_seals(fd.as_fd(), seals).unwrap();
+        tensorwire::os::add_seals(fd.as_fd(), seals).unwrap();
     }
     fd
 }
@@ -154,7 +154,7 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     at.send_raw(9, d.encode(), None);
     expect_err(&victim, "stride -1 of dim 0 is negative");
     let mut rnd = vec![0u8; tensorwire::DESC_SIZE];
-    tensorwire::sys::getrandom(&mut rnd).unwrap();
+    tensorwire::os::getrandom(&mut rnd).unwrap();
     at.send_raw(10, &rnd, None);
     expect_err(&victim, "invalid tensor descriptor");
     at.send_raw(11, &rnd[..17], None);
@@ -284,7 +284,7 @@ fn hostile_consumer_scribbling_the_lease_table_cannot_break_the_producer() {
     let words = table.len() / 8;
     let mut rnd = vec![0u8; table.len()];
     for round in 0..50 {
-        tensorwire::sys::getrandom(&mut rnd).unwrap();
+        tensorwire::os::getrandom(&mut rnd).unwrap();
         for w in 0..words {
             let v = u64::from_le_bytes(rnd[w * 8..w * 8 + 8].try_into().unwrap());
             // SAFETY: w*8 < table.len(); the word is 8-aligned in a page-aligned mapping.
@@ -402,7 +402,7 @@ fn segment_from_fd_refuses_bad_fds_directly() {
     assert!(matches!(e, Error::InvalidSegment(_)) && e.to_string().contains("segment too small: 4096 bytes needed, memfd has 100"), "{e}");
     let e = Segment::from_fd(sealed(4096, libc::F_SEAL_SHRINK), 1).unwrap_err();
     assert!(matches!(e, Error::InvalidSegment(_)) && e.to_string().contains("missing F_SEAL_GROW"), "{e}");
-    let (s1, _s2) = tensorwire::sys::seqpacket_pair().unwrap();
+    let (s1, _s2) = tensorwire::os::seqpacket_pair().unwrap();
     let e = Segment::from_fd(s1, 1).unwrap_err();
     assert!(matches!(e, Error::InvalidSegment(_)) && e.to_string().contains("not a memfd"), "{e}");
 }
@@ -481,7 +481,7 @@ fn play(game: BellGame, table: Arc<Segment>, stop: Arc<std::sync::atomic::Atomic
                     line.bell.seq.fetch_sub(1, Ordering::SeqCst);
                 }
                 BellGame::RandomWithCpu => {
-                    tensorwire::sys::getrandom(&mut rnd).unwrap();
+                    tensorwire::os::getrandom(&mut rnd).unwrap();
                     line.bell.seq.store(u32::from_le_bytes(rnd[..4].try_into().unwrap()), Ordering::SeqCst);
                     let c = u32::from_le_bytes(rnd[4..].try_into().unwrap());
                     // Mostly a CPU this machine has (the receiver's own among them), else any word.
@@ -626,13 +626,13 @@ fn every_refused_tensor_message_gives_its_lease_back() {
 fn a_hello_of_another_protocol_version_is_refused_at_once() {
     use tensorwire::wire::connection::PROTOCOL_VERSION;
     for version in [0, 1, PROTOCOL_VERSION + 1, u32::MAX] {
-        let (ours, raw) = tensorwire::sys::seqpacket_pair().unwrap();
+        let (ours, raw) = tensorwire::os::seqpacket_pair().unwrap();
         let mut hello = b"TWM1".to_vec();
         hello.extend_from_slice(&0u32.to_le_bytes());
         hello.extend_from_slice(b"TWHELLO1");
         hello.extend_from_slice(&version.to_le_bytes());
         hello.extend_from_slice(&65536u32.to_le_bytes());
-        tensorwire::sys::send_msg(raw.as_fd(), &hello, &[], true, T).unwrap();
+        tensorwire::os::send_msg(raw.as_fd(), &hello, &[], true, T).unwrap();
         let t = std::time::Instant::now();
         let cfg = PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..PeerConfig::default() };
         let e = Peer::from_fd(ours, cfg).unwrap_err();

@@ -28,9 +28,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// A sparse, sealed memfd of `len` bytes (no page is touched).
 fn sparse(len: u64) -> OwnedFd {
-    let fd = tensorwire::sys::memfd_create("hostile-sparse").unwrap();
-    tensorwire::sys::ftruncate(fd.as_fd(), len).unwrap();
-    tensorwire::sys::add_seals(fd.as_fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW).unwrap();
+    let fd = tensorwire::os::memfd_create("hostile-sparse").unwrap();
+    tensorwire::os::ftruncate(fd.as_fd(), len).unwrap();
+    tensorwire::os::add_seals(fd.as_fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW).unwrap();
     fd
 }
 
@@ -306,7 +306,7 @@ fn control_messages_just_over_a_limit_are_refused_and_the_connection_goes_on() {
 
     // Nine fds where at most eight are allowed: refused, and every one of them closed.
     let before = open_fds();
-    let nine: Vec<OwnedFd> = (0..9).map(|_| tensorwire::sys::memfd_create("nine").unwrap()).collect();
+    let nine: Vec<OwnedFd> = (0..9).map(|_| tensorwire::os::memfd_create("nine").unwrap()).collect();
     raw_send(at.conn.socket(), &framed(4, 1), &nine);
     drop(nine);
     let err = victim.recv(T).unwrap_err();

@@ -5,7 +5,7 @@
 //! wake-ups (deadlock) and wrong contents; a stale stamp of an earlier lap taken for the
 //! awaited one shows as wrong contents or a sequence error.
 //!
-//! Both sides wait as `src/ring/waiter.rs` does with no spin budget (the path where a
+//! Both sides wait as `src/waiting/waiter.rs` does with no spin budget (the path where a
 //! wake-up can be lost), through the same `Doorbell::sleep_unless`: read the doorbell's
 //! sequence, look (the consumer at the next record's stamp through a detached `Watch`, as
 //! the receiver polls it without its lock; the producer at the consumer's tail), then

@@ -277,7 +277,7 @@ fn child_entry() {
     let start = Instant::now();
     let mut round = 0u64;
     while start.elapsed() < Duration::from_millis(1500) {
-        tensorwire::sys::getrandom(&mut rnd).unwrap();
+        tensorwire::os::getrandom(&mut rnd).unwrap();
         let r = |i: usize| u64::from_le_bytes(rnd[i * 8..i * 8 + 8].try_into().unwrap());
         // Plausible-looking records with the stamp of their offset in this lap or the next
         // (every 8th at offset 0, where a fresh victim reads first) half the time, raw noise

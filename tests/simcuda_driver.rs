@@ -135,7 +135,7 @@ impl Kid {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(fd) = fd {
-            let n = tensorwire::sys::inherit_in_child(&mut cmd, fd);
+            let n = tensorwire::os::inherit_in_child(&mut cmd, fd);
             cmd.env(FD_ENV, n.to_string());
         }
         for (k, v) in env {
@@ -256,7 +256,7 @@ const PAGE: usize = 4096;
 
 impl HostWords {
     fn new() -> HostWords {
-        let fd = tensorwire::sys::memfd_create("tw-simdrv-words").unwrap();
+        let fd = tensorwire::os::memfd_create("tw-simdrv-words").unwrap();
         // SAFETY: ftruncate on our own memfd.
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE as libc::off_t) }, 0);
         HostWords::map(fd)

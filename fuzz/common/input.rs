@@ -69,8 +69,8 @@ pub fn hello(version: u32, max_message: u32) -> Vec<u8> {
 /// tensorwire segment is) unless `unsealed`.
 pub fn memfd(len: usize, fill: &[u8], unsealed: bool) -> OwnedFd {
     if unsealed || len == 0 {
-        let fd = tensorwire::sys::memfd_create("fuzz").expect("memfd_create");
-        tensorwire::sys::ftruncate(fd.as_fd(), len as u64).expect("ftruncate");
+        let fd = tensorwire::os::memfd_create("fuzz").expect("memfd_create");
+        tensorwire::os::ftruncate(fd.as_fd(), len as u64).expect("ftruncate");
         if !fill.is_empty() && len > 0 {
             let n = fill.len().min(len);
             // SAFETY: `fill[..n]` is a valid buffer; pwrite copies it into the file.
@@ -90,7 +90,7 @@ pub fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
 
 /// Send one raw SEQPACKET message (no credentials) from the fuzzer's end.
 pub fn send_raw(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> bool {
-    tensorwire::sys::send_msg(sock, payload, fds, false, Some(std::time::Duration::from_millis(100))).is_ok()
+    tensorwire::os::send_msg(sock, payload, fds, false, Some(std::time::Duration::from_millis(100))).is_ok()
 }
 
 /// No more messages from the fuzzer's end: the other side sees EOF after reading what

@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     let mut inp = Input::new(data);
     let mode = inp.u8();
     let max_message = 16 + usize::from(inp.u16() % 2048);
-    let (ours, raw) = tensorwire::sys::seqpacket_pair().expect("socketpair");
+    let (ours, raw) = tensorwire::os::seqpacket_pair().expect("socketpair");
 
     // The hello: well-formed but for what the fuzzer picks, or raw bytes.
     let first = if mode & 1 == 0 {
@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
     // With SCM_CREDENTIALS, as a real peer sends its hello, or without (then the kernel
     // reports pid 0: no identity).
     let hello_creds = mode & 0x10 == 0;
-    if tensorwire::sys::send_msg(raw.as_fd(), &first, &hello_fds, hello_creds, Some(Duration::from_millis(100))).is_err() {
+    if tensorwire::os::send_msg(raw.as_fd(), &first, &hello_fds, hello_creds, Some(Duration::from_millis(100))).is_err() {
         return;
     }
     let count = inp.u8() % 9;

@@ -64,10 +64,10 @@ fn pick_fd(inp: &mut Input<'_>, sel: u8, real: Option<&OwnedFd>, wanted_len: usi
 fuzz_target!(|data: &[u8]| {
     let mut inp = Input::new(data);
     let flags = inp.u8();
-    let (ours, raw) = tensorwire::sys::seqpacket_pair().expect("socketpair");
+    let (ours, raw) = tensorwire::os::seqpacket_pair().expect("socketpair");
     // The hello with SCM_CREDENTIALS, as a real peer sends it (conn_hello fuzzes hellos).
     let h = hello(tensorwire::wire::connection::PROTOCOL_VERSION, 16 << 10);
-    if tensorwire::sys::send_msg(raw.as_fd(), &h, &[], true, Some(Duration::from_millis(100))).is_err() {
+    if tensorwire::os::send_msg(raw.as_fd(), &h, &[], true, Some(Duration::from_millis(100))).is_err() {
         return;
     }
 

@@ -92,7 +92,7 @@ impl FsTensor {
             return Err(RpcError::InvalidArgument(format!("view needs {need} bytes, storage has {}", storage.len())));
         }
         let mut rnd = [0u8; 8];
-        tensorwire::sys::getrandom(&mut rnd)?;
+        tensorwire::os::getrandom(&mut rnd)?;
         let key = format!(
             "/tensorwire_{}_{:016x}_{}",
             std::process::id(),
@@ -102,7 +102,7 @@ impl FsTensor {
         let fd = shm_open(&key, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)?;
         let map_len = FS_DATA_OFFSET + storage.len().max(1);
         let r = (|| {
-            tensorwire::sys::ftruncate(std::os::fd::AsFd::as_fd(&fd), map_len as u64)?;
+            tensorwire::os::ftruncate(std::os::fd::AsFd::as_fd(&fd), map_len as u64)?;
             map_shared(&fd, map_len)
         })();
         let map = match r {
@@ -138,7 +138,7 @@ impl FsTensor {
             )));
         }
         let fd = shm_open(key, libc::O_RDWR)?;
-        let st = tensorwire::sys::fstat(std::os::fd::AsFd::as_fd(&fd))?;
+        let st = tensorwire::os::fstat(std::os::fd::AsFd::as_fd(&fd))?;
         // SAFETY: plain syscall.
         let uid = unsafe { libc::geteuid() };
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != uid {

@@ -141,7 +141,7 @@ impl Server {
             L::Unix(l, _) => l.as_fd(),
             L::Tcp(l) => l.as_fd(),
         };
-        let waiting = matches!(tensorwire::sys::poll_events(&[(listener, libc::POLLIN)], Some(Duration::ZERO)), Ok(r) if r[0] != 0);
+        let waiting = matches!(tensorwire::os::poll_events(&[(listener, libc::POLLIN)], Some(Duration::ZERO)), Ok(r) if r[0] != 0);
         let refused = waiting
             && match self.accept_stream() {
                 Ok(s) => {

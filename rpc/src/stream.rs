@@ -82,7 +82,7 @@ impl Stream {
     /// `Ok(0)` is EOF.
     pub fn read_some(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize> {
         match self {
-            Stream::Unix(s) => match tensorwire::sys::recv_msg(s.as_fd(), buf)? {
+            Stream::Unix(s) => match tensorwire::os::recv_msg(s.as_fd(), buf)? {
                 None => Ok(0),
                 Some(r) => {
                     fds.extend(r.fds);
@@ -112,7 +112,7 @@ impl Stream {
     /// in one sendmsg, so keep it small.
     pub fn write_with_fd(&self, data: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
         match self {
-            Stream::Unix(s) => Ok(tensorwire::sys::send_msg(s.as_fd(), data, &[fd], false, None)?),
+            Stream::Unix(s) => Ok(tensorwire::os::send_msg(s.as_fd(), data, &[fd], false, None)?),
             Stream::Tcp(_) => Err(RpcError::InvalidArgument("fds cannot travel over TCP".into())),
         }
     }

@@ -198,7 +198,7 @@ impl Server {
     fn spawn() -> Server {
         let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        let fd = tensorwire::sys::inherit_in_child(&mut cmd, std::os::fd::AsFd::as_fd(&theirs));
+        let fd = tensorwire::os::inherit_in_child(&mut cmd, std::os::fd::AsFd::as_fd(&theirs));
         cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env(ROLE_ENV, "server")
             .env(FD_ENV, fd.to_string())

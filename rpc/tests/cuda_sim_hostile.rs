@@ -47,9 +47,9 @@ struct Forger {
 impl Forger {
     fn connect(v: &Victim) -> Forger {
         let mut raw = v.raw();
-        let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+        let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
         let hello = frame(br#"{"kind": "call", "object_id": "__tensorwire__", "call_id": 1, "parent_call_id": null, "method": "native_hello", "args": [1], "kwargs": {}}"#);
-        tensorwire::sys::send_msg(raw.as_fd(), &hello, &[theirs.as_fd()], false, None).unwrap();
+        tensorwire::os::send_msg(raw.as_fd(), &hello, &[theirs.as_fd()], false, None).unwrap();
         drop(theirs);
         let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
         assert!(resp.contains("\"result\": true"), "native_hello refused: {resp}");
@@ -103,7 +103,7 @@ fn forged_cuda_tensors_get_error_replies_and_leases_back_and_the_server_serves_o
     let buf = DeviceBuffer::alloc(0, 4096).unwrap();
     let real = tensorwire::cuda::ipc::export_pointer(buf.ptr()).unwrap().handle;
     let mut random = [0u8; 64];
-    tensorwire::sys::getrandom(&mut random).unwrap();
+    tensorwire::os::getrandom(&mut random).unwrap();
 
     let l = Layout::contiguous(DType::Float32, &[16]).unwrap();
     let json = |tag: u64| {

@@ -224,8 +224,8 @@ fn native_hello_is_accepted_once_per_connection() {
     let mut refused = Vec::new();
     let mut attackers = Vec::new();
     for i in 0..hellos {
-        let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
-        tensorwire::sys::send_msg(raw.as_fd(), &hello_frame(i), &[theirs.as_fd()], false, None).unwrap();
+        let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
+        tensorwire::os::send_msg(raw.as_fd(), &hello_frame(i), &[theirs.as_fd()], false, None).unwrap();
         drop(theirs);
         let resp = String::from_utf8(read_frame(&mut raw).expect("a response to native_hello")).unwrap();
         if resp.contains("\"result\": true") {

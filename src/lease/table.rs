@@ -48,7 +48,7 @@ pub struct MessageLine {
     /// first message and where the kernel cannot say), stored with each message: a
     /// receiver about to wait on the same CPU knows the two share a core. A hint only
     /// (the producer may have moved since, or lie): it costs at most a move of the
-    /// receiver to another CPU, at most once per `connection::MOVE_AT_MOST_EVERY`.
+    /// receiver to another CPU, at most once per `waiting::cpu::MOVE_AT_MOST_EVERY`.
     pub sender_cpu: AtomicU32,
 }
 

@@ -11,7 +11,8 @@
 //! `forward` (sending an import on as the same memory). What travels on the wire is
 //! `crate::wire::messages` (built and split in `crate::payload`); `SharedTensor` lives in `crate::shared_tensor`.
 
-use crate::connection::{Connection, Listener, MessageBells};
+use crate::connection::{Connection, Listener};
+use crate::waiting::cpu::MessageBells;
 use crate::segment::SharedRef;
 use crate::error::{Error, Result};
 use crate::lease::{Exporter, ImportTable, LeaseStats, MESSAGE_LINE_OFFSET};
@@ -137,7 +138,7 @@ impl Peer {
         };
         let cuda_rx = if flags & SETUP_HAS_CUDA_RING != 0 { Some(Self::open_cuda_ring(&conn, &cfg, &peer_watch)?) } else { None };
         // From here on a receive sleeps on the message doorbell in the peer's table, and
-        // each send rings ours (`connection::MessageBells` says why not the socket).
+        // each send rings ours (`waiting::cpu::MessageBells` says why not the socket).
         // SAFETY: a `MessageLine` is atomics only; the offset is the table layout's.
         conn.set_message_bells(unsafe {
             MessageBells {

@@ -36,7 +36,6 @@ cfg_not_loom! {
     mod receiver;
     mod sender;
     mod shared;
-    pub(crate) mod waiter;
 
     pub use message::RingMessage;
     pub use receiver::RingReceiver;

@@ -5,12 +5,12 @@
 use super::message::{BorrowToken, Data, Release, RingMessage};
 use super::shared::{MmapRegion, RingShared};
 use super::spsc::{Consumer, Record, RingBroken, Watch, FLAG_FIRST, FLAG_LAST};
-use super::waiter::Waiter;
+use crate::waiting::waiter::Waiter;
 use crate::desc::{StorageKind, TensorDesc, DESC_SIZE};
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::segment::Segment;
-use crate::spin_policy::SpinPolicy;
+use crate::waiting::spin_policy::SpinPolicy;
 use crate::wait::{Deadline, Wait};
 use parking_lot::Mutex;
 use std::collections::VecDeque;

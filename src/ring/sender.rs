@@ -3,10 +3,10 @@
 
 use super::shared::{MmapRegion, RingShared};
 use super::spsc::{Producer, FLAG_FIRST, FLAG_LAST};
-use super::waiter::Waiter;
+use crate::waiting::waiter::Waiter;
 use crate::desc::{Layout, PackCursor, StorageKind, TensorDesc};
 use crate::error::{Error, Result};
-use crate::spin_policy::SpinPolicy;
+use crate::waiting::spin_policy::SpinPolicy;
 use crate::wait::{Deadline, Wait};
 use bytemuck::Zeroable;
 use std::marker::PhantomData;

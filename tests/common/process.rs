@@ -76,9 +76,9 @@ pub fn spawn_raw(role: &str) -> (Child, OwnedFd) {
 /// a new socket inherited; returns the command and both ends (close the child's once it
 /// is spawned).
 fn child_command(role: &str) -> (Command, OwnedFd, OwnedFd) {
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair().unwrap();
+    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, theirs.as_fd());
+    let fd = tensorwire::os::inherit_in_child(&mut cmd, theirs.as_fd());
     cmd.args(CHILD_ARGS).env(ROLE_ENV, role).env(FD_ENV, fd.to_string()).stdout(Stdio::null());
     (cmd, mine, theirs)
 }
@@ -130,7 +130,7 @@ pub fn kill9(child: &mut Child) {
 /// inherited; the child takes them with [`child_peers`]), for tests of three processes.
 pub fn spawn_with_fds(role: &str, fds: &[BorrowedFd<'_>]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let nums: Vec<String> = fds.iter().map(|fd| tensorwire::sys::inherit_in_child(&mut cmd, *fd).to_string()).collect();
+    let nums: Vec<String> = fds.iter().map(|fd| tensorwire::os::inherit_in_child(&mut cmd, *fd).to_string()).collect();
     cmd.args(CHILD_ARGS)
         .env(ROLE_ENV, role)
         .env(FDS_ENV, nums.join(","))
@@ -164,9 +164,9 @@ pub struct Chain {
 
 /// Host ↔ relay, host ↔ last, relay ↔ last; each child gets [host, the other child].
 pub fn chain() -> Chain {
-    let (h_r, r_h) = tensorwire::sys::seqpacket_pair().unwrap();
-    let (h_l, l_h) = tensorwire::sys::seqpacket_pair().unwrap();
-    let (r_l, l_r) = tensorwire::sys::seqpacket_pair().unwrap();
+    let (h_r, r_h) = tensorwire::os::seqpacket_pair().unwrap();
+    let (h_l, l_h) = tensorwire::os::seqpacket_pair().unwrap();
+    let (r_l, l_r) = tensorwire::os::seqpacket_pair().unwrap();
     let relay = spawn_with_fds("relay", &[r_h.as_fd(), r_l.as_fd()]);
     let last = spawn_with_fds("last", &[l_h.as_fd(), l_r.as_fd()]);
     drop((r_h, r_l, l_h, l_r));

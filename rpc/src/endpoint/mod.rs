@@ -302,7 +302,7 @@ impl Endpoint {
     /// [`Endpoint::unregister_callback`] or the connection ends.
     pub fn register_callback(&self, name: &str, f: impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static) -> Result<Value> {
         let mut rnd = [0u8; 16];
-        tensorwire::sys::getrandom(&mut rnd)?;
+        tensorwire::os::getrandom(&mut rnd)?;
         let h = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         let id = format!("{}-{}-{}-{}-{}", h(&rnd[..4]), h(&rnd[4..6]), h(&rnd[6..8]), h(&rnd[8..10]), h(&rnd[10..]));
         self.inner().callbacks.lock().insert(id.clone(), Arc::new(f));

@@ -125,7 +125,7 @@ impl Endpoint {
 
 impl Inner {
     fn negotiate_as_initiator(self: &Arc<Self>, wait: Wait) -> Result<bool> {
-        let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
+        let (mine, theirs) = tensorwire::os::seqpacket_pair()?;
         let call = self.register_call("native tensor negotiation".into(), wait);
         let msg = Message::Call {
             object_id: CONTROL_OBJECT_ID.into(),

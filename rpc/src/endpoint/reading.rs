@@ -105,7 +105,7 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         let until = Instant::now() + inner.cfg.spin;
         let backoff = Backoff::new();
         let arrived = loop {
-            match tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
+            match tensorwire::os::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
                 Ok(r) if r[0] != 0 => break true,
                 Ok(_) if Instant::now() < until => backoff.snooze(),
                 Ok(_) => break false,
@@ -121,7 +121,7 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         // Wait for the socket without holding the read side, so that a caller that starts
         // waiting can take it. (EOF and shutdown wake this too; so does the end of the
         // time for the peer's first message.)
-        if let Err(e) = tensorwire::sys::poll_events(&[(inner.sock.fd(), libc::POLLIN)], inner.first_message_left()) {
+        if let Err(e) = tensorwire::os::poll_events(&[(inner.sock.fd(), libc::POLLIN)], inner.first_message_left()) {
             inner.shutdown_now(e.into());
             return;
         }
@@ -250,7 +250,7 @@ impl Inner {
                 return Err(self.closed_error());
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ready = tensorwire::sys::poll_events(&[(self.sock.fd(), libc::POLLIN)], left)?;
+            let ready = tensorwire::os::poll_events(&[(self.sock.fd(), libc::POLLIN)], left)?;
             if ready[0] == 0 {
                 if left.is_some() {
                     return Ok(None);

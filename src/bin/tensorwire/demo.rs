@@ -301,9 +301,9 @@ fn parse_max(args: &[String]) -> Result<usize, Fail> {
 
 fn parent(args: &[String]) -> Result<(), Fail> {
     let max = parse_max(args)?;
-    let (mine, theirs) = tensorwire::sys::seqpacket_pair()?;
+    let (mine, theirs) = tensorwire::os::seqpacket_pair()?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    let fd = tensorwire::sys::inherit_in_child(&mut cmd, std::os::fd::AsFd::as_fd(&theirs));
+    let fd = tensorwire::os::inherit_in_child(&mut cmd, std::os::fd::AsFd::as_fd(&theirs));
     let mut child = cmd.args(["demo-child", "--fd", &fd.to_string(), "--max-size", &max.to_string()]).spawn()?;
     drop(theirs);
     let run = || -> Result<Vec<Row>, Fail> {

@@ -25,7 +25,7 @@
 use crate::doorbell::{Doorbell, Slept, FALSE_RINGS, UNTRUSTED_SLICE};
 use crate::error::{Error, Result};
 use crate::sync::spin_hint;
-use crate::spin_policy::{hand_over, Outcome, Plan, SpinPolicy};
+use super::spin_policy::{hand_over, Outcome, Plan, SpinPolicy};
 use crate::wait::Deadline;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
