@@ -9,7 +9,7 @@ refused, a closed handle) and any code this table does not know become the base
 :class:`Error`. Every class derives from ``RuntimeError``, so code written against the
 older API (which raised plain ``RuntimeError``) keeps working.
 
-To map a new result code, add one line to ``CODES``.
+To map a new result code, add one line to ``CODES`` (or its name to ``BASE_CODES``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "CODES", "translate"]
+__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "CODES", "BASE_CODES", "translate"]
 
 
 class Error(RuntimeError):
@@ -65,8 +65,9 @@ class CudaUnavailable(Error):
     device, or an extension built without CUDA."""
 
 
-# Result name -> class. Names not listed (TW_ERR_IO, TW_ERR_CUDA, TW_ERR_PANIC, codes
-# added later) map to the base Error.
+# Result name -> class. Every other result name of tw_result_e is in BASE_CODES and maps
+# to the base Error; tests/mirrored_tables.rs checks the two against include/tensorwire.h,
+# so a new result code fails the test command until it is placed in one of them.
 CODES: dict[str, type[Error]] = {
     "TW_ERR_PEER_GONE": PeerGone,
     "TW_ERR_TIMEOUT": Timeout,
@@ -80,6 +81,10 @@ CODES: dict[str, type[Error]] = {
     "TW_ERR_RESOURCE": ResourceExhausted,
     "TW_ERR_CUDA_UNAVAILABLE": CudaUnavailable,
 }
+
+# The failures that have no narrower class: an I/O error the message names, a CUDA driver
+# error (its code in the message), a panic caught at the C ABI.
+BASE_CODES: tuple[str, ...] = ("TW_ERR_IO", "TW_ERR_CUDA", "TW_ERR_PANIC")
 
 _PREFIX = re.compile(r"tensorwire \((TW_[A-Z0-9_]+)\): ")
 
