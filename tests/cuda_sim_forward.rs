@@ -305,19 +305,38 @@ fn vmm_forward_three_processes_share_one_memory_in_stream_order() {
     three_processes_share_one_memory(true, "vmm_forward_three_processes_share_one_memory_in_stream_order");
 }
 
-fn relay_sigkilled(vmm: bool, test: &str) {
+/// A chain whose host has sent one tensor (`pattern(N, seed)`, in `Mem::new(vmm)`) down
+/// to the last, which read it right; `None` (the test skipped) without a GPU.
+struct SentDown {
+    _one: std::sync::MutexGuard<'static, ()>,
+    c: Chain,
+    base: Option<SimStats>,
+    mem: Mem,
+    hs: Stream,
+    drops: Arc<AtomicUsize>,
+    data: Vec<u8>,
+}
+
+fn sent_down(vmm: bool, seed: u8, test: &str) -> Option<SentDown> {
     if !gpu(test) {
-        return;
+        return None;
     }
-    let _one = serial();
-    let mut c = chain();
+    let one = serial();
+    let c = chain();
     let base = sim_stats();
     let mem = Mem::new(vmm);
     let hs = Stream::new();
     let drops = Arc::new(AtomicUsize::new(0));
-    let data = pattern(N, 3);
+    let data = pattern(N, seed);
     write_busy(mem.ptr(), &data, &hs);
     assert_eq!(c.send(mem.ptr(), &hs, 3, &drops)[1], fnv1a(&data));
+    Some(SentDown { _one: one, c, base, mem, hs, drops, data })
+}
+
+fn relay_sigkilled(vmm: bool, test: &str) {
+    let Some(SentDown { _one, mut c, base, mem, hs: _hs, drops, data }) = sent_down(vmm, 3, test) else {
+        return;
+    };
     kill9(&mut c.relay);
     wait_until("the host to reclaim the dead relay's lease", Duration::from_secs(20), || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 1, "the host's owner must be dropped exactly once");
@@ -364,18 +383,9 @@ fn vmm_relay_sigkilled_ends_the_hosts_lease_and_the_last_keeps_its_mapping() {
 }
 
 fn last_sigkilled(vmm: bool, test: &str) {
-    if !gpu(test) {
+    let Some(SentDown { _one, mut c, base, mem, hs: _hs, drops, data: _ }) = sent_down(vmm, 4, test) else {
         return;
-    }
-    let _one = serial();
-    let mut c = chain();
-    let base = sim_stats();
-    let mem = Mem::new(vmm);
-    let hs = Stream::new();
-    let drops = Arc::new(AtomicUsize::new(0));
-    let data = pattern(N, 4);
-    write_busy(mem.ptr(), &data, &hs);
-    assert_eq!(c.send(mem.ptr(), &hs, 3, &drops)[1], fnv1a(&data));
+    };
     kill9(&mut c.last);
     wait_until("the relay to release its import back to the host", Duration::from_secs(20), || c.to_relay.reap_now().live_leases == 0);
     assert_eq!(drops.load(Ordering::SeqCst), 1);

@@ -140,6 +140,20 @@ def pickle_child(r, w):
 
 # --- parent --------------------------------------------------------------------------
 
+def timed(base_iters, round_trip):
+    """Seconds of each of `base_iters` calls of `round_trip(i)`, after WARMUP untimed ones
+    (every row times its round trips the same way: one call each)."""
+    times = []
+    for i in range(WARMUP + base_iters):
+        t0 = time.perf_counter()
+        round_trip(i)
+        dt = time.perf_counter() - t0
+        if i >= WARMUP:
+            times.append(dt)
+            _tick()
+    return times
+
+
 def warm_up(round_trip, seconds=1.0):
     """Run round trips for a while before measuring: two fresh processes often start on
     one core (the scheduler places a wakee next to its waker) until load balancing
@@ -169,17 +183,7 @@ def bench_tensorwire(sizes, base_iters):
     for size in sizes:
         t = tensorwire.empty(size, dtype=torch.uint8)
         t.fill_(1)  # touch every page
-        times = []
-        for i in range(WARMUP + base_iters):
-            t0 = time.perf_counter()
-            conn.send(t, i)
-            ack = conn.recv()
-            del ack
-            dt = time.perf_counter() - t0
-            if i >= WARMUP:
-                times.append(dt)
-                _tick()
-        out[size] = times
+        out[size] = timed(base_iters, lambda i: (conn.send(t, i), conn.recv()))
         s = conn.stats()
         assert s["live_leases"] <= 1, s
         del t
@@ -199,17 +203,7 @@ def bench_ring(sizes, base_iters):
     out = {}
     for size in sizes:
         t = torch.ones(size, dtype=torch.uint8)
-        times = []
-        for i in range(WARMUP + base_iters):
-            t0 = time.perf_counter()
-            conn.ring_send(t, i)
-            ack = conn.ring_recv()
-            del ack
-            dt = time.perf_counter() - t0
-            if i >= WARMUP:
-                times.append(dt)
-                _tick()
-        out[size] = times
+        out[size] = timed(base_iters, lambda i: (conn.ring_send(t, i), conn.ring_recv()))
     conn.ring_send(torch.zeros(1), STOP)
     child.wait(60)
     conn.close()
@@ -228,16 +222,7 @@ def bench_torch_mp(sizes, base_iters):
     out = {}
     for size in sizes:
         t = torch.ones(size, dtype=torch.uint8).share_memory_()
-        times = []
-        for i in range(WARMUP + base_iters):
-            t0 = time.perf_counter()
-            q.put(t)
-            acks.get()
-            dt = time.perf_counter() - t0
-            if i >= WARMUP:
-                times.append(dt)
-                _tick()
-        out[size] = times
+        out[size] = timed(base_iters, lambda i: (q.put(t), acks.get()))
         del t
     q.put(None)
     p.join(60)

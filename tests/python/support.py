@@ -1,7 +1,11 @@
 """What the Python round-trip tests share (tests/python and tests/gpu/gpu_tests.py): the
-views every one sends, and a bounded wait on a connection's lease counters."""
+views every one sends, a connected pair in one process, and a bounded wait on a
+connection's lease counters."""
 
+import threading
 import time
+
+import tensorwire
 
 
 def views_of(base, empty=True):
@@ -28,3 +32,15 @@ def wait_stats(conn, pred, timeout=10.0):
         if pred(s) or time.monotonic() > deadline:
             return s
         time.sleep(0.005)
+
+
+def connected_pair(**limits):
+    """Two connected ends in this process: the first opened with `limits`, the second
+    with the defaults (a thread handshakes it, as a peer process would)."""
+    a, b = tensorwire.socketpair(inheritable_child=False)
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("b", tensorwire.from_fd(b)))
+    th.start()
+    ca = tensorwire.from_fd(a, **limits)
+    th.join()
+    return ca, out["b"]

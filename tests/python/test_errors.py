@@ -7,16 +7,8 @@ import pytest
 import torch
 
 import tensorwire
+from support import connected_pair
 
-
-def pair(**limits):
-    a, b = tensorwire.socketpair(inheritable_child=False)
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("b", tensorwire.from_fd(b)))
-    th.start()
-    ca = tensorwire.from_fd(a, **limits)
-    th.join()
-    return ca, out["b"]
 
 
 def test_connection_errors():
@@ -33,7 +25,7 @@ def test_connection_errors():
 
 
 def test_recv_timeout_peer_gone_and_closed():
-    a, b = pair()
+    a, b = connected_pair()
     with pytest.raises(tensorwire.Timeout, match=r"TW_ERR_TIMEOUT.*timed out"):
         b.recv(timeout=0.05)
     a.close()
@@ -51,7 +43,7 @@ def test_waits_follow_one_convention(tmp_path):
     never down to "do not wait"; too long for the clock: no limit); negative is refused."""
     import time
 
-    a, b = pair()
+    a, b = connected_pair()
     start = time.monotonic()
     with pytest.raises(tensorwire.Timeout, match=r"timed out at once"):
         b.recv(timeout=0)
@@ -75,7 +67,7 @@ def test_waits_follow_one_convention(tmp_path):
 
 
 def test_quota_exceeded():
-    a, b = pair(max_leases=1)  # b may hold at most one of a's leases at once
+    a, b = connected_pair(max_leases=1)  # b may hold at most one of a's leases at once
     t = tensorwire.zeros(4)
     a.send(t)
     with pytest.raises(tensorwire.QuotaExceeded, match=r"TW_ERR_QUOTA_EXCEEDED"):
@@ -100,7 +92,7 @@ def test_bad_tensors_and_arguments():
         tensorwire.empty(4, dtype=torch.quint8)
     with pytest.raises(RuntimeError, match="does not live in a tensorwire segment"):
         tensorwire.ops.segment_fd(torch.zeros(3))
-    a, b = pair()
+    a, b = connected_pair()
     with pytest.raises(RuntimeError, match="tag must be >= 0"):
         a.send(tensorwire.zeros(1), tag=-1)
     with pytest.raises(RuntimeError, match="17 dimensions; tensorwire carries at most 16"):

@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("pyisolate", reason="pyisolate is not installed: SKIPPED (scripts/setup-venv.sh installs it)")
 
+from support import connected_pair  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -68,20 +70,6 @@ def test_without_the_adapter_pyisolate_leaves_shm_files(host_env):
     """The baseline the adapter fixes (and proof the /dev/shm check can see a leak)."""
     out = run_host(host_env, "sigkill", adapter=False)
     assert any(f.startswith("torch_") for f in out["shm_files_left"]), out
-
-
-def connected_pair():
-    import threading
-
-    import tensorwire
-
-    a_fd, b_fd = tensorwire.socketpair(inheritable_child=False)
-    box = {}
-    th = threading.Thread(target=lambda: box.update(b=tensorwire.from_fd(b_fd)))
-    th.start()
-    a = tensorwire.from_fd(a_fd)
-    th.join()
-    return a, box["b"]
 
 
 def test_a_hostile_peer_cannot_grow_the_stash_or_forge_references(monkeypatch):

@@ -3,28 +3,19 @@ alive, each storage once however many views of it were sent (the Rust test
 tests/cross_process.rs::live_bytes_count_each_storage_once does the same across
 processes)."""
 
-import threading
 import time
 
 import pytest
 
 import tensorwire
+from support import connected_pair
 
 MIB = 1 << 20
 
 
-def pair(**limits):
-    a, b = tensorwire.socketpair(inheritable_child=False)
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("b", tensorwire.from_fd(b)))
-    th.start()
-    ca = tensorwire.from_fd(a, **limits)
-    th.join()
-    return ca, out["b"]
-
 
 def test_two_views_of_one_storage_count_once():
-    a, b = pair(max_lease_bytes=64 * MIB)
+    a, b = connected_pair(max_lease_bytes=64 * MIB)
     with a, b:
         t = tensorwire.zeros(4096, 4096)  # 64 MiB
         a.send(t)

@@ -5,7 +5,6 @@ older millisecond names warn and still work."""
 import os
 import subprocess
 import sys
-import threading
 import time
 import warnings
 
@@ -13,6 +12,8 @@ import pytest
 import torch
 
 import tensorwire
+import support
+from support import connected_pair
 from tensorwire.connection import HANDSHAKE_TIMEOUT_S
 
 # The child imports tensorwire (and so torch: seconds on a busy machine), then waits
@@ -67,15 +68,6 @@ def test_a_peer_that_closed_its_end_ends_the_handshake_at_once():
     assert time.monotonic() - start < 5
 
 
-def _pair(**limits):
-    a, b = tensorwire.socketpair(inheritable_child=False)
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("b", tensorwire.from_fd(b)))
-    th.start()
-    ca = tensorwire.from_fd(a, **limits)
-    th.join()
-    return ca, out["b"]
-
 
 def _wait_expired(conn, n, within=10.0):
     deadline = time.monotonic() + within
@@ -87,7 +79,7 @@ def _wait_expired(conn, n, within=10.0):
 
 
 def test_window_is_in_seconds():
-    a, b = _pair()
+    a, b = connected_pair()
     with a, b:
         a.send(tensorwire.zeros(16), window=0.2)
         held = b.recv(timeout=5)  # held past the window: the lease expires
@@ -100,7 +92,7 @@ def test_window_is_in_seconds():
 
 
 def test_connection_window_is_in_seconds():
-    a, b = _pair(window=0.2)
+    a, b = connected_pair(window=0.2)
     with a, b:
         a.send(tensorwire.zeros(16))
         held = b.recv(timeout=5)
@@ -110,7 +102,7 @@ def test_connection_window_is_in_seconds():
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1"])
 def test_times_in_seconds_are_checked(bad):
-    a, b = _pair()
+    a, b = connected_pair()
     with a, b:
         with pytest.raises(ValueError, match="window must be a (positive|finite) number of seconds"):
             a.send(tensorwire.zeros(4), window=bad)
@@ -124,20 +116,21 @@ def test_times_in_seconds_are_checked(bad):
             os.close(y)
 
 
-def _one_deprecation(record, old, new):
+def _one_deprecation(record, old, new, caller=__file__):
     hits = [w for w in record if issubclass(w.category, DeprecationWarning) and old in str(w.message)]
     assert len(hits) == 1, [str(w.message) for w in record]
     assert f"pass {new}= in seconds" in str(hits[0].message)
-    assert hits[0].filename == __file__  # points at the caller, not at tensorwire
+    assert hits[0].filename == caller  # points at the caller, not at tensorwire
     return hits[0]
 
 
 def test_millisecond_names_are_deprecated_aliases():
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        a, b = _pair(handshake_timeout_ms=5000, window_ms=200)
-    _one_deprecation(record, "handshake_timeout_ms", "handshake_timeout")
-    _one_deprecation(record, "window_ms", "window")
+        a, b = connected_pair(handshake_timeout_ms=5000, window_ms=200)
+    # The helper made the call: the warnings point at it.
+    _one_deprecation(record, "handshake_timeout_ms", "handshake_timeout", caller=support.__file__)
+    _one_deprecation(record, "window_ms", "window", caller=support.__file__)
     with a, b:
         a.send(tensorwire.zeros(16))  # the connection's window: 200 ms, as before
         held = [b.recv(timeout=5)]  # each kept past its window: its lease expires
@@ -164,6 +157,6 @@ def test_millisecond_names_are_deprecated_aliases():
         os.close(y)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        a, b = _pair(cuda_wait_timeout_ms=1500)
+        a, b = connected_pair(cuda_wait_timeout_ms=1500)
     a.close(), b.close()
-    _one_deprecation(record, "cuda_wait_timeout_ms", "cuda_wait_timeout")
+    _one_deprecation(record, "cuda_wait_timeout_ms", "cuda_wait_timeout", caller=support.__file__)

@@ -4,14 +4,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import tensorwire
-from support import views_of, wait_stats
+from support import connected_pair, views_of, wait_stats
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -186,14 +185,8 @@ def test_share_moves_the_storage_in_place():
     assert base.data_ptr() == ptr
     with pytest.raises(RuntimeError):
         base.resize_(1000)
-    a_fd, b_fd = tensorwire.socketpair(inheritable_child=False)
-    import threading
-    box = {}
-    th = threading.Thread(target=lambda: box.update(b=tensorwire.from_fd(b_fd)))
-    th.start()
-    a = tensorwire.from_fd(a_fd)
-    th.join()
-    with a, box["b"] as b:
+    a, b = connected_pair()
+    with a, b:
         assert a.send(view) is True  # zero-copy
         got = b.recv(timeout=5)
         with pytest.raises(tensorwire.Error, match="peer's memory"):
