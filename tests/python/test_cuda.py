@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tensorwire
+from support import connected_pair
 
 PEER = str(Path(__file__).with_name("peer.py"))
 HAVE_GPU = torch.cuda.is_available()
@@ -57,19 +58,10 @@ def test_gpu_ring_without_a_driver_or_without_a_ring():
     with pytest.raises(RuntimeError, match="cuda_ring_device must be -1 .* got -2"):
         tensorwire.ops.from_fd(99, cuda_ring_device=-2)
     # A connection without GPU rings: receiving from one says the peer offered none.
-    a, b = tensorwire.socketpair(inheritable_child=False)
-    import threading
-    other = {}
-    th = threading.Thread(target=lambda: other.setdefault("c", tensorwire.from_fd(b)))
-    th.start()
-    conn = tensorwire.from_fd(a)
-    th.join()
-    try:
+    conn, other = connected_pair()
+    with conn, other:
         with pytest.raises(RuntimeError, match=r"TW_ERR_INVALID_ARGUMENT.*offered no GPU ring"):
             conn.cuda_ring_recv(timeout=0.1)
-    finally:
-        conn.close()
-        other["c"].close()
 
 
 def test_cuda_available_with_a_gpu():
