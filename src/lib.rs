@@ -73,7 +73,7 @@ cfg_not_loom! {
     pub use segment::Segment;
 }
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use wait::Wait;
 
 /// The README's Rust examples, compiled and run as this crate's doctests so that they

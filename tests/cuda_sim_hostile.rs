@@ -12,7 +12,7 @@ use std::time::Duration;
 use tensorwire::cuda::driver::DeviceBuffer;
 use tensorwire::lease::Exporter;
 use tensorwire::peer::{KIND_CUDA_EVENTS, KIND_TABLE, KIND_TENSOR};
-use tensorwire::{Connection, DType, Error, Layout, Peer, PeerConfig, StorageKind, StorageRef, TensorDesc};
+use tensorwire::{Connection, DType, Error, ErrorKind, Layout, Peer, PeerConfig, StorageKind, StorageRef, TensorDesc};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -114,13 +114,14 @@ fn cuda_messages_refused_before_the_import_give_their_leases_back() {
     let real = tensorwire::cuda::ipc::export_pointer(buf.ptr()).unwrap().handle;
     let some_fd = tensorwire::Segment::create(64).unwrap();
     type Edit = fn(&mut StorageRef);
-    let cases: [(&str, StorageKind, u32, bool, Edit, &str); 4] = [
-        ("an offset whose end overflows", StorageKind::CudaIpc, tensorwire::peer::NO_FD_SLOT, false, |s| s.base_offset = u64::MAX - 8, "overflows 64 bits"),
-        ("an IPC message with an fd", StorageKind::CudaIpc, tensorwire::peer::NO_FD_SLOT, true, |_| {}, "a CUDA IPC tensor message carried an fd"),
-        ("a VMM message without an fd", StorageKind::CudaVmm, tensorwire::peer::NO_FD_SLOT, false, |s| s.segment_id = 4096, "a CUDA VMM tensor message carried no fd"),
-        ("a CUDA descriptor naming fd slot 0", StorageKind::CudaIpc, 0, false, |_| {}, "a CUDA tensor message names fd slot 0"),
+    use tensorwire::ErrorKind::{InvalidDescriptor, Protocol};
+    let cases: [(&str, StorageKind, u32, bool, Edit, ErrorKind, &str); 4] = [
+        ("an offset whose end overflows", StorageKind::CudaIpc, tensorwire::peer::NO_FD_SLOT, false, |s| s.base_offset = u64::MAX - 8, InvalidDescriptor, "overflows 64 bits"),
+        ("an IPC message with an fd", StorageKind::CudaIpc, tensorwire::peer::NO_FD_SLOT, true, |_| {}, Protocol, "a CUDA IPC tensor message carried an fd"),
+        ("a VMM message without an fd", StorageKind::CudaVmm, tensorwire::peer::NO_FD_SLOT, false, |s| s.segment_id = 4096, Protocol, "a CUDA VMM tensor message carried no fd"),
+        ("a CUDA descriptor naming fd slot 0", StorageKind::CudaIpc, 0, false, |_| {}, Protocol, "a CUDA tensor message names fd slot 0"),
     ];
-    for (what, kind, slot, with_fd, edit, needle) in cases {
+    for (what, kind, slot, with_fd, edit, err_kind, needle) in cases {
         let seg = std::sync::Arc::new(tensorwire::Segment::create(64).unwrap());
         let (lease, _) = table.grant(Some(&seg), 64, Box::new(()), None).map_err(|(e, _)| e).unwrap();
         let l = Layout::contiguous(DType::Float32, &[16]).unwrap();
@@ -138,7 +139,7 @@ fn cuda_messages_refused_before_the_import_give_their_leases_back() {
         let fds = if with_fd { vec![some_fd.fd()] } else { vec![] };
         b.send(KIND_TENSOR, &p, &fds).unwrap();
         let e = v.recv(T).unwrap_err();
-        assert!(matches!(e, Error::InvalidDescriptor(_) | Error::Protocol(_)) && e.to_string().contains(needle), "{what}: expected {needle:?} in {e}");
+        assert!(e.kind() == err_kind && e.to_string().contains(needle), "{what}: expected {err_kind:?} with {needle:?}, got {:?}: {e}", e.kind());
         let released_before = table.stats().released;
         let mut owners = tensorwire::lease::Reclaimed::default();
         table.reap(std::time::Instant::now(), &mut owners);

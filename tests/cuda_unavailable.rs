@@ -21,8 +21,7 @@ fn no_driver() -> bool {
 }
 
 fn unavailable(e: Error) {
-    assert!(matches!(e, Error::CudaUnavailable(_)), "expected CudaUnavailable, got {e}");
-    assert!(matches!(e, Error::CudaUnavailable(_)) && e.to_string().contains("no NVIDIA driver"), "{e}");
+    assert!(matches!(e, Error::CudaUnavailable(_)) && e.to_string().contains("no NVIDIA driver"), "expected CudaUnavailable naming the missing driver, got {e}");
 }
 
 /// A victim `Peer` (default config) set up against a hand-driven attacker end: the
@@ -135,10 +134,8 @@ fn cuda_messages_from_a_peer_are_cuda_unavailable_and_leases_come_back() {
     let p = tensorwire::peer::tensor_payload(9, &d, tensorwire::peer::NO_FD_SLOT);
     b.send(KIND_TENSOR, &p, &[]).unwrap();
     let e = victim.recv(T).unwrap_err();
-    assert!(
-        e.to_string().contains("before the producer's IPC events") || matches!(e, Error::CudaUnavailable(_)),
-        "{e}"
-    );
+    // Without a driver the tensor is refused for that, whatever else is wrong with it.
+    unavailable(e);
     let mut owners = tensorwire::lease::Reclaimed::default();
     table.reap(std::time::Instant::now(), &mut owners);
     assert_eq!(table.stats().released, 1, "the refused CUDA tensor's lease must be released");

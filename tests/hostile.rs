@@ -13,7 +13,7 @@ use std::time::Duration;
 use tensorwire::lease::{Exporter, LeaseId, TABLE_HEADER_BYTES};
 use tensorwire::peer::{KIND_TABLE, KIND_TENSOR};
 use tensorwire::{
-    Connection, DType, Error, ExportOptions, Layout, Peer, PeerConfig, Segment, SharedTensor, StorageKind,
+    Connection, DType, Error, ErrorKind, ExportOptions, Layout, Peer, PeerConfig, Segment, SharedTensor, StorageKind,
     StorageRef, TensorDesc,
 };
 
@@ -87,12 +87,12 @@ impl Attacker {
     }
 }
 
-fn expect_err(victim: &Peer, needle: &str) -> Error {
+fn expect_err(victim: &Peer, kind: ErrorKind, needle: &str) -> Error {
     let err = match victim.recv(T) {
         Ok(x) => panic!("expected an error containing {needle:?}, got {x:?}"),
         Err(e) => e,
     };
-    assert!(matches!(err, Error::InvalidDescriptor(_) | Error::InvalidSegment(_) | Error::Protocol(_) | Error::StaleLease(_)) && err.to_string().contains(needle), "expected {needle:?} in {err}");
+    assert!(err.kind() == kind && err.to_string().contains(needle), "expected {kind:?} with {needle:?}, got {:?}: {err}", err.kind());
     assert!(!matches!(err, Error::Timeout { .. }), "{err}");
     err
 }
@@ -108,15 +108,15 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     // Segments that must not be mapped.
     let d = at.desc(f32s(16), 100, 64);
     at.send_raw(1, d.encode(), Some(&sealed(4096, 0)));
-    expect_err(&victim, "not sealed against resizing (missing F_SEAL_SHRINK and F_SEAL_GROW)");
+    expect_err(&victim, ErrorKind::InvalidSegment, "not sealed against resizing (missing F_SEAL_SHRINK and F_SEAL_GROW)");
 
     let d = at.desc(f32s(16), 101, 64);
     at.send_raw(2, d.encode(), Some(&sealed(4096, libc::F_SEAL_GROW)));
-    expect_err(&victim, "missing F_SEAL_SHRINK");
+    expect_err(&victim, ErrorKind::InvalidSegment, "missing F_SEAL_SHRINK");
 
     let d = at.desc(f32s(1024), 102, 4096);
     at.send_raw(3, d.encode(), Some(&sealed(1024, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)));
-    expect_err(&victim, "segment too small: descriptor needs 4096 bytes at offset 0, segment has 1024");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "segment too small: descriptor needs 4096 bytes at offset 0, segment has 1024");
 
     let path = std::env::temp_dir().join(format!("tw-hostile-{}", std::process::id()));
     std::fs::write(&path, vec![0u8; 4096]).unwrap();
@@ -124,12 +124,12 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     std::fs::remove_file(&path).unwrap();
     let d = at.desc(f32s(16), 103, 64);
     at.send_raw(4, d.encode(), Some(&file));
-    expect_err(&victim, "not a memfd");
+    expect_err(&victim, ErrorKind::InvalidSegment, "not a memfd");
 
     let named = Segment::create_named(4096).unwrap();
     let d = at.desc(f32s(16), 104, 64);
     at.send_raw(5, d.encode(), Some(&named.fd().try_clone_to_owned().unwrap()));
-    expect_err(&victim, "not a memfd");
+    expect_err(&victim, ErrorKind::InvalidSegment, "not a memfd");
 
     // A real, sealed segment, but a descriptor whose extent passes its end.
     let good = Segment::create(4096).unwrap();
@@ -137,62 +137,62 @@ fn hostile_producer_gets_clear_errors_and_the_connection_survives() {
     let mut d = at.desc(f32s(16), 200, 64);
     d.storage.base_offset = 4090;
     at.send_raw(6, d.encode(), Some(&good_fd()));
-    expect_err(&victim, "segment too small: descriptor needs 64 bytes at offset 4090, segment has 4096");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "segment too small: descriptor needs 64 bytes at offset 4090, segment has 4096");
 
     // Descriptor-level garbage.
     let mut d = at.desc(f32s(16), 200, 64);
     d.sizes[0] = i64::MAX;
     d.strides[0] = 2;
     at.send_raw(7, d.encode(), None);
-    expect_err(&victim, "overflow 64 bits when packed");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "overflow 64 bits when packed");
     let mut d = at.desc(f32s(16), 200, 64);
     d.dtype = 99;
     at.send_raw(8, d.encode(), None);
-    expect_err(&victim, "unknown dtype code 99");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "unknown dtype code 99");
     let mut d = at.desc(f32s(16), 200, 64);
     d.strides[0] = -1;
     at.send_raw(9, d.encode(), None);
-    expect_err(&victim, "stride -1 of dim 0 is negative");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "stride -1 of dim 0 is negative");
     let mut rnd = vec![0u8; tensorwire::DESC_SIZE];
     tensorwire::os::getrandom(&mut rnd).unwrap();
     at.send_raw(10, &rnd, None);
-    expect_err(&victim, "invalid tensor descriptor");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "invalid tensor descriptor");
     at.send_raw(11, &rnd[..17], None);
-    expect_err(&victim, "tensor message has 33 bytes, expected 416");
+    expect_err(&victim, ErrorKind::Protocol, "tensor message has 33 bytes, expected 416");
 
     // Leases the victim was never granted.
     let mut d = at.desc(f32s(16), 200, 64);
     d.storage.lease_slot = 999;
     at.send_raw(12, d.encode(), None);
-    expect_err(&victim, "lease slot 999 out of range (the peer's table has 32 slots)");
+    expect_err(&victim, ErrorKind::StaleLease, "lease slot 999 out of range (the peer's table has 32 slots)");
     let mut d = at.desc(f32s(16), 200, 64);
     d.storage.lease_gen += 7;
     at.send_raw(13, d.encode(), None);
-    expect_err(&victim, "not 8");
+    expect_err(&victim, ErrorKind::StaleLease, "not 8");
     // A segment id no fd ever came with.
     let d = at.desc(f32s(16), 777, 64);
     at.send_raw(14, d.encode(), None);
-    expect_err(&victim, "names segment 777 in fd slot 0, which holds no fd");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "names segment 777 in fd slot 0, which holds no fd");
     // Fd slots: one past the last, with and without an fd; a slot that holds another
     // segment's fd; a trailer that is not zero.
     let d = at.desc(f32s(16), 200, 64);
     at.send_in(16, d.encode(), Some(&good_fd()), tensorwire::peer::SEGMENT_FD_SLOTS, 0);
-    expect_err(&victim, "names fd slot 16; a connection has 16");
+    expect_err(&victim, ErrorKind::Protocol, "names fd slot 16; a connection has 16");
     let d = at.desc(f32s(16), 200, 64);
     at.send_in(17, d.encode(), None, u32::MAX, 0);
-    expect_err(&victim, &format!("names fd slot {}", u32::MAX));
+    expect_err(&victim, ErrorKind::Protocol, &format!("names fd slot {}", u32::MAX));
     let d = at.desc(f32s(16), 200, 64);
     at.send_in(18, d.encode(), Some(&good_fd()), 3, 0);
     victim.recv_tensor(T).unwrap().release().unwrap();
     let d = at.desc(f32s(16), 201, 64);
     at.send_in(19, d.encode(), None, 3, 0);
-    expect_err(&victim, "names segment 201 in fd slot 3, which holds the fd of segment 200");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "names segment 201 in fd slot 3, which holds the fd of segment 200");
     let d = at.desc(f32s(16), 200, 64);
     at.send_in(20, d.encode(), None, 3, 1);
-    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    expect_err(&victim, ErrorKind::Protocol, "the 4 bytes after its fd slot must be zero");
     // Unknown message kind and a runt message.
     at.conn.send(99, b"??", &[]).unwrap();
-    expect_err(&victim, "unknown message kind 99");
+    expect_err(&victim, ErrorKind::Protocol, "unknown message kind 99");
 
     // The victim gave back every live lease it refused after the lease check.
     let mut owners = tensorwire::lease::Reclaimed::default();
@@ -309,17 +309,17 @@ fn hostile_consumer_scribbling_the_lease_table_cannot_break_the_producer() {
 
 #[test]
 fn hostile_table_at_setup_is_refused() {
-    for (cap, fd_seals, needle) in [
-        (0u32, true, "capacity 0 outside"),
-        (u32::MAX, true, "outside 1..="),
-        (16, false, "not sealed"),
+    for (cap, fd_seals, kind, needle) in [
+        (0u32, true, ErrorKind::Protocol, "capacity 0 outside"),
+        (u32::MAX, true, ErrorKind::Protocol, "outside 1..="),
+        (16, false, ErrorKind::InvalidSegment, "not sealed"),
     ] {
         let (a, b) = Connection::pair().unwrap();
         let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
         let fd = sealed(4096, if fd_seals { libc::F_SEAL_GROW | libc::F_SEAL_SHRINK } else { 0 });
         b.send(KIND_TABLE, &setup_msg(cap, 0), &[fd.as_fd()]).unwrap();
         let err = victim.join().unwrap().unwrap_err();
-        assert!(matches!(err, Error::InvalidSegment(_) | Error::Protocol(_)) && err.to_string().contains(needle), "expected {needle:?} in {err}");
+        assert!(err.kind() == kind && err.to_string().contains(needle), "expected {kind:?} with {needle:?}, got {:?}: {err}", err.kind());
     }
     // A sealed memfd of the right size whose header is not a lease table.
     let (a, b) = Connection::pair().unwrap();
@@ -330,11 +330,11 @@ fn hostile_table_at_setup_is_refused() {
     assert!(matches!(err, Error::Protocol(_)) && err.to_string().contains("lease table header invalid"), "{err}");
     // A ring announced without its fd, and a ring fd that is not a ring.
     let good_table = Exporter::new(16, u64::MAX).unwrap();
-    for (ring_bytes, ring_fd, needle) in [
-        (1u64 << 16, None, "announced a 65536-byte ring but sent no ring fd"),
-        (1000, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), "not a power of two"),
-        (4096, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), "ring header invalid"),
-        (1 << 16, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), "segment too small"),
+    for (ring_bytes, ring_fd, kind, needle) in [
+        (1u64 << 16, None, ErrorKind::Protocol, "announced a 65536-byte ring but sent no ring fd"),
+        (1000, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), ErrorKind::Protocol, "not a power of two"),
+        (4096, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), ErrorKind::Protocol, "ring header invalid"),
+        (1 << 16, Some(sealed(8192, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)), ErrorKind::InvalidSegment, "segment too small"),
     ] {
         let (a, b) = Connection::pair().unwrap();
         let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
@@ -344,7 +344,7 @@ fn hostile_table_at_setup_is_refused() {
         }
         b.send(KIND_TABLE, &setup_msg(16, ring_bytes), &fds).unwrap();
         let err = victim.join().unwrap().unwrap_err();
-        assert!(matches!(err, Error::InvalidSegment(_) | Error::Protocol(_)) && err.to_string().contains(needle), "expected {needle:?} in {err}");
+        assert!(err.kind() == kind && err.to_string().contains(needle), "expected {kind:?} with {needle:?}, got {:?}: {err}", err.kind());
     }
 }
 
@@ -369,22 +369,23 @@ fn hostile_gpu_ring_setup_is_refused() {
     let ctrl = sealed(4096, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
     let small_ctrl = sealed(64, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
     let descs = tensorwire::ring::RingShared::create(65536).unwrap();
-    let cases: Vec<(u32, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>, &str)> = vec![
-        (KIND_CUDA_RING, zero_slots, vec![ctrl.as_fd(), descs.segment().fd()], "GPU ring of 0 slots"),
-        (KIND_CUDA_RING, short, vec![ctrl.as_fd(), descs.segment().fd()], "100 bytes for 2 slots"),
-        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd()], "2 or 3 fds"),
-        (KIND_CUDA_RING, offers_words, vec![ctrl.as_fd(), descs.segment().fd()], "offers signal words and needs 3 fds, came with 2"),
-        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd(), descs.segment().fd(), ctrl.as_fd()], "does not offer signal words and needs 2 fds, came with 3"),
-        (KIND_USER, b"hello".to_vec(), vec![], "expected the peer's GPU ring setup"),
-        (KIND_CUDA_RING, good.encode(), vec![small_ctrl.as_fd(), descs.segment().fd()], "segment too small"),
+    use ErrorKind::{InvalidSegment, Protocol};
+    let cases: Vec<(u32, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>, ErrorKind, &str)> = vec![
+        (KIND_CUDA_RING, zero_slots, vec![ctrl.as_fd(), descs.segment().fd()], Protocol, "GPU ring of 0 slots"),
+        (KIND_CUDA_RING, short, vec![ctrl.as_fd(), descs.segment().fd()], Protocol, "100 bytes for 2 slots"),
+        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd()], Protocol, "2 or 3 fds"),
+        (KIND_CUDA_RING, offers_words, vec![ctrl.as_fd(), descs.segment().fd()], Protocol, "offers signal words and needs 3 fds, came with 2"),
+        (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd(), descs.segment().fd(), ctrl.as_fd()], Protocol, "does not offer signal words and needs 2 fds, came with 3"),
+        (KIND_USER, b"hello".to_vec(), vec![], Protocol, "expected the peer's GPU ring setup"),
+        (KIND_CUDA_RING, good.encode(), vec![small_ctrl.as_fd(), descs.segment().fd()], InvalidSegment, "segment too small"),
     ];
-    for (kind, payload, fds, needle) in cases {
+    for (msg_kind, payload, fds, kind, needle) in cases {
         let (a, b) = Connection::pair().unwrap();
         let victim = std::thread::spawn(move || Peer::new(a, PeerConfig::default()));
         b.send(KIND_TABLE, &tensorwire::peer::setup_payload(16, 0, tensorwire::peer::SETUP_HAS_CUDA_RING), &[table.table().fd()]).unwrap();
-        b.send(kind, &payload, &fds).unwrap();
+        b.send(msg_kind, &payload, &fds).unwrap();
         let err = victim.join().unwrap().unwrap_err();
-        assert!(matches!(err, Error::InvalidSegment(_) | Error::Protocol(_)) && err.to_string().contains(needle), "expected {needle:?} in {err}");
+        assert!(err.kind() == kind && err.to_string().contains(needle), "expected {kind:?} with {needle:?}, got {:?}: {err}", err.kind());
     }
     // Unknown setup flags.
     let (a, b) = Connection::pair().unwrap();
@@ -560,15 +561,15 @@ fn every_refused_tensor_message_gives_its_lease_back() {
 
     let d = at.desc(f32s(16), 200, 64);
     at.send_in(1, d.encode(), Some(&good_fd()), 0, 7);
-    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    expect_err(&victim, ErrorKind::Protocol, "the 4 bytes after its fd slot must be zero");
     assert!(at.one_given_back(), "a non-zero trailer word kept its lease");
     assert_eq!(victim.refused_tag(), Some(1), "the refused message's tag");
     at.conn.send(99, b"??", &[]).unwrap();
-    expect_err(&victim, "unknown message kind 99");
+    expect_err(&victim, ErrorKind::Protocol, "unknown message kind 99");
     assert_eq!(victim.refused_tag(), None, "no tensor message was refused");
     let d = at.desc(f32s(16), 200, 64);
     at.send_in(2, d.encode(), None, 0, 7);
-    expect_err(&victim, "the 4 bytes after its fd slot must be zero");
+    expect_err(&victim, ErrorKind::Protocol, "the 4 bytes after its fd slot must be zero");
     assert!(at.one_given_back());
     at.conn.send(tensorwire::peer::KIND_USER, b"not a tensor", &[]).unwrap();
     let e = victim.recv_tensor(T).err().expect("a user message is not a tensor");
@@ -579,7 +580,7 @@ fn every_refused_tensor_message_gives_its_lease_back() {
     let p = tensorwire::peer::tensor_payload(2, &d, 0);
     let (f1, f2) = (good_fd(), good_fd());
     at.conn.send(KIND_TENSOR, &p, &[f1.as_fd(), f2.as_fd()]).unwrap();
-    expect_err(&victim, "tensor message has 2 fds, expected at most 1");
+    expect_err(&victim, ErrorKind::Protocol, "tensor message has 2 fds, expected at most 1");
     assert!(at.one_given_back(), "a message with two fds kept its lease");
 
     for (edit, needle) in [
@@ -591,14 +592,14 @@ fn every_refused_tensor_message_gives_its_lease_back() {
         let mut d = at.desc(f32s(16), 200, 64);
         edit(&mut d);
         at.send_raw(3, d.encode(), None);
-        expect_err(&victim, needle);
+        expect_err(&victim, ErrorKind::InvalidDescriptor, needle);
         assert!(at.one_given_back(), "a descriptor refused with {needle:?} kept its lease");
     }
 
     // After the lease check: the segment is too small for the descriptor.
     let d = at.desc(f32s(1024), 201, 4096);
     at.send_raw(4, d.encode(), Some(&sealed(1024, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK)));
-    expect_err(&victim, "segment too small");
+    expect_err(&victim, ErrorKind::InvalidDescriptor, "segment too small");
     assert!(at.one_given_back(), "an import refused after the lease check kept its lease");
 
     // A forged reference: the slot of a lease an import holds, another generation. The
@@ -611,7 +612,7 @@ fn every_refused_tensor_message_gives_its_lease_back() {
         forged.storage.lease_gen = generation;
         forged.dtype = 99;
         at.send_raw(6, forged.encode(), None);
-        expect_err(&victim, "unknown dtype code 99");
+        expect_err(&victim, ErrorKind::InvalidDescriptor, "unknown dtype code 99");
     }
     assert!(!at.one_given_back(), "a forged generation released the lease an import holds");
     held.release().unwrap();

@@ -53,7 +53,46 @@ pub enum Error {
     Resource { what: &'static str, errno: i32 },
 }
 
+/// What kind of failure an [`Error`] is, without its details (as `std::io::ErrorKind`):
+/// for matching, and what the C ABI's result code and the Python exception class are
+/// chosen by. A ring the peer broke is a `Protocol` failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    Io,
+    PeerGone,
+    Timeout,
+    InvalidDescriptor,
+    InvalidSegment,
+    Protocol,
+    StaleLease,
+    QuotaExceeded,
+    InvalidArgument,
+    CudaUnavailable,
+    Cuda,
+    Resource,
+}
+
 impl Error {
+    /// The kind of this failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Io { .. } => ErrorKind::Io,
+            Error::PeerGone { .. } => ErrorKind::PeerGone,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::InvalidDescriptor(_) => ErrorKind::InvalidDescriptor,
+            Error::InvalidSegment(_) => ErrorKind::InvalidSegment,
+            Error::Protocol(_) | Error::RingBroken(_) => ErrorKind::Protocol,
+            Error::StaleLease(_) => ErrorKind::StaleLease,
+            Error::QuotaExceeded(_) => ErrorKind::QuotaExceeded,
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::CudaUnavailable(_) => ErrorKind::CudaUnavailable,
+            #[cfg(not(loom))]
+            Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::Resource { .. } => ErrorKind::Resource,
+        }
+    }
+
     /// An OS call failed: `Resource` when the failure is a limit of the machine or the
     /// process (so callers can tell "raise a limit / free something" from a real fault),
     /// `Io` otherwise.

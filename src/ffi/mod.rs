@@ -38,7 +38,7 @@ pub use peer::*;
 pub use ring::*;
 pub use segment::*;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::wait::Wait;
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -85,19 +85,19 @@ pub enum tw_result_e {
 impl From<&Error> for tw_result_e {
     fn from(e: &Error) -> Self {
         use tw_result_e::*;
-        match e {
-            Error::Io { .. } => TW_ERR_IO,
-            Error::PeerGone { .. } => TW_ERR_PEER_GONE,
-            Error::Timeout { .. } => TW_ERR_TIMEOUT,
-            Error::InvalidDescriptor(_) => TW_ERR_INVALID_DESCRIPTOR,
-            Error::InvalidSegment(_) => TW_ERR_INVALID_SEGMENT,
-            Error::Protocol(_) | Error::RingBroken(_) => TW_ERR_PROTOCOL,
-            Error::StaleLease(_) => TW_ERR_STALE_LEASE,
-            Error::QuotaExceeded(_) => TW_ERR_QUOTA_EXCEEDED,
-            Error::InvalidArgument(_) => TW_ERR_INVALID_ARGUMENT,
-            Error::CudaUnavailable(_) => TW_ERR_CUDA_UNAVAILABLE,
-            Error::Cuda { .. } => TW_ERR_CUDA,
-            Error::Resource { .. } => TW_ERR_RESOURCE,
+        match e.kind() {
+            ErrorKind::Io => TW_ERR_IO,
+            ErrorKind::PeerGone => TW_ERR_PEER_GONE,
+            ErrorKind::Timeout => TW_ERR_TIMEOUT,
+            ErrorKind::InvalidDescriptor => TW_ERR_INVALID_DESCRIPTOR,
+            ErrorKind::InvalidSegment => TW_ERR_INVALID_SEGMENT,
+            ErrorKind::Protocol => TW_ERR_PROTOCOL,
+            ErrorKind::StaleLease => TW_ERR_STALE_LEASE,
+            ErrorKind::QuotaExceeded => TW_ERR_QUOTA_EXCEEDED,
+            ErrorKind::InvalidArgument => TW_ERR_INVALID_ARGUMENT,
+            ErrorKind::CudaUnavailable => TW_ERR_CUDA_UNAVAILABLE,
+            ErrorKind::Cuda => TW_ERR_CUDA,
+            ErrorKind::Resource => TW_ERR_RESOURCE,
         }
     }
 }
