@@ -370,7 +370,9 @@ fn hostile_gpu_ring_setup_is_refused() {
     let small_ctrl = sealed(64, libc::F_SEAL_GROW | libc::F_SEAL_SHRINK);
     let descs = tensorwire::ring::RingShared::create(65536).unwrap();
     use ErrorKind::{InvalidSegment, Protocol};
-    let cases: Vec<(u32, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>, ErrorKind, &str)> = vec![
+    // Message kind, payload, fds, the error's kind, what its message names.
+    type Case<'a> = (u32, Vec<u8>, Vec<std::os::fd::BorrowedFd<'a>>, ErrorKind, &'static str);
+    let cases: Vec<Case<'_>> = vec![
         (KIND_CUDA_RING, zero_slots, vec![ctrl.as_fd(), descs.segment().fd()], Protocol, "GPU ring of 0 slots"),
         (KIND_CUDA_RING, short, vec![ctrl.as_fd(), descs.segment().fd()], Protocol, "100 bytes for 2 slots"),
         (KIND_CUDA_RING, good.encode(), vec![ctrl.as_fd()], Protocol, "2 or 3 fds"),
