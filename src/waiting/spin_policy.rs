@@ -8,20 +8,10 @@
 //! to its waker when no core is idle; two processes that never sleep are not re-placed at
 //! all), and which `taskset -c 0` forces — the reply cannot come until we stop:
 //!
-//! * a ring spin (pause, poll) holds the core for its whole budget every time. Measured
-//!   (examples/pingpong.rs, 64-byte ring round trip, loaded 2-core VM, kernel 6.18):
-//!   both processes on one core, `ring_spin` 2000 → 47–51 µs p50, every spin running out
-//!   after 22 µs and its sleep then lasting ~25 µs (the other side's own spin, then its
-//!   reply); `ring_spin` 0 → 2.8–3.0 µs. Unpinned, the scheduler kept the two processes on
-//!   one core for whole runs (every round trip on the same CPU) at 47–49 µs, or split them
-//!   (0.6 µs, as when pinned to two cores), or both within one run: bimodal.
+//! * a ring spin (pause, poll) holds the core for its whole budget every time;
 //! * a socket spin yields, which hands the core over only if the scheduler picks the other
-//!   process at that yield. With EEVDF it need not (a yield reorders only the yielder's
-//!   own group, and only while it is eligible): the torch round trip was once measured at
-//!   55 µs on one core, the 50 µs window burned before the sleep let the other side run.
-//!   Here the yields did hand over (8.1–8.9 µs; each spin's longest step, one poll and
-//!   one yield, lasted 5.3–5.7 µs: the other side's turn, against 0.5 µs with the two on
-//!   different cores).
+//!   process at that yield — and with EEVDF it need not (a yield reorders only the
+//!   yielder's own group, and only while it is eligible).
 //!
 //! So each waiting side keeps a [`SpinPolicy`], fed with what its waits found
 //! ([`Outcome`]). A spin that saw the reply keeps spinning on. Signs that the core is
@@ -34,13 +24,14 @@
 //! wake-up lets the scheduler place the two processes on different cores if one is idle
 //! (it picks an idle core for a woken process). The others yield the core a few times
 //! ([`hand_over`]), then sleep: when the scheduler runs the other side at one of those
-//! yields, the reply is there without a wake-up (measured, one core: ring 1.4–1.7 µs
-//! against 2.4–2.6 µs sleeping at once; socket 7.9–8.8 µs against 8.7–9.1 µs); when it does
-//! not, they cost a few system calls, not a spin's window. A spin that ran out before a
+//! yields, the reply is there without a wake-up; when it does not, they cost a few system
+//! calls, not a spin's window. A spin that ran out before a
 //! long sleep (the other side was busy or idle), or whose reply came while a busy task
 //! held our core for a time slice, says nothing about where the other side runs and
 //! changes nothing. The configured spin stays a cap: the policy only ever spins less (and
-//! a configured spin of 0 still sleeps at once, without the yields).
+//! a configured spin of 0 still sleeps at once, without the yields). `docs/DESIGN.md`
+//! ("Spinning, and not while the other side shares our core") has what was measured, and
+//! where the thresholds below come from.
 //!
 //! Private state of one process, read and written by the waits of one side: nothing here
 //! is read from memory or messages the peer writes. A peer shapes it only by when it
@@ -59,14 +50,12 @@ pub(crate) const MAX_PAUSE: u32 = 256;
 const SOON: u32 = 2;
 
 /// A step of a yielding spin (one poll and one yield) that took longer than this let
-/// another task run on our core. Measured on the 2-core VM: 0.5 µs p50 and 0.85–1.8 µs p99
-/// with the other process on another core; 5.3–5.7 µs (Rust) and 14–18 µs (Python, p10–p90)
-/// when the yield ran the other process for its turn of a round trip.
+/// another task run on our core: well above a step with nobody else to run, well below
+/// the other process's turn of a round trip.
 pub(crate) const HANDED_OVER: Duration = Duration::from_micros(3);
 
 /// A step longer than this ran a task for a time slice: a CPU-bound task that preempted
-/// us, not the other side's reply turn (measured: 0.6–0.8 ms, p50–p90, with a busy
-/// process on our core and the other side on another one).
+/// us, not the other side's reply turn.
 pub(crate) const TIME_SLICE: Duration = Duration::from_micros(200);
 
 /// What one wait that spun found.
@@ -119,8 +108,7 @@ pub(crate) struct SpinPolicy {
     pause: AtomicU32,
     /// While spinning: the last wait that spun found the core shared. One such wait alone
     /// does not pause spinning, two in a row do: with the other side on another core a
-    /// stray one happens (about 1 wait in 100 with a busy process on one of the cores,
-    /// measured), and a pause then costs its waits a wake-up each.
+    /// stray one happens now and then, and a pause costs its waits a wake-up each.
     armed: AtomicBool,
 }
 
@@ -158,7 +146,7 @@ impl SpinPolicy {
 }
 
 /// Most yields a `Plan::Yield` wait makes, to hand our core to the other side, before it
-/// sleeps. Measured on one core: the scheduler often runs the other side only at the
+/// sleeps. On one core the scheduler often runs the other side only at the
 /// second or third yield, or preempts its turn and comes back to us before the reply; a
 /// few yields then save a sleep and a wake-up. When yields hand nothing over, they cost
 /// this many system calls, not a spin's window.

@@ -7,8 +7,7 @@ use crate::wait::Deadline;
 use std::time::{Duration, Instant};
 
 /// How long a host wait polls without sleeping: the producer's work is usually done, or
-/// nearly, when its message arrives (measured: a host wait costs ~4 µs over a pipe
-/// round trip on an H200).
+/// nearly, when its message arrives (`docs/DESIGN.md` has what a host wait costs).
 const SPIN: Duration = Duration::from_micros(50);
 /// Longest sleep between two looks once the spin ran out (each sleep doubles, from 8 µs).
 const MAX_SLEEP: Duration = Duration::from_micros(500);

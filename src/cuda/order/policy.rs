@@ -6,10 +6,9 @@ use crate::error::{Error, Result};
 /// import's memory, a GPU ring slot), per connection (`PeerConfig::cuda_wait`).
 ///
 /// Without MPS two processes' contexts time-slice on the GPU, and a GPU-side wait on
-/// another process's IPC event (`cuStreamWaitEvent`) costs a time-slice switch: ~280 µs
-/// per round trip on an H200, against ~19 µs for a host wait on the same event and
-/// 24–29 µs for a stream-memory-op wait on a shared word (`docs/DESIGN.md`, "CUDA events
-/// and stream order", has the table).
+/// another process's IPC event (`cuStreamWaitEvent`) costs a time-slice switch, an order
+/// of magnitude more than a host wait on the same event or a stream-memory-op wait on a
+/// shared word (`docs/DESIGN.md`, "CUDA events and stream order", has the measurements).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
 pub enum CudaWait {
@@ -26,7 +25,7 @@ pub enum CudaWait {
     /// latency without MPS, but the call blocks until the producer's work completed.
     Host = 1,
     /// `cuStreamWaitEvent` on the producer's IPC event (the GPU waits). Pays the
-    /// time-slice switch without MPS; under MPS it costs ~28 µs. For comparison and for
+    /// time-slice switch without MPS; under MPS it costs about what a word costs. For comparison and for
     /// MPS setups (where a fault in one client is reported to every client of the GPU,
     /// so it does not isolate untrusted code).
     Event = 2,
