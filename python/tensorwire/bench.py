@@ -171,11 +171,17 @@ def iters_for(size, base, copying):
     return max(2, min(base, int(base * (1 << 20) / size))) if size > (1 << 20) else base
 
 
-def bench_tensorwire(sizes, base_iters):
+def start_child(role):
+    """This module run again as the child `role` (``--child-tw``, ``--child-ring``), and
+    the connection to it."""
     parent_fd, child_fd = tensorwire.socketpair()
-    child = subprocess.Popen([sys.executable, "-m", "tensorwire.bench", "--child-tw", str(child_fd)], pass_fds=[child_fd])
+    child = subprocess.Popen([sys.executable, "-m", "tensorwire.bench", role, str(child_fd)], pass_fds=[child_fd])
     os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd)
+    return child, tensorwire.from_fd(parent_fd)
+
+
+def bench_tensorwire(sizes, base_iters):
+    child, conn = start_child("--child-tw")
     small = tensorwire.zeros(1024, dtype=torch.uint8)
     warm_up(lambda i: (conn.send(small, i), conn.recv()))
     del small
@@ -194,10 +200,7 @@ def bench_tensorwire(sizes, base_iters):
 
 
 def bench_ring(sizes, base_iters):
-    parent_fd, child_fd = tensorwire.socketpair()
-    child = subprocess.Popen([sys.executable, "-m", "tensorwire.bench", "--child-ring", str(child_fd)], pass_fds=[child_fd])
-    os.close(child_fd)
-    conn = tensorwire.from_fd(parent_fd)
+    child, conn = start_child("--child-ring")
     small = torch.ones(1024, dtype=torch.uint8)
     warm_up(lambda i: (conn.ring_send(small, i), conn.ring_recv()))
     out = {}
