@@ -11,6 +11,7 @@ import gc
 import importlib.util
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,63 @@ def test_build_info_and_pyproject_agree():
     assert ver(info["torch_min"]) < ver(info["torch_below"])
     for v in info["torch_tested"]:
         assert ver(info["torch_min"]) <= ver(v)[:2] < ver(info["torch_below"])
+
+
+def _shared(shape, dtype=torch.float32) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    return _segment_tensor(nbytes).view(dtype).view(*shape)
+
+
+def _send(peer, t: torch.Tensor, tag: int = 0) -> int:
+    s = t.untyped_storage()
+    return peer.send(s.data_ptr(), s.nbytes(), str(t.dtype).removeprefix("torch."),
+                     list(t.shape), list(t.stride()), t.storage_offset(), tag)
+
+
+def _recv(peer, timeout: float = 10.0) -> tuple[torch.Tensor, int]:
+    cap, dtype, sizes, strides, offset, tag = peer.recv(timeout)
+    storage = torch.from_dlpack(cap)
+    return storage.view(getattr(torch, dtype)).as_strided(sizes, strides, offset), tag
+
+
+def test_send_recv_a_view_zero_copy_and_the_lease_ends_with_the_last_view():
+    a, b = native.Peer.pair()
+    t = _shared((8, 16))
+    t.copy_(torch.arange(128, dtype=torch.float32).view(8, 16))
+    view = t.t()[2:6]  # strided, offset
+    _send(a, view, tag=42)
+    u, tag = _recv(b)
+    assert tag == 42 and torch.equal(u, view) and u.stride() == view.stride()
+    t[3, 3] = -1.0  # the receiver aliases the sender's memory
+    assert u[1, 3] == -1.0
+    assert a.stats()["live_leases"] == 1
+    w = u[0]
+    del u
+    gc.collect()
+    time.sleep(0.05)
+    assert a.stats()["live_leases"] == 1  # a view still holds the import
+    del w
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while a.stats()["live_leases"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert a.stats()["live_leases"] == 0 and a.stats()["released"] == 1
+
+
+def test_send_of_a_private_tensor_is_refused():
+    a, _b = native.Peer.pair()
+    with pytest.raises(errors.Refused, match="not a live tensorwire segment"):
+        _send(a, torch.zeros(4))
+
+
+def test_recv_times_out_and_a_closed_peer_is_gone():
+    a, b = native.Peer.pair()
+    with pytest.raises(errors.Timeout):
+        b.recv(0.05)
+    del a
+    gc.collect()
+    with pytest.raises(errors.PeerGone):
+        b.recv(5.0)
