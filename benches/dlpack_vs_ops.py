@@ -4,6 +4,9 @@ extension's op (``torch.ops.tensorwire.zeros``: a segment made in Rust, wrapped 
 the same segment, a DLPack capsule, ``torch.from_dlpack`` and a dtype/shape view), each
 followed by dropping the tensor (the segment unmapped). Also the export-side check:
 ``torch.ops.tensorwire.is_shared`` vs ``_native.is_segment`` on the storage address.
+And a send/recv round trip of a 4 KiB shared tensor over an in-process connected pair
+(export under a lease, import, tensor made, dropped, lease released): the package's
+``Connection`` over ``torch.ops`` vs ``_native.Peer`` + ``torch.from_dlpack``.
 
     TENSORWIRE_TORCH_LIB=build/torch-ext/libtensorwire_torch.so \\
     TENSORWIRE_NATIVE=build/native-wheel/x/_native/_native.abi3.so \\
@@ -14,6 +17,7 @@ Prints the median over 7 runs of the mean µs per call (2000 calls each).
 import importlib.util
 import os
 import statistics
+import threading
 import time
 
 import torch
@@ -46,6 +50,30 @@ def via_ops():
 
 a, b = via_ops(), via_dlpack()
 assert a.shape == b.shape and a.dtype == b.dtype
+
+ta, tb = tensorwire.socketpair(inheritable_child=False)
+other = {}
+th = threading.Thread(target=lambda: other.setdefault("b", tensorwire.from_fd(tb)))  # both ends handshake
+th.start()
+ca = tensorwire.from_fd(ta)
+th.join()
+cb = other["b"]
+pa, pb = native.Peer.pair()
+
+
+def rt_ops():
+    ca.send(a)
+    cb.recv(timeout=10.0)
+
+
+def rt_native():
+    s = b.untyped_storage()
+    pa.send(s.data_ptr(), s.nbytes(), "float32", [32, 32], [32, 1], 0)
+    cap, dtype, sizes, strides, off, _tag = pb.recv(10.0)
+    torch.from_dlpack(cap).view(getattr(torch, dtype)).as_strided(sizes, strides, off)
+
+
+print(f"send + recv + drop, 4 KiB:         torch.ops {per_call(rt_ops, 500):.1f} us, DLPack {per_call(rt_native, 500):.1f} us")
 print(f"make + drop a 4 KiB shared tensor: torch.ops {per_call(via_ops):.1f} us, DLPack {per_call(via_dlpack):.1f} us")
 print(f"is it ours (export check):         torch.ops {per_call(lambda: ops.is_shared(a)):.2f} us, "
       f"_native {per_call(lambda: native.is_segment(b.data_ptr(), b.untyped_storage().nbytes())):.2f} us")
