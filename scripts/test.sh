@@ -66,7 +66,7 @@ py=$(bash scripts/setup-venv.sh | tail -1)
 cargo clippy -p tensorwire-rpc --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 
-step "Python binding tensorwire._native (python/native, PyO3 abi3): clippy, one maturin wheel (tag checked, no libtorch/libpython linked), its DLPack storage tests"
+step "Python binding tensorwire._native (python/native, PyO3 abi3): clippy, one maturin wheel (tag checked, no libtorch/libpython linked), its DLPack storage and send/recv tests"
 cargo clippy -p tensorwire-python --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 native_wheels=$root/build/native-wheel
 rm -rf "$native_wheels"
