@@ -199,24 +199,31 @@ fn supervisor_entry() {
     }
 }
 
-/// Start a supervisor in `mode`; its stdout lines up to the worker's pid, and the pid.
-/// The caller kills and waits for it.
+/// Start a supervisor in `mode`; its stdout lines as they come, and the worker's pid. The
+/// caller kills and waits for it.
 #[allow(clippy::zombie_processes)]
-fn supervisor(mode: &str) -> (std::process::Child, Vec<String>, u32) {
+fn supervisor(mode: &str) -> (std::process::Child, std::sync::mpsc::Receiver<String>, u32) {
     let mut sup = Command::new(std::env::current_exe().unwrap())
         .args(["supervisor_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
         .env("TW_SUPERVISOR", mode)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(sup.stdout.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    loop {
-        let l = lines.next().expect("the supervisor ended early").unwrap();
-        if let Some((_, p)) = l.split_once("WORKER ") {
-            return (sup, seen, p.trim().parse().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = sup.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
         }
-        seen.push(l);
+    });
+    loop {
+        let l = lines.recv_timeout(Duration::from_secs(60)).expect("the supervisor never named its worker");
+        if let Some((_, p)) = l.split_once("WORKER ") {
+            return (sup, lines, p.trim().parse().unwrap());
+        }
     }
 }
 
@@ -253,7 +260,15 @@ fn a_worker_answers_calls_and_its_output_is_captured() {
 fn output_is_forwarded_with_a_prefix() {
     let _one = serial();
     let (mut sup, lines, worker) = supervisor("prefixed");
-    assert!(lines.iter().any(|l| l.contains("[w] hello from the worker")), "no prefixed line in {lines:?}");
+    // The worker's line reaches the supervisor's stdout through its forwarding thread,
+    // before or after the supervisor names the worker.
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("[w] hello from the worker")) {
+        match lines.recv_timeout(Duration::from_secs(10)) {
+            Ok(l) => seen.push(l),
+            Err(_) => panic!("no prefixed line in {seen:?}"),
+        }
+    }
     sup.kill().unwrap();
     sup.wait().unwrap();
     wait_until("the worker to end with its supervisor", Duration::from_secs(10), || gone(worker));
