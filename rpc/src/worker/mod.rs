@@ -1,0 +1,47 @@
+//! Workers: child processes that serve calls, started, held to deadlines and replaced by a
+//! supervisor in this process.
+//!
+//! A [`WorkerSpec`] says what to run and how: program and arguments, environment, where its
+//! stdout/stderr go ([`Output`]), resource limits ([`Limits`]), an optional [`Sandbox`],
+//! the handshake's time-out (which covers the child's own start-up: a Python child imports
+//! torch before it answers) and a default per-call deadline. [`WorkerSpec::spawn`] starts
+//! one [`Worker`]; a [`WorkerPool`] keeps warm ones.
+//!
+//! The child's side is [`serve`]: it finds its end of the connection in the environment
+//! (an inherited socketpair end: no path anyone could guess or connect to), applies the
+//! sandbox the supervisor asked for, answers the handshake and serves its registry until
+//! the supervisor closes the connection.
+//!
+//! What each failure leaves behind (`docs/DESIGN.md`, "Workers", has the state diagram):
+//! - a call past its deadline: the worker's process group is killed (SIGKILL) and reaped,
+//!   its leases on our tensors are reclaimed by the transport, the call fails with
+//!   `RpcError::Timeout`, every other call in flight on it with `RpcError::PeerGone`, and
+//!   the next call starts a fresh worker;
+//! - a crash (a signal, `exit`): every call in flight fails with `RpcError::PeerGone`
+//!   naming the signal or the exit status; the next call starts a fresh worker;
+//! - the supervisor's death: the child gets SIGKILL from the kernel (`PR_SET_PDEATHSIG`),
+//!   and a child whose parent was already gone when it started exits at once;
+//! - a hostile child (garbage frames, oversized or over-deep values): the connection fails
+//!   with a typed error, the worker is killed, nothing else in this process is touched.
+
+mod child;
+mod handle;
+mod launch;
+mod output;
+mod pool;
+mod sandbox;
+mod spec;
+
+pub use child::serve;
+pub use handle::{Worker, WorkerState};
+pub use output::Captured;
+pub use pool::{PooledWorker, WorkerPool};
+pub use sandbox::Sandbox;
+pub use spec::{Limits, Output, WorkerSpec};
+
+/// The environment variable naming the child's end of the connection (an fd number).
+pub const FD_ENV: &str = "TENSORWIRE_WORKER_FD";
+/// The environment variable holding the sandbox the child applies to itself (JSON).
+pub const SANDBOX_ENV: &str = "TENSORWIRE_WORKER_SANDBOX";
+/// The object id of the worker's own control service (the handshake).
+pub const CONTROL_ID: &str = "__tensorwire_worker__";
