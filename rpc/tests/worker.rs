@@ -14,12 +14,15 @@ use tensorwire_rpc::*;
 
 const ROLE: &str = "TW_WORKER_ROLE";
 
-/// A worker of this binary in `role`.
+/// A worker of this binary in `role`. Every call has a deadline (tests that test
+/// deadlines set shorter ones): a call that never returns fails its test instead of
+/// hanging the run.
 fn spec(role: &str) -> WorkerSpec {
     WorkerSpec::new(std::env::current_exe().unwrap())
         .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
         .env(ROLE, role)
         .handshake_timeout(Duration::from_secs(30))
+        .call_timeout(Duration::from_secs(60))
 }
 
 fn int(v: &Value) -> i64 {
@@ -335,11 +338,52 @@ fn a_crashed_worker_fails_its_calls_with_how_it_ended_and_is_replaced() {
     assert_eq!(w.call("w", "add", vec![1.into(), 1.into()]).unwrap(), Value::Int(2));
 }
 
+/// Counted in a process of its own (`fd_check_entry`): in this one, threads that earlier
+/// tests left ending (output forwarders, readers) close their fds whenever they finish,
+/// which moves the count under the test.
 #[test]
 fn workers_started_and_ended_leave_no_fds_behind() {
     let _one = serial();
+    let mut child = Supervisor(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["fd_check_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
+            .env("TW_FD_CHECK", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let by = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < by, "the fd check did not end within 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the fd check failed ({status}):\n{}", said.join().unwrap());
+}
+
+/// The fd check itself, run alone in a child process by the test above.
+#[test]
+fn fd_check_entry() {
+    if std::env::var_os("TW_FD_CHECK").is_none() {
+        return;
+    }
     drop(spec("plain").spawn().unwrap()); // the spawner thread and its fds, once
-    let before = open_fds();
+    // A dropped worker's reader and output threads close their ends as they finish, just
+    // after the drop: count once the number has held still for half a second.
+    let mut before = open_fds();
+    let mut still_since = Instant::now();
+    while still_since.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = open_fds();
+        if now != before {
+            (before, still_since) = (now, Instant::now());
+        }
+    }
     for _ in 0..3 {
         let w = spec("plain").output(Output::Capture { max_bytes: 1024 }).call_timeout(Duration::from_millis(200)).spawn().unwrap();
         let _ = w.call("w", "sleep", vec![10.into()]);
@@ -347,7 +391,11 @@ fn workers_started_and_ended_leave_no_fds_behind() {
         let _ = w.call("w", "die", vec!["kill".into()]);
         drop(w);
     }
-    wait_until("the fd count to settle", Duration::from_secs(5), || open_fds() == before);
+    let by = Instant::now() + Duration::from_secs(5);
+    while open_fds() != before {
+        assert!(Instant::now() < by, "{} fds open after three workers came and went, {before} before", open_fds());
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]

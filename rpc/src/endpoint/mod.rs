@@ -384,18 +384,27 @@ impl Inner {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Close now: fail every pending call with `reason`, stop workers, shut the socket.
+    /// Close because the peer broke the protocol: record why first, then tell the peer
+    /// (best effort; it may not read), then close. In this order a peer that hangs up as
+    /// soon as it reads the notice cannot make its hang-up the reason our calls fail with.
+    fn hang_up(&self, reason: RpcError) {
+        self.close_reason.lock().get_or_insert_with(|| reason.clone());
+        let _ = self.write_frame(&crate::message::connection_notice(&reason.to_string()));
+        self.shutdown_now(reason);
+    }
+
+    /// Close now: fail every pending call with the first reason recorded (`reason` if
+    /// none was), stop workers, shut the socket.
     fn shutdown_now(&self, reason: RpcError) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        {
+        let reason = {
             let mut g = self.close_reason.lock();
-            if g.is_none() {
-                *g = Some(reason.clone());
-            }
+            let first = g.get_or_insert(reason).clone();
             self.closed_cv.notify_all();
-        }
+            first
+        };
         let pending: Vec<_> = self.pending.lock().drain().map(|(_, s)| s).collect();
         for s in pending {
             s.complete(Err(reason.clone()));

@@ -300,9 +300,7 @@ impl Inner {
         let msg = match msg {
             Ok(m) => m,
             Err(e) => {
-                // Tell the peer why before hanging up (best effort; it may not read).
-                let _ = self.write_frame(&crate::message::connection_notice(&e.to_string()));
-                self.shutdown_now(e);
+                self.hang_up(e);
                 return;
             }
         };
@@ -361,8 +359,7 @@ impl Inner {
     /// The first message did not come in time: tell the peer why (best effort) and close.
     fn cut_silent_peer(&self) {
         let e = RpcError::FirstMessageTimeout { after: self.cfg.first_message_timeout.unwrap_or_default() };
-        let _ = self.write_frame(&crate::message::connection_notice(&e.to_string()));
-        self.shutdown_now(e);
+        self.hang_up(e);
     }
 
     /// The reader thread is about to handle a request (an inline handler, or a response
