@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "CODES", "BASE_CODES", "translate"]
+__all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "RemoteError", "CODES", "BASE_CODES", "translate"]
 
 
 class Error(RuntimeError):
@@ -99,3 +99,16 @@ def translate(exc: RuntimeError) -> Error:
     code = m.group(1) if m else None
     cls = CODES.get(code, Error) if code else Error
     return cls(message, code)
+
+
+class RemoteError(Error):
+    """The function a :mod:`tensorwire.rpc` call ran on the other side raised.
+    ``remote_type`` is the exception's type there (``"ValueError"``,
+    ``"mypkg.errors.BadInput"``; empty when the peer did not say, as a pyisolate peer does
+    not) and ``remote_traceback`` its traceback text, formatted there. The exception's own
+    class is never rebuilt here: nothing from the peer is unpickled or imported."""
+
+    def __init__(self, message: str, remote_type: str = "", remote_traceback: str = "") -> None:
+        super().__init__(message, None)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback

@@ -4,14 +4,14 @@
 //!
 //! One file a job: `errors` (Rust errors as `tensorwire.errors` classes), `dlpack` (the
 //! capsule), `storage` (shared segments and their registry), `connection` (CPU send/recv),
-//! `build` (`build_info`).
-//! CUDA and, later, the RPC layer and its workers add modules of their own and
-//! register them in `_native` below.
+//! `build` (`build_info`), `rpc` (the RPC layer and its workers, `tensorwire.rpc`).
+//! CUDA adds a module of its own and registers it in `_native` below.
 
 mod build;
 mod connection;
 mod dlpack;
 mod errors;
+mod rpc;
 mod storage;
 
 use pyo3::prelude::*;
@@ -23,5 +23,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::segment_storage, m)?)?;
     m.add_function(wrap_pyfunction!(storage::is_segment, m)?)?;
     m.add_function(wrap_pyfunction!(storage::live_segments, m)?)?;
+    rpc::register(m)?;
     Ok(())
 }

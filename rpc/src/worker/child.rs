@@ -10,6 +10,18 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 /// applied is an error. The handshake is answered only after the sandbox is in place, so
 /// a worker the supervisor sees ready is sandboxed as asked.
 pub fn serve(registry: Registry, cfg: RpcConfig) -> Result<()> {
+    let endpoint = connect(registry, cfg)?;
+    match endpoint.wait_closed() {
+        RpcError::PeerGone(_) => Ok(()),
+        e => Err(e),
+    }
+}
+
+/// What [`serve`] does before it waits: take the connection, apply the sandbox, register
+/// the handshake's answer and start serving `registry` on its endpoint, returned to a
+/// worker that also calls the supervisor back (its handlers run on the endpoint's own
+/// threads; the caller waits with [`Endpoint::wait_closed`]).
+pub fn connect(registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
     let conn = inherited_connection()?;
     let sandboxed = match std::env::var(SANDBOX_ENV) {
         Ok(text) => {
@@ -28,11 +40,7 @@ pub fn serve(registry: Registry, cfg: RpcConfig) -> Result<()> {
         Ok(Value::Object(m))
     });
     registry.register(CONTROL_ID, hello)?;
-    let endpoint = Endpoint::from_fd(conn, registry, cfg)?;
-    match endpoint.wait_closed() {
-        RpcError::PeerGone(_) => Ok(()),
-        e => Err(e),
-    }
+    Endpoint::from_fd(conn, registry, cfg)
 }
 
 /// Our end of the connection: the fd `FD_ENV` names, checked to be a Unix socket, made

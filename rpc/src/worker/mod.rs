@@ -32,7 +32,7 @@ mod pool;
 mod sandbox;
 mod spec;
 
-pub use child::serve;
+pub use child::{connect, serve};
 pub use handle::{Worker, WorkerState};
 pub use output::Captured;
 pub use pool::{PooledWorker, WorkerPool};

@@ -1,0 +1,229 @@
+//! `Endpoint`: one RPC connection (`tensorwire_rpc::Endpoint`) as a Python class — calls
+//! out (blocking, or started and waited for later), the objects it serves, native tensors.
+//! Every blocking wait releases the GIL, so the connection's handler threads (which take
+//! it to run Python handlers) keep serving while a call waits.
+
+use super::errors::to_py;
+use super::{service, values};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::time::Duration;
+use tensorwire_rpc::{CallOptions, Endpoint, Map, PendingCall, RpcConfig, Value, Wait};
+
+/// Seconds (`None`: no limit) as the RPC layer's wait.
+pub fn wait_of(timeout: Option<f64>) -> Wait {
+    match timeout {
+        Some(s) => Wait::from(Duration::from_secs_f64(s.clamp(0.0, 1e9))),
+        None => Wait::Forever,
+    }
+}
+
+/// Positional and keyword arguments as values (converted with the GIL held, before the
+/// call releases it).
+pub fn arguments(
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(Vec<Value>, Map)> {
+    let positional = args
+        .iter()
+        .map(|a| values::to_value(&a))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut named = Map::new();
+    if let Some(kw) = kwargs {
+        for (k, v) in kw.iter() {
+            named.insert(k.extract::<String>()?, values::to_value(&v)?);
+        }
+    }
+    Ok((positional, named))
+}
+
+/// A connection to one peer.
+#[pyclass(module = "tensorwire._native", name = "Endpoint")]
+pub struct PyEndpoint {
+    pub(super) ep: Endpoint,
+}
+
+#[pymethods]
+impl PyEndpoint {
+    /// Two connected endpoints in this process, each serving its dict of objects; with
+    /// `native`, tensors travel as shared segments under leases.
+    #[staticmethod]
+    #[pyo3(signature = (serve_a=None, serve_b=None, native=true))]
+    fn pair(
+        py: Python<'_>,
+        serve_a: Option<&Bound<'_, PyDict>>,
+        serve_b: Option<&Bound<'_, PyDict>>,
+        native: bool,
+    ) -> PyResult<(PyEndpoint, PyEndpoint)> {
+        let (ra, rb) = (
+            service::registry_of(serve_a)?,
+            service::registry_of(serve_b)?,
+        );
+        let (a, b) = py
+            .detach(|| Endpoint::pair(ra, rb, RpcConfig::default()))
+            .map_err(|e| to_py(py, &e))?;
+        if native {
+            py.detach(|| a.negotiate_native(Duration::from_secs(10)))
+                .map_err(|e| to_py(py, &e))?;
+        }
+        Ok((PyEndpoint { ep: a }, PyEndpoint { ep: b }))
+    }
+
+    /// An endpoint over a connected Unix socket `fd`, which it takes over.
+    #[staticmethod]
+    #[pyo3(signature = (fd, serve=None))]
+    fn from_fd(
+        py: Python<'_>,
+        fd: RawFd,
+        serve: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyEndpoint> {
+        if fd < 0 {
+            return Err(crate::errors::refused(
+                py,
+                format!("tensorwire.rpc: fd {fd} is not a descriptor"),
+            ));
+        }
+        let reg = service::registry_of(serve)?;
+        // SAFETY: the caller hands this fd over; it is non-negative and owned by nothing
+        // else from here on (an fd that is not a socket fails in `from_fd`, which closes it).
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ep = py
+            .detach(|| Endpoint::from_fd(owned, reg, RpcConfig::default()))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(PyEndpoint { ep })
+    }
+
+    /// Serve `obj` to the peer as `object_id`.
+    fn register(&self, object_id: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+        service::register(self.ep.registry(), object_id, obj)
+    }
+
+    /// Offer native tensors and wait up to `timeout` seconds for the peer's answer; whether
+    /// they are on.
+    #[pyo3(signature = (timeout=10.0))]
+    fn negotiate_native(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let ep = self.ep.clone();
+        py.detach(move || ep.negotiate_native(wait_of(Some(timeout))))
+            .map_err(|e| to_py(py, &e))
+    }
+
+    /// `object_id.method(*args, **kwargs)` on the peer; waits up to `timeout` seconds.
+    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let (positional, named) = arguments(args, kwargs)?;
+        let opts = CallOptions {
+            timeout: Some(wait_of(timeout)),
+            parent_call_id: None,
+        };
+        let ep = self.ep.clone();
+        let r = py.detach(move || ep.call_with(object_id, method, positional, named, opts));
+        values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+    }
+
+    /// Send the call now and return a handle to wait for its result later (many calls
+    /// can be in flight on one connection).
+    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
+    fn start(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyPendingCall> {
+        let (positional, named) = arguments(args, kwargs)?;
+        let opts = CallOptions {
+            timeout: Some(wait_of(timeout)),
+            parent_call_id: None,
+        };
+        let ep = self.ep.clone();
+        let pending = py
+            .detach(move || ep.start_call(object_id, method, positional, named, opts))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(PyPendingCall {
+            pending: Mutex::new(Some(pending)),
+        })
+    }
+
+    /// Close: tell the peer, wait up to `timeout` seconds for it to hang up, then close.
+    #[pyo3(signature = (timeout=1.0))]
+    fn close(&self, py: Python<'_>, timeout: f64) {
+        let ep = self.ep.clone();
+        py.detach(move || ep.close(wait_of(Some(timeout))));
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.ep.is_closed()
+    }
+
+    #[getter]
+    fn native(&self) -> bool {
+        self.ep.native_enabled()
+    }
+
+    /// Calls waiting for their response.
+    #[getter]
+    fn pending_calls(&self) -> usize {
+        self.ep.pending_calls()
+    }
+}
+
+/// A call sent and not yet waited for.
+#[pyclass(module = "tensorwire._native", name = "PendingCall")]
+pub struct PyPendingCall {
+    pending: Mutex<Option<PendingCall>>,
+}
+
+#[pymethods]
+impl PyPendingCall {
+    /// Its result (or its error); waits up to `timeout` seconds more. Once only.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| {
+                crate::errors::refused(
+                    py,
+                    "tensorwire.rpc: this call's result was already taken".into(),
+                )
+            })?;
+        let r = py.detach(move || pending.wait_timeout(wait_of(timeout)));
+        values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+    }
+
+    /// Whether its response (or its failure) is in.
+    fn done(&self) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(|p| p.is_done())
+    }
+
+    /// Give up on it: its result, if it still comes, is dropped.
+    fn cancel(&self) {
+        if let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            p.cancel();
+        }
+    }
+}

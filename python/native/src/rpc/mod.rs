@@ -1,0 +1,26 @@
+//! `tensorwire.rpc`'s native half: the `tensorwire-rpc` crate (pyisolate's wire, no
+//! pickle) for Python hosts and children. One file a job: `values` (Python objects and
+//! tensors to RPC values and back), `errors` (RPC errors as `tensorwire.errors` classes,
+//! a handler's exception as a response), `service` (Python objects served), `endpoint`
+//! (a connection), `worker` (supervised workers, the pool, the child's side).
+
+mod endpoint;
+mod errors;
+mod service;
+mod values;
+mod worker;
+
+use pyo3::prelude::*;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<endpoint::PyEndpoint>()?;
+    m.add_class::<endpoint::PyPendingCall>()?;
+    m.add_class::<worker::PySpec>()?;
+    m.add_class::<worker::PyWorker>()?;
+    m.add_class::<worker::PyWorkerPool>()?;
+    m.add_class::<worker::PyPooledWorker>()?;
+    m.add_function(wrap_pyfunction!(worker::serve_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::host, m)?)?;
+    m.add("TRACEBACK_MARKER", errors::TRACEBACK_MARKER)?;
+    Ok(())
+}

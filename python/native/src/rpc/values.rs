@@ -1,0 +1,251 @@
+//! Python objects to RPC values and back: JSON data (None, bool, int of any size, float,
+//! str, list, tuple, dict with str keys) and CPU torch tensors. Nothing else is sent: no
+//! pickle, and an object of another type is refused with its type named.
+//!
+//! Tensors: one whose storage is a live tensorwire segment (`tensorwire.rpc.empty`, or a
+//! segment storage made by `_native.segment_storage`) travels as that segment under a
+//! lease, no copy; any other CPU tensor is copied once into a fresh segment. A tensor that
+//! arrives reaches torch by DLPack over the imported storage; its lease ends when torch's
+//! last view of it dies.
+
+use crate::dlpack;
+use crate::errors::refused;
+use crate::storage;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use std::sync::Arc;
+use tensorwire::{DType, Layout, SharedTensor};
+use tensorwire_rpc::{Map, Tensor, Value};
+
+/// Deeper values are refused: a cyclic list would otherwise recurse without end, and the
+/// peer's decoder refuses deeper JSON anyway (`RpcConfig::max_depth`).
+const MAX_DEPTH: usize = 256;
+
+fn torch_tensor_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TYPE.import(py, "torch", "Tensor")
+}
+
+fn torch(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    py.import("torch")
+}
+
+/// `obj` as a value to send.
+pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    to_value_at(obj, 0)
+}
+
+fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+    let py = obj.py();
+    if depth > MAX_DEPTH {
+        return Err(refused(
+            py,
+            format!(
+                "tensorwire.rpc: a value nested deeper than {MAX_DEPTH} levels (or a cyclic one) cannot be sent"
+            ),
+        ));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    // bool before int: Python's bool is an int.
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if let Ok(i) = obj.cast::<PyInt>() {
+        return Ok(match i.extract::<i64>() {
+            Ok(v) => Value::Int(v),
+            Err(_) => Value::BigInt(i.str()?.to_string()),
+        });
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Ok(Value::Float(f.value()));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(s.to_str()?.to_owned()));
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return l
+            .iter()
+            .map(|x| to_value_at(&x, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return t
+            .iter()
+            .map(|x| to_value_at(&x, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut m = Map::new();
+        for (k, v) in d.iter() {
+            let key = k.cast::<PyString>().map_err(|_| {
+                refused(
+                    py,
+                    format!(
+                        "tensorwire.rpc: dict keys must be str (JSON objects), not {}",
+                        type_name(&k)
+                    ),
+                )
+            })?;
+            m.insert(key.to_str()?.to_owned(), to_value_at(&v, depth + 1)?);
+        }
+        return Ok(Value::Object(m));
+    }
+    if obj.is_instance(torch_tensor_type(py)?)? {
+        return tensor_to_value(obj);
+    }
+    Err(refused(
+        py,
+        format!(
+            "tensorwire.rpc cannot send a {}: values are JSON data (None, bool, int, float, str, list, tuple, dict with str keys) and torch tensors, never pickled",
+            type_name(obj)
+        ),
+    ))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "<unknown type>".into())
+}
+
+fn dtype_named(py: Python<'_>, name: &str) -> PyResult<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| {
+            refused(
+                py,
+                format!("tensorwire.rpc: dtype torch.{name} is not supported"),
+            )
+        })
+}
+
+fn rpc_err(py: Python<'_>, e: tensorwire_rpc::RpcError) -> PyErr {
+    super::errors::to_py(py, &e)
+}
+
+fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let py = t.py();
+    let device: String = t.getattr("device")?.getattr("type")?.extract()?;
+    if device != "cpu" {
+        return Err(refused(
+            py,
+            format!(
+                "tensorwire.rpc: a {device} tensor cannot be sent yet (CPU tensors only); move it with .cpu(), or send CUDA tensors with tensorwire.Connection"
+            ),
+        ));
+    }
+    if !t.getattr("layout")?.eq(torch(py)?.getattr("strided")?)? {
+        return Err(refused(
+            py,
+            "tensorwire.rpc: only strided (dense) tensors can be sent".into(),
+        ));
+    }
+    let dtype_text = t.getattr("dtype")?.str()?.to_string();
+    let dtype = dtype_named(py, dtype_text.strip_prefix("torch.").unwrap_or(&dtype_text))?;
+    let sizes: Vec<i64> = t.call_method0("size")?.extract()?;
+    let storage = t.call_method0("untyped_storage")?;
+    let (sptr, snbytes): (usize, usize) = (
+        storage.call_method0("data_ptr")?.extract()?,
+        storage.call_method0("nbytes")?.extract()?,
+    );
+    if let Some((seg, off)) = storage::segment_at(sptr, snbytes) {
+        let strides: Vec<i64> = t.call_method0("stride")?.extract()?;
+        let offset: i64 = t.call_method0("storage_offset")?.extract()?;
+        let layout = Layout::strided(dtype, &sizes, &strides, offset)
+            .map_err(|e| crate::errors::to_py(py, &e))?;
+        let shared = SharedTensor::new(seg, off, snbytes, layout)
+            .map_err(|e| crate::errors::to_py(py, &e))?;
+        return Ok(Value::Tensor(Box::new(Tensor::Shared(shared))));
+    }
+    // Private memory: one copy, of the elements the view names, into a fresh segment.
+    let c = t.call_method0("contiguous")?;
+    let ptr: usize = c.call_method0("data_ptr")?.extract()?;
+    let nbytes: usize = c.call_method0("numel")?.extract::<usize>()? * dtype.size();
+    let data: &[u8] = if nbytes == 0 {
+        &[]
+    } else {
+        // SAFETY: `c` is a contiguous CPU tensor of `nbytes` bytes at `ptr`, kept alive
+        // (and unmoved: torch storages do not move) by the reference held across the
+        // copy, which runs with the GIL held so no Python code resizes it meanwhile.
+        unsafe { std::slice::from_raw_parts(ptr as *const u8, nbytes) }
+    };
+    let tensor = Tensor::from_bytes(dtype, &sizes, data).map_err(|e| rpc_err(py, e))?;
+    drop(c);
+    Ok(Value::Tensor(Box::new(tensor)))
+}
+
+/// A received value as a Python object.
+pub fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        Value::Null => py.None(),
+        Value::Bool(b) => PyBool::new(py, b).to_owned().into_any().unbind(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+        Value::BigInt(digits) => py.get_type::<PyInt>().call1((digits,))?.unbind(),
+        Value::Float(f) => PyFloat::new(py, f).into_any().unbind(),
+        Value::Str(s) => PyString::new(py, &s).into_any().unbind(),
+        Value::Array(items) => {
+            let items = items
+                .into_iter()
+                .map(|x| to_py(py, x))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any().unbind()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, to_py(py, x)?)?;
+            }
+            d.into_any().unbind()
+        }
+        Value::Tensor(t) => tensor_to_py(py, *t)?,
+    })
+}
+
+fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
+    let layout = t.layout();
+    let cap = match t {
+        Tensor::Imported(imp) => {
+            let (ptr, nbytes) = (imp.storage_ptr(), imp.storage_nbytes());
+            dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(imp))?
+        }
+        Tensor::Shared(shared) => {
+            let (ptr, nbytes) = (shared.storage_ptr(), shared.storage_nbytes());
+            dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(shared))?
+        }
+        Tensor::File(_) => {
+            // A pyisolate peer's file_system tensor: copied (within the connection's copy
+            // limit) into a segment of ours, the file is not kept mapped.
+            let (bytes, _) = t.storage_copy().map_err(|e| rpc_err(py, e))?;
+            let seg = Arc::new(
+                tensorwire::Segment::create(bytes.len().max(1))
+                    .map_err(|e| crate::errors::to_py(py, &e))?,
+            );
+            // SAFETY: the segment is fresh, at least `bytes.len()` long and not yet shared.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), seg.as_ptr(), bytes.len()) };
+            let ptr = seg.as_ptr();
+            dlpack::capsule(py, ptr, bytes.len(), (dlpack::DL_CPU, 0), Box::new(seg))?
+        }
+        Tensor::Cuda(_) | Tensor::CudaImported(_) => {
+            return Err(refused(py, "tensorwire.rpc: the peer sent a CUDA tensor; the Python binding receives CPU tensors only so far".into()));
+        }
+    };
+    let torch = torch(py)?;
+    let bytes = torch.call_method1("from_dlpack", (cap,))?;
+    let typed = bytes.call_method1("view", (torch.getattr(layout.dtype.name())?,))?;
+    let view = typed.call_method1(
+        "as_strided",
+        (
+            layout.sizes().to_vec(),
+            layout.strides().to_vec(),
+            layout.storage_offset,
+        ),
+    )?;
+    Ok(view.unbind())
+}

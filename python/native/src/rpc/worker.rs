@@ -1,0 +1,386 @@
+//! Workers from Python: a `WorkerSpec` built from keyword arguments, a supervised `Worker`,
+//! a warm `WorkerPool`, and the child's side (`serve_worker`, and `host`, the connection
+//! back to the supervisor for callbacks). The supervision itself — deadlines, crashes,
+//! replacement, the sandbox — is `tensorwire_rpc::worker`'s.
+
+use super::endpoint::{PyEndpoint, arguments};
+use super::errors::to_py;
+use super::{service, values};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tensorwire_rpc::worker::{
+    self, Limits, Output, PooledWorker, Sandbox, Worker, WorkerPool, WorkerSpec, WorkerState,
+};
+use tensorwire_rpc::{Endpoint, RpcConfig, RpcError};
+
+fn seconds(s: f64) -> Duration {
+    Duration::from_secs_f64(s.clamp(0.0, 1e9))
+}
+
+/// How to start a worker (`tensorwire.rpc.spawn` and `WorkerPool` build one).
+#[pyclass(module = "tensorwire._native", name = "WorkerSpec")]
+#[derive(Clone)]
+pub struct PySpec {
+    spec: WorkerSpec,
+}
+
+#[pymethods]
+impl PySpec {
+    /// `program args...` with `env` added to this process's environment. `output`:
+    /// `"inherit"`, `"capture"` (the last `capture_bytes` of each stream) or `"prefix"`
+    /// (each line after `prefix`). Limits in bytes / files / CPU seconds; a `sandbox` is
+    /// `(read paths, write paths, deny_network, deny_exec)`. Times in seconds.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (program, args, *, env=Vec::new(), cwd=None, output="inherit", prefix=String::new(), capture_bytes=1 << 16,
+                        address_space=None, open_files=None, cpu_seconds=None, sandbox=None,
+                        handshake_timeout=60.0, call_timeout=None, serve=None, native=true))]
+    fn new(
+        program: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<PathBuf>,
+        output: &str,
+        prefix: String,
+        capture_bytes: usize,
+        address_space: Option<u64>,
+        open_files: Option<u64>,
+        cpu_seconds: Option<u64>,
+        sandbox: Option<(Vec<PathBuf>, Vec<PathBuf>, bool, bool)>,
+        handshake_timeout: f64,
+        call_timeout: Option<f64>,
+        serve: Option<&Bound<'_, PyDict>>,
+        native: bool,
+        py: Python<'_>,
+    ) -> PyResult<PySpec> {
+        let output = match output {
+            "inherit" => Output::Inherit,
+            "capture" => Output::Capture {
+                max_bytes: capture_bytes,
+            },
+            "prefix" => Output::Prefixed(prefix),
+            other => {
+                return Err(crate::errors::refused(
+                    py,
+                    format!(
+                        "tensorwire.rpc: output={other:?}: use \"inherit\", \"capture\" or \"prefix\""
+                    ),
+                ));
+            }
+        };
+        let mut spec = WorkerSpec::new(program)
+            .args(args)
+            .output(output)
+            .limits(Limits {
+                address_space,
+                open_files,
+                cpu_seconds,
+            })
+            .handshake_timeout(seconds(handshake_timeout))
+            .registry(service::registry_of(serve)?)
+            .native_tensors(native);
+        for (k, v) in env {
+            spec = spec.env(k, v);
+        }
+        if let Some(dir) = cwd {
+            spec = spec.current_dir(dir);
+        }
+        if let Some(t) = call_timeout {
+            spec = spec.call_timeout(seconds(t));
+        }
+        if let Some((read, write, deny_network, deny_exec)) = sandbox {
+            spec = spec.sandbox(Sandbox {
+                read,
+                write,
+                deny_network,
+                deny_exec,
+            });
+        }
+        Ok(PySpec { spec })
+    }
+}
+
+fn call_on(
+    py: Python<'_>,
+    w: &Worker,
+    object_id: &str,
+    method: &str,
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+    timeout: Option<f64>,
+) -> PyResult<Py<PyAny>> {
+    let (positional, named) = arguments(args, kwargs)?;
+    let r = py.detach(|| w.call_with(object_id, method, positional, named, timeout.map(seconds)));
+    values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+}
+
+fn state_of(w: &Worker) -> (String, Option<u32>, String) {
+    match w.state() {
+        WorkerState::Ready { pid } => ("ready".into(), Some(pid), String::new()),
+        WorkerState::Down { why } => ("down".into(), None, why),
+    }
+}
+
+fn output_of<'py>(
+    py: Python<'py>,
+    w: &Worker,
+) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    w.output()
+        .map(|c| (PyBytes::new(py, &c.stdout()), PyBytes::new(py, &c.stderr())))
+}
+
+fn closed(py: Python<'_>) -> PyErr {
+    to_py(py, &RpcError::PeerGone("the worker was closed".into()))
+}
+
+/// A supervised worker (`tensorwire_rpc::worker::Worker`).
+#[pyclass(module = "tensorwire._native", name = "Worker")]
+pub struct PyWorker {
+    w: Mutex<Option<Arc<Worker>>>,
+}
+
+impl PyWorker {
+    fn get(&self, py: Python<'_>) -> PyResult<Arc<Worker>> {
+        self.w
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed(py))
+    }
+}
+
+#[pymethods]
+impl PyWorker {
+    /// Start one worker and wait for its handshake.
+    #[staticmethod]
+    fn spawn(py: Python<'_>, spec: &PySpec) -> PyResult<PyWorker> {
+        let spec = spec.spec.clone();
+        let w = py.detach(move || spec.spawn()).map_err(|e| to_py(py, &e))?;
+        Ok(PyWorker {
+            w: Mutex::new(Some(Arc::new(w))),
+        })
+    }
+
+    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let w = self.get(py)?;
+        call_on(py, &w, object_id, method, args, kwargs, timeout)
+    }
+
+    /// `(state, pid, why)`: `("ready", pid, "")` or `("down", None, why)`.
+    fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
+        {
+            let w = self.get(py)?;
+            Ok(state_of(&w))
+        }
+    }
+
+    /// Whether it could serve again as it is (running, nothing in flight, never killed).
+    fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.get(py)?.is_clean())
+    }
+
+    /// `(stdout, stderr)` captured so far, or `None` when the output is not captured.
+    fn output<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        {
+            let w = self.get(py)?;
+            Ok(output_of(py, &w))
+        }
+    }
+
+    /// Kill the running process (its process group) now; the next call starts a new one.
+    fn kill(&self, py: Python<'_>) -> PyResult<()> {
+        let w = self.get(py)?;
+        py.detach(move || w.kill());
+        Ok(())
+    }
+
+    /// End the worker: a clean close, then SIGKILL after a grace period.
+    fn close(&self, py: Python<'_>) {
+        let w = self.w.lock().unwrap_or_else(PoisonError::into_inner).take();
+        py.detach(move || drop(w));
+    }
+}
+
+/// Pre-warmed workers (`tensorwire_rpc::worker::WorkerPool`).
+#[pyclass(module = "tensorwire._native", name = "WorkerPool")]
+pub struct PyWorkerPool {
+    pool: Mutex<Option<Arc<WorkerPool>>>,
+}
+
+#[pymethods]
+impl PyWorkerPool {
+    /// Start `size` workers and wait for their handshakes.
+    #[new]
+    fn new(py: Python<'_>, spec: &PySpec, size: usize) -> PyResult<PyWorkerPool> {
+        let spec = spec.spec.clone();
+        let pool = py
+            .detach(move || WorkerPool::new(spec, size))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(PyWorkerPool {
+            pool: Mutex::new(Some(Arc::new(pool))),
+        })
+    }
+
+    /// A warm worker if one is idle, else one started now.
+    fn get(&self, py: Python<'_>) -> PyResult<PyPooledWorker> {
+        let pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed(py))?;
+        let w = py.detach(move || pool.get()).map_err(|e| to_py(py, &e))?;
+        Ok(PyPooledWorker {
+            w: Mutex::new(Some(Arc::new(w))),
+        })
+    }
+
+    fn idle(&self) -> usize {
+        self.pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |p| p.idle())
+    }
+
+    /// Wait up to `timeout` seconds until `n` workers are idle; whether they are.
+    fn wait_idle(&self, py: Python<'_>, n: usize, timeout: f64) -> bool {
+        let pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        py.detach(move || pool.is_some_and(|p| p.wait_idle(n, seconds(timeout))))
+    }
+
+    /// Why the last background start of a replacement failed, if one did.
+    fn last_start_error(&self) -> Option<String> {
+        self.pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|p| p.last_start_error())
+    }
+
+    /// End every idle worker; workers handed out end when they come back.
+    fn close(&self, py: Python<'_>) {
+        let pool = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        py.detach(move || drop(pool));
+    }
+}
+
+/// A worker handed out by a pool; `release` gives it back (kept only if clean).
+#[pyclass(module = "tensorwire._native", name = "PooledWorker")]
+pub struct PyPooledWorker {
+    w: Mutex<Option<Arc<PooledWorker>>>,
+}
+
+impl PyPooledWorker {
+    fn get(&self, py: Python<'_>) -> PyResult<Arc<PooledWorker>> {
+        self.w
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| closed(py))
+    }
+}
+
+#[pymethods]
+impl PyPooledWorker {
+    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let w = self.get(py)?;
+        call_on(py, &w, object_id, method, args, kwargs, timeout)
+    }
+
+    fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
+        {
+            let w = self.get(py)?;
+            Ok(state_of(&w))
+        }
+    }
+
+    fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.get(py)?.is_clean())
+    }
+
+    fn output<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        {
+            let w = self.get(py)?;
+            Ok(output_of(py, &w))
+        }
+    }
+
+    fn kill(&self, py: Python<'_>) -> PyResult<()> {
+        let w = self.get(py)?;
+        py.detach(move || w.kill());
+        Ok(())
+    }
+
+    /// Give it back to its pool (kept warm only if it finished cleanly).
+    fn release(&self, py: Python<'_>) {
+        let w = self.w.lock().unwrap_or_else(PoisonError::into_inner).take();
+        py.detach(move || drop(w));
+    }
+}
+
+/// The child's connection to its supervisor while `serve_worker` runs.
+static HOST: Mutex<Option<Endpoint>> = Mutex::new(None);
+
+/// In a worker process: serve `objects` (object id -> object) to the supervisor that
+/// started it, until the supervisor closes the connection. Applies the sandbox it asked
+/// for before answering the handshake.
+#[pyfunction]
+pub fn serve_worker(py: Python<'_>, objects: &Bound<'_, PyDict>) -> PyResult<()> {
+    let reg = service::registry_of(Some(objects))?;
+    let ep = py
+        .detach(|| worker::connect(reg, RpcConfig::default()))
+        .map_err(|e| to_py(py, &e))?;
+    *HOST.lock().unwrap_or_else(PoisonError::into_inner) = Some(ep.clone());
+    let why = py.detach(|| ep.wait_closed());
+    HOST.lock().unwrap_or_else(PoisonError::into_inner).take();
+    match why {
+        RpcError::PeerGone(_) => Ok(()),
+        e => Err(to_py(py, &e)),
+    }
+}
+
+/// In a worker process serving: the connection to its supervisor (to call the objects it
+/// serves back). Outside one: `None`.
+#[pyfunction]
+pub fn host() -> Option<PyEndpoint> {
+    HOST.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .map(|ep| PyEndpoint { ep })
+}

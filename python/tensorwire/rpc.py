@@ -1,0 +1,343 @@
+"""Run Python code in worker processes and call it, at Rust speed: ``tensorwire.rpc`` is
+the ``tensorwire-rpc`` crate (pyisolate's JSON wire, never pickle) with its supervisor,
+reached through the package's PyO3 binding ``tensorwire._native``.
+
+    import tensorwire
+
+    with tensorwire.spawn("mypkg.plugin:Plugin", timeout=30.0) as w:
+        w.call("add", 1, 2)                       # 3, run in the worker
+        y = w.call("scale", x, 2.0)               # tensors travel as shared memory
+
+A worker is ``python -m tensorwire.worker module:attr`` started by this process with an
+inherited socketpair (no path anyone could guess), that serves the object ``attr`` names
+(a class is instantiated once). Its supervisor here:
+
+- kills it when a call passes its deadline (the call raises :class:`tensorwire.Timeout`;
+  leases it held on our tensors are reclaimed) and starts a fresh one for the next call;
+- fails the calls in flight with :class:`tensorwire.PeerGone` saying how it ended when it
+  crashes (a signal, ``os._exit``), and starts a fresh one for the next call;
+- has it die with this process (``PR_SET_PDEATHSIG`` on its process group's leader);
+- applies resource :class:`Limits` and, optionally, a :class:`Sandbox` (landlock
+  file-system allow-list, seccomp denial of network sockets and exec) before the worker
+  answers its handshake.
+
+Values are JSON data (None, bool, int, float, str, list, tuple, dict with str keys) and CPU
+tensors. A tensor whose storage is a segment of this module (:func:`empty`, or one a peer
+sent) travels without a copy, under a lease that ends when the receiver's last view dies;
+any other CPU tensor is copied once into shared memory. An exception in the worker raises
+:class:`tensorwire.RemoteError` here, with the remote type name and traceback text.
+
+A worker calls back into its host through :func:`host` (the objects the host passed as
+``serve=``).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import os
+import sys
+import sysconfig
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from .errors import RemoteError
+
+try:
+    from . import _native
+except ImportError as e:  # pragma: no cover - a broken install
+    raise ImportError(
+        "tensorwire.rpc needs the package's binding tensorwire._native, which this install "
+        f"lacks ({e}); reinstall tensorwire (pip install --no-build-isolation .)"
+    ) from e
+
+__all__ = [
+    "Endpoint", "PendingCall", "Worker", "WorkerPool", "PooledWorker", "Limits", "Sandbox",
+    "spawn", "pair", "host", "empty", "RemoteError", "MAIN",
+]
+
+#: The object id a worker serves its target as.
+MAIN = "main"
+
+
+def empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zero-filled tensor in a fresh shared segment: sending it through
+    ``tensorwire.rpc`` copies nothing (the receiver maps the same memory)."""
+    shape = list(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else list(size)
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_dlpack(_native.segment_storage(numel * itemsize))
+    return raw.view(dtype).view(shape)
+
+
+_async_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    # Blocking calls release the GIL while they wait, so threads are what awaiting one
+    # costs; its own pool keeps them from queueing behind the loop's default executor.
+    global _async_pool
+    if _async_pool is None:
+        _async_pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tensorwire-rpc")
+    return _async_pool
+
+
+class PendingCall:
+    """A call sent and not yet waited for (:meth:`Endpoint.start`)."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """The call's result, waiting up to ``timeout`` seconds more; raises its error."""
+        return self._native.wait(timeout)
+
+    def done(self) -> bool:
+        return self._native.done()
+
+    def cancel(self) -> None:
+        self._native.cancel()
+
+
+class Endpoint:
+    """One RPC connection: call the objects the peer serves, serve objects to it."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def call(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """``object_id.method(*args, **kwargs)`` on the peer, waiting up to ``timeout``
+        seconds (None: no limit)."""
+        return self._native.call(object_id, method, args, kwargs, timeout)
+
+    async def acall(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """:meth:`call` for asyncio: the loop keeps running while the call is out."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_executor(), functools.partial(self.call, object_id, method, *args, timeout=timeout, **kwargs))
+
+    def start(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> PendingCall:
+        """Send the call now; wait for it later with :meth:`PendingCall.result`."""
+        return PendingCall(self._native.start(object_id, method, args, kwargs, timeout))
+
+    def register(self, object_id: str, obj: Any) -> None:
+        """Serve ``obj``'s public methods to the peer as ``object_id``."""
+        self._native.register(object_id, obj)
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
+    def native(self) -> bool:
+        """Whether tensors travel as shared memory (else as pyisolate ``file_system``
+        references or inline bytes)."""
+        return self._native.native
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._native.close(timeout)
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def pair(serve_a: Optional[Mapping[str, Any]] = None, serve_b: Optional[Mapping[str, Any]] = None, native: bool = True) -> tuple[Endpoint, Endpoint]:
+    """Two connected endpoints in this process (tests, examples)."""
+    a, b = _native.Endpoint.pair(dict(serve_a or {}), dict(serve_b or {}), native)
+    return Endpoint(a), Endpoint(b)
+
+
+def host() -> Endpoint:
+    """In a worker: the connection to the host that started it, to call the objects the
+    host passed as ``serve=`` (``host().call("name", "method", ...)``)."""
+    ep = _native.host()
+    if ep is None:
+        raise RuntimeError("tensorwire.rpc.host(): this process is not a serving tensorwire worker")
+    return Endpoint(ep)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Resource limits set in the worker before it runs (``setrlimit``)."""
+
+    address_space: Optional[int] = None  #: bytes (RLIMIT_AS)
+    open_files: Optional[int] = None  #: descriptors (RLIMIT_NOFILE)
+    cpu_seconds: Optional[int] = None  #: CPU time, then SIGKILL (RLIMIT_CPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sandbox:
+    """What a sandboxed worker may still do, applied after its imports and before its
+    handshake: read (and execute) only under ``read``, also write under ``write``; no
+    network sockets (``AF_UNIX`` stays: tensors travel over it) unless ``network``; no
+    ``exec`` unless ``exec``. The interpreter's prefixes and ``sys.path`` are added to
+    ``read`` by :func:`spawn`. Needs Linux landlock (5.19+)."""
+
+    read: Sequence[str] = ()
+    write: Sequence[str] = ()
+    network: bool = False
+    exec: bool = False
+
+
+def _readable_python() -> list[str]:
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"]}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    return sorted(paths)
+
+
+def _spec(target: str, *, python: Optional[str], env: Optional[Mapping[str, str]], cwd: Optional[str], output: str,
+          prefix: Optional[str], capture_bytes: int, limits: Optional[Limits], sandbox: Optional[Sandbox],
+          handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]]) -> Any:
+    if ":" not in target:
+        raise ValueError(f"tensorwire.rpc: target {target!r} must be 'module:attribute' (e.g. 'mypkg.plugin:Plugin')")
+    if prefix is not None:
+        output = "prefix"
+    environ = dict(env or {})
+    # The child imports this same package: make it findable as this process finds it.
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    given = environ.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    environ["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in given.split(os.pathsep) if p])
+    box = None
+    if sandbox is not None:
+        box = (sorted(set(sandbox.read) | set(_readable_python()) | {pkg_root}), list(sandbox.write),
+               not sandbox.network, not sandbox.exec)
+    lim = limits or Limits()
+    return _native.WorkerSpec(
+        python or sys.executable, ["-m", "tensorwire.worker", target],
+        env=sorted(environ.items()), cwd=cwd, output=output, prefix=prefix or "", capture_bytes=capture_bytes,
+        address_space=lim.address_space, open_files=lim.open_files, cpu_seconds=lim.cpu_seconds, sandbox=box,
+        handshake_timeout=handshake_timeout, call_timeout=timeout, serve=dict(serve or {}), native=True,
+    )
+
+
+class _Calls:
+    """Calls on a worker's :data:`MAIN` object (or another it serves)."""
+
+    _native: Any
+
+    def call(self, method: str, *args: Any, timeout: Optional[float] = None, object_id: str = MAIN, **kwargs: Any) -> Any:
+        """``target.method(*args, **kwargs)`` in the worker. Past ``timeout`` seconds
+        (None: the worker's default from ``spawn(timeout=...)``) the worker is killed and
+        :class:`tensorwire.Timeout` raised; the next call starts a fresh worker."""
+        return self._native.call(object_id, method, args, kwargs, timeout)
+
+    async def acall(self, method: str, *args: Any, timeout: Optional[float] = None, object_id: str = MAIN, **kwargs: Any) -> Any:
+        """:meth:`call` for asyncio."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_executor(), functools.partial(self.call, method, *args, timeout=timeout, object_id=object_id, **kwargs))
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The running process's pid (None while no process runs)."""
+        return self._native.state()[1]
+
+    @property
+    def state(self) -> str:
+        """``"ready"``, or ``"down: <why>"`` (the next call starts a fresh process)."""
+        state, _, why = self._native.state()
+        return state if state == "ready" else f"down: {why}"
+
+    def is_clean(self) -> bool:
+        return self._native.is_clean()
+
+    def output(self) -> tuple[bytes, bytes]:
+        """``(stdout, stderr)`` captured so far (``spawn(output="capture")``)."""
+        out = self._native.output()
+        if out is None:
+            raise RuntimeError("tensorwire.rpc: this worker's output is not captured; spawn it with output='capture'")
+        return out
+
+    def kill(self) -> None:
+        """Kill the process (and its process group) now."""
+        self._native.kill()
+
+
+class Worker(_Calls):
+    """A supervised worker process (see :func:`spawn`). Close it (or use ``with``) to end
+    it: a clean close, then SIGKILL after a grace period."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def spawn(target: str, *, python: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+          output: str = "inherit", prefix: Optional[str] = None, capture_bytes: int = 1 << 16, limits: Optional[Limits] = None,
+          sandbox: Optional[Sandbox] = None, handshake_timeout: float = 60.0, timeout: Optional[float] = None,
+          serve: Optional[Mapping[str, Any]] = None) -> Worker:
+    """Start a worker serving ``target`` (``"module:attr"``; a class is instantiated) and
+    wait for its handshake (``handshake_timeout`` seconds, which include its imports).
+
+    ``output``: ``"inherit"``, ``"capture"`` (see :meth:`Worker.output`), or give a
+    ``prefix`` to forward each line after it. ``timeout``: the default per-call deadline in
+    seconds. ``serve``: objects of this process the worker may call back (:func:`host`)."""
+    spec = _spec(target, python=python, env=env, cwd=cwd, output=output, prefix=prefix, capture_bytes=capture_bytes,
+                 limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve)
+    return Worker(_native.Worker.spawn(spec))
+
+
+class PooledWorker(_Calls):
+    """A worker handed out by a :class:`WorkerPool`; :meth:`release` (or leaving ``with``)
+    gives it back, kept warm only if it finished cleanly."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def release(self) -> None:
+        self._native.release()
+
+    def __enter__(self) -> "PooledWorker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class WorkerPool:
+    """``size`` pre-warmed workers of one target (imports done once): :meth:`get` hands one
+    out at once when one is idle. Only workers that come back clean (alive, nothing in
+    flight, never killed) are reused; others are ended and replaced in the background.
+    Takes :func:`spawn`'s keyword arguments."""
+
+    def __init__(self, target: str, size: int, **spawn_kwargs: Any) -> None:
+        spec = _spec(target, **{**_SPAWN_DEFAULTS, **spawn_kwargs})
+        self._native = _native.WorkerPool(spec, size)
+
+    def get(self) -> PooledWorker:
+        return PooledWorker(self._native.get())
+
+    @property
+    def idle(self) -> int:
+        return self._native.idle()
+
+    def wait_idle(self, n: int, timeout: float) -> bool:
+        """Wait until ``n`` workers are idle (replacements started); whether they are."""
+        return self._native.wait_idle(n, timeout)
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_SPAWN_DEFAULTS: dict[str, Any] = dict(python=None, env=None, cwd=None, output="inherit", prefix=None, capture_bytes=1 << 16,
+                                       limits=None, sandbox=None, handshake_timeout=60.0, timeout=None, serve=None)

@@ -1,0 +1,110 @@
+"""Objects the workers of test_rpc.py serve (``python -m tensorwire.worker
+rpc_targets:<name>``): imported in the worker process, never in the test's."""
+from __future__ import annotations
+
+import os
+import resource
+import select
+import socket
+import struct
+import time
+
+import torch
+
+import tensorwire.rpc as rpc
+
+
+class Plugin:
+    def add(self, a, b):
+        return a + b
+
+    def echo(self, x):
+        return x
+
+    def describe(self, t):
+        return {"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()), "sum": float(t.sum())}
+
+    def scale(self, t, k=2.0):
+        return t * k
+
+    def fill(self, n, value):
+        t = rpc.empty(n)
+        t.fill_(value)
+        return t
+
+    def fail(self, message):
+        raise KeyError(message)
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+    def hold(self, t, seconds):
+        time.sleep(seconds)
+        return float(t.sum())
+
+    def pid(self):
+        return os.getpid()
+
+    def exit(self, status):
+        os._exit(status)
+
+    def ask_host(self, x):
+        return rpc.host().call("host", "double", x)
+
+    def say(self, text):
+        print(text, flush=True)
+
+    def nofile(self):
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+    def try_open(self, path):
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+            return "opened"
+        except OSError as e:
+            return f"{type(e).__name__}: errno {e.errno}"
+
+    def try_inet(self):
+        try:
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+            return "opened"
+        except OSError as e:
+            return f"{type(e).__name__}: errno {e.errno}"
+
+    def try_exec(self):
+        try:
+            os.execv("/bin/true", ["/bin/true"])
+        except OSError as e:
+            return f"{type(e).__name__}: errno {e.errno}"
+
+    def hostile(self, kind):
+        """Write bytes the protocol does not allow on the connection to the host, then
+        wait to be killed."""
+        fd = int(os.environ["TENSORWIRE_WORKER_FD"])
+        if kind == "length":
+            frame = b"\xff\xff\xff\xff"
+        elif kind == "deep":
+            body = b"[" * 1_000_000
+            frame = struct.pack(">I", len(body)) + body
+        else:
+            body = b"\x00\x01garbage, not JSON"
+            frame = struct.pack(">I", len(body)) + body
+        view = memoryview(frame)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:  # the connection's socket is non-blocking
+                select.select([], [fd], [], 1.0)
+        time.sleep(60)
+
+
+class SlowImport:
+    """Stands for a plugin whose imports outlast the handshake time-out."""
+
+    def __init__(self):
+        time.sleep(30)
+
+
+functions_only = Plugin()

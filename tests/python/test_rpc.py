@@ -1,0 +1,288 @@
+"""tensorwire.rpc across real processes: a Python host spawns Python workers
+(``python -m tensorwire.worker rpc_targets:...``) and calls them — values and tensors,
+remote exceptions, callbacks into the host, many calls in flight and asyncio, per-call
+deadlines, crashes, the warm pool, limits, the sandbox, a hostile worker, a handshake
+that never comes."""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import tensorwire
+import tensorwire.rpc as rpc
+
+HERE = str(Path(__file__).resolve().parent)
+ENV = {"PYTHONPATH": HERE}
+
+
+def spawn(target: str = "rpc_targets:Plugin", **kw):
+    kw.setdefault("timeout", 60.0)  # no call in these tests may hang the run
+    return rpc.spawn(target, env=ENV, **kw)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with spawn(output="capture") as w:
+        yield w
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return ") Z " in f.read()
+
+
+def wait_for(what: str, cond, within: float = 10.0) -> None:
+    by = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < by, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# ---- values ----------------------------------------------------------------------------
+
+def test_json_values_round_trip(worker):
+    assert worker.call("add", 1, 2) == 3
+    assert worker.call("add", a=2**70, b=1) == 2**70 + 1
+    value = {"list": [1, 2.5, None, True, "x"], "nested": {"deep": [[[]]]}, "tuple": (1, 2), "nan": float("inf")}
+    back = worker.call("echo", value)
+    assert back == {**value, "tuple": [1, 2]}  # a tuple arrives as a list (JSON)
+    assert worker.call("echo", "ünïcode ✓") == "ünïcode ✓"
+
+
+def test_values_that_are_not_json_are_refused_before_sending(worker):
+    with pytest.raises(tensorwire.Refused, match="cannot send a set"):
+        worker.call("echo", {1, 2})
+    with pytest.raises(tensorwire.Refused, match="dict keys must be str"):
+        worker.call("echo", {1: "a"})
+    cyclic: list = []
+    cyclic.append(cyclic)
+    with pytest.raises(tensorwire.Refused, match="nested deeper"):
+        worker.call("echo", cyclic)
+    assert worker.call("add", 1, 1) == 2  # the worker was never involved
+
+
+def test_tensors_travel_both_ways(worker):
+    x = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    d = worker.call("describe", x.t())  # a non-contiguous view of private memory: copied packed
+    assert d == {"dtype": "torch.float64", "shape": [4, 3], "stride": [3, 1], "sum": 66.0}
+    y = worker.call("scale", x, k=0.5)
+    assert torch.equal(y, x * 0.5)
+    shared = rpc.empty(1000, dtype=torch.int32)
+    shared.copy_(torch.arange(1000, dtype=torch.int32))
+    assert worker.call("describe", shared[10:20])["sum"] == float(sum(range(10, 20)))
+    view = shared.view(10, 100).t()[5:7]  # a view of a shared segment: sent as it is
+    assert worker.call("describe", view) == {"dtype": "torch.int32", "shape": [2, 10], "stride": [1, 100], "sum": float(view.sum())}
+    filled = worker.call("fill", 4096, 7.0)  # made in the worker's shared memory, mapped here
+    assert filled.shape == (4096,) and bool((filled == 7.0).all())
+    assert worker.call("describe", torch.empty(0, 3))["shape"] == [0, 3]
+
+
+def test_a_remote_exception_is_a_remote_error_with_type_and_traceback(worker):
+    with pytest.raises(rpc.RemoteError) as info:
+        worker.call("fail", "no such plugin")
+    e = info.value
+    assert isinstance(e, tensorwire.Error)
+    assert e.remote_type == "KeyError"
+    assert "no such plugin" in str(e)
+    assert "Traceback (most recent call last)" in e.remote_traceback and "rpc_targets.py" in e.remote_traceback
+    with pytest.raises(rpc.RemoteError, match="no_such_method|not found|NotFound"):
+        worker.call("no_such_method")
+    assert worker.is_clean()
+
+
+def test_a_worker_calls_back_into_its_host():
+    class Host:
+        def double(self, x):
+            return 2 * x
+
+    with spawn(serve={"host": Host()}) as w:
+        assert w.call("ask_host", 21) == 42
+    with pytest.raises(RuntimeError, match="not a serving tensorwire worker"):
+        rpc.host()
+
+
+def test_many_calls_in_flight_from_threads_and_asyncio(worker):
+    results: dict[int, int] = {}
+
+    def caller(i: int) -> None:
+        results[i] = worker.call("add", i, 1000)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {i: i + 1000 for i in range(16)}
+
+    async def gather():
+        slow = worker.acall("sleep", 0.3)
+        fast = [worker.acall("add", i, i) for i in range(8)]
+        return await asyncio.gather(slow, *fast)
+
+    t0 = time.monotonic()
+    assert asyncio.run(gather()) == [0.3] + [2 * i for i in range(8)]
+    assert time.monotonic() - t0 < 10
+
+
+def test_started_calls_are_waited_for_later():
+    class S:
+        def add(self, a, b):
+            return a + b
+
+    a, b = rpc.pair(None, {"s": S()})
+    pending = [a.start("s", "add", i, i) for i in range(10)]
+    assert [p.result(timeout=10) for p in pending] == [2 * i for i in range(10)]
+    with pytest.raises(tensorwire.Refused, match="already taken"):
+        pending[0].result()
+    a.close()
+    b.close()
+
+
+# ---- supervision ---------------------------------------------------------------------------
+
+def test_a_call_past_its_deadline_kills_the_worker_and_the_next_call_gets_a_fresh_one():
+    with spawn() as w:
+        first = w.pid
+        t0 = time.monotonic()
+        with pytest.raises(tensorwire.Timeout, match="killed at its deadline"):
+            w.call("sleep", 30, timeout=0.3)
+        assert time.monotonic() - t0 < 10
+        wait_for("the worker to be gone", lambda: gone(first))
+        assert w.state.startswith("down:") and "deadline" in w.state
+        assert w.call("add", 2, 2) == 4
+        assert w.pid not in (None, first)
+
+
+def test_a_crash_fails_the_call_in_flight_with_how_the_worker_ended():
+    with spawn() as w:
+        pid = w.pid
+        with pytest.raises(tensorwire.PeerGone, match=f"worker {pid} exited with status 3"):
+            w.call("exit", 3)
+        pid = w.call("pid")
+        killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(tensorwire.PeerGone, match=f"worker {pid} was killed by SIGKILL"):
+            w.call("sleep", 30)
+        killer.join()
+        assert w.call("add", 1, 1) == 2  # a fresh worker
+
+
+def test_tensors_sent_to_a_worker_that_dies_are_released():
+    # The worker holds our segment (under a lease) when it is killed: the lease ends with
+    # it, and the segment is unmapped once our own last view is gone too.
+    from tensorwire import _native
+    gc.collect()
+    before = _native.live_segments()
+    with spawn() as w:
+        t = rpc.empty(1 << 20)
+        pid = w.call("pid")
+        killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(tensorwire.PeerGone, match="SIGKILL"):
+            w.call("hold", t, 30)
+        killer.join()
+        assert w.call("describe", t)["sum"] == 0.0  # a fresh worker maps it again
+        del t
+    gc.collect()
+    wait_for("our segments to be unmapped", lambda: _native.live_segments() == before)
+
+
+def test_output_is_captured_or_forwarded_with_a_prefix(worker, capfd):
+    worker.call("say", "a captured line")
+    wait_for("the captured line", lambda: b"a captured line" in worker.output()[0])
+    with spawn(prefix="[plugin] ") as w:
+        w.call("say", "a forwarded line")
+        wait_for("the forwarded line", lambda: "[plugin] a forwarded line" in capfd.readouterr().out, within=10)
+
+
+def test_a_handshake_that_never_comes_is_a_timeout_and_the_child_is_killed():
+    t0 = time.monotonic()
+    with pytest.raises(tensorwire.Timeout, match="handshake"):
+        spawn("rpc_targets:SlowImport", handshake_timeout=1.0)
+    assert time.monotonic() - t0 < 20
+    with pytest.raises(ValueError, match="module:attribute"):
+        rpc.spawn("rpc_targets")
+    with pytest.raises(tensorwire.PeerGone, match="before its handshake"):
+        spawn("no_such_module_anywhere:X", output="capture")
+
+
+def test_limits_are_set_in_the_worker():
+    with spawn(limits=rpc.Limits(open_files=200)) as w:
+        assert w.call("nofile") == 200
+
+
+def test_a_pool_hands_out_warm_workers_and_reuses_only_clean_ones():
+    with rpc.WorkerPool("rpc_targets:Plugin", 2, env=ENV, timeout=60.0) as pool:
+        assert pool.wait_idle(2, 60)
+        w = pool.get()  # warm: already started and past its handshake
+        assert pool.idle == 1
+        first = w.pid
+        assert w.call("add", 1, 2) == 3
+        w.release()
+        with pool.get() as again:
+            assert again.pid == first  # clean: reused
+            with pytest.raises(tensorwire.Timeout):
+                again.call("sleep", 30, timeout=0.2)  # killed: not reused
+        assert pool.wait_idle(2, 60)  # the killed one replaced in the background
+        a, b = pool.get(), pool.get()
+        assert first not in (a.pid, b.pid) and a.pid != b.pid
+        assert gone(first)
+        a.release()
+        b.release()
+
+
+def _landlock() -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    SYS_landlock_create_ruleset = 444  # x86_64 and aarch64
+    return libc.syscall(SYS_landlock_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) > 0
+
+
+def test_a_sandboxed_worker_is_denied_files_network_and_exec_and_tensors_still_flow():
+    if not _landlock():
+        pytest.skip("this kernel has no landlock")
+    # Outside every path the worker may read: the interpreter's prefixes, sys.path (which
+    # holds the directory pytest runs in), this directory.
+    allowed = [Path(p).resolve() for p in (*rpc._readable_python(), HERE)]
+    home = Path(tempfile.mkdtemp(prefix="tw-sandbox-", dir=os.path.expanduser("~")))
+    try:
+        assert not any(home.is_relative_to(p) for p in allowed), f"{home} is under an allowed path"
+        secret = home / "secret.txt"
+        secret.write_text("not for workers")
+        with spawn(sandbox=rpc.Sandbox(read=[HERE]), output="capture") as w:
+            assert w.call("try_open", str(secret)) == "PermissionError: errno 13"
+            assert w.call("try_inet") == "PermissionError: errno 1"
+            assert w.call("try_exec") == "PermissionError: errno 1"
+            x = torch.arange(64.0)
+            assert torch.equal(w.call("scale", x, 3.0), x * 3.0)
+            assert bool((w.call("fill", 1 << 16, 1.0) == 1.0).all())
+    finally:
+        shutil.rmtree(home)
+
+
+@pytest.mark.parametrize("kind,says", [
+    ("length", "frame of 4294967295 bytes"),  # a frame declaring 2^32 - 1 bytes
+    ("deep", "max_depth"),  # a million nested arrays
+    ("garbage", "decode"),  # bytes that are not JSON
+])
+def test_a_hostile_worker_is_a_typed_error_and_the_host_serves_its_other_workers(worker, kind, says):
+    with spawn() as w:
+        pid = w.pid
+        with pytest.raises(tensorwire.Refused, match=f"(?i){says}"):
+            w.call("hostile", kind)
+        wait_for("the hostile worker to be killed", lambda: gone(pid))
+    assert worker.call("add", 20, 22) == 42
