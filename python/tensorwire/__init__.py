@@ -30,6 +30,10 @@ message; the peer takes it with ``cuda_ring_recv()``. Errors are :class:`tensorw
 (a ``RuntimeError``) subclasses carrying tensorwire's own message: ``PeerGone``,
 ``Timeout``, ``Refused``, ``QuotaExceeded``, ``ResourceExhausted``, ``CudaUnavailable``.
 
+Code in worker processes (:mod:`tensorwire.rpc`): ``tensorwire.spawn("pkg.mod:Plugin")``
+starts a supervised worker serving that object — calls with JSON values and tensors, never
+pickle; deadlines, crash containment, a warm :class:`WorkerPool`, an optional sandbox.
+
 ``python -m tensorwire demo | doctor | bench`` try it out, check the machine, measure.
 """
 
@@ -45,11 +49,12 @@ from ._version import __version__
 from ._loader import build_info, library_path, ops
 from . import _fake  # noqa: F401  (fake implementations for torch.compile / opcheck)
 from .connection import Connection, Listener, connect, from_fd, listen, socketpair
-from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, ResourceExhausted, Timeout, translate
+from .errors import CudaUnavailable, Error, PeerGone, QuotaExceeded, Refused, RemoteError, ResourceExhausted, Timeout, translate
 
 __all__ = [
     "__version__", "Connection", "Listener", "socketpair", "from_fd", "connect", "listen",
-    "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable",
+    "Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "RemoteError",
+    "rpc", "spawn", "Worker", "WorkerPool",
     "empty", "zeros", "to_shared", "share_", "is_shared", "send", "recv", "stats",
     "from_torch_shared", "to_torch_shared", "library_path", "build_info", "cuda_available", "cuda_built",
     "cuda_device_count", "cuda_ipc_cache_stats", "cuda_ipc_cache_keep_warm",
@@ -213,3 +218,16 @@ def to_torch_shared(t: torch.Tensor) -> _TorchShared:
     receiver rebuilds it with PyTorch's own ``rebuild_storage_fd`` into a plain tensor
     over the same memory as ``t`` (which must live in a tensorwire segment)."""
     return _TorchShared(t)
+
+
+# tensorwire.rpc (and its binding) load on first use: ``import tensorwire`` alone does not
+# need them.
+_RPC_NAMES = ("spawn", "Worker", "WorkerPool")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "rpc" or name in _RPC_NAMES:
+        import importlib
+        rpc = importlib.import_module(".rpc", __name__)
+        return rpc if name == "rpc" else getattr(rpc, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
