@@ -108,3 +108,26 @@ class SlowImport:
 
 
 functions_only = Plugin()
+
+
+PYISOLATE_PEER = r"""
+import asyncio, socket, sys
+from pyisolate._internal.rpc_protocol import AsyncRPC
+from pyisolate._internal.rpc_transports import JSONSocketTransport
+
+class Calc:
+    async def add(self, a, b):
+        return a + b
+    async def total(self, t):
+        return float(t.sum())
+    async def fail(self, message):
+        raise ValueError(message)
+
+async def main(fd):
+    rpc = AsyncRPC(transport=JSONSocketTransport(socket.socket(fileno=fd)))
+    rpc.register_callee(Calc(), "calc")
+    rpc.run()
+    await rpc.run_until_stopped()
+
+asyncio.run(main(int(sys.argv[1])))
+"""

@@ -11,6 +11,7 @@ import gc
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -23,6 +24,7 @@ import tensorwire
 import tensorwire.rpc as rpc
 
 HERE = str(Path(__file__).resolve().parent)
+sys.path.insert(0, HERE)  # rpc_targets, for the pyisolate peer's script
 ENV = {"PYTHONPATH": HERE}
 
 
@@ -151,6 +153,32 @@ def test_started_calls_are_waited_for_later():
         pending[0].result()
     a.close()
     b.close()
+
+
+def test_a_pyisolate_peer_on_the_other_side_still_works():
+    pytest.importorskip("pyisolate", reason="pyisolate is not installed: SKIPPED (scripts/setup-venv.sh installs it)")
+    import socket
+    import subprocess
+    import sys
+
+    from rpc_targets import PYISOLATE_PEER
+    from tensorwire import _native
+
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c", PYISOLATE_PEER, str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    theirs.close()
+    try:
+        ep = rpc.Endpoint(_native.Endpoint.from_fd(ours.detach()))
+        assert ep.call("calc", "add", 1, 2, timeout=60) == 3
+        assert not ep.native  # a pyisolate peer: tensors go as file_system references
+        assert ep.call("calc", "total", torch.ones(256), timeout=60) == 256.0
+        with pytest.raises(rpc.RemoteError, match="bad value") as info:
+            ep.call("calc", "fail", "bad value", timeout=60)
+        assert info.value.remote_type == ""  # pyisolate sends str(exc) only
+        ep.close()
+    finally:
+        child.kill()
+        child.wait(30)
 
 
 # ---- supervision ---------------------------------------------------------------------------
