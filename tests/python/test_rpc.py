@@ -230,6 +230,37 @@ def test_tensors_sent_to_a_worker_that_dies_are_released():
     wait_for("our segments to be unmapped", lambda: _native.live_segments() == before)
 
 
+def _open_fds_and_threads() -> tuple[int, int]:
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+
+def _settled() -> tuple[int, int]:
+    """The counts once they held still for half a second: a closed worker's reader and
+    output threads end (and close their fds) just after the close returns."""
+    last, since = _open_fds_and_threads(), time.monotonic()
+    while time.monotonic() - since < 0.5:
+        time.sleep(0.02)
+        now = _open_fds_and_threads()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def test_workers_that_crash_or_time_out_leave_no_fds_or_threads_behind():
+    spawn(output="capture").close()  # the spawner thread, once
+    before = _settled()
+    with spawn(output="capture") as w:
+        with pytest.raises(tensorwire.Timeout):
+            w.call("sleep", 30, timeout=0.2)
+        with pytest.raises(tensorwire.PeerGone):
+            w.call("exit", 1)
+        assert w.call("add", 1, 1) == 2
+    by = time.monotonic() + 10
+    while _open_fds_and_threads() != before:
+        assert time.monotonic() < by, f"(fds, threads) {_open_fds_and_threads()} after, {before} before"
+        time.sleep(0.02)
+
+
 def test_output_is_captured_or_forwarded_with_a_prefix(worker, capfd):
     worker.call("say", "a captured line")
     wait_for("the captured line", lambda: b"a captured line" in worker.output()[0])
