@@ -192,11 +192,19 @@ def _readable_python() -> list[str]:
     return sorted(paths)
 
 
-def _spec(target: str, *, python: Optional[str], env: Optional[Mapping[str, str]], cwd: Optional[str], output: str,
-          prefix: Optional[str], capture_bytes: int, limits: Optional[Limits], sandbox: Optional[Sandbox],
-          handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]]) -> Any:
-    if ":" not in target:
+def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Optional[str], env: Optional[Mapping[str, str]],
+          cwd: Optional[str], output: str, prefix: Optional[str], capture_bytes: int, limits: Optional[Limits],
+          sandbox: Optional[Sandbox], handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]]) -> Any:
+    if (target is None) == (command is None):
+        raise ValueError("tensorwire.rpc: give a target ('module:attribute') or a command (a worker program), not both")
+    if command is not None:
+        argv = [os.fspath(a) for a in command]
+        if not argv:
+            raise ValueError("tensorwire.rpc: command is empty")
+    elif ":" not in target:  # type: ignore[operator]
         raise ValueError(f"tensorwire.rpc: target {target!r} must be 'module:attribute' (e.g. 'mypkg.plugin:Plugin')")
+    else:
+        argv = [python or sys.executable, "-m", "tensorwire.worker", target]  # type: ignore[list-item]
     if prefix is not None:
         output = "prefix"
     environ = dict(env or {})
@@ -210,7 +218,7 @@ def _spec(target: str, *, python: Optional[str], env: Optional[Mapping[str, str]
                not sandbox.network, not sandbox.exec)
     lim = limits or Limits()
     return _native.WorkerSpec(
-        python or sys.executable, ["-m", "tensorwire.worker", target],
+        argv[0], argv[1:],
         env=sorted(environ.items()), cwd=cwd, output=output, prefix=prefix or "", capture_bytes=capture_bytes,
         address_space=lim.address_space, open_files=lim.open_files, cpu_seconds=lim.cpu_seconds, sandbox=box,
         handshake_timeout=handshake_timeout, call_timeout=timeout, serve=dict(serve or {}), native=True,
@@ -276,17 +284,20 @@ class Worker(_Calls):
         self.close()
 
 
-def spawn(target: str, *, python: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+def spawn(target: Optional[str] = None, *, command: Optional[Sequence[str]] = None, python: Optional[str] = None,
+          env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
           output: str = "inherit", prefix: Optional[str] = None, capture_bytes: int = 1 << 16, limits: Optional[Limits] = None,
           sandbox: Optional[Sandbox] = None, handshake_timeout: float = 60.0, timeout: Optional[float] = None,
           serve: Optional[Mapping[str, Any]] = None) -> Worker:
     """Start a worker serving ``target`` (``"module:attr"``; a class is instantiated) and
     wait for its handshake (``handshake_timeout`` seconds, which include its imports).
+    Or run ``command`` (a program and its arguments) as the worker: any program that
+    serves the protocol, e.g. a Rust one calling ``tensorwire_rpc::worker::serve``.
 
     ``output``: ``"inherit"``, ``"capture"`` (see :meth:`Worker.output`), or give a
     ``prefix`` to forward each line after it. ``timeout``: the default per-call deadline in
     seconds. ``serve``: objects of this process the worker may call back (:func:`host`)."""
-    spec = _spec(target, python=python, env=env, cwd=cwd, output=output, prefix=prefix, capture_bytes=capture_bytes,
+    spec = _spec(target, command=command, python=python, env=env, cwd=cwd, output=output, prefix=prefix, capture_bytes=capture_bytes,
                  limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve)
     return Worker(_native.Worker.spawn(spec))
 
@@ -314,7 +325,7 @@ class WorkerPool:
     flight, never killed) are reused; others are ended and replaced in the background.
     Takes :func:`spawn`'s keyword arguments."""
 
-    def __init__(self, target: str, size: int, **spawn_kwargs: Any) -> None:
+    def __init__(self, target: Optional[str], size: int, **spawn_kwargs: Any) -> None:
         spec = _spec(target, **{**_SPAWN_DEFAULTS, **spawn_kwargs})
         self._native = _native.WorkerPool(spec, size)
 
@@ -339,5 +350,5 @@ class WorkerPool:
         self.close()
 
 
-_SPAWN_DEFAULTS: dict[str, Any] = dict(python=None, env=None, cwd=None, output="inherit", prefix=None, capture_bytes=1 << 16,
+_SPAWN_DEFAULTS: dict[str, Any] = dict(command=None, python=None, env=None, cwd=None, output="inherit", prefix=None, capture_bytes=1 << 16,
                                        limits=None, sandbox=None, handshake_timeout=60.0, timeout=None, serve=None)

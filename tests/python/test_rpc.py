@@ -181,6 +181,27 @@ def test_a_pyisolate_peer_on_the_other_side_still_works():
         child.wait(30)
 
 
+def _rust_worker() -> str:
+    """The Rust worker example (rpc/examples/worker.rs), built by cargo if it is not."""
+    root = Path(HERE).parents[1]
+    exe = root / "target" / "debug" / "examples" / "worker"
+    import subprocess
+    subprocess.run(["cargo", "build", "--locked", "-q", "-p", "tensorwire-rpc", "--example", "worker"], cwd=root, check=True, timeout=900)
+    return str(exe)
+
+
+def test_a_python_host_runs_a_rust_worker():
+    with rpc.spawn(command=[_rust_worker()], timeout=60.0) as w:
+        assert w.call("add", 2, 40) == 42
+        assert w.call("pid") == w.pid
+        assert w.call("sum", rpc.empty(1000).fill_(0.5)) == 500.0  # a shared segment, natively
+        with pytest.raises(rpc.RemoteError, match="OverflowError") as info:
+            w.call("add", 2**62, 2**62)
+        assert info.value.remote_type == ""  # a Rust error string carries no Python type
+    with pytest.raises(ValueError, match="not both"):
+        rpc.spawn("rpc_targets:Plugin", command=["x"])
+
+
 # ---- supervision ---------------------------------------------------------------------------
 
 def test_a_call_past_its_deadline_kills_the_worker_and_the_next_call_gets_a_fresh_one():

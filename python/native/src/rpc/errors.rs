@@ -35,13 +35,10 @@ pub fn to_py(py: Python<'_>, err: &RpcError) -> PyErr {
 }
 
 fn remote(py: Python<'_>, text: &str) -> PyErr {
-    let (head, traceback) = match text.rsplit_once(TRACEBACK_MARKER) {
-        Some((h, tb)) => (h, tb),
-        None => (text, ""),
-    };
-    let remote_type = match head.split_once(": ") {
-        Some((t, _)) if !t.is_empty() && !t.contains(char::is_whitespace) => t,
-        _ => "",
+    // Only our own format names the type: another peer's text is kept whole.
+    let (head, traceback, remote_type) = match text.rsplit_once(TRACEBACK_MARKER) {
+        Some((h, tb)) => (h, tb, h.split_once(": ").map_or(h, |(t, _)| t)),
+        None => (text, "", ""),
     };
     let made = py
         .import("tensorwire.errors")
