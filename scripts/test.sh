@@ -13,7 +13,7 @@ root=$PWD
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%4d s] %s\n' "$SECONDS" "$*"; }   # seconds since the start: where the run's time goes
 
 # Disk: the whole run needs about 10 GiB here (PyTorch's CUDA wheels are ~5.5 GiB of it).
 # Say so up front: a full disk otherwise shows up as a confusing failure half-way through.
