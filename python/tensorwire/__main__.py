@@ -1,4 +1,4 @@
-"""``python -m tensorwire demo | doctor | bench`` (also the ``tensorwire`` console script)."""
+"""``python -m tensorwire demo | doctor | bench [rpc]`` (also the ``tensorwire`` console script)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ commands:
   demo     two processes share tensors both ways through torch; zero-copy proven
   doctor   one line per capability this machine needs (with what to do when missing)
   bench    latency vs torch.multiprocessing and pickle: a table and a PNG plot
+  bench rpc  calls into a worker process: tensorwire.rpc vs pyisolate, ProcessPoolExecutor
+             and a multiprocessing.Pipe loop (payloads, cold start, warm pool): table and PNG
 """
 
 
@@ -27,6 +29,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if cmd == "doctor":
         from . import doctor
         return doctor.main(rest)
+    if cmd == "bench" and rest[:1] == ["rpc"]:
+        from . import bench_rpc
+        return bench_rpc.main(rest[1:])
     if cmd == "bench":
         from . import bench
         return bench.main(rest)

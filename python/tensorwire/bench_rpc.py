@@ -1,0 +1,554 @@
+"""Per-call latency of an RPC from a Python host to one Python worker process, same run:
+
+  tensorwire.rpc  rpc.spawn("tensorwire.bench_rpc:Target"): the worker the package
+                  supervises; tensors made with rpc.empty travel without a copy
+  pyisolate       pyisolate 0.10.2's AsyncRPC over its JSONSocketTransport on a Unix
+                  socket, with the tensor serializer a share_torch host registers (a CPU
+                  tensor's storage goes to /dev/shm once, torch's file_system strategy,
+                  and each call sends a reference to it by name)
+  ProcessPool     concurrent.futures.ProcessPoolExecutor(1): submit(...).result()
+  mp.Pipe         a multiprocessing.Pipe call loop: send (method, args), the child
+                  answers; values pickled (tensors through torch's multiprocessing
+                  reductions: the storage goes to shared memory once, then its fd)
+
+Every worker is a fresh interpreter started by this process (pyisolate's own host starts
+its children with the spawn method too) that imports this module and serves the same
+``Target`` object; this process calls it, one call at a time. Payloads: add(1, 2); one
+4 KiB tensor; one 64 MiB tensor (tensorwire.rpc: from rpc.empty; the others: a plain
+torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys). The callee
+answers something small (3, the tensor's length and last element, the list's length).
+Each cell: a warm-up, then ``--iters`` timed calls; p50 and p90 in microseconds. Also the
+cold start of each (start the worker -> first answer) and tensorwire.rpc's warm pool
+(WorkerPool.get() -> a worker). Progress on stderr; a table on stdout and, where
+matplotlib is installed, a PNG. Usage:
+
+  python -m tensorwire bench rpc [--iters N] [--cold N] [--quick] [--png PATH | --no-plot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+TARGET = "tensorwire.bench_rpc:Target"
+SYSTEMS = ["tensorwire.rpc", "pyisolate", "ProcessPool", "mp.Pipe"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves"]
+WARMUP_CALLS = 5
+
+
+# --- what every worker serves ---------------------------------------------------------
+
+class Target:
+    """The object each worker serves (the same methods for every system)."""
+
+    def add(self, a, b):
+        return a + b
+
+    def tensor(self, t):
+        # Proves the tensor arrived (length, last element: one page read) without a pass
+        # over its data, which would hide the transport's cost behind a memory scan.
+        return [int(t.numel()), float(t.reshape(-1)[-1])]
+
+    def json(self, x):
+        return len(x)
+
+
+def json_payload() -> list:
+    """100 dicts of 10 keys: 1,000 leaves (ints, strings, floats)."""
+    out = []
+    for i in range(100):
+        d = {}
+        for j in range(10):
+            d[f"key{j}"] = (i * 10 + j) if j % 3 == 0 else (f"value {i}.{j}" if j % 3 == 1 else (i + j) / 7)
+        out.append(d)
+    return out
+
+
+def _leaves(x) -> int:
+    if isinstance(x, dict):
+        return sum(_leaves(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return sum(_leaves(v) for v in x)
+    return 1
+
+
+def payloads(make_tensor: Callable[[int], torch.Tensor]) -> list[tuple[str, str, tuple, Any]]:
+    """(payload name, method, args, expected answer) for every payload."""
+    small, big = make_tensor(1024), make_tensor(16 << 20)  # float32: 4 KiB, 64 MiB
+    return [
+        ("add(1, 2)", "add", (1, 2), 3),
+        ("4 KiB tensor", "tensor", (small,), [1024, 1.0]),
+        ("64 MiB tensor", "tensor", (big,), [16 << 20, 1.0]),
+        ("JSON 1,000 leaves", "json", (json_payload(),), 100),
+    ]
+
+
+def plain_tensor(n: int) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.float32)
+
+
+# --- children of the baselines --------------------------------------------------------
+
+_target = Target()
+
+
+def pool_call(method: str, args: tuple) -> Any:
+    """What ProcessPoolExecutor runs in its worker."""
+    return getattr(_target, method)(*args)
+
+
+def pipe_child(conn) -> None:
+    """The mp.Pipe worker: answer each (method, args) until None."""
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        method, args = msg
+        conn.send(getattr(_target, method)(*args))
+        del msg, args
+    conn.close()
+
+
+class AsyncTarget:
+    """pyisolate's caller wants coroutine methods; the child serves these."""
+
+    async def add(self, a, b):
+        return _target.add(a, b)
+
+    async def tensor(self, t):
+        return _target.tensor(t)
+
+    async def json(self, x):
+        return _target.json(x)
+
+
+def _pyisolate_share_torch() -> None:
+    """What a pyisolate 0.10.2 host (and its child) sets up when ``share_torch`` is on and
+    the execution model is host-coupled (pyisolate/_internal/host.py, uds_client.py): the
+    tensor serializer in ``shared_memory`` mode and torch's file_system strategy."""
+    from pyisolate._internal.serialization_registry import SerializerRegistry
+    from pyisolate._internal.tensor_serializer import register_tensor_serializer
+
+    register_tensor_serializer(SerializerRegistry.get_instance(), mode="shared_memory")
+    torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+def pyisolate_child(path: str) -> None:
+    from pyisolate._internal.rpc_protocol import AsyncRPC
+    from pyisolate._internal.rpc_transports import JSONSocketTransport
+
+    _pyisolate_share_torch()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+
+    async def serve() -> None:
+        rpc = AsyncRPC(transport=JSONSocketTransport(sock, tensor_transport="shared_memory"))
+        rpc.register_callee(AsyncTarget(), "target")
+        rpc.run()
+        await rpc.run_until_stopped()
+        rpc.shutdown()
+
+    asyncio.run(serve())
+
+
+# --- timing ---------------------------------------------------------------------------
+
+class Cells:
+    """Seconds per call, by system and payload (or the error that stopped a cell)."""
+
+    def __init__(self, progress) -> None:
+        self.times: dict[str, dict[str, list[float]]] = {s: {} for s in SYSTEMS}
+        self.errors: dict[str, dict[str, str]] = {s: {} for s in SYSTEMS}
+        self.cold: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+        self.pool_get: list[float] = []
+        self.pool_first: list[float] = []
+        self.progress = progress
+
+    def fail(self, system: str, what: str, e: BaseException) -> None:
+        self.errors[system][what] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
+        if os.environ.get("TENSORWIRE_BENCH_DEBUG"):
+            traceback.print_exc()
+
+
+def check(system: str, payload: str, got: Any, want: Any) -> None:
+    if isinstance(got, tuple):
+        got = list(got)
+    if got != want:
+        raise AssertionError(f"{system} {payload}: the worker answered {got!r}, expected {want!r}")
+
+
+def measure_sync(system: str, call: Callable[..., Any], cells: Cells, iters: int, warm_s: float,
+                 make_tensor: Callable[[int], torch.Tensor]) -> None:
+    """Warm up, then time ``iters`` calls of every payload, one call at a time."""
+    end = time.perf_counter() + warm_s
+    while time.perf_counter() < end:  # lets the scheduler settle the two processes
+        call("add", 1, 2)
+    for name, method, args, want in payloads(make_tensor):
+        try:
+            for _ in range(WARMUP_CALLS):  # the first send of a plain tensor shares it
+                check(system, name, call(method, *args), want)
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                call(method, *args)
+                times.append(time.perf_counter() - t0)
+                cells.progress.step()
+            cells.times[system][name] = times
+        except Exception as e:  # noqa: BLE001 - shown in the table's cell
+            cells.fail(system, name, e)
+        del args
+
+
+async def measure_async(system: str, call: Callable[..., Any], cells: Cells, iters: int, warm_s: float,
+                        make_tensor: Callable[[int], torch.Tensor]) -> None:
+    """:func:`measure_sync` for a caller whose calls are awaited (pyisolate)."""
+    end = time.perf_counter() + warm_s
+    while time.perf_counter() < end:
+        await call("add", 1, 2)
+    for name, method, args, want in payloads(make_tensor):
+        try:
+            for _ in range(WARMUP_CALLS):
+                check(system, name, await call(method, *args), want)
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                await call(method, *args)
+                times.append(time.perf_counter() - t0)
+                cells.progress.step()
+            cells.times[system][name] = times
+        except Exception as e:  # noqa: BLE001
+            cells.fail(system, name, e)
+        del args
+
+
+# --- the systems ----------------------------------------------------------------------
+
+def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_gets: int) -> None:
+    import tensorwire.rpc as rpc
+
+    cells.progress.start("tensorwire.rpc: calls")
+    with rpc.spawn(TARGET) as w:
+        measure_sync("tensorwire.rpc", w.call, cells, iters, warm_s, lambda n: rpc.empty(n).fill_(1))
+    cells.progress.start("tensorwire.rpc: cold start")
+    for _ in range(cold):
+        t0 = time.perf_counter()
+        w = rpc.spawn(TARGET)
+        w.call("add", 1, 2)
+        cells.cold["tensorwire.rpc"].append(time.perf_counter() - t0)
+        w.close()
+        cells.progress.step()
+    cells.progress.start("tensorwire.rpc: warm pool")
+    with rpc.WorkerPool(TARGET, 2) as pool:
+        if not pool.wait_idle(2, 300.0):
+            raise RuntimeError("tensorwire.rpc: the pool's workers did not start within 300 s")
+        for _ in range(pool_gets):
+            t0 = time.perf_counter()
+            w = pool.get()
+            t1 = time.perf_counter()
+            w.call("add", 1, 2)
+            t2 = time.perf_counter()
+            w.release()
+            cells.pool_get.append(t1 - t0)
+            cells.pool_first.append(t2 - t0)
+            pool.wait_idle(2, 60.0)  # each hand-out finds the pool full again
+            cells.progress.step()
+
+
+def bench_pyisolate(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
+    from pyisolate._internal.rpc_protocol import AsyncRPC
+    from pyisolate._internal.rpc_transports import JSONSocketTransport
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    _pyisolate_share_torch()
+    ctx = multiprocessing.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="tw-bench-rpc-")
+
+    async def connect(n: int):
+        path = os.path.join(tmp, f"pyisolate-{n}.sock")
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lsock.bind(path)
+        lsock.listen(1)
+        lsock.settimeout(300.0)
+        proc = ctx.Process(target=pyisolate_child, args=(path,), daemon=True)
+        proc.start()
+        try:
+            conn, _ = lsock.accept()
+        finally:
+            lsock.close()
+            os.unlink(path)
+        conn.settimeout(None)
+        rpc = AsyncRPC(transport=JSONSocketTransport(conn, tensor_transport="shared_memory"))
+        rpc.run()
+        return proc, rpc, rpc.create_caller(AsyncTarget, "target")
+
+    def stop(proc, rpc) -> None:
+        rpc.shutdown()
+        proc.join(10.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10.0)
+
+    async def run() -> None:
+        cells.progress.start("pyisolate: calls")
+        proc, rpc, target = await connect(0)
+        try:
+            await measure_async("pyisolate", lambda m, *a: getattr(target, m)(*a), cells, iters, warm_s, plain_tensor)
+        finally:
+            stop(proc, rpc)
+        cells.progress.start("pyisolate: cold start")
+        for i in range(cold):
+            t0 = time.perf_counter()
+            proc, rpc, target = await connect(i + 1)
+            await target.add(1, 2)
+            cells.cold["pyisolate"].append(time.perf_counter() - t0)
+            stop(proc, rpc)
+            cells.progress.step()
+
+    try:
+        asyncio.run(run())
+    finally:
+        # what pyisolate set for this process; the baselines after it get torch's default
+        torch.multiprocessing.set_sharing_strategy(before)
+        try:
+            from pyisolate._internal.tensor_serializer import flush_tensor_keeper
+            flush_tensor_keeper()
+        except Exception:  # noqa: BLE001
+            pass
+        os.rmdir(tmp)
+
+
+def bench_process_pool(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    cells.progress.start("ProcessPool: calls")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as ex:
+        measure_sync("ProcessPool", lambda m, *a: ex.submit(pool_call, m, a).result(), cells, iters, warm_s, plain_tensor)
+    cells.progress.start("ProcessPool: cold start")
+    for _ in range(cold):
+        t0 = time.perf_counter()
+        ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
+        ex.submit(pool_call, "add", (1, 2)).result()
+        cells.cold["ProcessPool"].append(time.perf_counter() - t0)
+        ex.shutdown()
+        cells.progress.step()
+
+
+def bench_pipe(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
+    ctx = multiprocessing.get_context("spawn")
+
+    def start():
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=pipe_child, args=(there,), daemon=True)
+        proc.start()
+        there.close()
+        return proc, here
+
+    def call(conn, method, *args):
+        conn.send((method, args))
+        return conn.recv()
+
+    def stop(proc, conn) -> None:
+        conn.send(None)
+        proc.join(10.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10.0)
+        conn.close()
+
+    cells.progress.start("mp.Pipe: calls")
+    proc, conn = start()
+    try:
+        measure_sync("mp.Pipe", lambda m, *a: call(conn, m, *a), cells, iters, warm_s, plain_tensor)
+    finally:
+        stop(proc, conn)
+    cells.progress.start("mp.Pipe: cold start")
+    for _ in range(cold):
+        t0 = time.perf_counter()
+        proc, conn = start()
+        call(conn, "add", 1, 2)
+        cells.cold["mp.Pipe"].append(time.perf_counter() - t0)
+        stop(proc, conn)
+        cells.progress.step()
+
+
+# --- report ---------------------------------------------------------------------------
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def p90(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=10)[8] if len(xs) >= 2 else xs[0]
+
+
+def fmt_us(s: float) -> str:
+    us = s * 1e6
+    return f"{us:.1f}" if us < 100 else f"{us:,.0f}"
+
+
+def cell(cells: Cells, system: str, payload: str) -> str:
+    if payload in cells.errors[system]:
+        return "error"
+    xs = cells.times[system].get(payload)
+    if not xs:
+        return "-"
+    return f"{fmt_us(p50(xs))} / {fmt_us(p90(xs))}"
+
+
+def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
+    lines = []
+    w0, w = 16, 19
+    lines.append(f"RPC from this process to one worker process, one call at a time: p50 / p90 per call, microseconds; "
+                 f"{args.iters} calls per cell after a warm-up; torch {torch.__version__}, {os.cpu_count()} CPUs")
+    hdr = f"{'':<{w0}}|" + "|".join(f" {p:>{w - 1}}" for p in PAYLOADS) + f"| {'cold start p50':>15} | {'warm pool get p50':>18}"
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for s in SYSTEMS:
+        if s == "pyisolate" and pyisolate_missing:
+            lines.append(f"{s:<{w0}}| not run: {pyisolate_missing}")
+            continue
+        row = f"{s:<{w0}}|" + "|".join(f" {cell(cells, s, p):>{w - 1}}" for p in PAYLOADS)
+        c = f"{p50(cells.cold[s]) * 1e3:,.0f} ms" if cells.cold[s] else "-"
+        g = f"{fmt_us(p50(cells.pool_get))} µs" if s == "tensorwire.rpc" and cells.pool_get else "-"
+        lines.append(row + f"| {c:>15} | {g:>18}")
+    for s in SYSTEMS:
+        for what, err in cells.errors[s].items():
+            lines.append(f"error: {s}, {what}: {err}")
+
+    tw = cells.times["tensorwire.rpc"]
+    pi = cells.times["pyisolate"]
+    ratios = {p: p50(pi[p]) / p50(tw[p]) for p in PAYLOADS if pi.get(p) and tw.get(p)}
+    if ratios:
+        lines.append("pyisolate / tensorwire.rpc, p50: " + ", ".join(f"{p} {r:.1f}x" for p, r in ratios.items()))
+    facts = []
+    if "add(1, 2)" in ratios:
+        facts.append(f"add(1, 2): {ratios['add(1, 2)']:.1f}x pyisolate (goal >= 10x), "
+                     f"{p50(tw['add(1, 2)']) * 1e6:.1f} µs p50 (goal <= 40 µs)")
+    elif tw.get("add(1, 2)"):
+        facts.append(f"add(1, 2): {p50(tw['add(1, 2)']) * 1e6:.1f} µs p50 (goal <= 40 µs)")
+    if "64 MiB tensor" in ratios:
+        facts.append(f"64 MiB tensor: {ratios['64 MiB tensor']:.1f}x pyisolate (goal >= 50x)")
+    if cells.pool_get:
+        facts.append(f"warm worker handed out in {p50(cells.pool_get) * 1e3:.3f} ms p50 (goal <= 1 ms); "
+                     f"hand-out + first add(1, 2) {p50(cells.pool_first) * 1e3:.3f} ms")
+    if facts:
+        lines.append("goals: " + "; ".join(facts))
+    lines.append(f"cold start: start the worker -> first add(1, 2) answered, p50 of {args.cold} (each worker imports "
+                 f"torch); warm pool: WorkerPool(size=2).get(), p50 of {len(cells.pool_get)}")
+    lines.append("tensors: tensorwire.rpc sends rpc.empty tensors (shared segment, no copy); pyisolate, ProcessPool "
+                 "and mp.Pipe send a plain tensor, moved into shared memory by its first send (in the warm-up) and "
+                 "passed by reference after that (pyisolate: a /dev/shm name in its JSON; the others: an fd)")
+    return lines
+
+
+def plot(cells: Cells, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(SYSTEMS)
+    for k, s in enumerate(SYSTEMS):
+        xs, ys = [], []
+        for i, p in enumerate(PAYLOADS):
+            if cells.times[s].get(p):
+                xs.append(i + (k - (len(SYSTEMS) - 1) / 2) * width)
+                ys.append(p50(cells.times[s][p]) * 1e6)
+        if xs:
+            ax.bar(xs, ys, width, label=s)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(PAYLOADS)), PAYLOADS)
+    ax.set_ylabel("per call, p50 (µs)")
+    ax.set_title("RPC to one worker process")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m tensorwire bench rpc``; returns the exit status (1 if a cell failed)."""
+    from .bench import Progress
+
+    ap = argparse.ArgumentParser(prog="python -m tensorwire bench rpc", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=None, help="timed calls per cell (default 500; --quick: 20)")
+    ap.add_argument("--cold", type=int, default=None, help="cold starts per system (default 3; --quick: 1)")
+    ap.add_argument("--quick", action="store_true", help="few calls and starts: checks that it runs, not a measurement")
+    ap.add_argument("--png", default="tensorwire_rpc.png", help="where to write the plot, if matplotlib is installed "
+                    "(default: %(default)s)")
+    ap.add_argument("--no-plot", action="store_true", help="print the table only")
+    args = ap.parse_args(argv)
+    args.iters = args.iters or (20 if args.quick else 500)
+    args.cold = args.cold or (1 if args.quick else 3)
+    if args.iters < 1 or args.cold < 1:
+        ap.error("--iters and --cold must be at least 1")
+    warm_s = 0.2 if args.quick else 1.0
+    pool_gets = 3 if args.quick else 20
+
+    try:
+        import pyisolate
+        version = getattr(pyisolate, "__version__", "?")
+        pyisolate_missing = None
+    except ImportError as e:
+        pyisolate_missing = f"pyisolate is not importable ({e}); pip install pyisolate==0.10.2"
+        version = None
+    if version and not version.startswith("0.10."):
+        print(f"bench rpc: note: pyisolate {version} is installed; this bench was written against 0.10.2",
+              file=sys.stderr)
+
+    started = time.perf_counter()
+    systems = [s for s in SYSTEMS if not (s == "pyisolate" and pyisolate_missing)]
+    total = len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets
+    progress = Progress(total)
+    cells = Cells(progress)
+    runs: list[tuple[str, Callable[[], None]]] = [
+        ("tensorwire.rpc", lambda: bench_tensorwire(cells, args.iters, warm_s, args.cold, pool_gets)),
+        ("pyisolate", lambda: bench_pyisolate(cells, args.iters, warm_s, args.cold)),
+        ("ProcessPool", lambda: bench_process_pool(cells, args.iters, warm_s, args.cold)),
+        ("mp.Pipe", lambda: bench_pipe(cells, args.iters, warm_s, args.cold)),
+    ]
+    try:
+        for system, run in runs:
+            if system not in systems:
+                continue
+            try:
+                run()
+            except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
+                cells.fail(system, "stopped", e)
+    finally:
+        progress.close()
+    if pyisolate_missing:
+        print(f"bench rpc: pyisolate row SKIPPED: {pyisolate_missing}", file=sys.stderr)
+
+    print()
+    for line in report(cells, args, pyisolate_missing):
+        print(line)
+    failed = any(cells.errors[s] for s in SYSTEMS)
+
+    if not args.no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("plot: skipped, matplotlib is not installed (--no-plot says this is intended)")
+        else:
+            plot(cells, args.png)
+            print(f"plot: {args.png}  ({time.perf_counter() - started:.0f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

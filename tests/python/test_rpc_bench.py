@@ -1,0 +1,77 @@
+"""``python -m tensorwire bench rpc --quick --no-plot`` runs end to end in a subprocess
+(real worker processes for every system) and prints every row of its table."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves"]
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+HAVE_PYISOLATE = _importable("pyisolate")
+CELL = r"\s*[0-9][0-9,.]* / [0-9][0-9,.]*\s*"  # "p50 / p90"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    work = tmp_path_factory.mktemp("bench-rpc")
+    r = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "rpc", "--quick", "--no-plot"],
+                       cwd=work, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert not list(work.iterdir()), "--no-plot wrote a file"
+    return r
+
+
+def row(stdout: str, name: str) -> str:
+    rows = [line for line in stdout.splitlines() if line.startswith(f"{name} ") and "|" in line]
+    assert len(rows) == 1, f"no single row {name!r} in:\n{stdout}"
+    return rows[0]
+
+
+def check_measured(stdout: str, name: str) -> None:
+    cells = row(stdout, name).split("|")[1:]
+    assert len(cells) == len(PAYLOADS) + 2, row(stdout, name)
+    for payload, c in zip(PAYLOADS, cells):
+        assert re.fullmatch(CELL, c), f"{name}, {payload}: {c!r}\n{stdout}"
+    assert re.fullmatch(r"\s*[0-9][0-9,]* ms\s*", cells[len(PAYLOADS)]), f"{name} cold start: {cells[-2]!r}\n{stdout}"
+
+
+def test_header_names_every_payload(bench):
+    header = next(line for line in bench.stdout.splitlines() if line.strip().startswith("|"))
+    for p in PAYLOADS:
+        assert p in header, header
+    assert "cold start" in header and "warm pool get" in header, header
+    assert "bench: " in bench.stderr  # progress went to stderr
+    assert "error" not in bench.stdout, bench.stdout
+
+
+@pytest.mark.parametrize("name", ["tensorwire.rpc", "ProcessPool", "mp.Pipe"])
+def test_row_measured(bench, name):
+    check_measured(bench.stdout, name)
+
+
+def test_tensorwire_warm_pool_hand_out(bench):
+    assert re.fullmatch(r"\s*[0-9][0-9,.]* µs\s*", row(bench.stdout, "tensorwire.rpc").split("|")[-1]), bench.stdout
+    assert "warm worker handed out in" in bench.stdout, bench.stdout
+
+
+def test_pyisolate_row_and_ratios(bench):
+    if not HAVE_PYISOLATE:
+        assert "pyisolate row SKIPPED" in bench.stderr and "not run:" in row(bench.stdout, "pyisolate")
+        pytest.skip("pyisolate is not importable: the bench's pyisolate row was NOT measured "
+                    "(pip install pyisolate==0.10.2, or scripts/setup-venv.sh)")
+    check_measured(bench.stdout, "pyisolate")
+    ratios = next(line for line in bench.stdout.splitlines() if line.startswith("pyisolate / tensorwire.rpc"))
+    for p in PAYLOADS:
+        assert re.search(re.escape(p) + r" [0-9.]+x", ratios), ratios
