@@ -184,7 +184,14 @@ impl ExportBlob {
             return Err(BlobError::BadWorkerAddress(w));
         }
         match self.engine {
-            Engine::Ucx => check_ucx_rkey(&self.rkey),
+            Engine::Ucx => {
+                // UCX aborts (`ucs_assertv_always`) on an address whose low nibble is not a
+                // version it knows: `UCP_OBJECT_VERSION_V1` (0, the default) or `_V2` (1).
+                if self.worker_address[0] & 0x0f > 1 {
+                    return Err(BlobError::BadWorkerAddress(w));
+                }
+                check_ucx_rkey(&self.rkey)
+            }
         }
     }
 }
@@ -234,7 +241,7 @@ mod tests {
         let mut rkey = vec![0u8; 9];
         rkey[0] = 0b11;
         rkey.extend_from_slice(&[2, 0xaa, 0xbb, 0]);
-        ExportBlob::new(Engine::Ucx, 7, 0x1000, 4096, vec![1; 100], rkey).unwrap()
+        ExportBlob::new(Engine::Ucx, 7, 0x1000, 4096, vec![0x11; 100], rkey).unwrap()
     }
 
     #[test]
