@@ -19,7 +19,9 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
 }
 
 fn serve() {
@@ -28,7 +30,10 @@ fn serve() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", listener.local_addr().unwrap().port()).unwrap();
-    let data: Vec<Vec<u8>> = SIZES.iter().map(|&n| (0..n).map(|i| i as u8).collect()).collect();
+    let data: Vec<Vec<u8>> = SIZES
+        .iter()
+        .map(|&n| (0..n).map(|i| i as u8).collect())
+        .collect();
     for d in &data {
         writeln!(out, "{}", hex(&scope.export(d.clone()).unwrap().encode())).unwrap();
     }
@@ -77,11 +82,15 @@ fn main() {
         for (i, (&size, blob)) in SIZES.iter().zip(&blobs).enumerate() {
             let mut buf = vec![0u8; size];
             let n = iterations(size);
-            importer.import(blob, &mut buf, Duration::from_secs(60)).unwrap(); // warm-up
+            importer
+                .import(blob, &mut buf, Duration::from_secs(60))
+                .unwrap(); // warm-up
             assert!(buf.iter().enumerate().all(|(j, &b)| b == j as u8));
             let t = Instant::now();
             for _ in 0..n {
-                importer.import(blob, &mut buf, Duration::from_secs(60)).unwrap();
+                importer
+                    .import(blob, &mut buf, Duration::from_secs(60))
+                    .unwrap();
             }
             let ucx = t.elapsed() / n as u32;
             sock.write_all(&[i as u8]).unwrap();

@@ -78,7 +78,14 @@ impl ExportBlob {
         worker_address: Vec<u8>,
         rkey: Vec<u8>,
     ) -> Result<Self, BlobError> {
-        let blob = ExportBlob { engine, export_id, address, length, worker_address, rkey };
+        let blob = ExportBlob {
+            engine,
+            export_id,
+            address,
+            length,
+            worker_address,
+            rkey,
+        };
         blob.validate()?;
         Ok(blob)
     }
@@ -132,7 +139,10 @@ impl ExportBlob {
         let copy = bytes.to_vec();
         let b = copy.as_slice();
         if b.len() < HEADER_LEN {
-            return Err(BlobError::Truncated { needed: HEADER_LEN, got: b.len() });
+            return Err(BlobError::Truncated {
+                needed: HEADER_LEN,
+                got: b.len(),
+            });
         }
         if b[0..4] != MAGIC {
             return Err(BlobError::BadMagic);
@@ -157,10 +167,15 @@ impl ExportBlob {
         let r = u16::from_le_bytes([b[34], b[35]]) as usize;
         let needed = HEADER_LEN + w + r;
         if b.len() < needed {
-            return Err(BlobError::Truncated { needed, got: b.len() });
+            return Err(BlobError::Truncated {
+                needed,
+                got: b.len(),
+            });
         }
         if b.len() > needed {
-            return Err(BlobError::TrailingBytes { extra: b.len() - needed });
+            return Err(BlobError::TrailingBytes {
+                extra: b.len() - needed,
+            });
         }
         ExportBlob::new(
             engine,
@@ -255,7 +270,10 @@ mod tests {
         let bytes = sample().encode();
         for n in 0..bytes.len() {
             assert!(
-                matches!(ExportBlob::decode(&bytes[..n]), Err(BlobError::Truncated { .. })),
+                matches!(
+                    ExportBlob::decode(&bytes[..n]),
+                    Err(BlobError::Truncated { .. })
+                ),
                 "prefix {n}"
             );
         }
@@ -270,11 +288,17 @@ mod tests {
             ExportBlob::decode(&b)
         };
         assert_eq!(with(0, b"XXXX"), Err(BlobError::BadMagic));
-        assert_eq!(with(4, &2u16.to_le_bytes()), Err(BlobError::UnsupportedVersion(2)));
+        assert_eq!(
+            with(4, &2u16.to_le_bytes()),
+            Err(BlobError::UnsupportedVersion(2))
+        );
         assert_eq!(with(6, &[9]), Err(BlobError::UnknownEngine(9)));
         assert_eq!(with(7, &[1]), Err(BlobError::UnknownFlags(1)));
         assert_eq!(with(24, &0u64.to_le_bytes()), Err(BlobError::BadLength(0)));
-        assert_eq!(with(24, &u64::MAX.to_le_bytes()), Err(BlobError::BadLength(u64::MAX)));
+        assert_eq!(
+            with(24, &u64::MAX.to_le_bytes()),
+            Err(BlobError::BadLength(u64::MAX))
+        );
         assert_eq!(
             with(16, &u64::MAX.to_le_bytes()),
             Err(BlobError::BadLength(4096)),
@@ -282,7 +306,10 @@ mod tests {
         );
         let mut long = good.clone();
         long.push(0);
-        assert_eq!(ExportBlob::decode(&long), Err(BlobError::TrailingBytes { extra: 1 }));
+        assert_eq!(
+            ExportBlob::decode(&long),
+            Err(BlobError::TrailingBytes { extra: 1 })
+        );
     }
 
     #[test]
@@ -301,6 +328,9 @@ mod tests {
         oversize[9] = 200;
         assert!(matches!(forge(oversize), Err(BlobError::BadRkey(_))));
         assert!(matches!(forge(vec![]), Err(BlobError::BadRkey(_))));
-        assert!(matches!(forge(vec![0; MAX_RKEY_LEN + 1]), Err(BlobError::BadRkey(_))));
+        assert!(matches!(
+            forge(vec![0; MAX_RKEY_LEN + 1]),
+            Err(BlobError::BadRkey(_))
+        ));
     }
 }

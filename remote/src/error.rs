@@ -79,4 +79,10 @@ macro_rules! display_via_debug {
         impl std::error::Error for $t {}
     )*};
 }
-display_via_debug!(BlobError, EngineError, ExportError, ImportError, ReleaseError);
+display_via_debug!(
+    BlobError,
+    EngineError,
+    ExportError,
+    ImportError,
+    ReleaseError
+);

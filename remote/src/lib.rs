@@ -24,6 +24,8 @@ mod storage;
 #[cfg(feature = "ucx")]
 pub mod ucx;
 
-pub use blob::{BLOB_VERSION, Engine, ExportBlob, MAX_EXPORT_LEN, MAX_RKEY_LEN, MAX_WORKER_ADDRESS_LEN};
+pub use blob::{
+    BLOB_VERSION, Engine, ExportBlob, MAX_EXPORT_LEN, MAX_RKEY_LEN, MAX_WORKER_ADDRESS_LEN,
+};
 pub use error::{BlobError, EngineError, ExportError, ImportError, ReleaseError};
 pub use storage::Storage;

@@ -15,7 +15,9 @@ const BIG: usize = 256 << 20;
 
 #[test]
 fn child_roles() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
     match role.as_str() {
         // Import the blob on stdin over and over, never releasing, until killed.
         "importer_loop" => {
@@ -24,7 +26,9 @@ fn child_roles() {
             let mut buf = vec![0u8; blob.length() as usize];
             say("started");
             loop {
-                importer.import(&blob, &mut buf, Duration::from_secs(30)).unwrap();
+                importer
+                    .import(&blob, &mut buf, Duration::from_secs(30))
+                    .unwrap();
             }
         }
         // Import once, check the bytes, report.
@@ -34,8 +38,14 @@ fn child_roles() {
             let (seed, h) = line.split_once(' ').unwrap();
             let blob = ExportBlob::decode(&unhex(h)).unwrap();
             let mut buf = vec![0u8; blob.length() as usize];
-            importer.import(&blob, &mut buf, Duration::from_secs(10)).unwrap();
-            say(if buf == pattern(seed.parse().unwrap(), buf.len()) { "ok" } else { "bad" });
+            importer
+                .import(&blob, &mut buf, Duration::from_secs(10))
+                .unwrap();
+            say(if buf == pattern(seed.parse().unwrap(), buf.len()) {
+                "ok"
+            } else {
+                "bad"
+            });
         }
         // Export a big storage, hand out the blob, serve until killed.
         "exporter" => {
@@ -88,19 +98,30 @@ fn importer_killed(tls: &str) {
     peer.kill(); // SIGKILL, mid-transfer of a 256 MiB get.
     // The control connection's end drops the scope: the registration goes.
     drop(scope);
-    assert_eq!(exporter.live_exports(), 0, "{tls}: registration left after importer death");
+    assert_eq!(
+        exporter.live_exports(),
+        0,
+        "{tls}: registration left after importer death"
+    );
     // The exporter still serves a new importer.
     let scope = exporter.scope();
     let blob = scope.export(pattern(2, 1 << 20)).unwrap();
     let mut peer = Peer::spawn("child_roles", "importer_once", tls);
     peer.send(&format!("2 {}", hex(&blob.encode())));
-    assert_eq!(peer.recv().as_deref(), Some("ok"), "{tls}: exporter unusable after a peer died");
+    assert_eq!(
+        peer.recv().as_deref(),
+        Some("ok"),
+        "{tls}: exporter unusable after a peer died"
+    );
     drop(peer.tx);
     peer.child.wait().unwrap();
     drop(scope);
     assert_eq!(exporter.live_exports(), 0);
     let now = settles_to(baseline);
-    assert!(now <= baseline, "{tls}: exporter holds {now} sockets/segments, {baseline} before the peers");
+    assert!(
+        now <= baseline,
+        "{tls}: exporter holds {now} sockets/segments, {baseline} before the peers"
+    );
 }
 
 fn exporter_killed(tls: &'static str, timeout: Duration) {
@@ -127,10 +148,20 @@ fn exporter_killed(tls: &'static str, timeout: Duration) {
         "{tls}: {result:?} after {:?}",
         started.elapsed()
     );
-    assert_eq!(importer.endpoints(), 0, "{tls}: endpoint to a dead exporter kept");
+    assert_eq!(
+        importer.endpoints(),
+        0,
+        "{tls}: endpoint to a dead exporter kept"
+    );
     let now = settles_to(baseline);
-    assert!(now <= baseline, "{tls}: importer holds {now} sockets/segments, {baseline} before");
-    eprintln!("{tls}: exporter death -> {result:?} in {:?}", started.elapsed());
+    assert!(
+        now <= baseline,
+        "{tls}: importer holds {now} sockets/segments, {baseline} before"
+    );
+    eprintln!(
+        "{tls}: exporter death -> {result:?} in {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -16,7 +16,9 @@ const SIZES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
 /// export id to release (or the error).
 #[test]
 fn child_roles() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
     match role.as_str() {
         "importer" => {
             let importer = Importer::new().unwrap();
@@ -48,7 +50,11 @@ fn round_trip(tls: &str) {
         assert_eq!(exporter.live_exports(), 1);
         peer.send(&format!("{seed} {}", hex(&blob.encode())));
         let reply = peer.recv().expect("importer died");
-        assert_eq!(reply, format!("release {}", blob.export_id()), "{tls} {size}");
+        assert_eq!(
+            reply,
+            format!("release {}", blob.export_id()),
+            "{tls} {size}"
+        );
         scope.release(blob.export_id()).unwrap();
         assert_eq!(exporter.live_exports(), 0, "release frees the registration");
         // A second release of the same id is a named error.
@@ -113,17 +119,29 @@ fn hostile_blobs_are_named_errors() {
     let t = Duration::from_secs(2);
 
     // Truncated, wrong version, absurd length: decode errors.
-    assert!(matches!(ExportBlob::decode(&bytes[..bytes.len() - 1]), Err(BlobError::Truncated { .. })));
+    assert!(matches!(
+        ExportBlob::decode(&bytes[..bytes.len() - 1]),
+        Err(BlobError::Truncated { .. })
+    ));
     let mut v2 = bytes.clone();
     v2[4] = 2;
-    assert_eq!(ExportBlob::decode(&v2), Err(BlobError::UnsupportedVersion(2)));
+    assert_eq!(
+        ExportBlob::decode(&v2),
+        Err(BlobError::UnsupportedVersion(2))
+    );
     let mut huge = bytes.clone();
     huge[24..32].copy_from_slice(&(1u64 << 50).to_le_bytes());
-    assert_eq!(ExportBlob::decode(&huge), Err(BlobError::BadLength(1 << 50)));
+    assert_eq!(
+        ExportBlob::decode(&huge),
+        Err(BlobError::BadLength(1 << 50))
+    );
 
     // A buffer of the wrong length is refused before anything is sent.
     let mut small = vec![0u8; 100];
-    assert!(matches!(importer.import(&blob, &mut small, t), Err(ImportError::LengthMismatch { .. })));
+    assert!(matches!(
+        importer.import(&blob, &mut small, t),
+        Err(ImportError::LengthMismatch { .. })
+    ));
 
     // Forged worker addresses (same length, random bytes; and cut short): named errors.
     let w = blob.worker_address().len();
@@ -145,11 +163,16 @@ fn hostile_blobs_are_named_errors() {
         forged.extend_from_slice(&tail);
         // An unknown address version is refused by decode (UCX would abort on it).
         forged[36] = (forged[36] & 0xf0) | 0x0d;
-        assert!(matches!(ExportBlob::decode(&forged), Err(BlobError::BadWorkerAddress(_))));
+        assert!(matches!(
+            ExportBlob::decode(&forged),
+            Err(BlobError::BadWorkerAddress(_))
+        ));
         // Keep UCX's two header bytes, forge the rest.
         let k = 2.min(cut);
         forged[36..36 + k].copy_from_slice(&blob.worker_address()[..k]);
-        let Ok(fb) = ExportBlob::decode(&forged) else { continue };
+        let Ok(fb) = ExportBlob::decode(&forged) else {
+            continue;
+        };
         let mut buf = vec![0u8; 4096];
         let r = importer.import(&fb, &mut buf, t);
         assert!(r.is_err(), "forged address of {cut} bytes imported: {r:?}");
@@ -167,11 +190,19 @@ fn hostile_blobs_are_named_errors() {
         for b in &mut forged[rk_off + 9..] {
             *b = rnd();
         }
-        let Ok(fb) = ExportBlob::decode(&forged) else { continue };
+        let Ok(fb) = ExportBlob::decode(&forged) else {
+            continue;
+        };
         let mut buf = vec![0u8; 4096];
         match importer.import(&fb, &mut buf, t) {
             Ok(()) => assert_eq!(buf, pattern(5, 4096)),
-            Err(e) => assert!(matches!(e, ImportError::Rkey(_) | ImportError::Transfer(_) | ImportError::PeerLost(_)), "{e:?}"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    ImportError::Rkey(_) | ImportError::Transfer(_) | ImportError::PeerLost(_)
+                ),
+                "{e:?}"
+            ),
         }
     }
     // The genuine blob still works after all that.

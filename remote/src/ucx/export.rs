@@ -83,7 +83,10 @@ impl Exporter {
         let mut worker = Worker::new(options)?;
         let address = worker.address()?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { worker, exports: HashMap::new() }),
+            state: Mutex::new(State {
+                worker,
+                exports: HashMap::new(),
+            }),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             next_scope: AtomicU64::new(1),
@@ -94,7 +97,10 @@ impl Exporter {
             .name("tw-remote-ucx".into())
             .spawn(move || progress_loop(&s))
             .map_err(|e| EngineError::Thread(e.to_string()))?;
-        Ok(Exporter { shared, thread: Some(thread) })
+        Ok(Exporter {
+            shared,
+            thread: Some(thread),
+        })
     }
 
     /// A scope for one importer connection: its exports are released when it drops.
@@ -169,7 +175,8 @@ impl PeerScope {
         // SAFETY: zeroed map params mean "no optional field"; we set address and length.
         let mut params: sys::ucp_mem_map_params_t = unsafe { MaybeUninit::zeroed().assume_init() };
         params.field_mask = (sys::ucp_mem_map_params_field_UCP_MEM_MAP_PARAM_FIELD_ADDRESS
-            | sys::ucp_mem_map_params_field_UCP_MEM_MAP_PARAM_FIELD_LENGTH) as u64;
+            | sys::ucp_mem_map_params_field_UCP_MEM_MAP_PARAM_FIELD_LENGTH)
+            as u64;
         params.address = ptr_ as *mut _;
         params.length = len;
         let mut memh: sys::ucp_mem_h = ptr::null_mut();
@@ -177,7 +184,10 @@ impl PeerScope {
         // and `storage` is kept in the registration until after the unmap.
         let status = unsafe { sys::ucp_mem_map(context, &params, &mut memh) };
         if status != sys::ucs_status_t_UCS_OK {
-            return Err(ExportError::Register { call: "ucp_mem_map", status: status_text(status) });
+            return Err(ExportError::Register {
+                call: "ucp_mem_map",
+                status: status_text(status),
+            });
         }
         let mut rkey_buf: *mut std::ffi::c_void = ptr::null_mut();
         let mut rkey_len = 0usize;
@@ -189,7 +199,10 @@ impl PeerScope {
         };
         if status != sys::ucs_status_t_UCS_OK {
             unmap(memh);
-            return Err(ExportError::Register { call: "ucp_rkey_pack", status: status_text(status) });
+            return Err(ExportError::Register {
+                call: "ucp_rkey_pack",
+                status: status_text(status),
+            });
         }
         // SAFETY: UCX returned `rkey_len` readable bytes at `rkey_buf`, released right after.
         let rkey = unsafe { std::slice::from_raw_parts(rkey_buf as *const u8, rkey_len) }.to_vec();
@@ -207,10 +220,20 @@ impl PeerScope {
             Ok(b) => b,
             Err(e) => {
                 unmap(memh);
-                return Err(ExportError::Register { call: "ucp_rkey_pack", status: e.to_string() });
+                return Err(ExportError::Register {
+                    call: "ucp_rkey_pack",
+                    status: e.to_string(),
+                });
             }
         };
-        st.exports.insert(id, Registration { scope: self.id, memh, _storage: Box::new(storage) });
+        st.exports.insert(
+            id,
+            Registration {
+                scope: self.id,
+                memh,
+                _storage: Box::new(storage),
+            },
+        );
         Ok(blob)
     }
 
@@ -232,15 +255,25 @@ impl PeerScope {
 
     /// Exports this scope still holds.
     pub fn live(&self) -> usize {
-        self.shared.state.lock().exports.values().filter(|r| r.scope == self.id).count()
+        self.shared
+            .state
+            .lock()
+            .exports
+            .values()
+            .filter(|r| r.scope == self.id)
+            .count()
     }
 }
 
 impl Drop for PeerScope {
     fn drop(&mut self) {
         let mut st = self.shared.state.lock();
-        let ids: Vec<u64> =
-            st.exports.iter().filter(|(_, r)| r.scope == self.id).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = st
+            .exports
+            .iter()
+            .filter(|(_, r)| r.scope == self.id)
+            .map(|(id, _)| *id)
+            .collect();
         for id in ids {
             if let Some(reg) = st.exports.remove(&id) {
                 st.unmap(reg);

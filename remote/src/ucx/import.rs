@@ -28,11 +28,16 @@ struct Endpoint {
     failed: AtomicI8,
 }
 
-unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
+unsafe extern "C" fn on_endpoint_error(
+    arg: *mut c_void,
+    _ep: sys::ucp_ep_h,
+    status: sys::ucs_status_t,
+) {
     // SAFETY: `arg` is the `Box<Endpoint>` this endpoint was created with; it is freed only
     // after the endpoint is closed, and UCX calls this from progress on our thread.
     let ep = unsafe { &*(arg as *const Endpoint) };
-    ep.failed.store(if status == 0 { -1 } else { status }, Ordering::Relaxed);
+    ep.failed
+        .store(if status == 0 { -1 } else { status }, Ordering::Relaxed);
 }
 
 struct State {
@@ -48,12 +53,16 @@ impl State {
         if !self.endpoints.contains_key(address) {
             let mut padded = vec![0u8; ADDRESS_PAD];
             padded[..address.len()].copy_from_slice(address);
-            let mut ep = Box::new(Endpoint { ep: ptr::null_mut(), failed: AtomicI8::new(0) });
+            let mut ep = Box::new(Endpoint {
+                ep: ptr::null_mut(),
+                failed: AtomicI8::new(0),
+            });
             // SAFETY: zeroed endpoint params mean "no optional field"; we set the ones named.
             let mut params: sys::ucp_ep_params_t = unsafe { MaybeUninit::zeroed().assume_init() };
             params.field_mask = (sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64;
+                | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLER)
+                as u64;
             params.address = padded.as_ptr() as *const sys::ucp_address_t;
             params.err_mode = sys::ucp_err_handling_mode_t_UCP_ERR_HANDLING_MODE_PEER;
             params.err_handler.cb = Some(on_endpoint_error);
@@ -67,8 +76,10 @@ impl State {
                 // UCX 1.22's shared-memory transports (posix/sysv without cma) refuse peer
                 // error handling ("Destination is unreachable", measured): connect without
                 // it. An exporter's death then shows as the import's timeout, not PeerLost.
-                params.field_mask &= !((sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                    | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64);
+                params.field_mask &=
+                    !((sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                        | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLER)
+                        as u64);
                 // SAFETY: as above, with fewer fields.
                 status = unsafe { sys::ucp_ep_create(self.worker.raw(), &params, &mut handle) };
             }
@@ -128,7 +139,12 @@ impl Importer {
     /// As [`Importer::new`], with UCX options (names without `UCX_`) over the environment.
     pub fn with_options(options: &[(&str, &str)]) -> Result<Self, EngineError> {
         let worker = Worker::new(options)?;
-        Ok(Importer { state: Mutex::new(State { endpoints: HashMap::new(), worker }) })
+        Ok(Importer {
+            state: Mutex::new(State {
+                endpoints: HashMap::new(),
+                worker,
+            }),
+        })
     }
 
     /// Endpoints currently open (one per exporter worker address).
@@ -141,9 +157,17 @@ impl Importer {
     /// Returns when the bytes are in `dst`, or with an error after the transfer has been
     /// stopped: on `Timeout` the endpoint is force-closed, which completes the get as
     /// cancelled, so UCX never writes into `dst` after this returns.
-    pub fn import(&self, blob: &ExportBlob, dst: &mut [u8], timeout: Duration) -> Result<(), ImportError> {
+    pub fn import(
+        &self,
+        blob: &ExportBlob,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), ImportError> {
         if dst.len() as u64 != blob.length() {
-            return Err(ImportError::LengthMismatch { export: blob.length(), buffer: dst.len() });
+            return Err(ImportError::LengthMismatch {
+                export: blob.length(),
+                buffer: dst.len(),
+            });
         }
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock();
@@ -156,7 +180,8 @@ impl Importer {
         let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
         // SAFETY: `ep` is live; the packed key was structurally checked by the blob and is
         // followed by zeros up to `RKEY_PAD`, which bounds what UCX reads.
-        let status = unsafe { sys::ucp_ep_rkey_unpack(ep, padded.as_ptr() as *const c_void, &mut rkey) };
+        let status =
+            unsafe { sys::ucp_ep_rkey_unpack(ep, padded.as_ptr() as *const c_void, &mut rkey) };
         if status != sys::ucs_status_t_UCS_OK {
             return Err(ImportError::Rkey(status_text(status)));
         }
@@ -167,7 +192,14 @@ impl Importer {
         // call, and this call does not return until the request has completed (or failed
         // synchronously); `rkey` was unpacked for `ep`.
         let sp = unsafe {
-            sys::ucp_get_nbx(ep, dst.as_mut_ptr() as *mut c_void, dst.len(), blob.address(), rkey, &param)
+            sys::ucp_get_nbx(
+                ep,
+                dst.as_mut_ptr() as *mut c_void,
+                dst.len(),
+                blob.address(),
+                rkey,
+                &param,
+            )
         };
         let mut timed_out = false;
         let status = match ucx_rs::decode_status_ptr(sp) {
@@ -182,13 +214,17 @@ impl Importer {
                         let ep_box = st.endpoints.remove(address);
                         let close = ep_box.as_ref().map(|e| {
                             // SAFETY: zeroed params plus the FORCE flag, as in `close_endpoint`.
-                            let mut p: sys::ucp_request_param_t = unsafe { MaybeUninit::zeroed().assume_init() };
+                            let mut p: sys::ucp_request_param_t =
+                                unsafe { MaybeUninit::zeroed().assume_init() };
                             p.op_attr_mask = sys::ucp_op_attr_t_UCP_OP_ATTR_FIELD_FLAGS;
                             p.flags = sys::ucp_ep_close_flags_t_UCP_EP_CLOSE_FLAG_FORCE;
                             // SAFETY: the endpoint is live and closed exactly once here.
                             unsafe { sys::ucp_ep_close_nbx(e.ep, &p) }
                         });
-                        let s = st.worker.wait(req, None).unwrap_or(sys::ucs_status_t_UCS_ERR_CANCELED);
+                        let s = st
+                            .worker
+                            .wait(req, None)
+                            .unwrap_or(sys::ucs_status_t_UCS_ERR_CANCELED);
                         if let Some(Ok(Some(creq))) = close.map(ucx_rs::decode_status_ptr) {
                             st.worker.wait(creq, None);
                             // SAFETY: the close request completed; freed once.
@@ -212,7 +248,10 @@ impl Importer {
         if status == sys::ucs_status_t_UCS_OK {
             return Ok(());
         }
-        let peer_failed = st.endpoints.get(address).is_some_and(|e| e.failed.load(Ordering::Relaxed) != 0);
+        let peer_failed = st
+            .endpoints
+            .get(address)
+            .is_some_and(|e| e.failed.load(Ordering::Relaxed) != 0);
         st.close(address);
         if peer_failed {
             Err(ImportError::PeerLost(status_text(status)))

@@ -45,7 +45,10 @@ impl Worker {
             let (Ok(n), Ok(v)) = (CString::new(*name), CString::new(*value)) else {
                 // SAFETY: `config` came from `ucp_config_read` and is released once.
                 unsafe { sys::ucp_config_release(config) };
-                return Err(ucx("ucp_config_modify", sys::ucs_status_t_UCS_ERR_INVALID_PARAM));
+                return Err(ucx(
+                    "ucp_config_modify",
+                    sys::ucs_status_t_UCS_ERR_INVALID_PARAM,
+                ));
             };
             // SAFETY: `config` is live; both strings are NUL-terminated and outlive the call.
             let status = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
@@ -60,7 +63,8 @@ impl Worker {
         // fields we name in `field_mask`.
         let mut params: sys::ucp_params_t = unsafe { MaybeUninit::zeroed().assume_init() };
         params.field_mask = sys::ucp_params_field_UCP_PARAM_FIELD_FEATURES as u64;
-        params.features = (sys::ucp_feature_UCP_FEATURE_RMA | sys::ucp_feature_UCP_FEATURE_WAKEUP) as u64;
+        params.features =
+            (sys::ucp_feature_UCP_FEATURE_RMA | sys::ucp_feature_UCP_FEATURE_WAKEUP) as u64;
         let mut context: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: `params` is initialised as above; a null config makes UCX read its
         // environment; `context` is a valid out-pointer.
@@ -101,7 +105,11 @@ impl Worker {
             }
             return Err(ucx("ucp_worker_get_efd", status));
         }
-        Ok(Worker { context, worker, efd })
+        Ok(Worker {
+            context,
+            worker,
+            efd,
+        })
     }
 
     pub(crate) fn context(&self) -> sys::ucp_context_h {
@@ -119,7 +127,10 @@ impl Worker {
         // SAFETY: the worker is live; both out-pointers are valid.
         let status = unsafe { sys::ucp_worker_get_address(self.worker, &mut addr, &mut len) };
         if status != sys::ucs_status_t_UCS_OK {
-            return Err(EngineError::Ucx { call: "ucp_worker_get_address", status: status_text(status) });
+            return Err(EngineError::Ucx {
+                call: "ucp_worker_get_address",
+                status: status_text(status),
+            });
         }
         // SAFETY: UCX returned `len` readable bytes at `addr`, valid until released below.
         let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
@@ -152,7 +163,11 @@ impl Worker {
     /// Progresses until `request` (from a `*_nbx` call) completes or `deadline` passes;
     /// returns its status, or `None` at the deadline (the request is still owned by the
     /// caller, who must make it complete and free it).
-    pub(crate) fn wait(&mut self, request: *mut c_void, deadline: Option<Instant>) -> Option<sys::ucs_status_t> {
+    pub(crate) fn wait(
+        &mut self,
+        request: *mut c_void,
+        deadline: Option<Instant>,
+    ) -> Option<sys::ucs_status_t> {
         loop {
             // SAFETY: `request` is a live request of this worker (not yet freed).
             let status = unsafe { sys::ucp_request_check_status(request) };
@@ -176,7 +191,11 @@ impl Worker {
 
 /// Waits up to `timeout` for `fd` to be readable.
 pub(crate) fn poll_fd(fd: i32, timeout: Duration) {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd; the result only decides whether we progress sooner.
     unsafe { libc::poll(&mut pfd, 1, ms) };

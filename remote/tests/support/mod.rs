@@ -11,7 +11,9 @@ pub const ROLE: &str = "TW_REMOTE_ROLE";
 
 /// The deterministic byte at `i` of a storage seeded with `seed`.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_shr(13) as u8 ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2654435761).wrapping_shr(13) as u8 ^ seed)
+        .collect()
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -19,9 +21,10 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
 }
-
 
 pub struct Peer {
     pub child: Child,
@@ -66,7 +69,7 @@ impl Peer {
     }
 
     pub fn kill(&mut self) {
-        // SAFETY-free: std's kill sends SIGKILL.
+        // std's `Child::kill` sends SIGKILL.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
