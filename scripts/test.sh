@@ -66,6 +66,29 @@ py=$(bash scripts/setup-venv.sh | tail -1)
 cargo clippy -p tensorwire-rpc --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 
+step "Python binding tensorwire._native (python/native, PyO3 abi3): clippy, one maturin wheel (tag checked, no libtorch/libpython linked), its DLPack storage and send/recv tests (in the next step's suite)"
+cargo clippy -p tensorwire-python --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+native_wheels=$root/build/native-wheel
+rm -rf "$native_wheels"
+# Built once; every later pytest run in this script loads this wheel's module
+# (TENSORWIRE_NATIVE, read by tests/python/test_native.py).
+(cd python/native && "$(dirname "$py")/maturin" build --release --strip --locked --features extension-module \
+   -o "$native_wheels" 2>&1 | tail -n 1)
+wheel=$(ls "$native_wheels"/*.whl)
+case "$(basename "$wheel")" in
+  *-cp310-abi3-manylinux_*_x86_64.whl) echo "wheel: $(basename "$wheel")" ;;
+  *) echo "unexpected wheel tag: $wheel"; exit 1 ;;
+esac
+"$py" -m zipfile -e "$wheel" "$native_wheels/x"
+TENSORWIRE_NATIVE=$(ls "$native_wheels"/x/_native/_native*.so)
+export TENSORWIRE_NATIVE
+needed=$(readelf -d "$TENSORWIRE_NATIVE" | grep NEEDED)
+echo "$needed"
+if echo "$needed" | grep -Eq 'torch|c10|libpython'; then echo "the binding links torch or libpython"; exit 1; fi
+# Its tests (tests/python/test_native.py) run with the whole Python suite in the next
+# step, against this wheel's module: run here they would need the C++ extension built a
+# second time for this venv.
+
 step "Python package: fresh venv (torch via uv, warm cache), pip install --no-build-isolation ., pytest tests/python from another directory (installed package, no env vars: import, two processes, interop, opcheck, demo, doctor)"
 # The venv is made anew each run (the torch pin lives in scripts/setup-venv.sh; uv links
 # from its cache, seconds); the package builds into build/py/<tag> and cargo's target/,

@@ -51,7 +51,6 @@ pub mod tagged;
 pub mod tensor;
 pub mod tensor_handle;
 pub mod value;
-pub mod worker;
 
 pub use endpoint::{Args, CallCtx, CallOptions, Canceller, Endpoint, PendingCall, Registry, Responder, RpcConfig, Service, Stats};
 pub use error::{Result, RpcError};
@@ -62,4 +61,3 @@ pub use stream::Stream;
 pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};
 pub use tensorwire::Wait;
 pub use value::{Map, Value};
-pub use worker::{Limits, Output, PooledWorker, Sandbox, Worker, WorkerPool, WorkerSpec, WorkerState};
