@@ -160,6 +160,11 @@ step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports devi
 (cd "$root/build/cmake-package/build" &&
   SIMCUDA_MAX_DELAY_US=20000 bash "$root/simcuda/run.sh" ctest -R '^c_cuda' --output-on-failure) 2>&1 | tee -a "$log"
 
+step "tensorwire-remote with UCX (feature ucx; UCX 1.22 built once from ucx-rs's bundled source): clippy, docs, two-process get/release/SIGKILL/hostile-blob tests over UCX_TLS=tcp and UCX_TLS=sm,self (each test sets its transports)"
+cargo clippy -p tensorwire-remote --features ucx --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -p tensorwire-remote --features ucx --locked -q
+cargo test -p tensorwire-remote --features ucx --locked 2>&1 | tee -a "$log"
+
 # --- further test steps go above this line (one block per area) ---
 
 step "benches compile"
