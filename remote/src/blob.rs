@@ -90,6 +90,34 @@ impl ExportBlob {
         Ok(blob)
     }
 
+    /// A blob from fields that travelled separately (e.g. as the fields of an RPC value),
+    /// checked exactly as [`ExportBlob::decode`] checks an encoded one. Each variable field
+    /// is bounds-checked before it is copied.
+    pub fn from_parts(
+        engine: Engine,
+        export_id: u64,
+        address: u64,
+        length: u64,
+        worker_address: &[u8],
+        rkey: &[u8],
+    ) -> Result<Self, BlobError> {
+        let w = worker_address.len();
+        if w == 0 || w > MAX_WORKER_ADDRESS_LEN {
+            return Err(BlobError::BadWorkerAddress(w));
+        }
+        if rkey.is_empty() || rkey.len() > MAX_RKEY_LEN {
+            return Err(BlobError::BadRkey("length out of range"));
+        }
+        ExportBlob::new(
+            engine,
+            export_id,
+            address,
+            length,
+            worker_address.to_vec(),
+            rkey.to_vec(),
+        )
+    }
+
     /// The engine that made the export.
     pub fn engine(&self) -> Engine {
         self.engine
@@ -263,6 +291,31 @@ mod tests {
     fn round_trip() {
         let b = sample();
         assert_eq!(ExportBlob::decode(&b.encode()).unwrap(), b);
+    }
+
+    #[test]
+    fn from_parts_checks_as_decode_does() {
+        let b = sample();
+        let parts = |wa: &[u8], rkey: &[u8], len: u64| {
+            ExportBlob::from_parts(Engine::Ucx, 7, 0x1000, len, wa, rkey)
+        };
+        assert_eq!(parts(b.worker_address(), b.rkey(), 4096), Ok(b.clone()));
+        assert_eq!(parts(&[], b.rkey(), 4096), Err(BlobError::BadWorkerAddress(0)));
+        assert_eq!(
+            parts(&[0x11; 2000], b.rkey(), 4096),
+            Err(BlobError::BadWorkerAddress(2000))
+        );
+        assert_eq!(
+            parts(&[0x1f; 100], b.rkey(), 4096),
+            Err(BlobError::BadWorkerAddress(100))
+        );
+        assert!(matches!(parts(b.worker_address(), &[0; 300], 4096), Err(BlobError::BadRkey(_))));
+        assert!(matches!(parts(b.worker_address(), &[0xff; 12], 4096), Err(BlobError::BadRkey(_))));
+        assert_eq!(parts(b.worker_address(), b.rkey(), 0), Err(BlobError::BadLength(0)));
+        assert_eq!(
+            ExportBlob::from_parts(Engine::Ucx, 7, u64::MAX, 2, b.worker_address(), b.rkey()),
+            Err(BlobError::BadLength(2))
+        );
     }
 
     #[test]
