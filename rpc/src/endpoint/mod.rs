@@ -35,7 +35,7 @@
 //! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
 //! `lane` (inline requests the pool had no worker for), `service` (what an endpoint
 //! serves, and a handler's context), `wire` (frame writes, message and tensor encoding),
-//! `native` (native tensors).
+//! `native` (native tensors), `ucx` (remote tensors over TCP, feature `ucx`).
 
 mod calls;
 mod dispatch;
@@ -44,6 +44,8 @@ mod native;
 mod pool;
 mod reading;
 mod service;
+#[cfg(feature = "ucx")]
+mod ucx;
 mod wire;
 
 pub use calls::{Canceller, PendingCall};
@@ -132,6 +134,12 @@ pub(crate) struct Inner {
     /// Set by the first native negotiation (ours or the peer's): one per connection.
     native_claimed: AtomicBool,
     native_ready: Condvar,
+    /// Remote tensors (TCP, feature `ucx`), once negotiated; dropped (every export to the
+    /// peer released) when the connection ends.
+    #[cfg(feature = "ucx")]
+    remote: Mutex<Option<Arc<ucx::RemoteState>>>,
+    #[cfg(feature = "ucx")]
+    remote_ready: Condvar,
     next_tag: AtomicU64,
     calls_sent: AtomicU64,
     handled: AtomicU64,
@@ -206,6 +214,10 @@ impl Endpoint {
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
             native_ready: Condvar::new(),
+            #[cfg(feature = "ucx")]
+            remote: Mutex::new(None),
+            #[cfg(feature = "ucx")]
+            remote_ready: Condvar::new(),
             next_tag: AtomicU64::new(1),
             calls_sent: AtomicU64::new(0),
             handled: AtomicU64::new(0),
@@ -411,5 +423,12 @@ impl Inner {
             n.wake();
         }
         self.native_ready.notify_all();
+        #[cfg(feature = "ucx")]
+        {
+            // Taken under its lock, dropped outside it: the scope's drop unregisters.
+            let remote = self.remote.lock().take();
+            drop(remote);
+            self.remote_ready.notify_all();
+        }
     }
 }
