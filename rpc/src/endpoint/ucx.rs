@@ -98,6 +98,15 @@ impl Endpoint {
     pub fn remote_exports_live(&self) -> usize {
         self.inner().remote.lock().as_ref().map_or(0, |r| r.scope.live())
     }
+
+    /// Remote exports not released yet over every connection of this process (0 before
+    /// the first negotiation).
+    pub fn process_remote_exports() -> usize {
+        match ENGINES.get() {
+            Some(Ok(e)) => e.exporter.live_exports(),
+            _ => 0,
+        }
+    }
 }
 
 impl Inner {
