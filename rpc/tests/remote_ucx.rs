@@ -24,6 +24,14 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_shr(13) as u8 ^ seed).collect()
 }
 
+/// `got == want` for byte buffers, reported by the first difference (not the whole buffer).
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: {} bytes vs {} expected, first difference at byte {i}", got.len(), want.len());
+    }
+}
+
 fn int(a: &Args, i: usize) -> Result<i64> {
     a.req(i, "int")?.as_i64().ok_or_else(|| RpcError::InvalidArgument(format!("argument {i} is not an int")))
 }
@@ -268,13 +276,13 @@ fn tensors_travel_by_ucx_get_both_ways_and_are_released() {
         let v = ep.call("t", "make", vec![Value::Int(seed.into()), Value::Int(n as i64)]).unwrap();
         let t = v.as_tensor().expect("a tensor");
         assert!(matches!(t, Tensor::Shared(_)), "imported into memory of ours");
-        assert_eq!(t.to_vec().unwrap(), pattern(seed, n), "{n} bytes");
+        same(&t.to_vec().unwrap(), &pattern(seed, n), &format!("{n} bytes"));
         assert_eq!(eventually(0, || server_live(&ep)), 0, "the server's export of {n} bytes is released");
     }
     // A strided view travels with its layout over the whole storage.
     let v = ep.call("t", "make_view", vec![Value::Int(9), Value::Int(4096)]).unwrap();
     let want: Vec<u8> = pattern(9, 4096).into_iter().skip(1).step_by(2).collect();
-    assert_eq!(v.as_tensor().unwrap().to_vec().unwrap(), want);
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &want, "strided view");
     assert_eq!(eventually(0, || server_live(&ep)), 0);
     // Client → server: the server imports; our export is gone after its release.
     for (i, n) in [4usize << 10, 16 << 20].into_iter().enumerate() {
@@ -306,7 +314,7 @@ fn a_peer_without_the_capability_gets_inline_bytes() {
     let ep = client(&server.line, false);
     assert!(!ep.negotiate_native(Duration::from_secs(10)).unwrap());
     let v = ep.call("t", "make", vec![Value::Int(6), Value::Int(4096)]).unwrap();
-    assert_eq!(v.as_tensor().unwrap().to_vec().unwrap(), pattern(6, 4096));
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(6, 4096), "inline");
     assert_eq!(ep.call("t", "check", vec![tensor_arg(7, 4096), Value::Int(7)]).unwrap(), Value::Bool(true));
     assert_eq!(server_live(&ep), 0, "nothing was exported");
     // A server with remote tensors off refuses the offer; our client falls back.
@@ -315,7 +323,7 @@ fn a_peer_without_the_capability_gets_inline_bytes() {
     assert!(!ep.negotiate_native(Duration::from_secs(10)).unwrap());
     assert!(!ep.remote_enabled());
     let v = ep.call("t", "make", vec![Value::Int(8), Value::Int(4096)]).unwrap();
-    assert_eq!(v.as_tensor().unwrap().to_vec().unwrap(), pattern(8, 4096));
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(8, 4096), "inline");
     let mut raw = Raw::connect(&off.line);
     let mut kw = Map::new();
     kw.insert("remote_engines".into(), Value::Array(vec!["ucx".into()]));
