@@ -411,6 +411,9 @@ fn hostile_remote_values_are_named_errors() {
         let (r, e) = raw.call("t", "check", vec![v.clone(), Value::Int(4)]);
         let e = e.unwrap_or_else(|| panic!("{v:?} was accepted: {r:?}"));
         assert!(e.contains(want), "{e:?} should name {want:?}");
+        // Refused while validating, before any allocation or transfer (except the copy
+        // limit's own error).
+        assert!(e.starts_with("cannot decode value") || want == "max_tensor_copy", "{e:?} is not a decode error");
     }
     // A value whose id was readable is released even though it was refused.
     let id = genuine.get("export_id").unwrap().as_i64().unwrap();
