@@ -15,7 +15,7 @@
 //! the receiver has read it; the layout fields are those of every other tensor form and
 //! describe the view over the storage.
 //!
-//! [`parse`] validates everything a peer could forge before anything is allocated or
+//! `parse` (crate-private) validates everything a peer could forge before anything is allocated or
 //! connected to: each field's presence and type, the engine, the export blob's own checks
 //! (lengths, the UCX address version, the packed key's structure: see
 //! `tensorwire_remote::ExportBlob::decode`), and that the view fits in `length` bytes.
