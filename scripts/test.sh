@@ -160,10 +160,13 @@ step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports devi
 (cd "$root/build/cmake-package/build" &&
   SIMCUDA_MAX_DELAY_US=20000 bash "$root/simcuda/run.sh" ctest -R '^c_cuda' --output-on-failure) 2>&1 | tee -a "$log"
 
-step "tensorwire-remote with UCX (feature ucx; UCX 1.22 built once from ucx-rs's bundled source): clippy, docs, two-process get/release/SIGKILL/hostile-blob tests over UCX_TLS=tcp and UCX_TLS=sm,self (each test sets its transports)"
-cargo clippy -p tensorwire-remote --features ucx --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
-RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -p tensorwire-remote --features ucx --locked -q
+step "remote peers with UCX (feature ucx; UCX 1.22 built once from ucx-rs's bundled source): tensorwire-remote's clippy, docs, two-process get/release/SIGKILL/hostile-blob tests over UCX_TLS=tcp and UCX_TLS=sm,self (each test sets its transports); tensorwire-rpc's remote tensors over loopback TCP between processes (UCX_TLS=tcp): bytes, releases, inline fallback, hostile values"
+cargo clippy -p tensorwire-remote -p tensorwire-rpc --features ucx --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -p tensorwire-remote -p tensorwire-rpc --features ucx --locked -q
 cargo test -p tensorwire-remote --features ucx --locked 2>&1 | tee -a "$log"
+# The rest of tensorwire-rpc's tests run (without the feature) in their own step above;
+# here its unit tests (the remote value's checks) and the remote-tensor binary.
+UCX_TLS=tcp cargo test -p tensorwire-rpc --features ucx --locked --lib --test remote_ucx 2>&1 | tee -a "$log"
 
 # --- further test steps go above this line (one block per area) ---
 
