@@ -38,9 +38,9 @@ cargo clippy --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 step "docs: cargo doc of the workspace without warnings (public docs link no private item)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --locked -q
 
-step "crates: cargo publish --dry-run of tensorwire and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire)"
+step "crates: cargo publish --dry-run of tensorwire, tensorwire-remote and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire and tensorwire-remote, its optional dependency)"
 # --allow-dirty: what is checked is the packages and their metadata, not the checkout's state.
-cargo publish --dry-run --locked --allow-dirty -p tensorwire -p tensorwire-rpc 2>&1 | grep -E "Packaged|Verifying|error|warning: [^a]"
+cargo publish --dry-run --locked --allow-dirty -p tensorwire -p tensorwire-remote -p tensorwire-rpc 2>&1 | grep -E "Packaged|Verifying|error|warning: [^a]"
 
 step "unit, integration, cross-process and doc tests"
 cargo test --locked 2>&1 | tee -a "$log"
