@@ -35,6 +35,24 @@ fn child_roles() {
                 }
             }
         }
+        // Like "importer", but says "start" just before each import (so the exporter can
+        // act while the get is in flight), after a first small import has connected.
+        "announcing_importer" => {
+            let importer = Importer::new().unwrap();
+            while let Some(line) = hear() {
+                let (seed, blob_hex) = line.split_once(' ').unwrap();
+                let blob = ExportBlob::decode(&unhex(blob_hex)).unwrap();
+                let mut buf = vec![0u8; blob.length() as usize];
+                say("start");
+                match importer.import(&blob, &mut buf, Duration::from_secs(30)) {
+                    Ok(()) if buf == pattern(seed.parse().unwrap(), buf.len()) => {
+                        say(&format!("release {}", blob.export_id()))
+                    }
+                    Ok(()) => say("error bytes differ"),
+                    Err(e) => say(&format!("error {e}")),
+                }
+            }
+        }
         other => panic!("unknown role {other}"),
     }
     std::process::exit(0);
@@ -209,4 +227,62 @@ fn hostile_blobs_are_named_errors() {
     let mut buf = vec![0u8; 4096];
     importer.import(&blob, &mut buf, t).unwrap();
     assert_eq!(buf, pattern(5, 4096));
+}
+
+/// Storage that overwrites itself when dropped, and is then leaked (still mapped): a get
+/// that reads it after the drop sees the poison instead of faulting.
+struct PoisonOnDrop(Vec<u8>);
+
+// SAFETY: the vector's buffer is stable while the value lives; after the drop it is leaked,
+// never freed.
+unsafe impl tensorwire_remote::Storage for PoisonOnDrop {
+    fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl Drop for PoisonOnDrop {
+    fn drop(&mut self) {
+        self.0.fill(0x5a);
+        std::mem::forget(std::mem::take(&mut self.0));
+    }
+}
+
+/// A release that comes while the importer's get is still being served (over tcp the
+/// exporter sends the reply in fragments, read from the storage as they go) must not let
+/// the storage go until the reply is out: the importer reads the bytes it was exported.
+#[test]
+fn release_during_a_get_keeps_the_storage_until_the_reply_is_out() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    const N: usize = 128 << 20;
+    let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
+    let scope = exporter.scope();
+    let mut peer = Peer::spawn("child_roles", "announcing_importer", "tcp");
+    // A first small import: the importer's endpoint is up before the timed one.
+    let warm = scope.export(pattern(1, 4096)).unwrap();
+    peer.send(&format!("1 {}", hex(&warm.encode())));
+    assert_eq!(peer.recv().as_deref(), Some("start"));
+    assert_eq!(peer.recv().unwrap(), format!("release {}", warm.export_id()));
+    scope.release(warm.export_id()).unwrap();
+
+    let blob = scope.export(PoisonOnDrop(pattern(7, N))).unwrap();
+    peer.send(&format!("7 {}", hex(&blob.encode())));
+    assert_eq!(peer.recv().as_deref(), Some("start"));
+    // 128 MiB take well over 50 ms over loopback tcp here: the release lands mid-reply.
+    std::thread::sleep(Duration::from_millis(50));
+    scope.release(blob.export_id()).unwrap();
+    let reply = peer.recv().expect("importer died");
+    assert_eq!(reply, format!("release {}", blob.export_id()), "the importer read what was exported");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while exporter.live_exports() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(exporter.live_exports(), 0, "the registration goes once the reply is out");
+    drop(peer.tx);
+    assert!(peer.child.wait().unwrap().success());
 }

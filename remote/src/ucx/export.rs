@@ -26,26 +26,102 @@ struct Registration {
     _storage: Box<dyn Storage>,
 }
 
+/// Released registrations waiting for a worker flush: over tcp and shared memory UCX
+/// answers a get with a reply request that reads the storage fragment by fragment as the
+/// transport takes them (`ucp_rma_sw.c`), so a release or a scope's end may come while
+/// such a reply is still queued. The storage is dropped (and unmapped) only once a flush
+/// issued after the release has completed: the flush waits behind every queued send of
+/// the worker, the get replies included, and completes (with an error) for a peer that
+/// has failed.
+struct Retired {
+    /// The flush request (from `ucp_worker_flush_nbx`), freed when it completes.
+    flush: *mut std::ffi::c_void,
+    regs: Vec<Registration>,
+}
+
 struct State {
     worker: Worker,
     exports: HashMap<u64, Registration>,
+    retired: Vec<Retired>,
 }
 
-// SAFETY: `memh` handles belong to the worker's context and are used only under the
-// `State` mutex, like the worker itself; `Worker` is `Send`.
+// SAFETY: `memh` handles and flush requests belong to the worker (and its context) and are
+// used only under the `State` mutex, like the worker itself; `Worker` is `Send`.
 unsafe impl Send for State {}
 
 impl State {
     fn unmap(&mut self, reg: Registration) {
         // SAFETY: `memh` was mapped on this context and is unmapped exactly once (the
-        // registration was just removed from the map). The storage drops after this.
+        // registration was just removed from the map or the retired list). The storage
+        // drops after this.
         unsafe { sys::ucp_mem_unmap(self.worker.context(), reg.memh) };
         drop(reg);
+    }
+
+    /// Unregisters `regs` once every send queued on the worker so far has gone out (see
+    /// [`Retired`]); at once if nothing is queued.
+    fn retire(&mut self, regs: Vec<Registration>) {
+        if regs.is_empty() {
+            return;
+        }
+        // SAFETY: zeroed request params: no callback, UCX returns a request to poll.
+        let param: sys::ucp_request_param_t = unsafe { MaybeUninit::zeroed().assume_init() };
+        // SAFETY: the worker is live and ours (under the state mutex).
+        let sp = unsafe { sys::ucp_worker_flush_nbx(self.worker.raw(), &param) };
+        match ucx_rs::decode_status_ptr(sp) {
+            Ok(Some(flush)) => {
+                self.retired.push(Retired { flush, regs });
+                // SAFETY: the worker is live; this only wakes the progress thread, which
+                // then progresses the flush and finishes the retirement.
+                unsafe { sys::ucp_worker_signal(self.worker.raw()) };
+            }
+            // Nothing queued (or the flush itself failed, in which case UCX has nothing
+            // left in flight to wait for): unregister now.
+            Ok(None) | Err(_) => {
+                for reg in regs {
+                    self.unmap(reg);
+                }
+            }
+        }
+    }
+
+    /// Unregisters the retired registrations whose flush has completed.
+    fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            // SAFETY: `flush` is a live request of this worker, not yet freed.
+            let status = unsafe { sys::ucp_request_check_status(self.retired[i].flush) };
+            if status == sys::ucs_status_t_UCS_INPROGRESS {
+                i += 1;
+                continue;
+            }
+            let done = self.retired.swap_remove(i);
+            // SAFETY: the request completed; freed exactly once.
+            unsafe { sys::ucp_request_free(done.flush) };
+            for reg in done.regs {
+                self.unmap(reg);
+            }
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.exports.len() + self.retired.iter().map(|r| r.regs.len()).sum::<usize>()
     }
 }
 
 impl Drop for State {
     fn drop(&mut self) {
+        // The progress thread has stopped: what is still queued is never sent, so the
+        // retired registrations go now, after their flush requests are freed (UCX
+        // completes outstanding requests as the worker is destroyed; a request may be
+        // freed before it completes).
+        for r in std::mem::take(&mut self.retired) {
+            // SAFETY: a live request of this worker, freed exactly once.
+            unsafe { sys::ucp_request_free(r.flush) };
+            for reg in r.regs {
+                self.unmap(reg);
+            }
+        }
         let regs: Vec<_> = self.exports.drain().map(|(_, r)| r).collect();
         for reg in regs {
             self.unmap(reg);
@@ -86,6 +162,7 @@ impl Exporter {
             state: Mutex::new(State {
                 worker,
                 exports: HashMap::new(),
+                retired: Vec::new(),
             }),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -111,9 +188,10 @@ impl Exporter {
         }
     }
 
-    /// Registrations currently held, over all scopes.
+    /// Registrations currently held, over all scopes: live exports, and released ones
+    /// whose storage a queued get reply may still read (held until the worker's flush).
     pub fn live_exports(&self) -> usize {
-        self.shared.state.lock().exports.len()
+        self.shared.state.lock().held()
     }
 
     /// This worker's address (what every blob of this exporter carries).
@@ -142,6 +220,7 @@ fn progress_loop(shared: &Shared) {
         let efd = {
             let mut st = shared.state.lock();
             st.worker.progress();
+            st.reap();
             if !st.worker.arm() {
                 continue;
             }
@@ -242,7 +321,7 @@ impl PeerScope {
         let mut st = self.shared.state.lock();
         match st.exports.remove(&export_id) {
             Some(reg) if reg.scope == self.id => {
-                st.unmap(reg);
+                st.retire(vec![reg]);
                 Ok(())
             }
             Some(other) => {
@@ -274,10 +353,7 @@ impl Drop for PeerScope {
             .filter(|(_, r)| r.scope == self.id)
             .map(|(id, _)| *id)
             .collect();
-        for id in ids {
-            if let Some(reg) = st.exports.remove(&id) {
-                st.unmap(reg);
-            }
-        }
+        let regs = ids.into_iter().filter_map(|id| st.exports.remove(&id)).collect();
+        st.retire(regs);
     }
 }
