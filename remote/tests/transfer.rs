@@ -13,38 +13,27 @@ use tensorwire_remote::ucx::{Exporter, Importer};
 const SIZES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
 
 /// Child role "importer": for every blob line, import, check the bytes, reply with the
-/// export id to release (or the error).
+/// export id to release (or the error). "announcing_importer" also says "start" just
+/// before each import, so the exporter can act while the get is in flight.
 #[test]
 fn child_roles() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
     match role.as_str() {
-        "importer" => {
+        "importer" | "announcing_importer" => {
             let importer = Importer::new().unwrap();
             while let Some(line) = hear() {
                 let (seed, blob_hex) = line.split_once(' ').unwrap();
                 let blob = ExportBlob::decode(&unhex(blob_hex)).unwrap();
                 let mut buf = vec![0u8; blob.length() as usize];
-                match importer.import(&blob, &mut buf, Duration::from_secs(5)) {
-                    Ok(()) if buf == pattern(seed.parse().unwrap(), buf.len()) => {
-                        say(&format!("release {}", blob.export_id()))
-                    }
-                    Ok(()) => say("error bytes differ"),
-                    Err(e) => say(&format!("error {e}")),
+                // The announced imports are the large ones.
+                let mut wait = Duration::from_secs(5);
+                if role == "announcing_importer" {
+                    say("start");
+                    wait = Duration::from_secs(30);
                 }
-            }
-        }
-        // Like "importer", but says "start" just before each import (so the exporter can
-        // act while the get is in flight), after a first small import has connected.
-        "announcing_importer" => {
-            let importer = Importer::new().unwrap();
-            while let Some(line) = hear() {
-                let (seed, blob_hex) = line.split_once(' ').unwrap();
-                let blob = ExportBlob::decode(&unhex(blob_hex)).unwrap();
-                let mut buf = vec![0u8; blob.length() as usize];
-                say("start");
-                match importer.import(&blob, &mut buf, Duration::from_secs(30)) {
+                match importer.import(&blob, &mut buf, wait) {
                     Ok(()) if buf == pattern(seed.parse().unwrap(), buf.len()) => {
                         say(&format!("release {}", blob.export_id()))
                     }

@@ -396,6 +396,23 @@ impl Inner {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// `slot`'s value once a negotiation sets it (and notifies `set`), waiting until
+    /// `deadline` (`None`: no limit) or the connection's end.
+    fn wait_set<T: Clone>(&self, slot: &Mutex<Option<T>>, set: &Condvar, deadline: Option<Instant>) -> Option<T> {
+        let mut g = slot.lock();
+        while g.is_none() && !self.is_closed() {
+            match deadline {
+                Some(d) => {
+                    if set.wait_until(&mut g, d).timed_out() {
+                        break;
+                    }
+                }
+                None => set.wait(&mut g),
+            }
+        }
+        g.clone()
+    }
+
     /// Close now: fail every pending call with `reason`, stop workers, shut the socket.
     fn shutdown_now(&self, reason: RpcError) {
         if self.closed.swap(true, Ordering::AcqRel) {

@@ -260,18 +260,7 @@ impl Inner {
     /// The native state once negotiated, waiting until `deadline` (`None`: no limit) or
     /// the end for a negotiation in progress.
     fn wait_native(&self, deadline: Option<Instant>) -> Option<Arc<NativeState>> {
-        let mut g = self.native.lock();
-        while g.is_none() && !self.is_closed() {
-            match deadline {
-                Some(d) => {
-                    if self.native_ready.wait_until(&mut g, d).timed_out() {
-                        break;
-                    }
-                }
-                None => self.native_ready.wait(&mut g),
-            }
-        }
-        g.clone()
+        self.wait_set(&self.native, &self.native_ready, deadline)
     }
 
     /// The tensor a received `TensorwireTensor` names: the peer's export with that tag,

@@ -187,18 +187,7 @@ impl Inner {
     /// The remote state once negotiated, waiting until `deadline` (`None`: no limit) or
     /// the end for a negotiation in progress.
     fn wait_remote(&self, deadline: Option<Instant>) -> Option<Arc<RemoteState>> {
-        let mut g = self.remote.lock();
-        while g.is_none() && !self.is_closed() {
-            match deadline {
-                Some(d) => {
-                    if self.remote_ready.wait_until(&mut g, d).timed_out() {
-                        break;
-                    }
-                }
-                None => self.remote_ready.wait(&mut g),
-            }
-        }
-        g.clone()
+        self.wait_set(&self.remote, &self.remote_ready, deadline)
     }
 
     /// The remote state if negotiated.
