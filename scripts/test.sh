@@ -25,7 +25,8 @@ fi
 # No incremental artefacts: a one-shot build does not reuse them (saves ~350 MiB).
 export CARGO_INCREMENTAL=0
 
-step "build (debug, all targets)"
+step "build (debug, all targets: libraries, binaries, tests, benches, examples)"
+# The benches compile here, in the debug profile; no release build of them (minutes) runs.
 cargo build --all-targets --locked 2>&1 | tail -n 3
 
 step "module graph: imports go one way (no loop between the modules of src/, rpc/src/, simcuda/src/; scripts/module_graph.py)"
@@ -38,9 +39,9 @@ cargo clippy --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 step "docs: cargo doc of the workspace without warnings (public docs link no private item)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --locked -q
 
-step "crates: cargo publish --dry-run of tensorwire and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire)"
+step "crates: cargo publish --dry-run of tensorwire, tensorwire-remote and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire and tensorwire-remote, its optional dependency)"
 # --allow-dirty: what is checked is the packages and their metadata, not the checkout's state.
-cargo publish --dry-run --locked --allow-dirty -p tensorwire -p tensorwire-rpc 2>&1 | grep -E "Packaged|Verifying|error|warning: [^a]"
+cargo publish --dry-run --locked --allow-dirty -p tensorwire -p tensorwire-remote -p tensorwire-rpc 2>&1 | grep -E "Packaged|Verifying|error|warning: [^a]"
 
 step "unit, integration, cross-process and doc tests"
 cargo test --locked 2>&1 | tee -a "$log"
@@ -160,10 +161,15 @@ step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports devi
 (cd "$root/build/cmake-package/build" &&
   SIMCUDA_MAX_DELAY_US=20000 bash "$root/simcuda/run.sh" ctest -R '^c_cuda' --output-on-failure) 2>&1 | tee -a "$log"
 
-# --- further test steps go above this line (one block per area) ---
+step "remote peers with UCX (feature ucx; UCX 1.22 built once from ucx-rs's bundled source): tensorwire-remote's clippy, docs, two-process get/release/SIGKILL/hostile-blob tests over UCX_TLS=tcp and UCX_TLS=sm,self (each test sets its transports); tensorwire-rpc's remote tensors over loopback TCP between processes (UCX_TLS=tcp): bytes, releases, inline fallback, hostile values"
+cargo clippy -p tensorwire-remote -p tensorwire-rpc --features ucx --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -p tensorwire-remote -p tensorwire-rpc --features ucx --locked -q
+cargo test -p tensorwire-remote --features ucx --locked 2>&1 | tee -a "$log"
+# The rest of tensorwire-rpc's tests run (without the feature) in their own step above;
+# here its unit tests (the remote value's checks) and the remote-tensor binary.
+UCX_TLS=tcp cargo test -p tensorwire-rpc --features ucx --locked --lib --test remote_ucx 2>&1 | tee -a "$log"
 
-step "benches compile"
-cargo bench --locked --no-run 2>&1 | tail -n 2
+# --- further test steps go above this line (one block per area) ---
 
 step "fuzz targets: replay each one's kept corpus and regressions, then fuzz ${FUZZ_SECONDS:-5} s each"
 FUZZ_SECONDS=${FUZZ_SECONDS:-5} bash fuzz/run.sh

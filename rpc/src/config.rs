@@ -15,6 +15,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`RpcConfig::max_tensor_copy`]: 256 MiB.
 pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
+/// Default [`RpcConfig::remote_import_timeout`].
+pub const DEFAULT_REMOTE_IMPORT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`RpcConfig::max_remote_exports`].
+pub const DEFAULT_MAX_REMOTE_EXPORTS: usize = 1024;
 
 /// Limits and behaviour of one endpoint.
 #[derive(Debug, Clone)]
@@ -82,6 +86,21 @@ pub struct RpcConfig {
     pub native_tensors: bool,
     /// Transport limits for the native-tensor channel.
     pub peer_config: tensorwire::PeerConfig,
+    /// Offer and accept remote tensors on a TCP connection (default `false`; takes effect
+    /// only with the crate's `ucx` feature, and only when both sides set it): CPU tensors
+    /// then travel as `TensorwireRemote` values the receiver reads with a UCX get, instead
+    /// of being copied into the JSON. **Trusted peers only**: over tcp and shared memory
+    /// UCX serves a get from any address the importer names (the registration is not
+    /// checked), so a peer we export to can read all of this process's memory, and a peer
+    /// we import from chooses the address UCX connects to. See DESIGN.md, "Remote peers".
+    pub remote_tensors: bool,
+    /// Longest one remote tensor's import may take before it is cancelled and the value
+    /// fails with `RpcError::RemoteTransfer` (default 60 s).
+    pub remote_import_timeout: Duration,
+    /// Most remote exports the peer may hold unreleased on this connection (default
+    /// 1024); a send beyond it fails with `RpcError::RemoteTransfer`. Each holds the
+    /// storage of one sent tensor until the peer releases it or the connection ends.
+    pub max_remote_exports: usize,
 }
 
 impl Default for RpcConfig {
@@ -103,6 +122,9 @@ impl Default for RpcConfig {
             fs_keep: Duration::from_secs(10),
             native_tensors: true,
             peer_config: tensorwire::PeerConfig::default(),
+            remote_tensors: false,
+            remote_import_timeout: DEFAULT_REMOTE_IMPORT_TIMEOUT,
+            max_remote_exports: DEFAULT_MAX_REMOTE_EXPORTS,
         }
     }
 }

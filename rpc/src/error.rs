@@ -54,6 +54,9 @@ pub enum RpcError {
     /// A CUDA tensor was to be sent on a connection without native tensors (TCP, a
     /// pyisolate peer, or before `negotiate_native`).
     CudaNotNative(String),
+    /// A remote tensor (feature `ucx`) could not be registered, read or released: the
+    /// engine's error, with which tensor and which step.
+    RemoteTransfer(String),
 }
 
 impl RpcError {
@@ -107,6 +110,7 @@ impl fmt::Display for RpcError {
             RpcError::CudaUnavailable(m) => write!(f, "CUDA unavailable: {m}"),
             RpcError::Cuda(m) => write!(f, "{m}"),
             RpcError::CudaNotNative(m) => write!(f, "CUDA tensor needs native mode: {m}"),
+            RpcError::RemoteTransfer(m) => write!(f, "remote tensor transfer: {m}"),
         }
     }
 }

@@ -50,6 +50,8 @@ pub mod stream;
 pub mod tagged;
 pub mod tensor;
 pub mod tensor_handle;
+#[cfg(feature = "ucx")]
+pub mod ucx_tensor;
 pub mod value;
 pub mod worker;
 

@@ -102,6 +102,27 @@ fn valid_requests_still_work_and_null_closes() {
     assert!(closed_with(&ep).contains("closed the connection"));
 }
 
+/// A remote tensor where none was negotiated (a Unix socket, or a build without the `ucx`
+/// feature): the call gets a named error, nothing is read or allocated, the connection
+/// serves on.
+#[test]
+fn a_remote_tensor_never_negotiated_is_refused() {
+    let (ep, mut raw) = server(RpcConfig::default());
+    let read = |raw: &mut UnixStream| {
+        let mut hdr = [0u8; 4];
+        raw.read_exact(&mut hdr).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(hdr) as usize];
+        raw.read_exact(&mut body).unwrap();
+        String::from_utf8(body).unwrap()
+    };
+    raw.write_all(&frame(br#"{"kind": "call", "object_id": "calc", "call_id": 0, "parent_call_id": null, "method": "echo", "args": [{"__type__": "TensorwireRemote", "engine": "ucx", "worker_address": "AA==", "rkey": "AA==", "address": 4096, "length": 4096, "export_id": 1, "dtype": "torch.uint8", "tensor_size": [4096], "tensor_stride": [1], "tensor_offset": 0}], "kwargs": {}}"#)).unwrap();
+    let r = read(&mut raw);
+    assert!(r.contains("a remote tensor (TensorwireRemote) arrived"), "{r}");
+    raw.write_all(&frame(br#"{"kind": "call", "object_id": "calc", "call_id": 1, "parent_call_id": null, "method": "echo", "args": [1], "kwargs": {}}"#)).unwrap();
+    assert!(read(&mut raw).contains("\"result\": [1]"));
+    assert!(!ep.is_closed());
+}
+
 #[test]
 fn a_peer_that_writes_and_never_reads_is_cut_off() {
     let cfg = RpcConfig { send_timeout: Duration::from_millis(300), ..RpcConfig::default() };

@@ -70,7 +70,7 @@ impl Inner {
         self.handled.fetch_add(1, Ordering::Relaxed);
         let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len } = req;
         if !callback && target == CONTROL_OBJECT_ID {
-            let r = self.control(&method);
+            let r = self.control(&method, &args, &kwargs);
             self.respond(call_id, r);
             return;
         }

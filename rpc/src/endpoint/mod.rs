@@ -35,7 +35,7 @@
 //! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
 //! `lane` (inline requests the pool had no worker for), `service` (what an endpoint
 //! serves, and a handler's context), `wire` (frame writes, message and tensor encoding),
-//! `native` (native tensors).
+//! `native` (native tensors), `ucx` (remote tensors over TCP, feature `ucx`).
 
 mod calls;
 mod dispatch;
@@ -44,6 +44,8 @@ mod native;
 mod pool;
 mod reading;
 mod service;
+#[cfg(feature = "ucx")]
+mod ucx;
 mod wire;
 
 pub use calls::{Canceller, PendingCall};
@@ -132,6 +134,12 @@ pub(crate) struct Inner {
     /// Set by the first native negotiation (ours or the peer's): one per connection.
     native_claimed: AtomicBool,
     native_ready: Condvar,
+    /// Remote tensors (TCP, feature `ucx`), once negotiated; dropped (every export to the
+    /// peer released) when the connection ends.
+    #[cfg(feature = "ucx")]
+    remote: Mutex<Option<Arc<ucx::RemoteState>>>,
+    #[cfg(feature = "ucx")]
+    remote_ready: Condvar,
     next_tag: AtomicU64,
     calls_sent: AtomicU64,
     handled: AtomicU64,
@@ -206,6 +214,10 @@ impl Endpoint {
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
             native_ready: Condvar::new(),
+            #[cfg(feature = "ucx")]
+            remote: Mutex::new(None),
+            #[cfg(feature = "ucx")]
+            remote_ready: Condvar::new(),
             next_tag: AtomicU64::new(1),
             calls_sent: AtomicU64::new(0),
             handled: AtomicU64::new(0),
@@ -384,6 +396,23 @@ impl Inner {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// `slot`'s value once a negotiation sets it (and notifies `set`), waiting until
+    /// `deadline` (`None`: no limit) or the connection's end.
+    fn wait_set<T: Clone>(&self, slot: &Mutex<Option<T>>, set: &Condvar, deadline: Option<Instant>) -> Option<T> {
+        let mut g = slot.lock();
+        while g.is_none() && !self.is_closed() {
+            match deadline {
+                Some(d) => {
+                    if set.wait_until(&mut g, d).timed_out() {
+                        break;
+                    }
+                }
+                None => set.wait(&mut g),
+            }
+        }
+        g.clone()
+    }
+
     /// Close because the peer broke the protocol: record why first, then tell the peer
     /// (best effort; it may not read), then close. In this order a peer that hangs up as
     /// soon as it reads the notice cannot make its hang-up the reason our calls fail with.
@@ -420,5 +449,12 @@ impl Inner {
             n.wake();
         }
         self.native_ready.notify_all();
+        #[cfg(feature = "ucx")]
+        {
+            // Taken under its lock, dropped outside it: the scope's drop unregisters.
+            let remote = self.remote.lock().take();
+            drop(remote);
+            self.remote_ready.notify_all();
+        }
     }
 }

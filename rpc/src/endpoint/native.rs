@@ -84,7 +84,7 @@ impl Arrival {
     }
 }
 
-const REFUSED_REPEAT: &str =
+pub(super) const REFUSED_REPEAT: &str =
     "native_hello refused: native tensors were already negotiated on this connection (one native_hello per connection)";
 
 impl Endpoint {
@@ -96,10 +96,19 @@ impl Endpoint {
     /// `Instant`, `Wait::Forever`, `Wait::Never`). Once per connection: if a negotiation
     /// (ours or the peer's) already started, this waits for it (as long) and reports how it
     /// went.
+    ///
+    /// Over TCP there is no memory to share: with the `ucx` feature and
+    /// `RpcConfig::remote_tensors` set this negotiates remote tensors instead (CPU tensors
+    /// read by the peer with a UCX get; see `Endpoint::remote_enabled`), and returns
+    /// whether the peer agreed; otherwise `Ok(false)` (tensors are copied into the JSON).
     pub fn negotiate_native(&self, wait: impl Into<Wait>) -> Result<bool> {
         let inner = self.inner();
         let wait = wait.into();
         if !inner.is_unix {
+            // TCP: remote tensors, where built in and configured.
+            #[cfg(feature = "ucx")]
+            return inner.negotiate_remote(wait);
+            #[cfg(not(feature = "ucx"))]
             return Ok(false);
         }
         if inner.native.lock().is_some() {
@@ -158,8 +167,13 @@ impl Inner {
     }
 
     /// Requests to our reserved control object.
-    pub(super) fn control(self: &Arc<Self>, method: &str) -> Result<Value> {
+    pub(super) fn control(self: &Arc<Self>, method: &str, args: &[Value], kwargs: &Map) -> Result<Value> {
+        let _ = (args, kwargs); // read by the `ucx` feature's methods
         match method {
+            #[cfg(feature = "ucx")]
+            "native_hello" if !self.is_unix => self.answer_remote_hello(kwargs),
+            #[cfg(feature = "ucx")]
+            "remote_release" => self.remote_release(args),
             "native_hello" => {
                 // The socket the hello carried (if any) is ours to close unless used.
                 let fd = self.take_fd();
@@ -246,18 +260,7 @@ impl Inner {
     /// The native state once negotiated, waiting until `deadline` (`None`: no limit) or
     /// the end for a negotiation in progress.
     fn wait_native(&self, deadline: Option<Instant>) -> Option<Arc<NativeState>> {
-        let mut g = self.native.lock();
-        while g.is_none() && !self.is_closed() {
-            match deadline {
-                Some(d) => {
-                    if self.native_ready.wait_until(&mut g, d).timed_out() {
-                        break;
-                    }
-                }
-                None => self.native_ready.wait(&mut g),
-            }
-        }
-        g.clone()
+        self.wait_set(&self.native, &self.native_ready, deadline)
     }
 
     /// The tensor a received `TensorwireTensor` names: the peer's export with that tag,

@@ -49,7 +49,7 @@ impl Inner {
     }
 
     /// Replace tensor references in a received value by tensors.
-    pub(super) fn decode_tensors(&self, v: Value) -> Result<Value> {
+    pub(super) fn decode_tensors(self: &Arc<Self>, v: Value) -> Result<Value> {
         match v {
             Value::Array(a) => Ok(Value::Array(a.into_iter().map(|x| self.decode_tensors(x)).collect::<Result<_>>()?)),
             Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
@@ -59,6 +59,12 @@ impl Inner {
                 }
                 Some("TensorwireTensor") => self.claim_native(&m),
                 Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
+                #[cfg(feature = "ucx")]
+                Some(crate::ucx_tensor::REMOTE_TENSOR_TYPE) => self.claim_remote(&m),
+                #[cfg(not(feature = "ucx"))]
+                Some("TensorwireRemote") => Err(RpcError::Protocol(
+                    "a remote tensor (TensorwireRemote) arrived, but this build has no remote tensors (tensorwire-rpc's ucx feature) and never offered them".into(),
+                )),
                 _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
             },
             other => Ok(other),
@@ -99,7 +105,12 @@ impl Inner {
             return Ok(crate::tensor::native_ref(tag, shared.layout(), None));
         }
         if !self.is_unix {
-            // TCP: the peer may be on another machine; copy the data into the JSON.
+            // TCP: the peer may be on another machine. A peer that agreed to remote
+            // tensors reads the storage itself; any other gets the data in the JSON.
+            #[cfg(feature = "ucx")]
+            if let Some(r) = self.remote_state() {
+                return self.export_remote(&r, t);
+            }
             return crate::tensor::to_tensor_value(t);
         }
         let fs = t.to_fs()?;

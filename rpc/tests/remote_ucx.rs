@@ -1,0 +1,436 @@
+//! Remote tensors over loopback TCP (feature `ucx`), between real processes: this test
+//! binary re-runs itself as a server (`TW_RPC_REMOTE_ROLE=server`) or as a client that
+//! holds an export and is then killed (`holder`). UCX takes its transports from the
+//! environment; the test command runs this with `UCX_TLS=tcp`.
+//!
+//! - bytes are checked on the importer, both ways, contiguous and strided, up to a size the
+//!   inline form cannot carry;
+//! - the exporter's registration is gone after the importer's release, after the
+//!   importer's connection closes, and after the importer is SIGKILLed;
+//! - a peer without the capability (pyisolate's raw protocol, a tensorwire-rpc peer with
+//!   `remote_tensors` off) gets inline `TensorValue` bytes;
+//! - hostile remote values are named errors and the server serves on.
+#![cfg(feature = "ucx")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+use tensorwire_rpc::*;
+
+const ROLE: &str = "TW_RPC_REMOTE_ROLE";
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_shr(13) as u8 ^ seed).collect()
+}
+
+/// `got == want` for byte buffers, reported by the first difference (not the whole buffer).
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: {} bytes vs {} expected, first difference at byte {i}", got.len(), want.len());
+    }
+}
+
+fn int(a: &Args, i: usize) -> Result<i64> {
+    a.req(i, "int")?.as_i64().ok_or_else(|| RpcError::InvalidArgument(format!("argument {i} is not an int")))
+}
+
+// ---------------------------------------------------------------- child roles
+
+/// The server: `t.make(seed, n)` (a uint8 tensor of `n` pattern bytes), `t.make_view(seed,
+/// n)` (every other byte of it, from byte 1), `t.check(tensor, seed)` (whether its packed
+/// bytes are the pattern), `t.live()` (remote exports unreleased over all its connections).
+fn serve() -> ! {
+    let remote = std::env::var("TW_REMOTE_ON").as_deref() == Ok("1");
+    let cfg = RpcConfig { remote_tensors: remote, ..small_frames() };
+    let reg = Registry::new();
+    reg.register(
+        "t",
+        Service::new("T")
+            .method("make", |_, a| {
+                let (seed, n) = (int(&a, 0)? as u8, int(&a, 1)? as usize);
+                Ok(Value::from(Tensor::from_bytes(tensorwire::DType::UInt8, &[n as i64], &pattern(seed, n))?))
+            })
+            .method("make_view", |_, a| {
+                let (seed, n) = (int(&a, 0)? as u8, int(&a, 1)? as usize);
+                let Tensor::Shared(s) = Tensor::from_bytes(tensorwire::DType::UInt8, &[n as i64], &pattern(seed, n))? else {
+                    unreachable!()
+                };
+                let l = tensorwire::Layout::strided(tensorwire::DType::UInt8, &[(n / 2) as i64], &[2], 1)?;
+                Ok(Value::from(Tensor::Shared(s.view(l)?)))
+            })
+            .method("check", |_, a| {
+                let t = a.req(0, "tensor")?.as_tensor().ok_or_else(|| RpcError::InvalidArgument("not a tensor".into()))?;
+                Ok(Value::Bool(t.to_vec()? == pattern(int(&a, 1)? as u8, t.layout().numel() as usize)))
+            })
+            .method("live", |_, _| Ok(Value::from(Endpoint::process_remote_exports() as i64))),
+    )
+    .unwrap();
+    let server = Server::bind("tcp://127.0.0.1:0", reg, cfg).unwrap();
+    println!("@{}", server.local_addr());
+    std::thread::spawn(move || server.serve_forever());
+    // Until the parent closes our stdin (or dies).
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0);
+}
+
+/// A client that makes the server export a tensor, never releases it, and waits to be
+/// killed.
+fn hold() -> ! {
+    let mut raw = Raw::connect(&std::env::var("TW_SERVER").unwrap());
+    raw.hello();
+    let (v, e) = raw.call("t", "make", vec![Value::Int(3), Value::Int(1 << 20)]);
+    assert!(e.is_none() && is_remote(&v), "{v:?} {e:?}");
+    println!("@held");
+    std::thread::sleep(Duration::from_secs(60));
+    std::process::exit(1);
+}
+
+#[test]
+fn child_role() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("server") => serve(),
+        Ok("holder") => hold(),
+        _ => {}
+    }
+}
+
+struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    line: String,
+}
+
+impl Proc {
+    fn spawn(role: &str, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "{role} ended before its first line");
+            if let Some(at) = line.find('@') {
+                line = line.trim_end()[at + 1..].to_string();
+                break;
+            }
+        }
+        Proc { child, stdin, line }
+    }
+
+    fn server(remote: bool) -> Proc {
+        Proc::spawn("server", &[("TW_REMOTE_ON", if remote { "1" } else { "0" })])
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------- a raw peer
+
+/// A peer speaking the wire protocol by hand (as pyisolate, or as a forger would).
+struct Raw {
+    s: TcpStream,
+    next: i64,
+    /// Calls the server made to us (its releases), in order.
+    incoming: Vec<Value>,
+}
+
+impl Raw {
+    fn connect(addr: &str) -> Raw {
+        let s = TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Raw { s, next: 1, incoming: Vec::new() }
+    }
+
+    fn send(&mut self, v: &Value) {
+        let p = v.to_json().unwrap().into_bytes();
+        let mut f = (p.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&p);
+        self.s.write_all(&f).unwrap();
+    }
+
+    fn read(&mut self) -> Value {
+        let mut h = [0u8; 4];
+        self.s.read_exact(&mut h).unwrap();
+        let mut p = vec![0u8; u32::from_be_bytes(h) as usize];
+        self.s.read_exact(&mut p).unwrap();
+        Value::parse(&p).unwrap()
+    }
+
+    /// Call and wait for the response: (result, error).
+    fn call_kw(&mut self, obj: &str, method: &str, args: Vec<Value>, kwargs: Map) -> (Value, Option<String>) {
+        let id = self.next;
+        self.next += 1;
+        self.send(&Value::object([
+            ("kind", "call".into()),
+            ("object_id", obj.into()),
+            ("call_id", Value::Int(id)),
+            ("parent_call_id", Value::Null),
+            ("method", method.into()),
+            ("args", Value::Array(args)),
+            ("kwargs", Value::Object(kwargs)),
+        ]));
+        loop {
+            let v = self.read();
+            let m = v.as_object().unwrap();
+            match m.get("kind").and_then(Value::as_str) {
+                Some("response") if m.get("call_id") == Some(&Value::Int(id)) => {
+                    let err = m.get("error").and_then(Value::as_str).map(str::to_owned);
+                    return (m.get("result").cloned().unwrap_or(Value::Null), err);
+                }
+                Some("call") => self.incoming.push(v.clone()),
+                _ => {}
+            }
+        }
+    }
+
+    fn call(&mut self, obj: &str, method: &str, args: Vec<Value>) -> (Value, Option<String>) {
+        self.call_kw(obj, method, args, Map::new())
+    }
+
+    /// Negotiate remote tensors as tensorwire-rpc does.
+    fn hello(&mut self) {
+        let mut kw = Map::new();
+        kw.insert("remote_engines".into(), Value::Array(vec!["ucx".into()]));
+        let (v, e) = self.call_kw("__tensorwire__", "native_hello", vec![Value::Int(1)], kw);
+        assert!(e.is_none(), "{e:?}");
+        assert_eq!(v.as_object().and_then(|m| m.get("remote_engine")), Some(&Value::from("ucx")));
+    }
+
+    /// Export ids the server asked us to release so far.
+    fn released(&self) -> Vec<i64> {
+        self.incoming
+            .iter()
+            .filter_map(|c| {
+                let m = c.as_object()?;
+                (m.get("method")?.as_str()? == "remote_release").then(|| m.get("args")?.as_array()?.first()?.as_i64())?
+            })
+            .collect()
+    }
+}
+
+fn is_remote(v: &Value) -> bool {
+    v.as_object().and_then(|m| m.get("__type__")).and_then(Value::as_str) == Some("TensorwireRemote")
+}
+
+/// Both sides take frames of 1 MiB at most: a tensor of several MiB that arrives went by
+/// UCX, not inline.
+fn small_frames() -> RpcConfig {
+    RpcConfig { max_frame: 1 << 20, remote_import_timeout: Duration::from_secs(5), ..RpcConfig::default() }
+}
+
+fn client(addr: &str, remote: bool) -> Endpoint {
+    let cfg = RpcConfig { remote_tensors: remote, ..small_frames() };
+    Endpoint::connect(addr, Registry::new(), cfg).unwrap()
+}
+
+fn server_live(ep: &Endpoint) -> i64 {
+    ep.call("t", "live", vec![]).unwrap().as_i64().unwrap()
+}
+
+/// Polls `f` until it returns `want` (5 s at most); returns the last value.
+fn eventually<T: PartialEq + Copy>(want: T, mut f: impl FnMut() -> T) -> T {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = f();
+        if v == want || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn tensor_arg(seed: u8, n: usize) -> Value {
+    Value::from(Tensor::from_bytes(tensorwire::DType::UInt8, &[n as i64], &pattern(seed, n)).unwrap())
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn tensors_travel_by_ucx_get_both_ways_and_are_released() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::server(true);
+    let ep = client(&server.line, true);
+    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    assert!(ep.remote_enabled());
+    // Server → client: the client imports; the server's export is gone after the release.
+    for (i, n) in [4usize << 10, 1 << 20, 16 << 20].into_iter().enumerate() {
+        let seed = i as u8 + 1;
+        let v = ep.call("t", "make", vec![Value::Int(seed.into()), Value::Int(n as i64)]).unwrap();
+        let t = v.as_tensor().expect("a tensor");
+        assert!(matches!(t, Tensor::Shared(_)), "imported into memory of ours");
+        same(&t.to_vec().unwrap(), &pattern(seed, n), &format!("{n} bytes"));
+        assert_eq!(eventually(0, || server_live(&ep)), 0, "the server's export of {n} bytes is released");
+    }
+    // A strided view travels with its layout over the whole storage.
+    let v = ep.call("t", "make_view", vec![Value::Int(9), Value::Int(4096)]).unwrap();
+    let want: Vec<u8> = pattern(9, 4096).into_iter().skip(1).step_by(2).collect();
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &want, "strided view");
+    assert_eq!(eventually(0, || server_live(&ep)), 0);
+    // Client → server: the server imports; our export is gone after its release.
+    for (i, n) in [4usize << 10, 16 << 20].into_iter().enumerate() {
+        let seed = i as u8 + 20;
+        let ok = ep.call("t", "check", vec![tensor_arg(seed, n), Value::Int(seed.into())]).unwrap();
+        assert_eq!(ok, Value::Bool(true), "{n} bytes");
+        assert_eq!(eventually(0, || ep.remote_exports_live()), 0, "our export of {n} bytes is released");
+    }
+    // Those could not have gone inline: without remote tensors 2 MiB is over the frame cap.
+    let inline = client(&server.line, false);
+    assert!(!inline.negotiate_native(Duration::from_secs(10)).unwrap());
+    let e = inline.call("t", "check", vec![tensor_arg(1, 2 << 20), Value::Int(1)]).unwrap_err();
+    assert!(e.to_string().contains("frame cap"), "{e}");
+}
+
+#[test]
+fn a_peer_without_the_capability_gets_inline_bytes() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::server(true);
+    // pyisolate's view: it never negotiates, and reads a TensorValue.
+    let mut raw = Raw::connect(&server.line);
+    let (v, e) = raw.call("t", "make", vec![Value::Int(5), Value::Int(64)]);
+    assert!(e.is_none(), "{e:?}");
+    let m = v.as_object().expect("a dict");
+    assert_eq!(m.get("__type__"), Some(&Value::from("TensorValue")), "{v:?}");
+    // A tensorwire-rpc peer with remote tensors off: negotiation says no, bytes inline.
+    let ep = client(&server.line, false);
+    assert!(!ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    let v = ep.call("t", "make", vec![Value::Int(6), Value::Int(4096)]).unwrap();
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(6, 4096), "inline");
+    assert_eq!(ep.call("t", "check", vec![tensor_arg(7, 4096), Value::Int(7)]).unwrap(), Value::Bool(true));
+    assert_eq!(server_live(&ep), 0, "nothing was exported");
+    // A server with remote tensors off refuses the offer; our client falls back.
+    let off = Proc::server(false);
+    let ep = client(&off.line, true);
+    assert!(!ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    assert!(!ep.remote_enabled());
+    let v = ep.call("t", "make", vec![Value::Int(8), Value::Int(4096)]).unwrap();
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(8, 4096), "inline");
+    let mut raw = Raw::connect(&off.line);
+    let mut kw = Map::new();
+    kw.insert("remote_engines".into(), Value::Array(vec!["ucx".into()]));
+    let (_, e) = raw.call_kw("__tensorwire__", "native_hello", vec![Value::Int(1)], kw);
+    assert!(e.unwrap().contains("remote_tensors"));
+}
+
+#[test]
+fn exports_are_held_until_release_close_or_death() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::server(true);
+    let observer = client(&server.line, false);
+    let mut raw = Raw::connect(&server.line);
+    raw.hello();
+    let (v, e) = raw.call("t", "make", vec![Value::Int(2), Value::Int(4096)]);
+    assert!(e.is_none() && is_remote(&v), "{v:?} {e:?}");
+    let id = v.as_object().unwrap().get("export_id").unwrap().as_i64().unwrap();
+    assert_eq!(server_live(&observer), 1, "held while the importer has not released it");
+    // Someone else's id, or garbage: named errors, the export stays.
+    let (_, e) = raw.call("__tensorwire__", "remote_release", vec![Value::Int(id + 1000)]);
+    assert!(e.unwrap().contains("no live export"));
+    let (_, e) = raw.call("__tensorwire__", "remote_release", vec![Value::from("x")]);
+    assert!(e.unwrap().contains("not a non-negative integer"));
+    assert_eq!(server_live(&observer), 1);
+    let (_, e) = raw.call("__tensorwire__", "remote_release", vec![Value::Int(id)]);
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(server_live(&observer), 0, "released");
+    // Not released, then the connection closes: dropped with it.
+    let (v, _) = raw.call("t", "make", vec![Value::Int(2), Value::Int(4096)]);
+    assert!(is_remote(&v));
+    assert_eq!(server_live(&observer), 1);
+    drop(raw);
+    assert_eq!(eventually(0, || server_live(&observer)), 0, "dropped with the connection");
+    // Not released, then the importer is SIGKILLed.
+    let mut holder = Proc::spawn("holder", &[("TW_SERVER", &server.line)]);
+    assert_eq!(holder.line, "held");
+    assert_eq!(server_live(&observer), 1);
+    holder.child.kill().unwrap();
+    holder.child.wait().unwrap();
+    assert_eq!(eventually(0, || server_live(&observer)), 0, "dropped when the importer died");
+}
+
+#[test]
+fn hostile_remote_values_are_named_errors() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::server(true);
+    // A remote value on a connection that never negotiated.
+    let mut raw = Raw::connect(&server.line);
+    let mut other = Raw::connect(&server.line);
+    other.hello();
+    let (genuine, _) = other.call("t", "make", vec![Value::Int(4), Value::Int(4096)]);
+    let genuine = genuine.as_object().unwrap().clone();
+    let (_, e) = raw.call("t", "check", vec![Value::Object(genuine.clone()), Value::Int(4)]);
+    assert!(e.unwrap().contains("never negotiated"));
+    raw.hello();
+    let with = |k: &str, v: Option<Value>| {
+        let mut m = genuine.clone();
+        match v {
+            Some(v) => m.insert(k.into(), v),
+            None => m.remove(k),
+        };
+        Value::Object(m)
+    };
+    let b64 = |b: &[u8]| Value::Str(base64::encode(b));
+    let cases: Vec<(Value, &str)> = vec![
+        (with("rkey", None), "no \"rkey\" field"),
+        (with("engine", Some("nixl".into())), "names engine \"nixl\""),
+        (with("length", Some(Value::Int(-5))), "\"length\" is negative"),
+        (with("length", Some(Value::Int(1 << 45))), "BadLength"),
+        (with("length", Some(Value::Int(1 << 30))), "max_tensor_copy"),
+        (with("address", Some("0x1000".into())), "\"address\" is a str"),
+        (with("worker_address", Some(b64(&[0x0f; 100]))), "BadWorkerAddress"),
+        (with("worker_address", Some("not base64!".into())), "\"worker_address\""),
+        (with("worker_address", Some(Value::Str("A".repeat(100_000)))), "\"worker_address\" is 100000 characters"),
+        (with("rkey", Some(b64(&[0xff; 40]))), "BadRkey"),
+        (with("tensor_size", Some(Value::Array(vec![Value::Int(8192)]))), "needs 8192 bytes"),
+        (with("tensor_stride", Some(Value::Array(vec![Value::Int(-1)]))), "geometry"),
+        (with("dtype", Some("torch.nope".into())), "dtype"),
+    ];
+    for (v, want) in cases {
+        let (r, e) = raw.call("t", "check", vec![v.clone(), Value::Int(4)]);
+        let e = e.unwrap_or_else(|| panic!("{v:?} was accepted: {r:?}"));
+        assert!(e.contains(want), "{e:?} should name {want:?}");
+        // Refused while validating, before any allocation or transfer (except the copy
+        // limit's own error).
+        assert!(e.starts_with("cannot decode value") || want == "max_tensor_copy", "{e:?} is not a decode error");
+    }
+    // A value whose id was readable is released even though it was refused.
+    let id = genuine.get("export_id").unwrap().as_i64().unwrap();
+    assert!(raw.released().contains(&id), "releases sent: {:?}", raw.released());
+    // An exporter that is gone: the read fails with a named error, in bounded time.
+    let dead = Proc::server(true);
+    let mut dead_raw = Raw::connect(&dead.line);
+    dead_raw.hello();
+    let (gone, _) = dead_raw.call("t", "make", vec![Value::Int(4), Value::Int(4096)]);
+    assert!(is_remote(&gone));
+    drop(dead);
+    let t0 = Instant::now();
+    let (_, e) = raw.call("t", "check", vec![gone, Value::Int(4)]);
+    let e = e.expect("a dead exporter's tensor cannot be read");
+    assert!(e.contains("remote tensor transfer"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // The server serves on, and reads a genuine value correctly.
+    let (ok, e) = raw.call("t", "check", vec![Value::Object(genuine), Value::Int(4)]);
+    assert_eq!((ok, e), (Value::Bool(true), None));
+}
