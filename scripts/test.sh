@@ -67,30 +67,30 @@ py=$(bash scripts/setup-venv.sh | tail -1)
 cargo clippy -p tensorwire-rpc --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 
-step "Python binding tensorwire._native (python/native, PyO3 abi3): clippy, one maturin wheel (tag checked, no libtorch/libpython linked), its DLPack storage and send/recv tests (in the next step's suite)"
+step "Python binding tensorwire._native (python/native, PyO3 abi3): clippy, one maturin wheel (tag checked, no libtorch/libpython linked); its tests run in the next step's suite, on the module the package installs"
 cargo clippy -p tensorwire-python --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 native_wheels=$root/build/native-wheel
 rm -rf "$native_wheels"
-# Built once; every later pytest run in this script loads this wheel's module
-# (TENSORWIRE_NATIVE, read by tests/python/test_native.py).
+# Built as the package build builds it (root CMakeLists.txt, target tensorwire_native: same
+# target dir, profile, features, strip flag and PYO3_PYTHON, the venvs' base interpreter),
+# so the next step's pip install finds it built and only copies it into the package.
+pyo3_python=$("$py" -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
 (cd python/native && "$(dirname "$py")/maturin" build --release --strip --locked --features extension-module \
-   -o "$native_wheels" 2>&1 | tail -n 1)
+   -i "$pyo3_python" -o "$native_wheels" 2>&1 | tail -n 1)
 wheel=$(ls "$native_wheels"/*.whl)
 case "$(basename "$wheel")" in
   *-cp310-abi3-manylinux_*_x86_64.whl) echo "wheel: $(basename "$wheel")" ;;
   *) echo "unexpected wheel tag: $wheel"; exit 1 ;;
 esac
 "$py" -m zipfile -e "$wheel" "$native_wheels/x"
-TENSORWIRE_NATIVE=$(ls "$native_wheels"/x/_native/_native*.so)
-export TENSORWIRE_NATIVE
-needed=$(readelf -d "$TENSORWIRE_NATIVE" | grep NEEDED)
+wheel_native=$(ls "$native_wheels"/x/_native/_native*.so)
+needed=$(readelf -d "$wheel_native" | grep NEEDED)
 echo "$needed"
 if echo "$needed" | grep -Eq 'torch|c10|libpython'; then echo "the binding links torch or libpython"; exit 1; fi
-# Its tests (tests/python/test_native.py) run with the whole Python suite in the next
-# step, against this wheel's module: run here they would need the C++ extension built a
-# second time for this venv.
+native_so=${CARGO_TARGET_DIR:-$root/target}/release/lib_native.so
+native_built=$(stat -c '%i %Y' "$native_so")
 
-step "Python package: fresh venv (torch via uv, warm cache), pip install --no-build-isolation ., pytest tests/python from another directory (installed package, no env vars: import, two processes, interop, opcheck, demo, doctor)"
+step "Python package: fresh venv (torch via uv, warm cache), pip install --no-build-isolation . (libtorch extension and tensorwire._native), pytest tests/python from another directory (installed package, no env vars: import, two processes, interop, opcheck, the binding, demo, doctor)"
 # The venv is made anew each run (the torch pin lives in scripts/setup-venv.sh; uv links
 # from its cache, seconds); the package builds into build/py/<tag> and cargo's target/,
 # both persistent, so a rerun rebuilds only what changed.
@@ -98,6 +98,15 @@ pip_venv=$root/build/pip-venv
 rm -rf "$pip_venv"
 pip_py=$(bash scripts/setup-venv.sh "$pip_venv" | tail -1)
 env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PIP_ROOT_USER_ACTION=ignore "$pip_py" -m pip install -q --no-build-isolation "$root"
+# The binding the package installed: nothing linked beyond the wheel's module, and whether
+# the pip build reused the previous step's cargo build or had to build it again.
+pip_native=$("$pip_py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/tensorwire/_native.abi3.so
+if readelf -d "$pip_native" | grep NEEDED | grep -Eq 'torch|c10|libpython'; then echo "$pip_native links torch or libpython"; exit 1; fi
+if [ "$(stat -c '%i %Y' "$native_so")" = "$native_built" ] && cmp -s "$pip_native" "$wheel_native"; then
+  echo "tensorwire._native: the pip build reused the maturin step's (cargo: fresh; installed module = the wheel's, byte for byte)"
+else
+  echo "tensorwire._native: the pip build built it again (cargo saw a difference from the maturin step's build)"
+fi
 elsewhere=$(mktemp -d)
 (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$pip_py" -c "import tensorwire; print('import tensorwire:', tensorwire.library_path())")
 (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$pip_py" -m tensorwire doctor)

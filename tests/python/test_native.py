@@ -2,14 +2,14 @@
 by Rust reach torch by DLPack, are recognised again by address, and are unmapped when
 torch's last view dies; the binding's errors are tensorwire.errors classes; build_info.
 
-The module comes from ``$TENSORWIRE_NATIVE`` (a built ``_native*.so``; scripts/test.sh
-sets it to the one in the wheel it built) or, without it, from the installed package.
+The module is the installed package's own: ``pip install .`` builds it and installs it as
+``tensorwire/_native.abi3.so``, so an installed package without it fails this suite (the
+import below) instead of skipping it. Only a run from a checkout with no install (no
+``tensorwire._build_info``; scripts/gpu_test.sh's) skips it, saying so.
 """
 from __future__ import annotations
 
 import gc
-import importlib.util
-import os
 import re
 import time
 from pathlib import Path
@@ -17,21 +17,24 @@ from pathlib import Path
 import pytest
 import torch
 
+import tensorwire
 import tensorwire.errors as errors
 
-
-def _load():
-    path = os.environ.get("TENSORWIRE_NATIVE")
-    if not path:
-        return pytest.importorskip("tensorwire._native")
-    spec = importlib.util.spec_from_file_location("tensorwire._native", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+if tensorwire.build_info() is None:
+    native = pytest.importorskip(
+        "tensorwire._native", reason="a checkout run without `pip install .`, which builds tensorwire._native: SKIPPED")
+else:
+    import tensorwire._native as native
 
 
-native = _load()
+def test_the_module_is_the_installed_packages_own():
+    # Beside _build_info.py and libtensorwire_torch.so: the package dir of the install (in
+    # an editable install too, where the .py sources stay in the checkout).
+    path = Path(native.__file__).resolve()
+    assert native.__name__ == "tensorwire._native"
+    assert path.name == "_native.abi3.so"
+    assert path.parent == Path(tensorwire.build_info().__file__).resolve().parent
+    assert path.parent == Path(tensorwire.library_path()).resolve().parent
 
 
 def _segment_tensor(nbytes: int) -> torch.Tensor:
