@@ -9,7 +9,7 @@
 //! scope of the connection it was made for is dropped (the connection died).
 //!
 //! The first engine is UCX (feature `ucx`, through the `ucx-rs` crate's raw `sys` layer);
-//! see [`ucx`]. Blobs are decoded by [`ExportBlob::decode`], which copies nothing it has
+//! see the `ucx` module. Blobs are decoded by [`ExportBlob::decode`], which copies nothing it has
 //! not bounds-checked and names every rejection ([`BlobError`]).
 //!
 //! Layout: `blob.rs` (the wire format of an export blob), `storage.rs` (what can be
