@@ -41,7 +41,13 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --locked -q
 
 step "crates: cargo publish --dry-run of tensorwire, tensorwire-remote and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire and tensorwire-remote, its optional dependency)"
 # --allow-dirty: what is checked is the packages and their metadata, not the checkout's state.
-cargo publish --dry-run --locked --allow-dirty -p tensorwire -p tensorwire-remote -p tensorwire-rpc 2>&1 | grep -E "Packaged|Verifying|error|warning: [^a]"
+# A fresh target dir each run: cargo treats the packaged crates as immutable registry
+# crates (same name and version, so unpacked and built once per registry path), and a
+# rerun in the same place would verify against an earlier run's tensorwire.
+publish_target=$(mktemp -d)
+cargo publish --dry-run --locked --allow-dirty --target-dir "$publish_target" -p tensorwire -p tensorwire-remote -p tensorwire-rpc 2>&1 \
+  | grep -E "Packaged|Verifying|error|warning: [^a]"
+rm -rf "$publish_target"
 
 step "unit, integration, cross-process and doc tests"
 cargo test --locked 2>&1 | tee -a "$log"
