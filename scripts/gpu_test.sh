@@ -15,12 +15,12 @@
 #   2. copy the repository with build/gpu-prefix in it to the GPU machine and run, from its
 #      root:            bash scripts/gpu_test.sh
 #      or one stage at a time (each a few minutes):
-#                       bash scripts/gpu_test.sh build  (then)  rust  (then)  tests  (then)  bench  (then)  mps
+#                       bash scripts/gpu_test.sh build  (then)  rust  (then)  tests  (then)  wheel  (then)  bench  (then)  mps
 #      (TENSORWIRE_PREFIX=<dir> names another prefix; GPU_TEST_ITERS sets the bench's
 #      iterations, default 200; the tests' and the bench's full output go to
 #      GPU_TEST_LOG_DIR, default build/gpu-test-logs.)
 #
-# Usage: bash scripts/gpu_test.sh [build|rust|tests|bench|mps|all]   (default all: every stage, mps last)
+# Usage: bash scripts/gpu_test.sh [build|rust|tests|wheel|bench|mps|all]   (default all: every stage, mps last)
 #        bash scripts/gpu_test.sh prepare [OUT_DIR]          (here, where cargo is)
 # Every stage first checks that python3 sees a CUDA device. `tests` and `bench` reuse the
 # extension that an earlier `build` left in build/torch-ext on this machine (its stamp, a
@@ -52,6 +52,11 @@
 #              bounce ring (every dtype, views, a tensor of many slots, ordering, no handle
 #              opened per message); VMM export (a producer with expandable segments; no
 #              IPC handle opened). A test that reports SKIPPED is noted on this row.
+#   wheel      the package's wheel from `prepare` (build/gpu-prefix/wheel) installed into a venv
+#              over this machine's torch (--system-site-packages; pip --no-index --no-deps:
+#              nothing built, torch untouched), then tests/python and tests/gpu/gpu_tests.py
+#              from another directory through it (the wheel's torch-free binding
+#              tensorwire._native, CUDA by DLPack; no TENSORWIRE_TORCH_LIB)
 #   bench      (bench) benches/torch_cuda_transfer.py: round trip per message at 4 KiB and
 #              32 MiB: its same-run floors (pipe, + host event wait, + a child op of its own, + event stream wait),
 #              tw cached and GPU ring per wait policy, a handle opened per message,
@@ -112,6 +117,13 @@ for l in sys.stdin:
       -lgcc_s -lutil -lrt -lpthread -lm -ldl -o "$out/c-tests/tw_c_$t"
   done
   ls "$out/c-tests"
+  # The package's one wheel (pyproject.toml: Python modules + tensorwire._native, torch-free,
+  # manylinux_2_28), built exactly as the test command builds it; the wheel stage installs
+  # it on the GPU machine with no compiler and runs the Python suites through it.
+  vpy=$(bash "$root/scripts/setup-venv.sh" | tail -1)
+  PATH="$(dirname "$vpy"):$PATH" "$(dirname "$vpy")/maturin" build --release --locked --zig --compatibility manylinux_2_28 \
+    -i "$("$vpy" -c 'import os, sys; print(os.path.realpath(sys._base_executable))')" -o "$out/wheel" 2>&1 | tail -n 1
+  "$vpy" "$root/scripts/check_wheel.py" "$out"/wheel/*.whl
   du -sh "$out"
   echo "prepared $out; copy it to the GPU machine (same path in the repository) and run: bash scripts/gpu_test.sh"
   exit 0
@@ -119,8 +131,8 @@ fi
 
 stage=${1:-all}
 case "$stage" in
-  build | rust | tests | bench | mps | all) ;;
-  *) echo "usage: bash scripts/gpu_test.sh [build|rust|tests|bench|mps|all]   (or: prepare [OUT_DIR])" >&2; exit 2 ;;
+  build | rust | tests | wheel | bench | mps | all) ;;
+  *) echo "usage: bash scripts/gpu_test.sh [build|rust|tests|wheel|bench|mps|all]   (or: prepare [OUT_DIR])" >&2; exit 2 ;;
 esac
 
 py=${PYTHON:-python3}
@@ -280,6 +292,35 @@ if [[ "$stage" == tests || "$stage" == all ]]; then
     record "gpu tests" PASS "$skipped"
   else
     record "gpu tests" FAIL "exit $rc; log: $logs/gpu-tests.log${skipped:+; $skipped}"
+  fi
+fi
+
+if [[ "$stage" == wheel || "$stage" == all ]]; then
+  echo "=== the wheel: installed over this machine's torch, tests/python and tests/gpu/gpu_tests.py through it"
+  whl=$(ls "$prefix"/wheel/tensorwire-*.whl 2>/dev/null | head -n 1)
+  if [[ -z "$whl" ]]; then
+    record wheel FAIL "no wheel in $prefix/wheel: run 'bash scripts/gpu_test.sh prepare' where cargo is"
+  else
+    wvenv=$root/build/gpu-wheel-venv
+    rm -rf "$wvenv"
+    "$py" -m venv --system-site-packages "$wvenv"
+    wlog=$logs/wheel.log
+    if ! "$wvenv/bin/python" -m pip install -q --no-index --no-deps "$whl" >"$wlog" 2>&1; then
+      record wheel FAIL "pip install of $(basename "$whl") failed; log: $wlog"
+    else
+      elsewhere=$(mktemp -d)
+      wheel_failed=0
+      (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$wvenv/bin/python" -c \
+        "import tensorwire as tw, torch; print('wheel:', tw.__file__, 'torch', torch.__version__, tw.build_info()); print('cuda_available', tw.cuda_available(), 'devices', tw.cuda_device_count()); assert tw.cuda_available()") 2>&1 | tee -a "$wlog"
+      ((PIPESTATUS[0] == 0)) || wheel_failed=1
+      (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$wvenv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python") 2>&1 | tee -a "$wlog"
+      ((PIPESTATUS[0] == 0)) || wheel_failed=1
+      (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$wvenv/bin/python" "$root/tests/gpu/gpu_tests.py") 2>&1 | tee -a "$wlog"
+      ((PIPESTATUS[0] == 0)) || wheel_failed=1
+      rm -rf "$elsewhere"
+      skipped=$(grep -E '^SKIPPED' "$wlog" | paste -sd ';' -)
+      if ((wheel_failed == 0)); then record wheel PASS "$(basename "$whl")${skipped:+; $skipped}"; else record wheel FAIL "log: $wlog"; fi
+    fi
   fi
 fi
 

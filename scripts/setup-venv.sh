@@ -3,9 +3,9 @@
 # PyTorch from PyPI (CPU use; the wheel is a CUDA build and runs without a GPU), pytest,
 # pyisolate for the RPC interop tests, and the CUDA headers the torch wheel's own CUDA
 # wheels lack (nvidia-cuda-crt) so cpp/src/cuda.cpp can be compile-checked without a GPU. Uses uv (installed into .tools/ on first run).
-# Also pip and scikit-build-core, so the Python package installs with
-# `pip install --no-build-isolation .` (pyproject.toml) into the same venv, and maturin,
-# which builds the Python binding python/native (tensorwire._native) as an abi3 wheel.
+# Also pip, and maturin with ziglang, which build the package's one wheel (pyproject.toml:
+# python/tensorwire with the PyO3 binding tensorwire._native, abi3, linked by zig against
+# glibc 2.28, the floor torch's own wheels have: manylinux_2_28).
 # Usage: scripts/setup-venv.sh [VENV_DIR]   (default .venv; a fresh dir gets a fresh venv)
 # Prints the venv's python path on its last line.
 set -euo pipefail
@@ -14,10 +14,10 @@ root=$PWD
 TORCH_VERSION=2.15.0
 PYISOLATE_VERSION=0.10.2
 CUDA_CRT_VERSION=13.2.86
-SCIKIT_BUILD_CORE_VERSION=1.1.2
+ZIGLANG_VERSION=0.17.1
 MATURIN_VERSION=1.16.0
 venv=${1:-.venv}
-stamp="$venv/.tensorwire-stack-torch${TORCH_VERSION}-pyisolate${PYISOLATE_VERSION}-crt${CUDA_CRT_VERSION}-skbuild${SCIKIT_BUILD_CORE_VERSION}-maturin${MATURIN_VERSION}"
+stamp="$venv/.tensorwire-stack-torch${TORCH_VERSION}-pyisolate${PYISOLATE_VERSION}-crt${CUDA_CRT_VERSION}-zig${ZIGLANG_VERSION}-maturin${MATURIN_VERSION}"
 if [ ! -f "$stamp" ]; then
   if [ ! -x .tools/uv/bin/uv ]; then
     python3 -m pip install -q --target .tools/uv uv >&2
@@ -27,7 +27,7 @@ if [ ! -f "$stamp" ]; then
   [ -x "$venv/bin/python" ] || uv venv -q --python python3 "$venv" >&2
   uv pip install -q --python "$venv/bin/python" "torch==${TORCH_VERSION}" "pyisolate==${PYISOLATE_VERSION}" \
     "nvidia-cuda-crt==${CUDA_CRT_VERSION}" pytest numpy matplotlib \
-    pip "scikit-build-core==${SCIKIT_BUILD_CORE_VERSION}" "maturin==${MATURIN_VERSION}" >&2
+    pip "maturin==${MATURIN_VERSION}" "ziglang==${ZIGLANG_VERSION}" >&2
   touch "$stamp"
 fi
 echo "$(cd "$venv" && pwd)/bin/python"

@@ -55,8 +55,12 @@ def test_the_quick_start_lists_what_it_runs():
                     "-m tensorwire"], cmds
     sh = "\n".join(body for _, body in blocks("sh"))
     # Both kinds of venv: pip's, and uv's (which has no pip).
-    assert "\npip install --no-build-isolation ." in "\n" + sh
-    assert "\nuv pip install --no-build-isolation ." in "\n" + sh
+    # The wheel built once, then installed as scripts/test.sh installs it (no compiler);
+    # or a source install in one step.
+    assert "\nmaturin build --release --zig --compatibility manylinux_2_28 -o dist" in "\n" + sh
+    for tool in ("pip", "uv pip"):
+        assert f"\n{tool} install dist/tensorwire-*.whl" in "\n" + sh
+        assert f"\n{tool} install ." in "\n" + sh
 
 
 @pytest.fixture
