@@ -182,7 +182,6 @@ pub struct CudaPending {
 
 /// `Incoming::CudaTensor` for Python: a `CudaPending` (see there). Called by
 /// `connection.rs`'s `recv`.
-#[cfg_attr(not(test), allow(dead_code, reason = "called by connection.rs's recv once the ops branch is merged"))]
 pub(crate) fn pending(py: Python<'_>, imp: CudaImported, tag: u64) -> PyResult<Py<PyAny>> {
     let l = imp.layout();
     let p = CudaPending {
@@ -359,6 +358,22 @@ fn cuda_ring_discard(py: Python<'_>, conn: PyRef<'_, PyPeer>, timeout_ms: i64) -
     py.detach(|| peer.cuda_ring_discard(wait_ms(timeout_ms))).map_err(|e| named(py, "tw_peer_cuda_ring_discard", &e))
 }
 
+/// The next message, which must be a CUDA tensor, as a `CudaPending` (diagnostics and
+/// `tests/gpu_smoke.py`; the package's `recv` takes every kind of message and calls
+/// `pending` itself). Anything else is dropped and refused.
+#[pyfunction]
+#[pyo3(signature = (conn, timeout_ms=-1))]
+fn cuda_recv(py: Python<'_>, conn: PyRef<'_, PyPeer>, timeout_ms: i64) -> PyResult<Py<PyAny>> {
+    let peer = &conn.peer;
+    match py.detach(|| peer.recv(wait_ms(timeout_ms))).map_err(|e| named(py, "tw_peer_recv", &e))? {
+        tensorwire::Incoming::CudaTensor(imp) => {
+            let tag = imp.tag();
+            pending(py, imp, tag)
+        }
+        other => Err(refused(py, format!("tensorwire.cuda_recv: expected a CUDA tensor, got {other:?} (dropped)"))),
+    }
+}
+
 /// True: this binding has CUDA (the driver is loaded at run time, no toolkit at build).
 #[pyfunction]
 fn cuda_built() -> bool {
@@ -396,6 +411,7 @@ fn cuda_ipc_cache_keep_warm(py: Python<'_>, n: i64) -> PyResult<()> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CudaPending>()?;
     m.add_function(wrap_pyfunction!(cuda_send, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_recv, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_ring_send, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_ring_recv, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_ring_recv_finish, m)?)?;
