@@ -629,6 +629,32 @@ mod tests {
         assert_eq!(tensorwire::cuda::ipc::cache().opens(), opens, "no handle opened to forward");
     }
 
+    /// Errors as the C++ ops raise them: `tensorwire.errors`' class and `.code` by kind, the
+    /// C ABI function named in the message (the package's `__init__` is bypassed: it
+    /// loads torch).
+    #[test]
+    fn errors_are_the_c_abis_with_the_function_named() {
+        Python::initialize();
+        Python::attach(|py| {
+            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tensorwire");
+            let code = format!("import sys, types\nm = types.ModuleType('tensorwire')\nm.__path__ = [{dir:?}]\nsys.modules.setdefault('tensorwire', m)\n");
+            py.run(&std::ffi::CString::new(code).unwrap(), None, None).unwrap();
+            let e = named(py, "tw_cuda_device_count", &Error::CudaUnavailable("no NVIDIA driver here".into()));
+            let v = e.value(py);
+            assert_eq!(v.get_type().name().unwrap().to_string(), "CudaUnavailable");
+            assert_eq!(v.getattr("code").unwrap().extract::<String>().unwrap(), "TW_ERR_CUDA_UNAVAILABLE");
+            assert_eq!(
+                v.str().unwrap().to_string(),
+                "tensorwire (TW_ERR_CUDA_UNAVAILABLE): tw_cuda_device_count: CUDA unavailable: no NVIDIA driver here"
+            );
+            let e = cuda_ipc_cache_keep_warm(py, -1).unwrap_err();
+            let v = e.value(py);
+            assert_eq!(v.get_type().name().unwrap().to_string(), "Refused");
+            assert!(v.str().unwrap().to_string().contains("n must be >= 0, got -1"));
+            assert!(v.is_instance_of::<pyo3::exceptions::PyRuntimeError>());
+        });
+    }
+
     fn py_peer(py: Python<'_>, peer: Peer) -> Py<PyPeer> {
         Py::new(py, PyPeer { peer }).unwrap()
     }
