@@ -721,8 +721,9 @@ mod tests {
         let (a, _b) = Peer::pair(PeerConfig::default()).unwrap();
         let buf = DeviceBuffer::alloc(0, 256).unwrap();
         let host = [0u8; 256];
+        let a = Python::attach(|py| py_peer(py, a));
+        let a2 = Python::attach(|py| a.clone_ref(py));
         Python::attach(|py| {
-            let a = py_peer(py, a);
             let send = |ptr: u64, nbytes: u64, device: i32, sizes: Vec<i64>| {
                 cuda_send(py, a.borrow(py), py.None(), ptr, nbytes, device, 0, "uint8", sizes, vec![1], 0, 0, 0)
             };
@@ -734,6 +735,14 @@ mod tests {
             assert!(e.to_string().contains("tw_peer_export_cuda") && e.to_string().contains("257"), "{e}");
             assert!(!send(buf.ptr().get(), 256, 0, vec![256]).unwrap());
             assert_eq!(a.borrow(py).peer.reap_now().live_leases, 1);
+            // `cuda_recv` hands it over as a `CudaPending`; dropped, the lease goes back.
+            let b = py_peer(py, _b);
+            let p = cuda_recv(py, b.borrow(py), 10_000).unwrap();
+            let p = p.bind(py).cast::<CudaPending>().unwrap().get();
+            assert_eq!((p.tag(), p.nbytes(), p.view()), (0, 256, ("uint8", vec![256], vec![1], 0)));
+            let e = cuda_recv(py, b.borrow(py), 0).unwrap_err();
+            assert!(e.to_string().contains("tw_peer_recv"), "{e}");
         });
+        Python::attach(|py| until("the lease of the dropped pending", || a2.borrow(py).peer.reap_now().live_leases == 0));
     }
 }
