@@ -17,7 +17,7 @@ use tensorwire::{DType, ExportOptions, Layout, Peer, PeerConfig, SharedTensor};
 /// A connection to one peer process (`tensorwire::Peer`).
 #[pyclass(module = "tensorwire._native", name = "Peer")]
 pub struct PyPeer {
-    peer: Peer,
+    pub(crate) peer: Peer,
 }
 
 fn dtype_named(py: Python<'_>, name: &str) -> PyResult<DType> {

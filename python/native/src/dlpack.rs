@@ -13,8 +13,10 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::{CStr, c_void};
 
-/// `DLDeviceType::kDLCPU` (CUDA imports will add `kDLCUDA = 2`).
+/// `DLDeviceType::kDLCPU`.
 pub const DL_CPU: i32 = 1;
+/// `DLDeviceType::kDLCUDA`: device memory, with the device index as `device_id`.
+pub const DL_CUDA: i32 = 2;
 /// `DLDataTypeCode::kDLUInt`.
 const DL_UINT: u8 = 1;
 

@@ -9,6 +9,7 @@
 
 mod build;
 mod connection;
+mod cuda;
 mod dlpack;
 mod errors;
 mod rpc;
@@ -24,5 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::is_segment, m)?)?;
     m.add_function(wrap_pyfunction!(storage::live_segments, m)?)?;
     rpc::register(m)?;
+    cuda::register(m)?;
     Ok(())
 }

@@ -1,0 +1,748 @@
+//! CUDA for Python: what `cpp/src/cuda.cpp` and `cuda_info.cpp` do for `torch.ops`, over
+//! the crate's Rust API, with torch reached only through integers (device pointers, the
+//! `cudaStream_t` of `torch.cuda.current_stream(d).cuda_stream`, device indices) and
+//! DLPack. `tensorwire/_cuda_ops.py` is the torch side.
+//!
+//! - **Export** (`cuda_send`): the storage (base pointer, byte size) under a lease that
+//!   holds a Python reference to it (the caching allocator cannot reuse the block before
+//!   the consumer released it), ordered after the work queued on `stream`. A storage
+//!   that is a received CUDA import torch still holds (found by address in `LIVE`) is
+//!   forwarded as the same memory (`Peer::export_cuda_imported`), as the C++ op does.
+//! - **Import** (`pending` → `CudaPending.capsule(stream)`): `stream` is ordered after
+//!   the producer's work as the connection's `cuda_wait` says (`CudaImported::wait_on`),
+//!   then torch gets a `kDLCUDA` capsule of the storage's bytes. When torch's last view
+//!   dies the capsule's owner releases the lease once the work queued on **that same
+//!   stream** (the one given at receive time) has completed — the C++ op also uses the
+//!   stream it waited on (`CudaImportCtx::stream`); work on other streams must be ordered
+//!   before it by the user (`record_stream` semantics do not reach us).
+//! - **GPU ring** (`cuda_ring_send`, `cuda_ring_recv` + `cuda_ring_recv_finish` or
+//!   `cuda_ring_discard`): Python allocates the destination with torch between the steps.
+//! - **Info**: `cuda_built`, `cuda_available`, `cuda_device_count`, the IPC handle cache.
+//!
+//! Errors are the C ABI's: class and `.code` by kind, message
+//! `"tensorwire (TW_ERR_…): tw_<function>: …"` as the C++ ops raise them.
+
+use crate::connection::PyPeer;
+use crate::dlpack;
+use crate::errors::{self, refused};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+use tensorwire::cuda::{CudaStream, DevicePtr};
+use tensorwire::{CudaImported, DType, Error, ExportOptions, Layout, Owner, Peer, Wait};
+
+// --- the core, without Python (tested on simcuda below) ----------------------------------
+
+/// A timeout in ms as the ops take it: < 0 no limit, 0 do not wait.
+fn wait_ms(ms: i64) -> Wait {
+    match ms {
+        ..0 => Wait::Forever,
+        0 => Wait::Never,
+        ms => Wait::For(Duration::from_millis(ms.unsigned_abs())),
+    }
+}
+
+fn dtype_named(name: &str) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| d.name() == name)
+}
+
+/// CUDA imports torch holds through a capsule, by (storage address, serial): several live
+/// imports may share an address (two messages of one allocation).
+static LIVE: Mutex<BTreeMap<(u64, u64), Weak<CudaImported>>> = Mutex::new(BTreeMap::new());
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+fn live() -> MutexGuard<'static, BTreeMap<(u64, u64), Weak<CudaImported>>> {
+    // Nothing panics while holding the lock; a poisoned map is still consistent.
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The live import whose storage starts at `ptr` on `device` and holds `nbytes` — the
+/// storage torch made from its capsule (which starts exactly at the import's storage).
+fn import_at(ptr: u64, nbytes: u64, device: i32) -> Option<Arc<CudaImported>> {
+    let map = live();
+    map.range((ptr, 0)..=(ptr, u64::MAX))
+        .filter_map(|(_, w)| w.upgrade())
+        .find(|imp| imp.device() == device && nbytes <= imp.storage_nbytes())
+}
+
+/// What a CUDA capsule owns: the import (shared with the leases of its forwards) and the
+/// stream it was ordered on. Dropped by the capsule's deleter (any thread, no Python):
+/// leaves the registry, then lets the import go once the work queued on `stream` so far
+/// has completed (a mark the reaper polls; nothing blocks). If the mark cannot be
+/// recorded, the import is let go at once (as the C++ deleter does).
+pub(crate) struct TorchHold {
+    imp: Option<Arc<CudaImported>>,
+    key: (u64, u64),
+    stream: CudaStream,
+}
+
+impl Drop for TorchHold {
+    fn drop(&mut self) {
+        live().remove(&self.key);
+        if let Some(imp) = self.imp.take() {
+            let _ = imp.release_shared_after(self.stream);
+        }
+    }
+}
+
+/// Order `stream` after the producer's writes to `imp` (its connection's `cuda_wait`),
+/// then hold it for torch: registered by address until the returned hold drops. On
+/// failure `imp` is dropped, which gives its lease back at once.
+fn hold(imp: CudaImported, stream: CudaStream) -> tensorwire::Result<TorchHold> {
+    imp.wait_on(stream)?;
+    let imp = Arc::new(imp);
+    let key = (imp.storage_ptr().get(), SERIAL.fetch_add(1, Ordering::Relaxed));
+    live().insert(key, Arc::downgrade(&imp));
+    Ok(TorchHold { imp: Some(imp), key, stream })
+}
+
+/// One CUDA export as `send` makes it: `nbytes` of storage at `ptr` on `device`, viewed as
+/// `layout`, after the work queued on `stream`, under a lease holding `owner`. A storage
+/// that is a received import torch holds is forwarded as the same memory (returns true).
+#[allow(clippy::too_many_arguments)]
+fn export(
+    peer: &Peer,
+    ptr: u64,
+    nbytes: u64,
+    device: i32,
+    layout: &Layout,
+    stream: CudaStream,
+    owner: Owner,
+    opts: ExportOptions,
+) -> Result<bool, (&'static str, Error)> {
+    if let Some(imp) = import_at(ptr, nbytes, device) {
+        return peer
+            .export_cuda_imported_with(imp, Some(*layout), stream, owner, opts)
+            .map(|_| true)
+            .map_err(|e| ("tw_peer_export_imported_cuda", e));
+    }
+    peer.export_cuda(DevicePtr(ptr), nbytes, layout, stream, owner, opts)
+        .map(|_| false)
+        .map_err(|e| ("tw_peer_export_cuda", e))
+}
+
+/// `ptr` is device memory of `device` (asked of the driver: a host or stale pointer is
+/// refused here rather than handed to a copy engine).
+fn check_device_ptr(ptr: u64, device: Option<i32>, what: &str) -> Result<(), String> {
+    if ptr == 0 {
+        return Err(format!("{what}: the device pointer is NULL"));
+    }
+    match tensorwire::cuda::driver::pointer_device(DevicePtr(ptr)) {
+        Ok(d) if device.is_none_or(|want| want == d) => Ok(()),
+        Ok(d) => Err(format!("{what}: {ptr:#x} is memory of CUDA device {d}, not of device {}", device.unwrap_or(-1))),
+        Err(e) => Err(format!("{what}: {ptr:#x} is not CUDA device memory ({e})")),
+    }
+}
+
+// --- Python --------------------------------------------------------------------------------
+
+/// `err` as the C++ op raised it: the class and `.code` by kind, the message naming the C
+/// ABI function (`"tensorwire (CODE): tw_…: …"`). Where `tensorwire.errors` cannot be
+/// imported (a broken install, the Rust tests) the fallback `RuntimeError` names it too.
+fn named(py: Python<'_>, function: &str, err: &Error) -> PyErr {
+    let base = errors::to_py(py, err);
+    let v = base.value(py);
+    let code: Option<String> = v.getattr("code").ok().and_then(|c| c.extract().ok());
+    let class = v.get_type().name().map(|n| n.to_string());
+    match (code, class) {
+        (Some(code), Ok(class)) => errors::raise(py, &class, Some(&code), format!("tensorwire ({code}): {function}: {err}")),
+        _ => {
+            let msg = v.str().map(|s| s.to_string()).unwrap_or_default();
+            PyRuntimeError::new_err(msg.replacen("): ", &format!("): {function}: "), 1))
+        }
+    }
+}
+
+fn layout_of(py: Python<'_>, op: &str, dtype: &str, sizes: &[i64], strides: &[i64], offset: i64) -> PyResult<Layout> {
+    let dt = dtype_named(dtype).ok_or_else(|| refused(py, format!("tensorwire.{op}: dtype torch.{dtype} is not supported")))?;
+    Layout::strided(dt, sizes, strides, offset).map_err(|e| named(py, &format!("tensorwire.{op}"), &e))
+}
+
+fn nonneg(py: Python<'_>, op: &str, name: &str, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| refused(py, format!("tensorwire.{op}: {name} must be >= 0, got {v}")))
+}
+
+/// A received CUDA tensor not yet handed to torch: `capsule(stream)` orders `stream` after
+/// the producer and makes the DLPack capsule (once). Dropped without a capsule, the lease
+/// goes back at once.
+#[pyclass(module = "tensorwire._native", name = "CudaPending", frozen)]
+pub struct CudaPending {
+    imp: Mutex<Option<CudaImported>>,
+    device: i32,
+    tag: u64,
+    dtype: &'static str,
+    sizes: Vec<i64>,
+    strides: Vec<i64>,
+    storage_offset: i64,
+    nbytes: u64,
+}
+
+/// `Incoming::CudaTensor` for Python: a `CudaPending` (see there). Called by
+/// `connection.rs`'s `recv`.
+pub(crate) fn pending(py: Python<'_>, imp: CudaImported, tag: u64) -> PyResult<Py<PyAny>> {
+    let l = imp.layout();
+    let p = CudaPending {
+        device: imp.device(),
+        tag,
+        dtype: l.dtype.name(),
+        sizes: l.sizes().to_vec(),
+        strides: l.strides().to_vec(),
+        storage_offset: l.storage_offset,
+        nbytes: imp.storage_nbytes(),
+        imp: Mutex::new(Some(imp)),
+    };
+    Ok(Py::new(py, p)?.into_any())
+}
+
+#[pymethods]
+impl CudaPending {
+    /// The CUDA device index of the memory (in this process's numbering).
+    #[getter]
+    fn device(&self) -> i32 {
+        self.device
+    }
+    #[getter]
+    fn tag(&self) -> u64 {
+        self.tag
+    }
+    /// The storage's byte size (the capsule's length).
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+    /// The producer's view: `(dtype name, sizes, strides, storage_offset in elements)`.
+    #[getter]
+    fn view(&self) -> (&'static str, Vec<i64>, Vec<i64>, i64) {
+        (self.dtype, self.sizes.clone(), self.strides.clone(), self.storage_offset)
+    }
+
+    /// Order `stream` (a `cudaStream_t` of the import's device as an int; 0: the legacy
+    /// default stream) after the producer's writes, then return a `"dltensor"` capsule
+    /// (1-D uint8, the whole storage, kDLCUDA on `device`). When torch's last view of it
+    /// dies, the lease is released once the work queued on this same `stream` by then has
+    /// completed. Once only.
+    fn capsule(&self, py: Python<'_>, stream: usize) -> PyResult<Py<PyAny>> {
+        let imp = self
+            .imp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| refused(py, "tensorwire.recv: this CUDA tensor was already handed to torch".to_string()))?;
+        let stream = CudaStream(stream);
+        // `wait_on` blocks under `cuda_wait=host`: without the GIL.
+        let held = py.detach(move || hold(imp, stream)).map_err(|e| named(py, "tw_imported_cuda_wait", &e))?;
+        let (ptr, nbytes) = match &held.imp {
+            Some(imp) => (imp.storage_ptr().get(), imp.storage_nbytes()),
+            None => unreachable!("a fresh hold has its import"),
+        };
+        let nbytes = usize::try_from(nbytes).map_err(|_| refused(py, format!("tensorwire.recv: {nbytes} bytes do not fit")))?;
+        // The capsule's data is a device address; it is never dereferenced on the host.
+        dlpack::capsule(py, ptr as *mut u8, nbytes, (dlpack::DL_CUDA, self.device), Box::new(held))
+    }
+}
+
+/// Export the CUDA storage (`storage_ptr`, `storage_nbytes`; `owner` is kept alive by the
+/// lease — pass the tensor's `untyped_storage()`) viewed as (`dtype`, `sizes`, `strides`,
+/// `storage_offset` in elements), after the work queued on `stream` of `device`. Returns
+/// true if the storage was a received CUDA tensor sent on as the same memory (forward).
+#[pyfunction]
+#[pyo3(signature = (conn, owner, storage_ptr, storage_nbytes, device, stream, dtype, sizes, strides, storage_offset, tag=0, window_ms=0))]
+#[allow(clippy::too_many_arguments)]
+fn cuda_send(
+    py: Python<'_>,
+    conn: PyRef<'_, PyPeer>,
+    owner: Py<PyAny>,
+    storage_ptr: u64,
+    storage_nbytes: u64,
+    device: i32,
+    stream: usize,
+    dtype: &str,
+    sizes: Vec<i64>,
+    strides: Vec<i64>,
+    storage_offset: i64,
+    tag: i64,
+    window_ms: i64,
+) -> PyResult<bool> {
+    let tag = nonneg(py, "send", "tag", tag)?;
+    let window_ms = nonneg(py, "send", "window_ms", window_ms)?;
+    if storage_nbytes == 0 {
+        return Err(refused(py, "tensorwire.send: an empty CUDA storage has no allocation to share".to_string()));
+    }
+    if storage_ptr.checked_add(storage_nbytes).is_none() {
+        return Err(refused(py, format!("tensorwire.send: {storage_nbytes} bytes at {storage_ptr:#x} wrap around")));
+    }
+    check_device_ptr(storage_ptr, Some(device), "tensorwire.send").map_err(|m| refused(py, m))?;
+    let layout = layout_of(py, "send", dtype, &sizes, &strides, storage_offset)?;
+    let opts = ExportOptions { tag, window: (window_ms > 0).then(|| Duration::from_millis(window_ms)) };
+    let peer = &conn.peer;
+    let stream = CudaStream(stream);
+    // Own memory: the lease holds the storage, dropped without the GIL when the lease
+    // ends (PyO3 defers that decref to the next time this process enters `_native` or
+    // returns from a blocking call in it). A forward's lease holds the import itself,
+    // which is all the memory needs: holding the storage too would keep the upstream
+    // lease until that deferred decref (a relay blocked in `recv` would hold it).
+    let owner: Owner = if import_at(storage_ptr, storage_nbytes, device).is_some() {
+        drop(owner);
+        Box::new(())
+    } else {
+        Box::new(owner)
+    };
+    py.detach(|| export(peer, storage_ptr, storage_nbytes, device, &layout, stream, owner, opts))
+        .map_err(|(f, e)| named(py, f, &e))
+}
+
+/// Copy the contiguous CUDA tensor (`dtype`, `sizes`, `strides`; element 0 at `data_ptr` of
+/// `device`) through this side's GPU ring, the copies queued on `stream` after its work.
+#[pyfunction]
+#[pyo3(signature = (conn, data_ptr, device, stream, dtype, sizes, strides, tag=0, timeout_ms=-1))]
+#[allow(clippy::too_many_arguments)]
+fn cuda_ring_send(
+    py: Python<'_>,
+    conn: PyRef<'_, PyPeer>,
+    data_ptr: u64,
+    device: i32,
+    stream: usize,
+    dtype: &str,
+    sizes: Vec<i64>,
+    strides: Vec<i64>,
+    tag: i64,
+    timeout_ms: i64,
+) -> PyResult<()> {
+    let tag = nonneg(py, "ring_send", "tag", tag)?;
+    let layout = layout_of(py, "ring_send", dtype, &sizes, &strides, 0)?;
+    if layout.packed_bytes() > 0 {
+        check_device_ptr(data_ptr, Some(device), "tensorwire.ring_send").map_err(|m| refused(py, m))?;
+    }
+    let peer = &conn.peer;
+    py.detach(|| peer.cuda_ring_send(DevicePtr(data_ptr), &layout, CudaStream(stream), tag, wait_ms(timeout_ms)))
+        .map_err(|e| named(py, "tw_peer_cuda_ring_send", &e))
+}
+
+/// The next message of the peer's GPU ring: `(tag, dtype name, sizes, device, nbytes)`.
+/// Then `cuda_ring_recv_finish` into `nbytes` of memory on `device`, or
+/// `cuda_ring_discard`; calling this again first describes the same message. One
+/// receiving thread per connection (the package serialises them).
+#[pyfunction]
+#[pyo3(signature = (conn, timeout_ms=-1))]
+fn cuda_ring_recv(py: Python<'_>, conn: PyRef<'_, PyPeer>, timeout_ms: i64) -> PyResult<(u64, &'static str, Vec<i64>, i32, u64)> {
+    let peer = &conn.peer;
+    let (tag, desc) = py.detach(|| peer.cuda_ring_recv(wait_ms(timeout_ms))).map_err(|e| named(py, "tw_peer_cuda_ring_recv", &e))?;
+    let l = desc.layout();
+    Ok((tag, l.dtype.name(), l.sizes().to_vec(), i32::from(desc.device_index), desc.storage.nbytes))
+}
+
+/// Copy the message `cuda_ring_recv` described into `capacity` bytes at `dst_ptr` (device
+/// memory of the ring's device), on `stream` after the producer's copy in; frees its slots.
+#[pyfunction]
+#[pyo3(signature = (conn, dst_ptr, capacity, stream, timeout_ms=-1))]
+fn cuda_ring_recv_finish(py: Python<'_>, conn: PyRef<'_, PyPeer>, dst_ptr: u64, capacity: u64, stream: usize, timeout_ms: i64) -> PyResult<()> {
+    if capacity > 0 {
+        check_device_ptr(dst_ptr, None, "tensorwire.cuda_ring_recv").map_err(|m| refused(py, m))?;
+        if dst_ptr.checked_add(capacity).is_none() {
+            return Err(refused(py, format!("tensorwire.cuda_ring_recv: {capacity} bytes at {dst_ptr:#x} wrap around")));
+        }
+    }
+    let peer = &conn.peer;
+    py.detach(|| peer.cuda_ring_recv_finish(DevicePtr(dst_ptr), capacity, CudaStream(stream), wait_ms(timeout_ms)))
+        .map_err(|e| named(py, "tw_peer_cuda_ring_recv_finish", &e))
+}
+
+/// Drop the message `cuda_ring_recv` described without copying it (no-op if none).
+#[pyfunction]
+#[pyo3(signature = (conn, timeout_ms=-1))]
+fn cuda_ring_discard(py: Python<'_>, conn: PyRef<'_, PyPeer>, timeout_ms: i64) -> PyResult<()> {
+    let peer = &conn.peer;
+    py.detach(|| peer.cuda_ring_discard(wait_ms(timeout_ms))).map_err(|e| named(py, "tw_peer_cuda_ring_discard", &e))
+}
+
+/// The next message, which must be a CUDA tensor, as a `CudaPending` (diagnostics and
+/// `tests/gpu_smoke.py`; the package's `recv` takes every kind of message and calls
+/// `pending` itself). Anything else is dropped and refused.
+#[pyfunction]
+#[pyo3(signature = (conn, timeout_ms=-1))]
+fn cuda_recv(py: Python<'_>, conn: PyRef<'_, PyPeer>, timeout_ms: i64) -> PyResult<Py<PyAny>> {
+    let peer = &conn.peer;
+    match py.detach(|| peer.recv(wait_ms(timeout_ms))).map_err(|e| named(py, "tw_peer_recv", &e))? {
+        tensorwire::Incoming::CudaTensor(imp) => {
+            let tag = imp.tag();
+            pending(py, imp, tag)
+        }
+        other => Err(refused(py, format!("tensorwire.cuda_recv: expected a CUDA tensor, got {other:?} (dropped)"))),
+    }
+}
+
+/// True: this binding has CUDA (the driver is loaded at run time, no toolkit at build).
+#[pyfunction]
+fn cuda_built() -> bool {
+    true
+}
+
+/// True if a CUDA driver is present and initialised.
+#[pyfunction]
+fn cuda_available(py: Python<'_>) -> bool {
+    py.detach(tensorwire::cuda::available)
+}
+
+/// Number of CUDA devices; `CudaUnavailable` with the reason without a driver.
+#[pyfunction]
+fn cuda_device_count(py: Python<'_>) -> PyResult<usize> {
+    py.detach(tensorwire::cuda::device_count).map_err(|e| named(py, "tw_cuda_device_count", &e))
+}
+
+/// This process's IPC handle cache: `[cuIpcOpenMemHandle calls so far, handles open now]`.
+#[pyfunction]
+fn cuda_ipc_cache_stats() -> [u64; 2] {
+    let c = tensorwire::cuda::ipc::cache();
+    [c.opens(), c.stats().0 as u64]
+}
+
+/// How many unused opened IPC handles stay open (default 0).
+#[pyfunction]
+fn cuda_ipc_cache_keep_warm(py: Python<'_>, n: i64) -> PyResult<()> {
+    let n = nonneg(py, "cuda_ipc_cache_keep_warm", "n", n)?;
+    tensorwire::cuda::ipc::cache().set_keep_warm(usize::try_from(n).unwrap_or(usize::MAX));
+    Ok(())
+}
+
+/// Add the CUDA class and functions to `_native`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CudaPending>()?;
+    m.add_function(wrap_pyfunction!(cuda_send, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_recv, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_ring_send, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_ring_recv, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_ring_recv_finish, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_ring_discard, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_built, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_ipc_cache_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_ipc_cache_keep_warm, m)?)?;
+    Ok(())
+}
+
+/// On simcuda (`simcuda/run.sh cargo test -p tensorwire-python cuda`) or a GPU; without a
+/// driver each test says SKIPPED and passes. Both ends of each connection are in this
+/// process: the import is the exporter's own pointer (no IPC handle is opened), still
+/// under the lease and the stream order.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dlpack::DLManagedTensor;
+    use cudarc::driver::sys;
+    use pyo3::ffi;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Instant;
+    use tensorwire::cuda::driver::{call, ensure_context, DeviceBuffer};
+    use tensorwire::cuda::ring::CudaRingConfig;
+    use tensorwire::{Incoming, PeerConfig};
+
+    const T: Duration = Duration::from_secs(10);
+
+    fn gpu(test: &str) -> bool {
+        if tensorwire::cuda::available() && tensorwire::cuda::device_count().unwrap_or(0) > 0 {
+            return true;
+        }
+        eprintln!("SKIPPED {test}: no CUDA driver loaded (run under simcuda/run.sh, or on a GPU machine)");
+        false
+    }
+
+    fn htod(dptr: DevicePtr, bytes: &[u8]) {
+        let _c = ensure_context(0).unwrap();
+        // SAFETY: `bytes` is readable for its length; dptr is a live allocation of the
+        // caller's with room for it.
+        call("cuMemcpyHtoD", || unsafe { sys::cuMemcpyHtoD_v2(dptr.get(), bytes.as_ptr().cast(), bytes.len()) }).unwrap();
+    }
+
+    /// `n` bytes at `dptr`, read after the work queued on the legacy stream (which waits
+    /// for every blocking stream's earlier work).
+    fn dtoh(dptr: DevicePtr, n: usize) -> Vec<u8> {
+        let _c = ensure_context(0).unwrap();
+        let mut v = vec![0u8; n];
+        // SAFETY: `v` has room for n bytes; dptr is live device memory of at least n.
+        call("cuMemcpyDtoH", || unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), dptr.get(), n) }).unwrap();
+        v
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    struct Flag(Arc<AtomicUsize>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let end = Instant::now() + T;
+        while !f() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn recv_cuda(p: &Peer) -> CudaImported {
+        match p.recv(T).unwrap() {
+            Incoming::CudaTensor(t) => t,
+            other => panic!("expected a CUDA tensor, got {other:?}"),
+        }
+    }
+
+    /// The managed tensor inside a live (unconsumed) capsule.
+    fn managed(py: Python<'_>, cap: &Py<PyAny>) -> *mut DLManagedTensor {
+        // SAFETY: the GIL is held; `cap` is a live capsule named "dltensor" made by dlpack.rs.
+        let m = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), c"dltensor".as_ptr()) };
+        assert!(!m.is_null(), "not a live dltensor capsule");
+        let _ = py;
+        m.cast()
+    }
+
+    /// export -> `pending` -> `capsule` (a kDLCUDA 1-D uint8 over the whole storage,
+    /// registered for forwarding) -> torch's deleter (simulated: renamed "used_dltensor",
+    /// then the deleter) -> out of the registry, lease released after the stream's work,
+    /// owner dropped; a second capsule is refused.
+    #[test]
+    fn export_pending_capsule_deleter_releases_the_lease() {
+        if !gpu("export_pending_capsule_deleter_releases_the_lease") {
+            return;
+        }
+        Python::initialize();
+        let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+        let buf = DeviceBuffer::alloc(0, 4096).unwrap();
+        let data = pattern(4096, 3);
+        htod(buf.ptr(), &data);
+        let l = Layout::strided(DType::Float32, &[4, 8], &[16, 2], 3).unwrap();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let opts = ExportOptions { tag: 7, window: None };
+        let fwd = export(&a, buf.ptr().get(), 4096, 0, &l, CudaStream::LEGACY, Box::new(Flag(dropped.clone())), opts).unwrap();
+        assert!(!fwd, "own memory is exported, not forwarded");
+        let imp = recv_cuda(&b);
+        Python::attach(|py| {
+            let p = pending(py, imp, 7).unwrap();
+            let p = p.bind(py).cast::<CudaPending>().unwrap().get();
+            assert_eq!((p.device(), p.tag(), p.nbytes()), (0, 7, 4096));
+            assert_eq!(p.view(), ("float32", vec![4, 8], vec![16, 2], 3));
+            let cap = p.capsule(py, 0).unwrap();
+            assert!(p.capsule(py, 0).is_err(), "a second capsule of one import");
+            let m = managed(py, &cap);
+            // SAFETY: `m` is the live managed tensor of `cap` (checked above).
+            let t = unsafe { &(*m).dl_tensor };
+            assert_eq!((t.device.device_type, t.device.device_id, t.ndim), (dlpack::DL_CUDA, 0, 1));
+            assert_eq!(t.data as u64, buf.ptr().get(), "the storage itself (same process: the exporter's pointer)");
+            // SAFETY: shape and strides point at one i64 each inside the holder.
+            assert_eq!(unsafe { (*t.shape, *t.strides) }, (4096, 1));
+            assert_eq!(dtoh(DevicePtr(t.data as u64), 4096), data);
+            assert!(import_at(buf.ptr().get(), 4096, 0).is_some(), "registered while torch holds it");
+            assert!(import_at(buf.ptr().get(), 4097, 0).is_none() && import_at(buf.ptr().get(), 16, 1).is_none());
+            assert_eq!(a.export_stats().live_leases, 1);
+            // Torch consumed it: renamed, then its deleter when the last view dies.
+            // SAFETY: the GIL is held; `cap` is live; the deleter is called once, as
+            // torch does, and the destructor no longer calls it (the name changed).
+            unsafe {
+                assert_eq!(ffi::PyCapsule_SetName(cap.as_ptr(), c"used_dltensor".as_ptr()), 0);
+                ((*m).deleter.unwrap())(m);
+            }
+            drop(cap);
+        });
+        assert!(import_at(buf.ptr().get(), 4096, 0).is_none(), "left the registry with the deleter");
+        until("the lease to come back", || a.reap_now().live_leases == 0);
+        until("the owner to drop", || dropped.load(Ordering::SeqCst) == 1);
+    }
+
+    /// A capsule torch never consumed: its destructor ends the hold and the lease; a
+    /// `CudaPending` dropped without a capsule gives the lease back at once.
+    #[test]
+    fn unconsumed_capsule_and_dropped_pending_release() {
+        if !gpu("unconsumed_capsule_and_dropped_pending_release") {
+            return;
+        }
+        Python::initialize();
+        let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+        let buf = DeviceBuffer::alloc(0, 1024).unwrap();
+        let l = Layout::contiguous(DType::UInt8, &[1024]).unwrap();
+        for _ in 0..2 {
+            export(&a, buf.ptr().get(), 1024, 0, &l, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
+        }
+        let (i1, i2) = (recv_cuda(&b), recv_cuda(&b));
+        Python::attach(|py| {
+            let p1 = pending(py, i1, 1).unwrap();
+            let cap = p1.bind(py).cast::<CudaPending>().unwrap().get().capsule(py, 0).unwrap();
+            let p2 = pending(py, i2, 2).unwrap();
+            assert_eq!(a.reap_now().live_leases, 2);
+            drop(p2);
+            until("the pending's lease", || a.reap_now().live_leases == 1);
+            assert!(import_at(buf.ptr().get(), 1024, 0).is_some());
+            drop(cap);
+            drop(p1);
+        });
+        assert!(import_at(buf.ptr().get(), 1024, 0).is_none());
+        until("the capsule's lease", || a.reap_now().live_leases == 0);
+    }
+
+    /// A storage torch holds from a CUDA import goes on as the same memory (no IPC export,
+    /// no handle opened); the upstream lease lives until both the local hold and the
+    /// forward's lease ended.
+    #[test]
+    fn a_held_import_is_forwarded_as_the_same_memory() {
+        if !gpu("a_held_import_is_forwarded_as_the_same_memory") {
+            return;
+        }
+        Python::initialize();
+        let (host, relay_in) = Peer::pair(PeerConfig::default()).unwrap();
+        let (relay_out, last) = Peer::pair(PeerConfig::default()).unwrap();
+        let buf = DeviceBuffer::alloc(0, 8192).unwrap();
+        let data = pattern(8192, 9);
+        htod(buf.ptr(), &data);
+        let l = Layout::contiguous(DType::Int32, &[2048]).unwrap();
+        export(&host, buf.ptr().get(), 8192, 0, &l, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
+        let imp = recv_cuda(&relay_in);
+        let opens = tensorwire::cuda::ipc::cache().opens();
+        Python::attach(|py| {
+            let p = pending(py, imp, 0).unwrap();
+            let cap = p.bind(py).cast::<CudaPending>().unwrap().get().capsule(py, 0).unwrap();
+            // The relay sends rows 1.. of a [16, 128] view of the storage it holds.
+            let v = Layout::strided(DType::Int32, &[15, 128], &[128, 1], 128).unwrap();
+            let dropped = Arc::new(AtomicUsize::new(0));
+            let fwd = export(&relay_out, buf.ptr().get(), 8192, 0, &v, CudaStream::LEGACY, Box::new(Flag(dropped.clone())), ExportOptions { tag: 4, window: None })
+                .unwrap();
+            assert!(fwd, "a held import is forwarded");
+            // A range the import does not cover, or another device, is not the import.
+            assert!(import_at(buf.ptr().get(), 8193, 0).is_none());
+            let got = recv_cuda(&last);
+            assert_eq!((got.storage_ptr(), got.storage_nbytes(), got.tag()), (buf.ptr(), 8192, 4));
+            assert_eq!(got.layout(), v);
+            assert_eq!(dtoh(got.data_ptr(), 4), data[512..516].to_vec());
+            drop(cap); // torch's views of the relay's import die
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(host.reap_now().live_leases, 1, "the forward still holds the upstream lease");
+            got.release_after(CudaStream::LEGACY).unwrap();
+            until("the forward's lease", || relay_out.reap_now().live_leases == 0);
+            until("the forward's owner", || dropped.load(Ordering::SeqCst) == 1);
+            drop(p);
+        });
+        until("the upstream lease", || host.reap_now().live_leases == 0);
+        assert_eq!(tensorwire::cuda::ipc::cache().opens(), opens, "no handle opened to forward");
+    }
+
+    /// Errors as the C++ ops raise them: `tensorwire.errors`' class and `.code` by kind, the
+    /// C ABI function named in the message (the package's `__init__` is bypassed: it
+    /// loads torch).
+    #[test]
+    fn errors_are_the_c_abis_with_the_function_named() {
+        Python::initialize();
+        Python::attach(|py| {
+            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tensorwire");
+            let code = format!("import sys, types\nm = types.ModuleType('tensorwire')\nm.__path__ = [{dir:?}]\nsys.modules.setdefault('tensorwire', m)\n");
+            py.run(&std::ffi::CString::new(code).unwrap(), None, None).unwrap();
+            let e = named(py, "tw_cuda_device_count", &Error::CudaUnavailable("no NVIDIA driver here".into()));
+            let v = e.value(py);
+            assert_eq!(v.get_type().name().unwrap().to_string(), "CudaUnavailable");
+            assert_eq!(v.getattr("code").unwrap().extract::<String>().unwrap(), "TW_ERR_CUDA_UNAVAILABLE");
+            assert_eq!(
+                v.str().unwrap().to_string(),
+                "tensorwire (TW_ERR_CUDA_UNAVAILABLE): tw_cuda_device_count: CUDA unavailable: no NVIDIA driver here"
+            );
+            let e = cuda_ipc_cache_keep_warm(py, -1).unwrap_err();
+            let v = e.value(py);
+            assert_eq!(v.get_type().name().unwrap().to_string(), "Refused");
+            assert!(v.str().unwrap().to_string().contains("n must be >= 0, got -1"));
+            assert!(v.is_instance_of::<pyo3::exceptions::PyRuntimeError>());
+        });
+    }
+
+    fn py_peer(py: Python<'_>, peer: Peer) -> Py<PyPeer> {
+        Py::new(py, PyPeer { peer }).unwrap()
+    }
+
+    /// The GPU ring through the Python functions: send, describe, finish into a buffer,
+    /// then a discarded message and a refused destination; timeouts in ms.
+    #[test]
+    fn gpu_ring_send_recv_finish_and_discard() {
+        if !gpu("gpu_ring_send_recv_finish_and_discard") {
+            return;
+        }
+        Python::initialize();
+        let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
+        let (a, b) = Peer::pair(PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() }).unwrap();
+        let n = 40 << 10; // three chunks
+        let src = DeviceBuffer::alloc(0, n as u64).unwrap();
+        let data = pattern(n, 5);
+        htod(src.ptr(), &data);
+        let dst = DeviceBuffer::alloc(0, n as u64).unwrap();
+        Python::attach(|py| {
+            let (a, b) = (py_peer(py, a), py_peer(py, b));
+            // Nothing sent yet: 0 ms does not wait.
+            let e = cuda_ring_recv(py, b.borrow(py), 0).unwrap_err();
+            assert!(e.to_string().contains("tw_peer_cuda_ring_recv"), "{e}");
+            let sizes = vec![(n / 8) as i64, 2];
+            let sender = {
+                let a = a.clone_ref(py);
+                let ptr = src.ptr().get();
+                let sizes = sizes.clone();
+                std::thread::spawn(move || {
+                    Python::attach(|py| {
+                        cuda_ring_send(py, a.borrow(py), ptr, 0, 0, "float32", sizes.clone(), vec![2, 1], 11, 10_000).unwrap();
+                        cuda_ring_send(py, a.borrow(py), ptr, 0, 0, "float32", sizes, vec![2, 1], 12, 10_000).unwrap();
+                    })
+                })
+            };
+            let (tag, dtype, got_sizes, device, nbytes) = cuda_ring_recv(py, b.borrow(py), 10_000).unwrap();
+            assert_eq!((tag, dtype, got_sizes, device, nbytes), (11, "float32", sizes.clone(), 0, n as u64));
+            // A host pointer or NULL is refused before any copy, and the message stays.
+            let host = data.as_ptr() as u64;
+            assert!(cuda_ring_recv_finish(py, b.borrow(py), host, n as u64, 0, 10_000).is_err());
+            assert!(cuda_ring_recv_finish(py, b.borrow(py), 0, n as u64, 0, 10_000).is_err());
+            cuda_ring_recv_finish(py, b.borrow(py), dst.ptr().get(), n as u64, 0, 10_000).unwrap();
+            assert_eq!(dtoh(dst.ptr(), n), data);
+            let (tag, ..) = cuda_ring_recv(py, b.borrow(py), 10_000).unwrap();
+            assert_eq!(tag, 12);
+            cuda_ring_discard(py, b.borrow(py), 10_000).unwrap();
+            py.detach(|| sender.join().unwrap());
+            // Not contiguous: refused by the ring's layout check.
+            let e = cuda_ring_send(py, a.borrow(py), src.ptr().get(), 0, 0, "float32", vec![4, 2], vec![1, 4], 0, 0).unwrap_err();
+            assert!(e.to_string().contains("tw_peer_cuda_ring_send"), "{e}");
+            // A host pointer as the source: refused here, never copied from.
+            assert!(cuda_ring_send(py, a.borrow(py), host, 0, 0, "uint8", vec![8], vec![1], 0, 0).is_err());
+        });
+    }
+
+    /// `cuda_send`'s checks: a host pointer, the wrong device, a view past the storage.
+    #[test]
+    fn cuda_send_validates_pointers_and_layouts() {
+        if !gpu("cuda_send_validates_pointers_and_layouts") {
+            return;
+        }
+        Python::initialize();
+        let (a, _b) = Peer::pair(PeerConfig::default()).unwrap();
+        let buf = DeviceBuffer::alloc(0, 256).unwrap();
+        let host = [0u8; 256];
+        let a = Python::attach(|py| py_peer(py, a));
+        let a2 = Python::attach(|py| a.clone_ref(py));
+        Python::attach(|py| {
+            let send = |ptr: u64, nbytes: u64, device: i32, sizes: Vec<i64>| {
+                cuda_send(py, a.borrow(py), py.None(), ptr, nbytes, device, 0, "uint8", sizes, vec![1], 0, 0, 0)
+            };
+            assert!(send(host.as_ptr() as u64, 256, 0, vec![256]).is_err(), "host memory");
+            assert!(send(0, 256, 0, vec![256]).is_err(), "NULL");
+            assert!(send(buf.ptr().get(), 0, 0, vec![0]).is_err(), "empty storage");
+            assert!(send(buf.ptr().get(), 256, 1, vec![256]).is_err(), "device 0 memory said to be on device 1");
+            let e = send(buf.ptr().get(), 256, 0, vec![257]).unwrap_err();
+            assert!(e.to_string().contains("tw_peer_export_cuda") && e.to_string().contains("257"), "{e}");
+            assert!(!send(buf.ptr().get(), 256, 0, vec![256]).unwrap());
+            assert_eq!(a.borrow(py).peer.reap_now().live_leases, 1);
+            // `cuda_recv` hands it over as a `CudaPending`; dropped, the lease goes back.
+            let b = py_peer(py, _b);
+            let p = cuda_recv(py, b.borrow(py), 10_000).unwrap();
+            let p = p.bind(py).cast::<CudaPending>().unwrap().get();
+            assert_eq!((p.tag(), p.nbytes(), p.view()), (0, 256, ("uint8", vec![256], vec![1], 0)));
+            let e = cuda_recv(py, b.borrow(py), 0).unwrap_err();
+            assert!(e.to_string().contains("tw_peer_recv"), "{e}");
+        });
+        Python::attach(|py| until("the lease of the dropped pending", || a2.borrow(py).peer.reap_now().live_leases == 0));
+    }
+}
