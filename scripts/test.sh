@@ -177,6 +177,11 @@ for seed in 1 2; do
     TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
   done
 done
+# The Python binding's CUDA half (python/native/src/cuda.rs: export, the DLPack capsule and
+# its deleter, forwards, the GPU ring through the binding's functions) under each policy.
+for wait in stream host event; do
+  TENSORWIRE_CUDA_WAIT=$wait bash simcuda/run.sh cargo test --locked -p tensorwire-python cuda 2>&1 | tee -a "$log"
+done
 # Where the words cannot be used (no host registration here), producers fall back to IPC
 # events and consumers wait for them on the host.
 echo "-- no host registration: the event fallback"
