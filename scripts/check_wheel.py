@@ -4,8 +4,8 @@ makes to an installer, read from the built file rather than from the sources.
 - the name says abi3 and manylinux_2_28, torch's own wheels' floor (an index takes it; it
   installs wherever torch does, under every CPython >= 3.10), and no symbol of the
   binding needs a newer glibc;
-- the binding is inside, at tensorwire/_native.abi3.so, and links nothing of torch, c10
-  or libpython (so any torch in the range and any interpreter can load it); the libtorch
+- the binding is inside, at tensorwire/_native.abi3.so, exports PyInit__native only (no
+  `tw_*` C ABI, no SONAME of the C library's), and links nothing of torch, c10 or libpython (so any torch in the range and any interpreter can load it); the libtorch
   extension is not inside (it is torch-version specific);
 - the metadata: the crate's version, torch as a range and never ``==``, the two license
   files, the CUDA classifier (CUDA support is built in: the driver loads at run time).
@@ -48,6 +48,15 @@ def main(path: str) -> None:
             so = z.extract("tensorwire/_native.abi3.so", d)
             dyn = subprocess.run(["readelf", "-d", so], check=True, capture_output=True, text=True).stdout
             syms = subprocess.run(["readelf", "-V", so], check=True, capture_output=True, text=True).stdout
+            dynsyms = subprocess.run(["readelf", "--dyn-syms", "-W", so], check=True, capture_output=True, text=True).stdout
+    exported = [f[-1] for f in (line.split() for line in dynsyms.splitlines())
+                if len(f) >= 8 and f[6] != "UND" and f[4] == "GLOBAL" and f[3] == "FUNC"]
+    if exported != ["PyInit__native"]:
+        fail(f"_native must export PyInit__native only, exports {sorted(exported)[:8]}"
+             f"{' ...' if len(exported) > 8 else ''} ({len(exported)})")
+    soname = re.search(r"\(SONAME\)\s+Library soname: \[([^\]]+)\]", dyn)
+    if soname:
+        fail(f"_native carries the SONAME {soname.group(1)}")
     glibc = max((tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", syms)), default=(0,))
     if glibc > (2, 28):
         fail(f"_native needs glibc {'.'.join(map(str, glibc))}, newer than manylinux_2_28 allows")

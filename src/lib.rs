@@ -46,6 +46,7 @@ pub mod cuda;
 #[cfg(not(loom))]
 pub mod desc;
 #[cfg(not(loom))]
+#[cfg(feature = "c-abi")]
 pub mod ffi;
 #[cfg(not(loom))]
 pub(crate) mod import_cache;
