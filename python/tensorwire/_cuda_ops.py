@@ -46,16 +46,14 @@ def _check_visible(device: int, what: str) -> None:
                            "(check CUDA_VISIBLE_DEVICES on both sides)")
 
 
-def send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
-    """Export the CUDA ``tensor``'s storage after the work queued on the current stream;
-    true if zero-copy (the consumer sees this memory). A received CUDA tensor (any view of
-    it) is sent on as the same memory. A conjugate/negative view is resolved first (a
-    copy, as is an empty storage, which has no allocation to share)."""
-    _check_cuda(tensor, "send", "shared")
-    if tag < 0:
-        raise RuntimeError(f"tensorwire.send: tag must be >= 0, got {tag}")
-    if window_ms < 0:
-        raise RuntimeError(f"tensorwire.send: window_ms must be >= 0, got {window_ms}")
+def export_parts(tensor: torch.Tensor) -> Tuple[Any, int, int, int, int, str, List[int], List[int], int, bool]:
+    """What a CUDA export of ``tensor`` needs, read under the tensor's device: ``(storage,
+    storage_ptr, storage_nbytes, device, stream, dtype_name, sizes, strides,
+    storage_offset, zero_copy)``. ``storage`` (the allocation's ``UntypedStorage``) is
+    what the lease holds; ``stream`` is the device's current stream, the export ordered
+    after its queued work. A conjugate/negative view is resolved first and an empty
+    storage replaced (copies, ``zero_copy`` false). Shared by :func:`send` and
+    ``tensorwire.rpc``'s values (``python/native/src/rpc/values.rs``)."""
     with torch.cuda.device(tensor.device):
         zero_copy = not tensor.is_conj() and not tensor.is_neg()
         src = tensor if zero_copy else tensor.resolve_conj().resolve_neg()
@@ -67,11 +65,51 @@ def send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, window_ms: int = 
             zero_copy = False
         storage = src.untyped_storage()
         stream = torch.cuda.current_stream(src.device).cuda_stream
-        # The lease holds `storage` (a reference to the allocation) until it ends.
-        _native.cuda_send(native_conn, storage, storage.data_ptr(), storage.nbytes(), src.device.index, stream,
-                          _dtype_name(src.dtype), list(src.size()), list(src.stride()), src.storage_offset(),
-                          tag, window_ms)
+        return (storage, storage.data_ptr(), storage.nbytes(), src.device.index, stream, _dtype_name(src.dtype),
+                list(src.size()), list(src.stride()), src.storage_offset(), zero_copy)
+
+
+def send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
+    """Export the CUDA ``tensor``'s storage after the work queued on the current stream;
+    true if zero-copy (the consumer sees this memory). A received CUDA tensor (any view of
+    it) is sent on as the same memory. A conjugate/negative view is resolved first (a
+    copy, as is an empty storage, which has no allocation to share)."""
+    _check_cuda(tensor, "send", "shared")
+    if tag < 0:
+        raise RuntimeError(f"tensorwire.send: tag must be >= 0, got {tag}")
+    if window_ms < 0:
+        raise RuntimeError(f"tensorwire.send: window_ms must be >= 0, got {window_ms}")
+    storage, ptr, nbytes, device, stream, dtype_name, sizes, strides, offset, zero_copy = export_parts(tensor)
+    # The lease holds `storage` (a reference to the allocation) until it ends.
+    _native.cuda_send(native_conn, storage, ptr, nbytes, device, stream, dtype_name, sizes, strides, offset,
+                      tag, window_ms)
     return zero_copy
+
+
+def import_stream(device: int) -> int:
+    """The current stream of ``device`` as an int, for ``tensorwire.rpc`` to order a
+    received CUDA tensor on (``python/native/src/rpc/values.rs``). A device this process
+    does not see is ``tensorwire.errors.CudaUnavailable``."""
+    visible = torch.cuda.device_count()
+    if not 0 <= device < visible:
+        from .errors import CudaUnavailable
+        raise CudaUnavailable(f"tensorwire.rpc: the peer sent a tensor of CUDA device {device}; this process sees "
+                              f"{visible} CUDA device(s) (check CUDA_VISIBLE_DEVICES on both sides)",
+                              "TW_ERR_CUDA_UNAVAILABLE")
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def tensor_of_capsule(capsule: Any, dtype_name: str, sizes: List[int], strides: List[int],
+                      storage_offset: int) -> torch.Tensor:
+    """The producer's view over a kDLCUDA capsule of a whole imported storage (1-D uint8;
+    its owner ends the lease when torch's last view dies)."""
+    dtype = _dtype(dtype_name)
+    raw = torch.from_dlpack(capsule)  # 1-D uint8, the whole storage
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    tail = raw.numel() % itemsize  # a storage made for a smaller dtype: never viewed
+    if tail:
+        raw = raw[: raw.numel() - tail]
+    return raw.view(dtype).as_strided(sizes, strides, storage_offset)
 
 
 def finish_recv(pending: Any, dtype_name: str, sizes: List[int], strides: List[int],
@@ -80,14 +118,9 @@ def finish_recv(pending: Any, dtype_name: str, sizes: List[int], strides: List[i
     its device waits for the producer, then torch gets its storage by DLPack."""
     device = pending.device
     _check_visible(device, "recv: the peer sent a tensor of")
-    dtype = _dtype(dtype_name)
+    _dtype(dtype_name)
     stream = torch.cuda.current_stream(device).cuda_stream
-    raw = torch.from_dlpack(pending.capsule(stream))  # 1-D uint8, the whole storage
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    tail = raw.numel() % itemsize  # a storage made for a smaller dtype: never viewed
-    if tail:
-        raw = raw[: raw.numel() - tail]
-    return raw.view(dtype).as_strided(sizes, strides, storage_offset)
+    return tensor_of_capsule(pending.capsule(stream), dtype_name, sizes, strides, storage_offset)
 
 
 def ring_send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, timeout_ms: int = -1) -> None:

@@ -22,9 +22,14 @@ inherited socketpair (no path anyone could guess), that serves the object ``attr
   answers its handshake.
 
 Values are JSON data (None, bool, int, float, str, list, tuple, dict with str keys) and CPU
-tensors. A tensor whose storage is a segment of this module (:func:`empty`, or one a peer
-sent) travels without a copy, under a lease that ends when the receiver's last view dies;
-any other CPU tensor is copied once into shared memory. An exception in the worker raises
+and CUDA tensors. A tensor whose storage is a segment of this module (:func:`empty`, or one
+a peer sent) travels without a copy, under a lease that ends when the receiver's last view
+dies; any other CPU tensor is copied once into shared memory. A CUDA tensor travels by CUDA
+IPC without a copy, ordered after the work queued on the sender's current stream; it
+arrives on the receiver's current stream of that device (which waits for the sender as the
+connection's ``cuda_wait`` says), and its lease ends once torch's last view of it dies and
+the work queued on that stream has run. A CUDA tensor received from a peer and sent on is
+cloned first. An exception in the worker raises
 :class:`tensorwire.RemoteError` here, with the remote type name and traceback text.
 
 A worker calls back into its host through :func:`host` (the objects the host passed as

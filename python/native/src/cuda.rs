@@ -61,7 +61,7 @@ fn live() -> MutexGuard<'static, BTreeMap<(u64, u64), Weak<CudaImported>>> {
 
 /// The live import whose storage starts at `ptr` on `device` and holds `nbytes` — the
 /// storage torch made from its capsule (which starts exactly at the import's storage).
-fn import_at(ptr: u64, nbytes: u64, device: i32) -> Option<Arc<CudaImported>> {
+pub(crate) fn import_at(ptr: u64, nbytes: u64, device: i32) -> Option<Arc<CudaImported>> {
     let map = live();
     map.range((ptr, 0)..=(ptr, u64::MAX))
         .filter_map(|(_, w)| w.upgrade())
@@ -231,17 +231,61 @@ impl CudaPending {
             .unwrap_or_else(PoisonError::into_inner)
             .take()
             .ok_or_else(|| refused(py, "tensorwire.recv: this CUDA tensor was already handed to torch".to_string()))?;
-        let stream = CudaStream(stream);
-        // `wait_on` blocks under `cuda_wait=host`: without the GIL.
-        let held = py.detach(move || hold(imp, stream)).map_err(|e| named(py, "tw_imported_cuda_wait", &e))?;
-        let (ptr, nbytes) = match &held.imp {
-            Some(imp) => (imp.storage_ptr().get(), imp.storage_nbytes()),
-            None => unreachable!("a fresh hold has its import"),
-        };
-        let nbytes = usize::try_from(nbytes).map_err(|_| refused(py, format!("tensorwire.recv: {nbytes} bytes do not fit")))?;
-        // The capsule's data is a device address; it is never dereferenced on the host.
-        dlpack::capsule(py, ptr as *mut u8, nbytes, (dlpack::DL_CUDA, self.device), Box::new(held))
+        torch_capsule(py, imp, stream, "tensorwire.recv")
     }
+}
+
+/// Order `stream` after the producer's writes to `imp` (blocking without the GIL under
+/// `cuda_wait=host`), register it, and return the `"dltensor"` capsule torch takes (1-D
+/// uint8 over the whole storage, kDLCUDA on the import's device), whose owner releases the
+/// lease after the work queued on `stream` once torch's last view dies. On failure `imp`
+/// is dropped: its lease goes back at once.
+fn torch_capsule(py: Python<'_>, imp: CudaImported, stream: usize, op: &str) -> PyResult<Py<PyAny>> {
+    let device = imp.device();
+    let stream = CudaStream(stream);
+    let held = py.detach(move || hold(imp, stream)).map_err(|e| named(py, "tw_imported_cuda_wait", &e))?;
+    let (ptr, nbytes) = match &held.imp {
+        Some(imp) => (imp.storage_ptr().get(), imp.storage_nbytes()),
+        None => unreachable!("a fresh hold has its import"),
+    };
+    let nbytes = usize::try_from(nbytes).map_err(|_| refused(py, format!("{op}: {nbytes} bytes do not fit")))?;
+    // The capsule's data is a device address; it is never dereferenced on the host.
+    dlpack::capsule(py, ptr as *mut u8, nbytes, (dlpack::DL_CUDA, device), Box::new(held))
+}
+
+// --- tensorwire.rpc values (`rpc/values.rs`) ----------------------------------------------
+
+/// A CUDA storage of ours as an RPC tensor (`tensorwire_rpc::Tensor::Cuda`): `nbytes` at
+/// `ptr` on `device` viewed as `layout`, exported each time it is sent after the work
+/// queued on `stream` by then, under a lease holding `owner` (the torch storage). The
+/// driver is asked that `ptr` is memory of `device`.
+pub(crate) fn rpc_tensor(
+    ptr: u64,
+    nbytes: u64,
+    device: i32,
+    stream: usize,
+    layout: Layout,
+    owner: impl Send + Sync + 'static,
+) -> tensorwire_rpc::Result<tensorwire_rpc::Tensor> {
+    if nbytes == 0 || ptr.checked_add(nbytes).is_none() {
+        return Err(tensorwire_rpc::RpcError::InvalidArgument(format!(
+            "a CUDA storage of {nbytes} bytes at {ptr:#x} cannot be shared"
+        )));
+    }
+    let t = tensorwire_rpc::CudaTensor::new(ptr, nbytes, layout, device, stream, owner)?;
+    Ok(tensorwire_rpc::Tensor::Cuda(Arc::new(t)))
+}
+
+/// A CUDA tensor an RPC peer sent us, handed to torch: `stream` (the receiver's current
+/// stream of its device) is ordered after the producer as the connection's `cuda_wait`
+/// says, and the capsule's owner releases the lease after the work queued on `stream`
+/// once torch's last view dies (as `CudaPending::capsule`). Registered like a `recv`
+/// import, so sending it on is recognised (`import_at`).
+pub(crate) fn rpc_import_capsule(py: Python<'_>, t: Arc<tensorwire_rpc::CudaImportedTensor>, stream: usize) -> PyResult<Py<PyAny>> {
+    // Decoding makes one handle per tensor reference: nobody else holds it.
+    let t = Arc::try_unwrap(t)
+        .map_err(|_| refused(py, "tensorwire.rpc: a received CUDA tensor is shared elsewhere; it cannot be handed to torch".to_string()))?;
+    torch_capsule(py, t.into_inner(), stream, "tensorwire.rpc")
 }
 
 /// Export the CUDA storage (`storage_ptr`, `storage_nbytes`; `owner` is kept alive by the
@@ -709,6 +753,151 @@ mod tests {
             // A host pointer as the source: refused here, never copied from.
             assert!(cuda_ring_send(py, a.borrow(py), host, 0, 0, "uint8", vec![8], vec![1], 0, 0).is_err());
         });
+    }
+
+    /// A stream of device 0, never destroyed (exports record events on it when the value
+    /// is encoded, after the code that queued the work has moved on).
+    fn new_stream() -> usize {
+        let _c = ensure_context(0).unwrap();
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        call("cuStreamCreate", || unsafe { sys::cuStreamCreate(&mut s, 0) }).unwrap();
+        s as usize
+    }
+
+    /// Queue `bytes` to `dptr` on `stream` as 16 asynchronous copies (simcuda delays each
+    /// at random: a reader not ordered after them sees stale bytes).
+    fn htod_queued(dptr: DevicePtr, bytes: &[u8], stream: usize) {
+        let _c = ensure_context(0).unwrap();
+        let chunk = bytes.len().div_ceil(16).max(1);
+        for (i, c) in bytes.chunks(chunk).enumerate() {
+            let at = dptr.get() + (i * chunk) as u64;
+            // SAFETY: `c` is readable for its length (pageable: staged before the call
+            // returns); `at` lies in a live allocation with room for it.
+            call("cuMemcpyHtoDAsync", || unsafe { sys::cuMemcpyHtoDAsync_v2(at, c.as_ptr().cast(), c.len(), stream as sys::CUstream) }).unwrap();
+        }
+    }
+
+    /// `len` bytes at `data`, read on `stream` (no other order), then that stream synchronized.
+    fn read_on(data: u64, len: usize, stream: usize) -> Vec<u8> {
+        let mut got = vec![0u8; len];
+        let _c = ensure_context(0).unwrap();
+        // SAFETY: `got` has room for `len` bytes; `data` names `len` live device bytes (an
+        // import's storage, held by the caller); the stream is synchronized before use.
+        call("cuMemcpyDtoHAsync", || unsafe { sys::cuMemcpyDtoHAsync_v2(got.as_mut_ptr().cast(), data, len, stream as sys::CUstream) }).unwrap();
+        // SAFETY: a live stream of the current context.
+        call("cuStreamSynchronize", || unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) }).unwrap();
+        got
+    }
+
+    /// What torch does with a capsule it took: renames it, and calls the deleter when its
+    /// last view dies. Returns the storage's device address and byte length first.
+    fn consume(py: Python<'_>, cap: Py<PyAny>) -> (u64, usize, impl FnOnce()) {
+        let m = managed(py, &cap);
+        // SAFETY: `m` is the live managed tensor of `cap`; shape points at one i64.
+        let (data, len, dev) = unsafe {
+            let t = &(*m).dl_tensor;
+            (t.data as u64, *t.shape as usize, (t.device.device_type, t.device.device_id))
+        };
+        assert_eq!(dev, (dlpack::DL_CUDA, 0));
+        // SAFETY: the GIL is held and `cap` is live; renamed, its destructor no longer
+        // calls the deleter, which the returned closure calls once (as torch does).
+        assert_eq!(unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), c"used_dltensor".as_ptr()) }, 0);
+        let m = m as usize;
+        (data, len, move || {
+            let m = m as *mut DLManagedTensor;
+            // SAFETY: the managed tensor lives until its deleter runs, here, once.
+            unsafe { ((*m).deleter.unwrap())(m) };
+        })
+    }
+
+    /// `tensorwire.rpc`'s CUDA values without torch: a storage of ours (`rpc_tensor`, its
+    /// writes still queued on a stream) as a call's argument over a native RPC pair; the
+    /// handler hands it to "torch" (`rpc_import_capsule`: its stream ordered after the
+    /// producer, so the queued bytes are there, a strided view as sent) and answers with a
+    /// CUDA tensor of its own, which the caller takes the same way. Each owner drops once
+    /// the value is gone and "torch" let go (the deleter: lease released after the
+    /// receiver's stream). Over a connection without native tensors the same value is
+    /// `CudaNotNative` (`CudaUnavailable` in Python) before anything is exported.
+    #[test]
+    fn rpc_cuda_values_round_trip_ordered_and_released() {
+        if !gpu("rpc_cuda_values_round_trip_ordered_and_released") {
+            return;
+        }
+        Python::initialize();
+        use tensorwire_rpc::{CallOptions, Endpoint, Registry, RpcConfig, RpcError, Service, Tensor as RpcTensor, Value};
+        let n = 64 << 10;
+        let (arg_buf, res_buf) = (Arc::new(DeviceBuffer::alloc(0, n as u64).unwrap()), Arc::new(DeviceBuffer::alloc(0, n as u64).unwrap()));
+        let (arg_data, res_data) = (pattern(n, 21), pattern(n, 77));
+        let stream = new_stream();
+        let view = Layout::strided(DType::Float32, &[64, 100], &[200, 2], 5).unwrap();
+        let (arg_dropped, res_dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let reg = Registry::new();
+        {
+            let (arg_data, res_buf, res_data, res_dropped) = (arg_data.clone(), res_buf.clone(), res_data.clone(), res_dropped.clone());
+            let service = Service::new("Gpu").method("take", move |_, mut args| {
+                // A panic here would leave the call unanswered: failures are answers.
+                let fail = |m: String| Err(RpcError::Remote(m));
+                let Some(Value::Tensor(t)) = args.args.pop() else { return fail("expected a tensor argument".into()) };
+                let RpcTensor::CudaImported(imp) = *t else { return fail(format!("expected a CUDA import, got {t:?}")) };
+                if (imp.layout(), imp.device(), imp.storage_nbytes()) != (view, 0, n as u64) {
+                    return fail(format!("arrived as {:?} on {} ({} bytes)", imp.layout(), imp.device(), imp.storage_nbytes()));
+                }
+                // Not the legacy stream, which would wait for the producer's (blocking)
+                // stream by itself: only `rpc_import_capsule`'s wait orders this one.
+                let mine = new_stream();
+                let got = Python::attach(|py| {
+                    let cap = rpc_import_capsule(py, imp, mine).map_err(|e| RpcError::Remote(e.to_string()))?;
+                    let (data, len, deleter) = consume(py, cap);
+                    let got = read_on(data, len, mine);
+                    deleter();
+                    Ok::<_, RpcError>(got)
+                })?;
+                if got != arg_data {
+                    return fail("the handler read the argument before the producer's queued writes landed".into());
+                }
+                // The answer: its writes queued on a stream, not yet landed.
+                let s = new_stream();
+                htod_queued(res_buf.ptr(), &res_data, s);
+                let owner = (Flag(res_dropped.clone()), res_buf.clone());
+                let l = Layout::contiguous(DType::Int64, &[(n / 8) as i64]).unwrap();
+                Ok(Value::Tensor(Box::new(rpc_tensor(res_buf.ptr().get(), n as u64, 0, s, l, owner).map_err(|e| RpcError::Remote(e.to_string()))?)))
+            });
+            reg.register("gpu", service).unwrap();
+        }
+        let (a, _b) = Endpoint::pair(Registry::new(), reg, RpcConfig::default()).unwrap();
+        assert!(a.negotiate_native(T).unwrap());
+        htod_queued(arg_buf.ptr(), &arg_data, stream);
+        let arg = rpc_tensor(arg_buf.ptr().get(), n as u64, 0, stream, view, (Flag(arg_dropped.clone()), arg_buf.clone())).unwrap();
+        let opts = || CallOptions { timeout: Some(T.into()), parent_call_id: None };
+        let out = a.call_with("gpu", "take", vec![Value::Tensor(Box::new(arg))], Default::default(), opts()).unwrap();
+        let Value::Tensor(t) = out else { panic!("expected a tensor result, got {out:?}") };
+        let RpcTensor::CudaImported(imp) = *t else { panic!("expected a CUDA import") };
+        let stream2 = new_stream();
+        Python::attach(|py| {
+            let cap = rpc_import_capsule(py, imp, stream2).unwrap();
+            assert!(import_at(res_buf.ptr().get(), n as u64, 0).is_some(), "registered while torch holds it");
+            let (data, len, deleter) = consume(py, cap);
+            let got = read_on(data, len, stream2);
+            assert!(got == res_data, "the caller read the result before the handler's queued writes landed");
+            deleter();
+        });
+        until("the argument's owner (lease released, value gone)", || arg_dropped.load(Ordering::SeqCst) == 1);
+        until("the result's owner (lease released, value gone)", || res_dropped.load(Ordering::SeqCst) == 1);
+        assert!(import_at(res_buf.ptr().get(), n as u64, 0).is_none(), "left the registry with the deleter");
+
+        // No native tensors: refused before anything is exported; the owner goes at once.
+        let (c, _d) = Endpoint::pair(Registry::new(), Registry::new(), RpcConfig::default()).unwrap();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let t = rpc_tensor(arg_buf.ptr().get(), n as u64, 0, stream, view, Flag(dropped.clone())).unwrap();
+        let e = c.call_with("gpu", "take", vec![Value::Tensor(Box::new(t))], Default::default(), opts()).unwrap_err();
+        assert!(matches!(e, RpcError::CudaNotNative(_)), "{e:?}");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "nothing holds the storage after the refusal");
+        // A host pointer, an empty storage, a view past the storage: refused.
+        let host = [0u8; 64];
+        assert!(rpc_tensor(host.as_ptr() as u64, 64, 0, 0, Layout::contiguous(DType::UInt8, &[64]).unwrap(), ()).is_err());
+        assert!(rpc_tensor(arg_buf.ptr().get(), 0, 0, 0, Layout::contiguous(DType::UInt8, &[0]).unwrap(), ()).is_err());
+        assert!(rpc_tensor(arg_buf.ptr().get(), 64, 0, 0, Layout::contiguous(DType::UInt8, &[65]).unwrap(), ()).is_err());
     }
 
     /// `cuda_send`'s checks: a host pointer, the wrong device, a view past the storage.

@@ -28,7 +28,7 @@ pub fn to_py(py: Python<'_>, err: &RpcError) -> PyErr {
         | RpcError::InvalidArgument(_) => "Refused",
         RpcError::TensorCopyLimit { .. } => "QuotaExceeded",
         RpcError::OutOfMemory { .. } | RpcError::ConnectionLimit { .. } => "ResourceExhausted",
-        RpcError::CudaUnavailable(_) => "CudaUnavailable",
+        RpcError::CudaUnavailable(_) | RpcError::CudaNotNative(_) => "CudaUnavailable",
         _ => "Error",
     };
     raise(py, class, None, format!("tensorwire.rpc: {err}"))

@@ -1,12 +1,20 @@
 //! Python objects to RPC values and back: JSON data (None, bool, int of any size, float,
-//! str, list, tuple, dict with str keys) and CPU torch tensors. Nothing else is sent: no
-//! pickle, and an object of another type is refused with its type named.
+//! str, list, tuple, dict with str keys) and CPU and CUDA torch tensors. Nothing else is
+//! sent: no pickle, and an object of another type is refused with its type named.
 //!
 //! Tensors: one whose storage is a live tensorwire segment (`tensorwire.rpc.empty`, or a
 //! segment storage made by `_native.segment_storage`) travels as that segment under a
 //! lease, no copy; any other CPU tensor is copied once into a fresh segment. A tensor that
 //! arrives reaches torch by DLPack over the imported storage; its lease ends when torch's
 //! last view of it dies.
+//!
+//! CUDA tensors travel as the Rust RPC's CUDA value (native connections only; anything
+//! else is `CudaUnavailable` before a byte is sent): the storage exported zero-copy after
+//! the work queued on the sender's current stream of its device, under a lease holding the
+//! storage; it arrives as a torch CUDA tensor ordered on the receiver's current stream of
+//! that device as the connection's `cuda_wait` says, its lease released after the work
+//! queued on that stream once torch's last view dies (`crate::cuda` holds the pieces
+//! shared with `tensorwire.send`/`recv`; `tensorwire/_cuda_ops.py` the torch side).
 
 use crate::dlpack;
 use crate::errors::refused;
@@ -133,11 +141,11 @@ fn rpc_err(py: Python<'_>, e: tensorwire_rpc::RpcError) -> PyErr {
 fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
     let py = t.py();
     let device: String = t.getattr("device")?.getattr("type")?.extract()?;
-    if device != "cpu" {
+    if device != "cpu" && device != "cuda" {
         return Err(refused(
             py,
             format!(
-                "tensorwire.rpc: a {device} tensor cannot be sent yet (CPU tensors only); move it with .cpu(), or send CUDA tensors with tensorwire.Connection"
+                "tensorwire.rpc: a {device} tensor cannot be sent (CPU and CUDA tensors only); move it with .cpu()"
             ),
         ));
     }
@@ -146,6 +154,9 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
             py,
             "tensorwire.rpc: only strided (dense) tensors can be sent".into(),
         ));
+    }
+    if device == "cuda" {
+        return cuda_tensor_to_value(t);
     }
     let dtype_text = t.getattr("dtype")?.str()?.to_string();
     let dtype = dtype_named(py, dtype_text.strip_prefix("torch.").unwrap_or(&dtype_text))?;
@@ -178,6 +189,48 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
     };
     let tensor = Tensor::from_bytes(dtype, &sizes, data).map_err(|e| rpc_err(py, e))?;
     drop(c);
+    Ok(Value::Tensor(Box::new(tensor)))
+}
+
+fn cuda_ops(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
+    py.import("tensorwire._cuda_ops")
+}
+
+/// A CUDA tensor as the Rust RPC's CUDA value: its storage exported zero-copy (each time
+/// the value is sent) after the work queued on its device's current stream, under a lease
+/// holding the storage. `_cuda_ops.export_parts` reads what the export needs (the same as
+/// `tensorwire.send`). A storage that is a CUDA tensor received from a peer (held by
+/// torch) cannot be exported again by the RPC layer (its memory is that peer's
+/// allocation): it is cloned once, on the current stream, and the clone is sent. The
+/// caller checked the layout (strided).
+fn cuda_tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let py = t.py();
+    type Parts = (
+        Py<PyAny>,
+        u64,
+        u64,
+        i32,
+        usize,
+        String,
+        Vec<i64>,
+        Vec<i64>,
+        i64,
+        bool,
+    );
+    let ops = cuda_ops(py)?;
+    let mut parts: Parts = ops.call_method1("export_parts", (t,))?.extract()?;
+    if crate::cuda::import_at(parts.1, parts.2, parts.3).is_some() {
+        let copy = t.call_method0("clone")?;
+        parts = ops.call_method1("export_parts", (copy,))?.extract()?;
+    }
+    let (storage, ptr, nbytes, device, stream, dtype_name, sizes, strides, offset, _) = parts;
+    let dtype = dtype_named(py, &dtype_name)?;
+    let layout = Layout::strided(dtype, &sizes, &strides, offset)
+        .map_err(|e| crate::errors::to_py(py, &e))?;
+    // The storage is the lease's owner: dropped (decref deferred by PyO3 when off the GIL)
+    // once every lease of every send has ended and the value is gone.
+    let tensor = crate::cuda::rpc_tensor(ptr, nbytes, device, stream, layout, storage)
+        .map_err(|e| rpc_err(py, e))?;
     Ok(Value::Tensor(Box::new(tensor)))
 }
 
@@ -232,8 +285,33 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             let ptr = seg.as_ptr();
             dlpack::capsule(py, ptr, bytes.len(), (dlpack::DL_CPU, 0), Box::new(seg))?
         }
-        Tensor::Cuda(_) | Tensor::CudaImported(_) => {
-            return Err(refused(py, "tensorwire.rpc: the peer sent a CUDA tensor; the Python binding receives CPU tensors only so far".into()));
+        Tensor::CudaImported(imp) => {
+            // The receiver's current stream of the device waits for the producer (the
+            // connection's `cuda_wait`); a device this process does not see is
+            // `CudaUnavailable`, the import dropped (its lease goes back).
+            let ops = cuda_ops(py)?;
+            let stream: usize = ops
+                .call_method1("import_stream", (imp.device(),))?
+                .extract()?;
+            let cap = crate::cuda::rpc_import_capsule(py, imp, stream)?;
+            let view = ops.call_method1(
+                "tensor_of_capsule",
+                (
+                    cap,
+                    layout.dtype.name(),
+                    layout.sizes().to_vec(),
+                    layout.strides().to_vec(),
+                    layout.storage_offset,
+                ),
+            )?;
+            return Ok(view.unbind());
+        }
+        Tensor::Cuda(_) => {
+            return Err(refused(
+                py,
+                "tensorwire.rpc: a CUDA tensor of this process cannot arrive as a received value"
+                    .into(),
+            ));
         }
     };
     let torch = torch(py)?;
