@@ -1,8 +1,8 @@
 """tensorwire for PyTorch: zero-copy CPU and CUDA tensor sharing between processes.
 
-Loads ``libtensorwire_torch.so`` (installed beside this module by ``pip install``;
-``$TENSORWIRE_TORCH_LIB`` overrides it) and wraps ``torch.ops.tensorwire`` with a small
-``torch.multiprocessing``-like API::
+Registers ``torch.ops.tensorwire`` as Python ops over the binding ``tensorwire._native``
+(``$TENSORWIRE_TORCH_LIB`` loads that C++ extension, ``libtensorwire_torch.so``, instead)
+and wraps them with a small ``torch.multiprocessing``-like API::
 
     parent_fd, child_fd = tensorwire.socketpair()      # child_fd is inheritable
     subprocess.Popen([... , str(child_fd)], pass_fds=[child_fd]); os.close(child_fd)

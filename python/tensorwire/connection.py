@@ -16,15 +16,23 @@ from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
-from ._loader import ops
+from ._loader import BACKEND, ops
 from .errors import translate
 
 __all__ = ["Connection", "Listener", "socketpair", "from_fd", "connect", "listen"]
 
-# Bound overloads: calling them skips the overload-packet lookup (~1 us per call).
-_send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
-_ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
-_cuda_ring_recv = ops.cuda_ring_recv.default
+if BACKEND == "native":
+    # The ops' own Python implementations: the hot path does not pay the dispatcher.
+    from . import _ops
+
+    _send, _recv, _stats = _ops.send, _ops.recv, _ops.stats
+    _ring_send, _ring_recv, _cuda_ring_recv = _ops.ring_send, _ops.ring_recv, _ops.cuda_ring_recv
+else:
+    # The C++ extension's bound overloads: calling them skips the overload-packet lookup
+    # (~1 us per call).
+    _send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
+    _ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
+    _cuda_ring_recv = ops.cuda_ring_recv.default
 
 _STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
 

@@ -700,7 +700,7 @@ mod tests {
     }
 
     fn py_peer(py: Python<'_>, peer: Peer) -> Py<PyPeer> {
-        Py::new(py, PyPeer { peer }).unwrap()
+        Py::new(py, PyPeer::new(peer)).unwrap()
     }
 
     /// The GPU ring through the Python functions: send, describe, finish into a buffer,

@@ -35,6 +35,14 @@ pub fn to_py(py: Python<'_>, err: &Error) -> PyErr {
     raise(py, class, Some(code), format!("tensorwire ({code}): {err}"))
 }
 
+/// `err` as `to_py` does, its message naming the C ABI function that reports the same
+/// failure (`"tensorwire (TW_ERR_IO): tw_peer_connect: …"`), as the C++ extension's ops
+/// read: `func` is that function's name.
+pub fn to_py_in(py: Python<'_>, err: &Error, func: &str) -> PyErr {
+    let (class, code) = class_and_code(err.kind());
+    raise(py, class, Some(code), format!("tensorwire ({code}): {func}: {err}"))
+}
+
 /// A `tensorwire.errors.<class>(message, code)` exception.
 pub fn raise(py: Python<'_>, class: &str, code: Option<&str>, message: String) -> PyErr {
     let made = py
@@ -56,10 +64,16 @@ pub fn refused(py: Python<'_>, message: String) -> PyErr {
 /// `Result<T, tensorwire::Error>` into a Python result.
 pub trait IntoPy<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T>;
+    /// As `py_err`, the message naming the C ABI function `func` (`to_py_in`).
+    fn py_err_in(self, py: Python<'_>, func: &str) -> PyResult<T>;
 }
 
 impl<T> IntoPy<T> for tensorwire::Result<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T> {
         self.map_err(|e| to_py(py, &e))
+    }
+
+    fn py_err_in(self, py: Python<'_>, func: &str) -> PyResult<T> {
+        self.map_err(|e| to_py_in(py, &e, func))
     }
 }

@@ -3,15 +3,21 @@
 //! DLPack (`dlpack`), and the package's Python code turns them into the views it needs.
 //!
 //! One file a job: `errors` (Rust errors as `tensorwire.errors` classes), `dlpack` (the
-//! capsule), `storage` (shared segments and their registry), `connection` (CPU send/recv),
-//! `build` (`build_info`), `rpc` (the RPC layer and its workers, `tensorwire.rpc`).
-//! CUDA adds a module of its own and registers it in `_native` below.
+//! capsule), `storage` (shared segments, trusted-fd segments, received imports and their
+//! registries), `config` (the connection options as a `PeerConfig`), `connection` (`Peer`:
+//! opening, CPU send/recv, stats), `listener` (`Listener`), `ring` (the CPU ring), `cuda`
+//! (the CUDA boundary `recv` hands CUDA imports to), `build` (`build_info`), `rpc` (the RPC
+//! layer and its workers, `tensorwire.rpc`). The package's `torch.ops.tensorwire.*` are
+//! Python ops over these (`python/tensorwire/_ops.py`).
 
 mod build;
+mod config;
 mod connection;
 mod cuda;
 mod dlpack;
 mod errors;
+mod listener;
+mod ring;
 mod rpc;
 mod storage;
 
@@ -20,10 +26,19 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<connection::PyPeer>()?;
+    m.add_class::<listener::PyListener>()?;
+    m.add_function(wrap_pyfunction!(config::check_connection_options, m)?)?;
+    m.add_function(wrap_pyfunction!(connection::dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(connection::layout_extent, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::ring_send, m)?)?;
+    m.add_function(wrap_pyfunction!(ring::ring_recv, m)?)?;
     m.add_function(wrap_pyfunction!(build::build_info, m)?)?;
     m.add_function(wrap_pyfunction!(storage::segment_storage, m)?)?;
     m.add_function(wrap_pyfunction!(storage::is_segment, m)?)?;
     m.add_function(wrap_pyfunction!(storage::live_segments, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::trusted_fd_storage, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::storage_kind, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::segment_fd, m)?)?;
     rpc::register(m)?;
     cuda::register(m)?;
     Ok(())

@@ -1,21 +1,35 @@
-//! Shared storages: sealed segments made by Rust and handed to torch by DLPack, and the
-//! registry that recognises them again by address when a tensor over one is exported
-//! (the binding's counterpart of the C++ extension's `segment_of`, which looks at the
-//! storage's deleter; here the storage pointer is all Python hands over).
+//! Shared storages: sealed segments made by Rust and handed to torch by DLPack, segments
+//! over a trusted peer's fd (`from_torch_fd`), and the registries that recognise them — and
+//! received imports — again by address when a tensor over one is exported or asked about
+//! (the binding's counterpart of the C++ extension's `segment_of` / `import_of`, which look
+//! at the storage's deleter; here the storage pointer and size are all Python hands over).
 
 use crate::dlpack;
-use crate::errors::IntoPy;
+use crate::errors::{IntoPy, refused};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use tensorwire::Segment;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use tensorwire::{Imported, Segment};
+
+/// A segment torch holds through a capsule: sealed (ours, exportable as it is) or not (a
+/// trusted peer's fd: exported by copy, as the extension does).
+struct Entry {
+    seg: Weak<Segment>,
+    sealed: bool,
+}
 
 /// Live segments that torch holds through a capsule, by base address.
-static LIVE: Mutex<BTreeMap<usize, Weak<Segment>>> = Mutex::new(BTreeMap::new());
+static LIVE: Mutex<BTreeMap<usize, Entry>> = Mutex::new(BTreeMap::new());
 
-fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, Weak<Segment>>> {
-    // Nothing panics while holding the lock; a poisoned map is still consistent.
-    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+/// Received CPU imports that torch holds through a capsule, by storage address. Two imports
+/// of the same memory can share an address (the import cache maps a range once), hence a
+/// list.
+static IMPORTS: Mutex<BTreeMap<usize, Vec<Weak<Imported>>>> = Mutex::new(BTreeMap::new());
+
+fn lock<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    // Nothing panics while holding these locks; a poisoned map is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What a capsule over a segment owns: the segment, and its registry entry until torch's
@@ -25,36 +39,117 @@ struct Registered(Arc<Segment>);
 impl Drop for Registered {
     fn drop(&mut self) {
         let base = self.0.as_ptr() as usize;
-        let mut map = live();
+        let mut map = lock(&LIVE);
         // Another segment may already be mapped at this address only after this one is
         // unmapped, which happens after this drop; remove the entry only if it is ours.
-        if map.get(&base).is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.0))) {
+        if map.get(&base).is_some_and(|e| std::ptr::eq(e.seg.as_ptr(), Arc::as_ptr(&self.0))) {
             map.remove(&base);
         }
     }
 }
 
-/// The segment whose mapping contains `[ptr, ptr + nbytes)`, and the offset of `ptr` in it.
-pub fn segment_at(ptr: usize, nbytes: usize) -> Option<(Arc<Segment>, usize)> {
-    let map = live();
-    let (&base, weak) = map.range(..=ptr).next_back()?;
-    let seg = weak.upgrade()?;
+/// What a capsule over a received tensor owns: the import (its drop ends the lease once no
+/// forwarded lease holds it either), and its registry entry.
+struct RegisteredImport(Arc<Imported>);
+
+impl Drop for RegisteredImport {
+    fn drop(&mut self) {
+        let base = self.0.storage_ptr() as usize;
+        let mut map = lock(&IMPORTS);
+        if let Some(list) = map.get_mut(&base) {
+            list.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.0)) && w.strong_count() > 0);
+            if list.is_empty() {
+                map.remove(&base);
+            }
+        }
+    }
+}
+
+fn entry_at(ptr: usize, nbytes: usize) -> Option<(Arc<Segment>, usize, bool)> {
+    let map = lock(&LIVE);
+    let (&base, e) = map.range(..=ptr).next_back()?;
+    let seg = e.seg.upgrade()?;
     let off = ptr - base;
-    (off.checked_add(nbytes)? <= seg.len()).then_some((seg, off))
+    (off.checked_add(nbytes)? <= seg.len()).then_some((seg, off, e.sealed))
+}
+
+/// The sealed segment whose mapping contains `[ptr, ptr + nbytes)`, and the offset of
+/// `ptr` in it (what can be exported as it is).
+pub fn segment_at(ptr: usize, nbytes: usize) -> Option<(Arc<Segment>, usize)> {
+    entry_at(ptr, nbytes).and_then(|(seg, off, sealed)| sealed.then_some((seg, off)))
+}
+
+/// The import whose storage starts at `ptr` and is at least `nbytes` long (a received
+/// tensor's storage, to forward as the producer's memory).
+pub fn import_at(ptr: usize, nbytes: usize) -> Option<Arc<Imported>> {
+    let map = lock(&IMPORTS);
+    map.get(&ptr)?.iter().filter_map(Weak::upgrade).find(|imp| imp.storage_nbytes() >= nbytes)
+}
+
+/// A `"dltensor"` capsule over a received import's storage; registered so that a view of it
+/// sent on is forwarded as the same memory.
+pub fn import_capsule(py: Python<'_>, imp: Imported) -> PyResult<Py<PyAny>> {
+    let imp = Arc::new(imp);
+    let (ptr, nbytes) = (imp.storage_ptr(), imp.storage_nbytes());
+    lock(&IMPORTS).entry(ptr as usize).or_default().push(Arc::downgrade(&imp));
+    dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(RegisteredImport(imp)))
+}
+
+fn capsule_over(py: Python<'_>, seg: Segment, nbytes: usize, sealed: bool) -> PyResult<Py<PyAny>> {
+    let seg = Arc::new(seg);
+    let data = seg.as_ptr();
+    lock(&LIVE).insert(data as usize, Entry { seg: Arc::downgrade(&seg), sealed });
+    dlpack::capsule(py, data, nbytes, (dlpack::DL_CPU, 0), Box::new(Registered(seg)))
 }
 
 /// A `"dltensor"` capsule (1-D uint8, `nbytes` long) over a fresh zeroed sealed segment;
 /// Python views it as the dtype and shape it wants.
 #[pyfunction]
 pub fn segment_storage(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
-    let seg = Arc::new(Segment::create(nbytes.max(1)).py_err(py)?);
-    let data = seg.as_ptr();
-    live().insert(data as usize, Arc::downgrade(&seg));
-    dlpack::capsule(py, data, nbytes, (dlpack::DL_CPU, 0), Box::new(Registered(seg)))
+    // A segment cannot be empty; an empty storage gets one byte it never uses.
+    let seg = Segment::create(nbytes.max(1)).py_err_in(py, "tw_segment_new")?;
+    capsule_over(py, seg, nbytes, true)
 }
 
-/// Whether `nbytes` at address `ptr` lie inside a live tensorwire segment (a storage made
-/// by `segment_storage` that torch still holds).
+/// A capsule (1-D uint8, `nbytes` long) over a TRUSTED peer's fd (e.g. PyTorch's
+/// `_share_fd_cpu_`), mapped without requiring seals. Takes ownership of `fd` (a dup the
+/// caller made), also on failure. Exporting it copies (peers accept only sealed segments).
+#[pyfunction]
+pub fn trusted_fd_storage(py: Python<'_>, fd: RawFd, nbytes: usize) -> PyResult<Py<PyAny>> {
+    if fd < 0 {
+        return Err(refused(py, format!("tensorwire.from_torch_fd: fd {fd} is not a valid descriptor")));
+    }
+    // SAFETY: the caller hands over `fd`, a descriptor it duplicated for this call and owns
+    // nothing else of (the package's `from_torch_fd` passes `os.dup`'s result).
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let seg = py.detach(|| Segment::from_trusted_fd(owned, nbytes)).py_err_in(py, "tw_segment_from_trusted_fd")?;
+    capsule_over(py, seg, nbytes, false)
+}
+
+/// What the storage `[ptr, ptr + nbytes)` is: `"sealed"` (a segment of ours: exported as
+/// it is), `"import"` (a received tensor's storage: forwarded as the producer's memory),
+/// `"trusted"` (a trusted peer's fd: exported by copy), or None (plain memory).
+#[pyfunction]
+pub fn storage_kind(ptr: usize, nbytes: usize) -> Option<&'static str> {
+    if import_at(ptr, nbytes).is_some() {
+        return Some("import");
+    }
+    entry_at(ptr, nbytes).map(|(_, _, sealed)| if sealed { "sealed" } else { "trusted" })
+}
+
+/// `(fd, segment length, byte offset of ptr in it)` for a storage in a live segment (sealed
+/// or trusted): the fd is a close-on-exec dup the caller owns. None for other storages.
+#[pyfunction]
+pub fn segment_fd(py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<Option<(RawFd, usize, usize)>> {
+    let Some((seg, off, _)) = entry_at(ptr, nbytes) else { return Ok(None) };
+    let fd = seg.fd().try_clone_to_owned().map_err(|e| {
+        crate::errors::raise(py, "Error", None, format!("tensorwire.segment_fd: dup failed: {e}"))
+    })?;
+    Ok(Some((fd.into_raw_fd(), seg.len(), off)))
+}
+
+/// Whether `nbytes` at address `ptr` lie inside a live sealed tensorwire segment (a storage
+/// made by `segment_storage` that torch still holds).
 #[pyfunction]
 pub fn is_segment(ptr: usize, nbytes: usize) -> bool {
     segment_at(ptr, nbytes).is_some()
@@ -63,5 +158,5 @@ pub fn is_segment(ptr: usize, nbytes: usize) -> bool {
 /// How many segment storages torch holds now (for tests and `doctor`).
 #[pyfunction]
 pub fn live_segments() -> usize {
-    live().len()
+    lock(&LIVE).len()
 }
