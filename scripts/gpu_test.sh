@@ -210,8 +210,37 @@ build_ext() {  # $1: why
   build_note="built $lib"
 }
 
+# The package: the wheel `prepare` built, installed into a venv over this machine's torch
+# (--system-site-packages; pip --no-index --no-deps: nothing is built and torch is kept).
+# Every stage's Python runs from it: the wheel stage on its own binding, the others with
+# the C++ extension selected by TENSORWIRE_TORCH_LIB.
+wvenv=$root/build/gpu-wheel-venv
+wpy=$wvenv/bin/python
+whl=$(ls "$prefix"/wheel/tensorwire-*.whl 2>/dev/null | head -n 1)
+if [[ -z "$whl" ]]; then
+  record wheel FAIL "no wheel in $prefix/wheel: run 'bash scripts/gpu_test.sh prepare' where cargo is"
+  finish
+fi
+rm -rf "$wvenv"
+# --without-pip: no ensurepip needed (Debian/Ubuntu ship it separately); the system pip,
+# visible through --system-site-packages, installs into the venv.
+"$py" -m venv --without-pip --system-site-packages "$wvenv"
+if ! "$wpy" -m pip install -q --no-index --no-deps "$whl" >"$logs/wheel-install.log" 2>&1; then
+  record wheel FAIL "pip install of $(basename "$whl") failed; log: $logs/wheel-install.log"
+  finish
+fi
+echo "=== installed $(basename "$whl") into $wvenv"
+# GPU_TEST_PYTESTS: test files of tests/python to run (default: all of them).
+pytests=()
+for f in ${GPU_TEST_PYTESTS:-}; do pytests+=("$root/tests/python/$f"); done
+((${#pytests[@]})) || pytests=("$root/tests/python")
+export PYTHONDONTWRITEBYTECODE=1
+unset PYTHONPATH
+
 build_note=
-if [[ "$stage" == build || "$stage" == all ]]; then
+if [[ "$stage" == wheel ]]; then
+  :  # the wheel needs no build here
+elif [[ "$stage" == build || "$stage" == all ]]; then
   build_ext "stage $stage"
 elif [[ ! -f "$lib" || ! -f "$stampfile" ]]; then
   build_ext "no earlier build in build/torch-ext"
@@ -224,14 +253,14 @@ else
   echo "=== build: reusing $lib (stamp $(cut -c1-12 "$stampfile"))"
   build_note="reused $lib"
 fi
-export TENSORWIRE_TORCH_LIB=$lib
-export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONDONTWRITEBYTECODE=1
-if ! "$py" -c "import tensorwire as tw; print('tensorwire cuda_built', tw.cuda_built(), 'cuda_available', tw.cuda_available(), 'devices', tw.cuda_device_count()); assert tw.cuda_available()"; then
-  record build FAIL "the extension loads but tensorwire.cuda_available() is False ($build_note)"
-  finish
+if [[ "$stage" != wheel ]]; then
+  export TENSORWIRE_TORCH_LIB=$lib
+  if ! "$wpy" -c "import tensorwire as tw; print('tensorwire', tw.build_info()['backend'], 'cuda_built', tw.cuda_built(), 'cuda_available', tw.cuda_available(), 'devices', tw.cuda_device_count()); assert tw.cuda_available()"; then
+    record build FAIL "the extension loads but tensorwire.cuda_available() is False ($build_note)"
+    finish
+  fi
+  record build PASS "$build_note"
 fi
-record build PASS "$build_note"
 
 if [[ "$stage" == rust || "$stage" == all ]]; then
   echo "=== Rust CUDA suite against the real driver ($prefix/rust-tests)"
@@ -273,8 +302,8 @@ fi
 
 if [[ "$stage" == tests || "$stage" == all ]]; then
   echo "=== pytest tests/python"
-  if "$py" -c "import pytest" 2>/dev/null; then
-    if "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$logs/pytest.log"; then
+  if "$wpy" -c "import pytest" 2>/dev/null; then
+    if (cd "$(mktemp -d)" && "$wpy" -m pytest -q -p no:cacheprovider "${pytests[@]}") 2>&1 | tee "$logs/pytest.log"; then
       record pytest PASS
     else
       record pytest FAIL "log: $logs/pytest.log"
@@ -284,7 +313,7 @@ if [[ "$stage" == tests || "$stage" == all ]]; then
   fi
 
   echo "=== tests/gpu/gpu_tests.py"
-  "$py" tests/gpu/gpu_tests.py 2>&1 | tee "$logs/gpu-tests.log"
+  "$wpy" tests/gpu/gpu_tests.py 2>&1 | tee "$logs/gpu-tests.log"
   rc=${PIPESTATUS[0]}
   # Tests that could not run on this machine say so on a line of their own: "SKIPPED <name>: why".
   skipped=$(grep -E '^SKIPPED' "$logs/gpu-tests.log" | paste -sd ';' -)
@@ -296,37 +325,26 @@ if [[ "$stage" == tests || "$stage" == all ]]; then
 fi
 
 if [[ "$stage" == wheel || "$stage" == all ]]; then
-  echo "=== the wheel: installed over this machine's torch, tests/python and tests/gpu/gpu_tests.py through it"
-  whl=$(ls "$prefix"/wheel/tensorwire-*.whl 2>/dev/null | head -n 1)
-  if [[ -z "$whl" ]]; then
-    record wheel FAIL "no wheel in $prefix/wheel: run 'bash scripts/gpu_test.sh prepare' where cargo is"
-  else
-    wvenv=$root/build/gpu-wheel-venv
-    rm -rf "$wvenv"
-    "$py" -m venv --system-site-packages "$wvenv"
-    wlog=$logs/wheel.log
-    if ! "$wvenv/bin/python" -m pip install -q --no-index --no-deps "$whl" >"$wlog" 2>&1; then
-      record wheel FAIL "pip install of $(basename "$whl") failed; log: $wlog"
-    else
-      elsewhere=$(mktemp -d)
-      wheel_failed=0
-      (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$wvenv/bin/python" -c \
-        "import tensorwire as tw, torch; print('wheel:', tw.__file__, 'torch', torch.__version__, tw.build_info()); print('cuda_available', tw.cuda_available(), 'devices', tw.cuda_device_count()); assert tw.cuda_available()") 2>&1 | tee -a "$wlog"
-      ((PIPESTATUS[0] == 0)) || wheel_failed=1
-      (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$wvenv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python") 2>&1 | tee -a "$wlog"
-      ((PIPESTATUS[0] == 0)) || wheel_failed=1
-      (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$wvenv/bin/python" "$root/tests/gpu/gpu_tests.py") 2>&1 | tee -a "$wlog"
-      ((PIPESTATUS[0] == 0)) || wheel_failed=1
-      rm -rf "$elsewhere"
-      skipped=$(grep -E '^SKIPPED' "$wlog" | paste -sd ';' -)
-      if ((wheel_failed == 0)); then record wheel PASS "$(basename "$whl")${skipped:+; $skipped}"; else record wheel FAIL "log: $wlog"; fi
-    fi
-  fi
+  echo "=== the wheel's own binding (no TENSORWIRE_TORCH_LIB): tests/python and tests/gpu/gpu_tests.py"
+  wlog=$logs/wheel.log
+  : >"$wlog"
+  elsewhere=$(mktemp -d)
+  wheel_failed=0
+  (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB "$wpy" -c \
+    "import tensorwire as tw, torch; print('wheel:', tw.__file__, 'torch', torch.__version__, tw.build_info()); print('cuda_available', tw.cuda_available(), 'devices', tw.cuda_device_count()); assert tw.cuda_available() and tw.build_info()['backend'] == 'native'") 2>&1 | tee -a "$wlog"
+  ((PIPESTATUS[0] == 0)) || wheel_failed=1
+  (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB "$wpy" -m pytest -q -p no:cacheprovider "${pytests[@]}") 2>&1 | tee -a "$wlog"
+  ((PIPESTATUS[0] == 0)) || wheel_failed=1
+  (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB "$wpy" "$root/tests/gpu/gpu_tests.py") 2>&1 | tee -a "$wlog"
+  ((PIPESTATUS[0] == 0)) || wheel_failed=1
+  rm -rf "$elsewhere"
+  skipped=$(grep -E '^SKIPPED' "$wlog" | paste -sd ';' -)
+  if ((wheel_failed == 0)); then record wheel PASS "$(basename "$whl")${skipped:+; $skipped}"; else record wheel FAIL "log: $wlog"; fi
 fi
 
 if [[ "$stage" == bench || "$stage" == all ]]; then
   echo "=== benches/torch_cuda_transfer.py --iters $iters"
-  "$py" benches/torch_cuda_transfer.py --iters "$iters" 2>&1 | tee "$logs/bench.log"
+  "$wpy" benches/torch_cuda_transfer.py --iters "$iters" 2>&1 | tee "$logs/bench.log"
   rc=${PIPESTATUS[0]}
   if ((rc == 0)); then record bench PASS "numbers above"; else record bench FAIL "exit $rc; log: $logs/bench.log"; fi
   # The targets are a measurement: NOT MET is reported, it does not fail the run.
@@ -356,7 +374,7 @@ if [[ "$stage" == mps || "$stage" == all ]]; then
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if "$mps_ctl" -d; then
       echo "=== benches/torch_cuda_transfer.py --iters $iters under MPS ($mps_dir)"
-      "$py" benches/torch_cuda_transfer.py --iters "$iters" 2>&1 | tee "$logs/bench-mps.log"
+      "$wpy" benches/torch_cuda_transfer.py --iters "$iters" 2>&1 | tee "$logs/bench-mps.log"
       rc=${PIPESTATUS[0]}
       echo quit | "$mps_ctl"
       mps_state=$(grep -oE 'MPS: [a-z ]+' "$logs/bench-mps.log" | head -n 1)

@@ -6,38 +6,45 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import ModuleType
-from typing import Optional
+from typing import Any
 
 import torch
 
 
-def build_info() -> Optional[ModuleType]:
-    """The installed build's facts (module ``tensorwire._build_info``: ``TORCH_VERSION``,
-    ``TENSORWIRE_VERSION``, ``CUDA_BUILT``, ``LIBRARY``), or None when this package runs
-    from a checkout without an install (a library built by cpp/build.sh). The binding's own
-    facts are ``tensorwire._native.build_info()``."""
-    try:
-        from . import _build_info as info
-    except ImportError:
-        return None
+def build_info() -> dict[str, Any]:
+    """What this install is: the binding's facts (``tensorwire._native.build_info()``:
+    ``version``, ``cuda_built`` — always True, the driver loads at run time —,
+    ``torch_min``, ``torch_below``, ``torch_tested``) plus ``backend`` (``"native"`` or
+    ``"torch-lib"``, see ``BACKEND``), ``library`` (``library_path()``) and ``torch`` (the
+    torch this process runs). With the C++ extension, ``cuda_built`` is the extension's."""
+    if BACKEND == "torch-lib":
+        # The C++ extension may run from a checkout that has no binding built.
+        try:
+            from . import _native
+
+            info: dict[str, Any] = dict(_native.build_info())
+        except ImportError:
+            from ._version import __version__
+
+            info = {"version": __version__}
+        info["cuda_built"] = bool(torch.ops.tensorwire.cuda_built())
+    else:
+        from . import _native
+
+        info = dict(_native.build_info())
+    info.update(backend=BACKEND, library=library_path(), torch=torch.__version__)
     return info
 
 
 def library_path() -> str:
-    """Path of the C++ extension libtensorwire_torch.so (loaded only when
-    ``$TENSORWIRE_TORCH_LIB`` is set): ``$TENSORWIRE_TORCH_LIB`` if set, else the one
-    installed with this package (pip), else a checkout's
-    ``build/torch-ext/libtensorwire_torch.so``."""
+    """The file ``torch.ops.tensorwire`` runs on: the binding ``tensorwire/_native.abi3.so``
+    by default, the C++ extension ``$TENSORWIRE_TORCH_LIB`` when that is set."""
     env = os.environ.get("TENSORWIRE_TORCH_LIB")
     if env:
         return env
-    info = build_info()
-    if info is not None:
-        # _build_info.py is installed beside the library; in an editable install it is
-        # the site-packages copy (the .py sources are the checkout's), so ask it.
-        return str(Path(info.__file__).with_name(info.LIBRARY))
-    return str(Path(__file__).resolve().parents[2] / "build" / "torch-ext" / "libtensorwire_torch.so")
+    from . import _native
+
+    return str(Path(_native.__file__).resolve())
 
 
 #: Which implementation ``torch.ops.tensorwire`` runs on: ``"native"`` (Python ops over
@@ -54,7 +61,7 @@ def load() -> None:
 
         _ops.register()
         return
-    path = library_path()
+    path = os.environ["TENSORWIRE_TORCH_LIB"]
     if not os.path.exists(path):
         raise ImportError(f"tensorwire: TENSORWIRE_TORCH_LIB={path} does not exist; build the C++ extension with "
                           "cpp/build.sh and point TENSORWIRE_TORCH_LIB at its libtensorwire_torch.so, or unset it "
@@ -62,5 +69,16 @@ def load() -> None:
     torch.ops.load_library(path)
 
 
+def _check_torch() -> None:
+    """The import-time check of this torch against the wheel's range (``_torch_check``).
+    Not for the C++ extension: it is built for one torch, and loading it is its check."""
+    if BACKEND != "native":
+        return
+    from . import _native, _torch_check
+
+    _torch_check.check(torch.__version__, _native.build_info())
+
+
+_check_torch()
 load()
 ops = torch.ops.tensorwire

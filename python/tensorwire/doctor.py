@@ -169,13 +169,19 @@ def _expandable_segments() -> Check:
 
 
 def check_torch_version() -> Check:
+    """This torch against the range the wheel was built and tested for (the C++ extension,
+    when ``TENSORWIRE_TORCH_LIB`` selects it, is built for one torch: loading it proved it)."""
+    from . import _torch_check
+
     info = tensorwire.build_info()
-    if info is None:
-        return Check("torch version", True, f"torch {torch.__version__}; extension from "
-                     f"{tensorwire.library_path()} (not a pip install: build torch unknown)")
-    ok = info.TORCH_VERSION.split("+")[0] == torch.__version__.split("+")[0]
-    return Check("torch version", ok, f"torch {torch.__version__}, extension built for {info.TORCH_VERSION}",
-                 "reinstall tensorwire against this torch: pip install --no-build-isolation --force-reinstall .")
+    if info["backend"] == "torch-lib":
+        return Check("torch version", True, f"torch {torch.__version__}; C++ extension {info['library']} loaded")
+    p = _torch_check.problem(torch.__version__, info)
+    rng = f">= {info['torch_min']}, < {info['torch_below']}"
+    if p is None:
+        return Check("torch version", True, f"torch {torch.__version__}, in the wheel's range ({rng})")
+    kind, msg = p
+    return Check("torch version", kind == "new", msg, f"pip install 'torch>={info['torch_min']},<{info['torch_below']}'")
 
 
 def run() -> list[Check]:

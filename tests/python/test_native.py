@@ -2,10 +2,9 @@
 by Rust reach torch by DLPack, are recognised again by address, and are unmapped when
 torch's last view dies; the binding's errors are tensorwire.errors classes; build_info.
 
-The module is the installed package's own: ``pip install .`` builds it and installs it as
-``tensorwire/_native.abi3.so``, so an installed package without it fails this suite (the
-import below) instead of skipping it. Only a run from a checkout with no install (no
-``tensorwire._build_info``; scripts/gpu_test.sh's) skips it, saying so.
+The module is the package's own: the wheel carries it as ``tensorwire/_native.abi3.so``
+beside the Python modules, and ``import tensorwire`` needs it (the ops run on it, and the
+torch check reads its range), so a package without it fails this suite at the import.
 """
 from __future__ import annotations
 
@@ -20,21 +19,19 @@ import torch
 import tensorwire
 import tensorwire.errors as errors
 
-if tensorwire.build_info() is None:
-    native = pytest.importorskip(
-        "tensorwire._native", reason="a checkout run without `pip install .`, which builds tensorwire._native: SKIPPED")
-else:
-    import tensorwire._native as native
+import tensorwire._native as native
 
 
 def test_the_module_is_the_installed_packages_own():
-    # Beside _build_info.py and libtensorwire_torch.so: the package dir of the install (in
-    # an editable install too, where the .py sources stay in the checkout).
+    # Beside the package's Python modules, and what build_info() / library_path() name
+    # when the ops run on it (no TENSORWIRE_TORCH_LIB).
     path = Path(native.__file__).resolve()
     assert native.__name__ == "tensorwire._native"
     assert path.name == "_native.abi3.so"
-    assert path.parent == Path(tensorwire.build_info().__file__).resolve().parent
-    assert path.parent == Path(tensorwire.library_path()).resolve().parent
+    assert path.parent == Path(tensorwire.__file__).resolve().parent
+    info = tensorwire.build_info()
+    if info["backend"] == "native":
+        assert Path(tensorwire.library_path()) == path == Path(info["library"])
 
 
 def _segment_tensor(nbytes: int) -> torch.Tensor:

@@ -55,7 +55,7 @@ def test_import_tensorwire_runs_the_check_against_the_binding_range():
     code = ("import torch; torch.__version__ = '2.10.0'\n"
             "try:\n    import tensorwire\nexcept ImportError as e:\n    print('REFUSED', e)\n"
             "else:\n    print('IMPORTED')\n")
-    env = {k: v for k, v in os.environ.items() if k != "TENSORWIRE_SKIP_TORCH_CHECK"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TENSORWIRE_SKIP_TORCH_CHECK", "TENSORWIRE_TORCH_LIB")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     info = tensorwire.build_info()
