@@ -214,28 +214,28 @@ build_ext() {  # $1: why
 # (--system-site-packages; pip --no-index --no-deps: nothing is built and torch is kept).
 # Every stage's Python runs from it: the wheel stage on its own binding, the others with
 # the C++ extension selected by TENSORWIRE_TORCH_LIB.
-wvenv=$root/build/gpu-wheel-venv
-wpy=$wvenv/bin/python
+# A --target dir, not a venv: this machine's python3 may itself be a venv, whose packages
+# (torch) a nested venv would not see.
+wsite=$root/build/gpu-wheel/site-packages
 whl=$(ls "$prefix"/wheel/tensorwire-*.whl 2>/dev/null | head -n 1)
 if [[ -z "$whl" ]]; then
   record wheel FAIL "no wheel in $prefix/wheel: run 'bash scripts/gpu_test.sh prepare' where cargo is"
   finish
 fi
-rm -rf "$wvenv"
-# --without-pip: no ensurepip needed (Debian/Ubuntu ship it separately); the system pip,
-# visible through --system-site-packages, installs into the venv.
-"$py" -m venv --without-pip --system-site-packages "$wvenv"
-if ! "$wpy" -m pip install -q --no-index --no-deps "$whl" >"$logs/wheel-install.log" 2>&1; then
+rm -rf "$wsite"
+if ! "$py" -m pip install -q --no-index --no-deps --target "$wsite" "$whl" >"$logs/wheel-install.log" 2>&1 &&
+   ! "$py" -m pip install -q --no-index --no-deps --break-system-packages --target "$wsite" "$whl" >>"$logs/wheel-install.log" 2>&1; then
   record wheel FAIL "pip install of $(basename "$whl") failed; log: $logs/wheel-install.log"
   finish
 fi
-echo "=== installed $(basename "$whl") into $wvenv"
+export PYTHONPATH=$wsite
+wpy=$py
+echo "=== installed $(basename "$whl") into $wsite (PYTHONPATH)"
 # GPU_TEST_PYTESTS: test files of tests/python to run (default: all of them).
 pytests=()
 for f in ${GPU_TEST_PYTESTS:-}; do pytests+=("$root/tests/python/$f"); done
 ((${#pytests[@]})) || pytests=("$root/tests/python")
 export PYTHONDONTWRITEBYTECODE=1
-unset PYTHONPATH
 
 build_note=
 if [[ "$stage" == wheel ]]; then

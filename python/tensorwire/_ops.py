@@ -231,6 +231,12 @@ def share_(self: torch.Tensor) -> torch.Tensor:
         raise Error("tensorwire.share_: this storage is the peer's memory (a received tensor); send it as it is "
                     "(it is forwarded as the same memory) or copy it with tensorwire.to_shared")
     storage = self.untyped_storage()
+    if not hasattr(storage, "_swap_data_ptr_"):
+        # torch 2.11 has no way to swap a storage's memory in place from Python; refuse
+        # before anything is allocated rather than move only some of the views.
+        raise Error(f"tensorwire.share_: moving a storage in place needs UntypedStorage._swap_data_ptr_, which "
+                    f"torch {torch.__version__} lacks (newer torch has it); use tensorwire.to_shared(t), which "
+                    f"copies it once into a new shared tensor, or the C++ extension (TENSORWIRE_TORCH_LIB)")
     nbytes = storage.nbytes()
     seg = torch.from_dlpack(_native.segment_storage(nbytes)).untyped_storage()
     if nbytes:

@@ -51,7 +51,10 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
+try:  # the installed package (scripts/gpu_test.sh: the wheel), else the checkout's
+    import tensorwire  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(ROOT / "python"))
 
 import torch  # noqa: E402
 

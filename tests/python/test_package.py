@@ -16,7 +16,7 @@ import torch
 import tensorwire
 
 ROOT = Path(__file__).resolve().parents[2]
-installed = "site-packages" in tensorwire.__file__
+installed = not Path(tensorwire.__file__).resolve().is_relative_to(ROOT / "python")
 needs_install = pytest.mark.skipif(not installed, reason="tensorwire is not installed here (a checkout on PYTHONPATH): "
                                    "SKIPPED; scripts/test.sh installs the wheel into fresh venvs")
 
@@ -91,7 +91,7 @@ def test_version_is_the_crates():
     assert tensorwire.__version__ == cargo
     rpc = (ROOT / "rpc/Cargo.toml").read_text()
     assert re.search(r'(?m)^version = "([^"]+)"', rpc).group(1) == cargo
-    assert f'tensorwire = {{ path = "..", version = "{cargo}" }}' in rpc
+    assert f'tensorwire = {{ path = "..", version = "{cargo}"' in rpc  # a version on the path dependency: publishable
     if installed:
         assert importlib.metadata.version("tensorwire") == cargo
 

@@ -177,6 +177,12 @@ def test_share_moves_the_storage_in_place():
     base = torch.arange(12, dtype=torch.float32)
     view = base.view(3, 4).t()
     assert not tensorwire.is_shared(base)
+    if tensorwire.build_info()["backend"] == "native" and not hasattr(base.untyped_storage(), "_swap_data_ptr_"):
+        # This torch cannot swap a storage's memory from Python: a clear refusal, nothing moved.
+        with pytest.raises(tensorwire.Error, match=r"share_: moving a storage in place needs .*to_shared"):
+            tensorwire.share_(view)
+        assert not tensorwire.is_shared(base) and torch.equal(base, torch.arange(12, dtype=torch.float32))
+        return
     assert tensorwire.share_(base) is base
     assert tensorwire.is_shared(base) and tensorwire.is_shared(view)
     assert torch.equal(view, torch.arange(12, dtype=torch.float32).view(3, 4).t())
