@@ -74,6 +74,11 @@ pub struct RpcConfig {
     /// The price: a request from the peer that arrives while none of our calls is waiting
     /// may wait up to this long. Zero: the reader thread never steps back.
     pub reader_yield: Duration,
+    /// Let the reader thread run a sync handler itself (default `true`) when nothing
+    /// else it read waits behind the request, while a standby thread watches the socket
+    /// (see `endpoint::standby`): one thread wake-up less per request. `false`: every sync
+    /// handler runs on the worker pool.
+    pub inline_sync: bool,
     /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
     pub accept_fs_tensors: bool,
     /// Strategy for the `TensorRef`s we send.
@@ -117,6 +122,7 @@ impl Default for RpcConfig {
             max_workers: 64,
             spin: Duration::from_micros(50),
             reader_yield: Duration::from_millis(1),
+            inline_sync: true,
             accept_fs_tensors: true,
             fs_strategy: FsStrategy::Borrowed,
             fs_keep: Duration::from_secs(10),
