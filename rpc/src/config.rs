@@ -40,7 +40,9 @@ pub struct RpcConfig {
     pub max_tensor_copy: usize,
     /// Most connections a [`crate::Server`] serves at once (default 256); a connection
     /// over it is told "server busy" and closed. Each costs one fd and one reader thread
-    /// (and, once it negotiates native tensors, the transport's fds and threads).
+    /// (once its reader thread has run a sync handler, also a standby thread and an epoll
+    /// fd: see `inline_sync`; once it negotiates native tensors, the transport's fds and
+    /// threads).
     pub max_connections: usize,
     /// How long a connection a [`crate::Server`] accepted may go without a complete first
     /// message from the peer (default 10 s; `None`: no limit). A peer that connects and
@@ -74,6 +76,12 @@ pub struct RpcConfig {
     /// The price: a request from the peer that arrives while none of our calls is waiting
     /// may wait up to this long. Zero: the reader thread never steps back.
     pub reader_yield: Duration,
+    /// Let the reader thread run a sync handler itself (default `true`) when nothing
+    /// else it read waits behind the request, while a standby thread watches the socket
+    /// (see `endpoint::standby`): one thread wake-up less per request. `false`: every sync
+    /// handler runs on the worker pool. On, a connection that serves sync requests costs
+    /// one more thread (the standby, started with the first) and an epoll fd.
+    pub inline_sync: bool,
     /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
     pub accept_fs_tensors: bool,
     /// Strategy for the `TensorRef`s we send.
@@ -117,6 +125,7 @@ impl Default for RpcConfig {
             max_workers: 64,
             spin: Duration::from_micros(50),
             reader_yield: Duration::from_millis(1),
+            inline_sync: true,
             accept_fs_tensors: true,
             fs_strategy: FsStrategy::Borrowed,
             fs_keep: Duration::from_secs(10),

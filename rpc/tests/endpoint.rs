@@ -360,3 +360,79 @@ fn tcp_transport() {
     c.close(Duration::from_secs(1));
     t.join().unwrap();
 }
+
+#[test]
+fn a_sync_handler_on_the_reader_thread_leaves_the_socket_to_the_standby() {
+    // Sync handlers run on the server's reader thread when nothing waits behind them
+    // (RpcConfig::inline_sync), the socket handed to a standby meanwhile. One that blocks
+    // until a later request releases it must not stop that request from being read; one
+    // that calls its peer back while the peer waits on it must not deadlock; one that
+    // panics is answered with an error and the connection keeps serving.
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let gate_rx = Arc::new(std::sync::Mutex::new(gate_rx));
+    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (t1, t2) = (threads.clone(), threads.clone());
+    let svc = Service::new("Held")
+        .method("wait_for_open", move |_, _| {
+            t1.lock().unwrap().push(std::thread::current().name().map(str::to_owned));
+            gate_rx.lock().unwrap().recv_timeout(Duration::from_secs(10)).map_err(|_| RpcError::Remote("never opened".into()))?;
+            Ok(Value::from("opened"))
+        })
+        .method("open", move |_, _| {
+            gate_tx.send(()).unwrap();
+            Ok(Value::Null)
+        })
+        .method("where", move |_, _| {
+            t2.lock().unwrap().push(std::thread::current().name().map(str::to_owned));
+            Ok(Value::Null)
+        })
+        .method("ask_back", |ctx, a| ctx.call("peer", "double", a.args, Map::new()))
+        .method("panic", |_, _| panic!("a handler that panics"));
+    let s = Registry::new();
+    s.register("held", svc).unwrap();
+    let c = Registry::new();
+    c.register("peer", Service::new("Peer").method("double", |_, a| Ok(Value::Int(2 * a.req(0, "n")?.as_i64().unwrap())))).unwrap();
+    let (_server, client) = Endpoint::pair(s, c, RpcConfig::default()).unwrap();
+
+    // A lone request runs on the reader thread itself (no hand-off to the pool).
+    client.call("held", "where", vec![]).unwrap();
+    assert_eq!(threads.lock().unwrap().pop().flatten().as_deref(), Some("tensorwire-rpc-reader"));
+
+    let held = client.start_call("held", "wait_for_open", vec![], Map::new(), CallOptions::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while threads.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the held request should start");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(threads.lock().unwrap().pop().flatten().as_deref(), Some("tensorwire-rpc-reader"));
+    // While the reader thread is held, the standby reads the next requests.
+    let opts = || CallOptions { timeout: Some(Duration::from_secs(10).into()), ..CallOptions::default() };
+    assert_eq!(client.call_with("held", "ask_back", vec![21.into()], Map::new(), opts()).unwrap(), Value::Int(42));
+    client.call_with("held", "open", vec![], Map::new(), opts()).unwrap();
+    assert_eq!(held.wait_timeout(Duration::from_secs(10)).unwrap(), Value::from("opened"));
+
+    // A handler on the reader thread that calls its peer back (the peer waiting on it).
+    assert_eq!(client.call_with("held", "ask_back", vec![5.into()], Map::new(), opts()).unwrap(), Value::Int(10));
+    // A panic is an error answer, and the reader thread still serves.
+    let e = client.call_with("held", "panic", vec![], Map::new(), opts()).unwrap_err().to_string();
+    assert!(e.contains("panicked"), "{e}");
+    for _ in 0..100 {
+        assert_eq!(client.call_with("held", "ask_back", vec![1.into()], Map::new(), opts()).unwrap(), Value::Int(2));
+    }
+}
+
+#[test]
+fn inline_sync_off_runs_every_sync_handler_on_the_pool() {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let s2 = seen.clone();
+    let s = Registry::new();
+    s.register("x", Service::new("X").method("where", move |_, _| {
+        *s2.lock().unwrap() = std::thread::current().name().map(str::to_owned);
+        Ok(Value::Null)
+    }))
+    .unwrap();
+    let cfg = RpcConfig { inline_sync: false, ..RpcConfig::default() };
+    let (_server, client) = Endpoint::pair(s, Registry::new(), cfg).unwrap();
+    client.call("x", "where", vec![]).unwrap();
+    assert_eq!(seen.lock().unwrap().as_deref(), Some("tensorwire-rpc-worker"));
+}

@@ -7,6 +7,7 @@ import resource
 import select
 import socket
 import struct
+import threading
 import time
 
 import torch
@@ -51,6 +52,25 @@ class Plugin:
 
     def ask_host(self, x):
         return rpc.host().call("host", "double", x)
+
+    # A gate a call waits at until a later call opens it (the worker must keep reading
+    # requests while one handler blocks).
+    _gate = threading.Event()
+    _at_gate = threading.Event()
+
+    def wait_at_gate(self, seconds):
+        self._at_gate.set()
+        try:
+            return "opened" if self._gate.wait(seconds) else "never opened"
+        finally:
+            self._gate.clear()
+            self._at_gate.clear()
+
+    def at_gate(self):
+        return self._at_gate.is_set()
+
+    def open_gate(self):
+        self._gate.set()
 
     def say(self, text):
         print(text, flush=True)

@@ -118,6 +118,29 @@ def test_a_worker_calls_back_into_its_host():
         rpc.host()
 
 
+def test_a_handler_that_blocks_leaves_the_worker_reading_and_calling_back():
+    # A lone request's handler runs on the worker's reader thread (no hand-off to a
+    # handler thread); while it blocks, a standby reads the next requests: a call that
+    # asks the host (which serves it while this test's other call waits), and the call
+    # that releases the first.
+    class Host:
+        def double(self, x):
+            return 2 * x
+
+    with spawn(serve={"host": Host()}) as w:
+        got = []
+        held = threading.Thread(target=lambda: got.append(w.call("wait_at_gate", 30.0)))
+        held.start()
+        wait_for("the first call to reach its gate", lambda: w.call("at_gate"))
+        assert w.call("ask_host", 21, timeout=10.0) == 42
+        w.call("open_gate", timeout=10.0)
+        held.join(30)
+        assert got == ["opened"]
+        for i in range(50):  # and the reader thread serves on
+            assert w.call("ask_host", i, timeout=10.0) == 2 * i
+        assert w.is_clean()
+
+
 def test_many_calls_in_flight_from_threads_and_asyncio(worker):
     results: dict[int, int] = {}
 

@@ -65,8 +65,10 @@ impl Inner {
 
     /// Run the handler of `req`: an inline one here if `on_reader_thread`, else (and
     /// every other kind) on the pool — an inline one the pool cannot take waits in the
-    /// lane instead of being answered "server busy" (see `lane`).
-    pub(super) fn dispatch(self: &Arc<Self>, req: Request, on_reader_thread: bool) {
+    /// lane instead of being answered "server busy" (see `lane`). A sync one runs here
+    /// too when `may_hold` (the reader thread, nothing read after it) and the standby
+    /// takes the socket meanwhile (see `standby`).
+    pub(super) fn dispatch(self: &Arc<Self>, req: Request, on_reader_thread: bool, may_hold: bool) {
         self.handled.fetch_add(1, Ordering::Relaxed);
         let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len } = req;
         if !callback && target == CONTROL_OBJECT_ID {
@@ -126,6 +128,18 @@ impl Inner {
                     }
                 }
             }
+            Handler::Sync(f) if on_reader_thread && may_hold && self.hand_socket_to_standby() => {
+                let r = {
+                    let _g = HandlingGuard::enter(self.id, call_id);
+                    // This thread is the connection's reader: a panicking handler must not
+                    // end it.
+                    run_caught(|| f(&ctx, a))
+                };
+                // Answer first, then take the socket back: a response the peer does not
+                // read yet may block this write, and the standby keeps reading meanwhile.
+                self.respond(call_id, r);
+                self.take_socket_from_standby();
+            }
             Handler::Sync(f) => self.submit(self.sync_job(f, ctx, a), call_id),
             Handler::Async(f) => {
                 let me = self.clone();
@@ -146,11 +160,18 @@ impl Inner {
             let call_id = ctx.call_id;
             let r = {
                 let _g = HandlingGuard::enter(me.id, call_id);
-                f(&ctx, a)
+                run_caught(|| f(&ctx, a))
             };
             me.respond(call_id, r);
         })
     }
+}
+
+/// Run a sync handler; a panic in it is its answer (an error), not the end of the thread
+/// that ran it — the connection's reader thread, or a pool worker whose caller would
+/// otherwise wait for an answer that never comes.
+fn run_caught(f: impl FnOnce() -> Result<Value>) -> Result<Value> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| Err(RpcError::Remote("the handler panicked".into())))
 }
 
 /// A request read from the peer, on its way to its handler.

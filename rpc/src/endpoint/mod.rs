@@ -1,9 +1,12 @@
 //! The endpoint: one full-duplex connection speaking the pyisolate protocol.
 //!
 //! Threads: one reader thread per connection reads frames, matches responses to pending
-//! calls by `call_id`, and dispatches requests — inline handlers on itself, the rest on an
-//! elastic worker pool (grows when every worker is busy, e.g. blocked in a nested call, up
-//! to `max_workers`; beyond that requests are answered "busy"). A waiting caller that
+//! calls by `call_id`, and dispatches requests — inline handlers on itself, a sync
+//! handler on itself too when nothing else it read waits behind the request (a standby
+//! thread watches the socket meanwhile: `standby`), the rest on an elastic worker pool
+//! (grows when every worker is busy, e.g. blocked in a nested call, up to `max_workers`,
+//! which also counts the reader thread's sync handler; beyond that requests are answered
+//! "busy"). A waiting caller that
 //! reads an inline handler's request hands it to the pool too, or, when every worker is
 //! occupied, to the connection's inline lane (`lane`) rather than answer it "busy" for
 //! want of a worker it does not need (up to the lane's bounds).
@@ -33,7 +36,8 @@
 //! Files: this one holds `Endpoint`, its shared state, constructors and shutdown;
 //! `calls` (pending calls, starting a call), `reading` (reader thread, leader/follower
 //! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
-//! `lane` (inline requests the pool had no worker for), `service` (what an endpoint
+//! `lane` (inline requests the pool had no worker for), `standby` (sync handlers on the
+//! reader thread, and who reads meanwhile), `service` (what an endpoint
 //! serves, and a handler's context), `wire` (frame writes, message and tensor encoding),
 //! `native` (native tensors), `ucx` (remote tensors over TCP, feature `ucx`).
 
@@ -44,6 +48,7 @@ mod native;
 mod pool;
 mod reading;
 mod service;
+mod standby;
 #[cfg(feature = "ucx")]
 mod ucx;
 mod wire;
@@ -54,6 +59,7 @@ use calls::ReplyTx;
 use lane::Lane;
 use native::NativeState;
 use pool::Pool;
+use standby::Standby;
 use reading::{ReaderState, Token, reader_loop};
 pub use crate::config::RpcConfig;
 use crate::error::{Result, RpcError};
@@ -129,6 +135,8 @@ pub(crate) struct Inner {
     pool: Pool,
     /// Inline requests the pool had no worker for (see `lane`).
     lane: Lane,
+    /// Watches the socket while the reader thread runs a sync handler (see `standby`).
+    standby: Standby,
     keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
     native: Mutex<Option<Arc<NativeState>>>,
     /// Set by the first native negotiation (ours or the peer's): one per connection.
@@ -210,6 +218,7 @@ impl Endpoint {
             sent_close: AtomicBool::new(false),
             pool: Pool::new(),
             lane: Lane::new(),
+            standby: Standby::new(),
             keeper: Mutex::new(VecDeque::new()),
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
@@ -441,6 +450,7 @@ impl Inner {
         self.pool.stop();
         self.lane.stop();
         self.sock.shutdown();
+        self.wake_standby();
         self.callbacks.lock().clear();
         self.keeper.lock().clear();
         self.fds.lock().clear();

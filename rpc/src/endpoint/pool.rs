@@ -37,10 +37,17 @@ impl Pool {
         self.handoff.lock().take();
     }
 
-    /// Count one more worker if under `max`.
-    fn reserve(&self, max: usize) -> bool {
+    /// Count one more worker if under `max` (also the reader thread while it runs a sync
+    /// handler itself: see `standby`).
+    pub(super) fn reserve(&self, max: usize) -> bool {
         // Relaxed: a count checked against a limit; it publishes no data.
         self.workers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1)).is_ok()
+    }
+
+    /// Uncount what `reserve` counted.
+    pub(super) fn unreserve(&self) {
+        // Relaxed: as in `reserve`.
+        self.workers.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

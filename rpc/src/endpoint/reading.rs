@@ -87,11 +87,13 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
                 None => Some(inner.reader.lock()),
             };
             let Some(mut rs) = rs else { continue };
-            inner.read_frame_locked(&mut rs, Some(Instant::now()))
+            // With the frame: whether anything of a later one is buffered already (then
+            // its sync handler must not hold this thread; see `standby`).
+            inner.read_frame_locked(&mut rs, Some(Instant::now())).map(|f| f.map(|f| (f, rs.decoder.buffered() == 0)))
         };
         match r {
-            Ok(Some(f)) => {
-                inner.handle_frame(f, true);
+            Ok(Some((f, last))) => {
+                inner.handle_frame(f, true, last);
                 continue;
             }
             Ok(None) => {}
@@ -190,7 +192,7 @@ impl Inner {
                 // Responses complete their calls; requests go to the pool (never inline
                 // here: this thread must get back to its own caller). Nothing in
                 // `handle_frame` takes the `reader` lock.
-                Ok(Some(f)) => self.handle_frame(f, false),
+                Ok(Some(f)) => self.handle_frame(f, false, false),
                 Ok(None) if spinning => backoff.snooze(),
                 Ok(None) => {}
                 Err(e) => {
@@ -286,9 +288,26 @@ impl Inner {
         self.fds.lock().pop_front()
     }
 
-    /// What a frame read by the reader thread (`on_reader_thread`) or a leading caller
-    /// becomes.
-    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, on_reader_thread: bool) {
+    /// The standby reader (see `standby`): read and dispatch whatever has arrived,
+    /// without blocking (waiting for the read side while a caller leads), as the reader
+    /// thread would — except that sync handlers go to the pool.
+    pub(super) fn read_available(self: &Arc<Self>) -> Result<()> {
+        loop {
+            let f = {
+                let mut rs = self.reader.lock();
+                self.read_frame_locked(&mut rs, Some(Instant::now()))?
+            };
+            match f {
+                Some(f) => self.handle_frame(f, true, false),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// What a frame read by a reader thread (`on_reader_thread`: the reader thread or the
+    /// standby) or a leading caller becomes. `may_hold`: the reader thread read it and
+    /// nothing after it, so it may run a sync handler itself (see `standby`).
+    fn handle_frame(self: &Arc<Self>, payload: Vec<u8>, on_reader_thread: bool, may_hold: bool) {
         let frame_len = payload.len();
         // Relaxed: a flag only the reader thread acts on (a frame read by a caller counts
         // as soon as it is seen; none is missed, only seen a loop later).
@@ -335,12 +354,12 @@ impl Inner {
             Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
                 self.stepping_away(on_reader_thread);
                 let req = Request { call_id, parent_call_id, target: object_id, method, args, kwargs, callback: false, frame_len };
-                self.dispatch(req, on_reader_thread);
+                self.dispatch(req, on_reader_thread, may_hold);
             }
             Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
                 self.stepping_away(on_reader_thread);
                 let req = Request { call_id, parent_call_id, target: callback_id, method: "__call__".into(), args, kwargs, callback: true, frame_len };
-                self.dispatch(req, on_reader_thread);
+                self.dispatch(req, on_reader_thread, may_hold);
             }
         }
     }

@@ -1,8 +1,10 @@
 //! Services: objects registered by `object_id` with named methods.
 //!
 //! A method is one of
-//! - **sync**: `Fn(&CallCtx, Args) -> Result<Value>`, run on the endpoint's worker pool
-//!   (it may block, and may call the peer — nested calls carry `parent_call_id`);
+//! - **sync**: `Fn(&CallCtx, Args) -> Result<Value>`, run on the endpoint's worker pool,
+//!   or on the reader thread with a standby reading the socket meanwhile (see
+//!   `standby`; `RpcConfig::inline_sync`) — either way it may block, and may call the
+//!   peer (nested calls carry `parent_call_id`);
 //! - **inline**: the same signature, run on the connection's reader thread — no thread
 //!   hand-off, for short handlers. It may still call the peer: a wait on the reader thread
 //!   reads the connection itself until its answer arrives, so nothing deadlocks;
@@ -90,7 +92,8 @@ impl Service {
     pub fn new(type_name: &str) -> Service {
         Service { methods: HashMap::new(), type_name: type_name.to_owned() }
     }
-    /// A blocking method, run on the worker pool.
+    /// A blocking method, run on the worker pool (or on the reader thread while a
+    /// standby reads: see `RpcConfig::inline_sync`).
     pub fn method(mut self, name: &str, f: impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static) -> Self {
         self.methods.insert(name.to_owned(), Handler::Sync(Arc::new(f)));
         self

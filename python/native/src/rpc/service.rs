@@ -1,13 +1,15 @@
 //! Python objects served to the peer: each public callable attribute (a name without a
-//! leading `_`) of the object becomes a method. A call runs on one of the endpoint's
-//! handler threads, which takes the GIL; many calls can be in flight, and a handler may
-//! call the peer back (the peer serves that on its own threads).
+//! leading `_`) of the object becomes a method. A call runs on the endpoint's reader thread
+//! (a lone request, while a standby reads the socket) or one of its handler threads, which
+//! takes the GIL, keeping its Python thread state between calls; many calls can be in
+//! flight, and a handler may call the peer back (the peer serves that on its own threads).
 
 use super::errors::remote_text;
 use super::values;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
 use tensorwire_rpc::{Args, Registry, RpcError, Service, Value};
 
 /// A registry serving each `object_id -> object` of `objects`.
@@ -41,9 +43,71 @@ pub fn register(reg: &Registry, object_id: &str, obj: &Bound<'_, PyAny>) -> PyRe
         .map_err(|e| super::errors::to_py(py, &e))
 }
 
+/// Set by an `atexit` hook once the interpreter starts to finalize: from then on a thread
+/// that ends leaves its Python thread state alone (taking the GIL then may end the thread
+/// inside its destructor).
+static FINALIZING: AtomicBool = AtomicBool::new(false);
+static ATEXIT: Once = Once::new();
+
+/// A Python thread state this thread keeps between handlers (see `keep_thread_state`),
+/// released when the thread ends.
+struct KeptState;
+
+impl Drop for KeptState {
+    fn drop(&mut self) {
+        // Acquire: pairs with the Release store in the atexit hook, so a thread ending after
+        // the hook ran sees it (the hook runs before the interpreter tears thread states
+        // down; a thread that ends in between still finds the interpreter initialized).
+        // SAFETY: `Py_IsInitialized` may be called at any time.
+        if FINALIZING.load(Ordering::Acquire) || unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+            return;
+        }
+        // SAFETY: the interpreter runs and this thread holds the extra count taken in
+        // `keep_thread_state`: Ensure takes the GIL with that state (count 2), the first
+        // Release drops the count to 1 keeping the GIL (it was "locked" when taken), the
+        // second to 0, which clears and deletes the state and releases the GIL.
+        unsafe {
+            let g = pyo3::ffi::PyGILState_Ensure();
+            pyo3::ffi::PyGILState_Release(pyo3::ffi::PyGILState_STATE::PyGILState_LOCKED);
+            pyo3::ffi::PyGILState_Release(g);
+        }
+    }
+}
+
+thread_local! {
+    static KEPT: std::cell::OnceCell<KeptState> = const { std::cell::OnceCell::new() };
+}
+
+/// Keep this thread's Python thread state after the handler returns. Each `attach` from a
+/// thread Python did not start otherwise creates a thread state and deletes it again
+/// (`PyGILState_Ensure` / `Release`), which costs a handler on the RPC threads a few µs
+/// and an `mmap` / `munmap` of its frame stack every call. One extra count, taken once
+/// per thread and given back when the thread ends, keeps it.
+fn keep_thread_state(py: Python<'_>) {
+    if KEPT.with(|k| k.get().is_some()) {
+        return;
+    }
+    ATEXIT.call_once(|| {
+        let hook = pyo3::types::PyCFunction::new_closure(py, None, None, |_, _| {
+            // Release: pairs with the Acquire load in `KeptState::drop`.
+            FINALIZING.store(true, Ordering::Release);
+        });
+        if let Ok(hook) = hook {
+            let _ = py.import("atexit").and_then(|m| m.call_method1("register", (hook,)));
+        }
+    });
+    // SAFETY: attached (`py`); this thread's state exists, and one more count keeps it
+    // when the enclosing `attach` ends. `KeptState` gives the count back.
+    unsafe { pyo3::ffi::PyGILState_Ensure() };
+    KEPT.with(|k| {
+        let _ = k.set(KeptState);
+    });
+}
+
 /// Run `target.method(*args, **kwargs)` under the GIL.
 fn call(target: &Py<PyAny>, method: &str, args: Args) -> tensorwire_rpc::Result<Value> {
     Python::attach(|py| {
+        keep_thread_state(py);
         let run = || -> PyResult<Value> {
             let f = target.bind(py).getattr(method)?;
             let positional = args
