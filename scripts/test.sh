@@ -76,7 +76,7 @@ TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 # The Python suites beyond the full one under torch 2.15.0: what the second torch and the
 # libtorch extension must pass (the ops, both transports, errors, the package itself).
 PY_SUITE_OTHER_TORCH="test_native.py test_package.py test_torch_check.py test_two_process.py test_ring.py test_errors.py test_opcheck.py test_stats.py test_interop.py"
-PY_SUITE_TORCH_EXT="test_two_process.py test_ring.py test_errors.py test_opcheck.py test_stats.py test_timeouts.py test_forward.py"
+PY_SUITE_TORCH_EXT="test_two_process.py test_ring.py test_errors.py test_opcheck.py test_stats.py"
 
 step "Python wheel: one maturin build of the package (python/tensorwire + the PyO3 binding tensorwire._native, abi3): manylinux tag, no libtorch/libpython linked, metadata (torch range, licenses, CUDA classifier)"
 cargo clippy -p tensorwire-python --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
@@ -127,11 +127,15 @@ overrides=$(mktemp)
 "$uv_bin" pip freeze --python "$pip_py" | grep -v -E '^(torch|tensorwire)==' |
   sed 's/^cuda-toolkit==/cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==/' >"$overrides"
 VIRTUAL_ENV=$uv_venv "$uv_bin" pip install -q torch==2.11.0 pytest numpy pyisolate==0.10.2 --override "$overrides"
-rm -f "$overrides"
+# The wheel with the same overrides: without them uv sees torch 2.11.0's own CUDA pins
+# unmet and "fixes" them by moving to the cached torch 2.15.0.
 start=$EPOCHREALTIME
 env -i HOME="$HOME" PATH="$uv_venv/bin" VIRTUAL_ENV="$uv_venv" UV_CACHE_DIR="$UV_CACHE_DIR" UV_OFFLINE=1 \
-  "$uv_bin" pip install -q "$wheel"
+  "$uv_bin" pip install -q "$wheel" --override "$overrides"
 echo "uv pip install of the wheel: $(python3 -c "print(round($EPOCHREALTIME - $start, 2))") s, no compiler on PATH"
+rm -f "$overrides"
+uv_torch=$("$uv_venv/bin/python" -c 'import torch; print(torch.__version__)')
+case "$uv_torch" in 2.11.0*) ;; *) echo "the uv venv has torch $uv_torch, not 2.11.0"; exit 1 ;; esac
 elsewhere=$(mktemp -d)
 (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$uv_venv/bin/python" -c \
   "import tensorwire, torch; print('torch', torch.__version__, '| tensorwire', tensorwire.__version__, tensorwire.build_info())")
@@ -169,8 +173,11 @@ for seed in 1 2; do
   # Forged CUDA tensors against a native-mode RPC server.
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim_hostile 2>&1 | tee -a "$log"
   # The ordering suites under each cross-process wait policy (PeerConfig::cuda_wait, here
-  # chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host, event.
-  for wait in stream host event; do
+  # chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host, event;
+  # the second seed varies the delays of the default policy only (the run's time budget).
+  waits="stream host event"
+  [ "$seed" = 1 ] || waits=stream
+  for wait in $waits; do
     echo "-- seed $seed, cuda_wait=$wait"
     TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
     # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes.
