@@ -76,7 +76,7 @@ TW_PYTHON="$py" cargo test -p tensorwire-rpc --locked 2>&1 | tee -a "$log"
 # The Python suites beyond the full one under torch 2.15.0: what the second torch and the
 # libtorch extension must pass (the ops, both transports, errors, the package itself).
 PY_SUITE_OTHER_TORCH="test_native.py test_package.py test_torch_check.py test_two_process.py test_ring.py test_errors.py test_opcheck.py test_stats.py test_interop.py"
-PY_SUITE_TORCH_EXT="test_two_process.py test_ring.py test_errors.py test_opcheck.py test_stats.py"
+PY_SUITE_TORCH_EXT="test_two_process.py test_ring.py test_errors.py test_opcheck.py test_stats.py test_ops_backend.py"
 
 step "Python wheel: one maturin build of the package (python/tensorwire + the PyO3 binding tensorwire._native, abi3): manylinux tag, no libtorch/libpython linked, metadata (torch range, licenses, CUDA classifier)"
 cargo clippy -p tensorwire-python --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks

@@ -27,12 +27,16 @@ if BACKEND == "native":
 
     _send, _recv, _stats = _ops.send, _ops.recv, _ops.stats
     _ring_send, _ring_recv, _cuda_ring_recv = _ops.ring_send, _ops.ring_recv, _ops.cuda_ring_recv
+    # Also what __del__ calls: at interpreter exit torch 2.11's dispatcher may already be torn
+    # down, and calling a Python-registered op through it then crashes (SIGSEGV).
+    _close, _close_listener = _ops.close, _ops.close_listener
 else:
     # The C++ extension's bound overloads: calling them skips the overload-packet lookup
     # (~1 us per call).
     _send, _recv, _stats = ops.send.default, ops.recv.default, ops.stats.default
     _ring_send, _ring_recv = ops.ring_send.default, ops.ring_recv.default
     _cuda_ring_recv = ops.cuda_ring_recv.default
+    _close, _close_listener = ops.close.default, ops.close_listener.default
 
 _STATS = ("live_leases", "live_bytes", "granted", "released", "expired", "reclaimed")
 
@@ -197,7 +201,7 @@ class Connection(_Closing):
 
     def close(self) -> None:
         """End the connection (idempotent); later calls raise :class:`tensorwire.Error`."""
-        ops.close(self._h)  # runs with the GIL released: lease owners drop safely
+        _close(self._h)
 
 
 
@@ -218,7 +222,7 @@ class Listener(_Closing):
 
     def close(self) -> None:
         """Stop listening and remove the socket file (idempotent)."""
-        ops.close_listener(self._h)
+        _close_listener(self._h)
 
 
 
