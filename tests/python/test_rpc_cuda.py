@@ -1,4 +1,4 @@
-"""tensorwire.rpc with CUDA tensors (issue 25): a host sends CUDA tensors to a Python
+"""tensorwire.rpc with CUDA tensors: a host sends CUDA tensors to a Python
 worker and gets CUDA tensors back. Skipped without a CUDA device (the Rust half is tested
 on simcuda: ``simcuda/run.sh cargo test -p tensorwire-python cuda``).
 
