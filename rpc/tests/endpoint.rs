@@ -43,6 +43,10 @@ fn calc() -> Service {
             });
         })
         .method_async("forget", |_, _, resp| drop(resp))
+        .method("count", |_, a| {
+            let n = a.req(0, "items")?.as_array().map_or(0, |v| v.iter().filter(|x| x.as_tensor().is_some()).count());
+            Ok(Value::Int(n as i64))
+        })
 }
 
 fn peer_service() -> Service {
@@ -335,6 +339,47 @@ fn tensors_as_file_system_refs_and_natively() {
     assert!(matches!(gt, Tensor::Imported(_)), "{gt:?}");
     assert_eq!(gt.shape(), vec![2, 3]);
     assert_eq!(gt.to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+}
+
+/// Native tensors are taken from the transport by the thread that decodes the frame
+/// naming them; what no frame names yet is the sweeper's. A sender blocks on a full
+/// transport while it puts a frame's tensors there, before the frame: only the sweeper
+/// can make room, so without it this call would hang until its send timeout.
+#[test]
+fn a_frame_naming_more_tensors_than_the_transport_holds_arrives() {
+    let (s, c) = pair();
+    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.native_enabled() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Tensor::from_f32(&[2], &[1.0, 2.0]).unwrap();
+    // Each native tensor is a transport message of ~0.4 KiB; a socket's default buffer
+    // holds a few hundred of them.
+    let n = 3000;
+    let many = Value::Array((0..n).map(|_| Value::from(t.clone())).collect());
+    let opts = CallOptions { timeout: Some(Duration::from_secs(20).into()), ..Default::default() };
+    let r = c.call_with("calc", "count", vec![many], Map::new(), opts).unwrap();
+    assert_eq!(r, Value::Int(n));
+}
+
+/// The peer's segment stays mapped after its tensor is dropped (the next tensor in it
+/// costs no `mmap`), and goes once the peer frees the segment — with no further call to
+/// take the peer's word for it from the transport.
+#[test]
+fn a_mapping_goes_when_the_peer_frees_its_segment_without_another_call() {
+    let (s, c) = pair();
+    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+    let t = Tensor::from_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.5]).unwrap();
+    let r = c.call("calc", "describe", vec![Value::from(t.clone())]).unwrap();
+    assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
+    assert_eq!(s.native_imported_segments(), Some(1));
+    drop(t);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.native_imported_segments() != Some(0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(s.native_imported_segments(), Some(0), "the freed segment is still mapped");
 }
 
 #[test]

@@ -1,9 +1,20 @@
 //! Native tensors on a connection: the `native_hello` negotiation (one per connection)
 //! that turns a SEQPACKET socketpair passed over the Unix socket into a
-//! [`tensorwire::Peer`], the receiver thread that collects the peer's exports, and the
-//! claim of an export named by a received `TensorwireTensor` (CPU: a leased memfd view;
-//! CUDA: the peer's allocation opened through the transport's handle cache, held until
-//! the value naming it is dropped).
+//! [`tensorwire::Peer`], and the claim of an export named by a received
+//! `TensorwireTensor` (CPU: a leased memfd view; CUDA: the peer's allocation opened
+//! through the transport's handle cache, held until the value naming it is dropped).
+//!
+//! Who receives from the transport: the thread that decodes a `TensorwireTensor` and
+//! needs its tag. The sender puts a tensor on the transport before the frame that names
+//! it, so by then it is (almost always) waiting in the socket, and the claiming thread
+//! takes it without a wake-up of any other thread — on a busy or small machine each
+//! wake-up costs tens of µs, more than the rest of the call. One thread receives at a
+//! time (the `receiving` role, under the arrivals lock); it files what it gets for other
+//! tags and wakes their claimants, who then take the role in turn. A sweeper thread per
+//! connection drains, every `SWEEP` while no claimant receives, what no claim has taken
+//! yet — the transport's own messages (a `FORGET` that lets a mapping of a freed segment
+//! go), and tensors queued ahead of a frame still being written — so that nothing waits
+//! on the next call to be read.
 //!
 //! One negotiation per connection: each one costs a transport peer (threads, a ring,
 //! several fds), so a second `native_hello` — from a peer that repeats it, or racing our
@@ -41,6 +52,12 @@ struct Arrivals {
     /// Tags refusals were filed under, oldest first (some may have been claimed or
     /// replaced since): bounds the refusals kept to [`MAX_REFUSALS`].
     refused: VecDeque<u64>,
+    /// A thread is receiving from the transport (a claimant, or the sweeper): no other
+    /// may start a receive until it files what it got.
+    receiving: bool,
+    /// The transport ended (the peer is gone, or its socket failed): what every claim
+    /// still waiting gets.
+    ended: Option<RpcError>,
 }
 
 impl Arrivals {
@@ -59,9 +76,104 @@ impl Arrivals {
     }
 }
 
+/// How often the sweeper looks for what no claim took (see the module's text).
+const SWEEP: Duration = Duration::from_millis(10);
+/// The most messages one sweep takes before it lets a claimant have the transport.
+const SWEEP_BATCH: usize = 64;
+
+/// What one receive from the transport left for the receiving thread to do next.
+enum Received {
+    /// Something was filed (or a message of no interest taken): look again.
+    Filed,
+    /// Nothing came within the receive's wait.
+    Nothing,
+    /// The transport refused a message for want of fds or memory: the next receive may
+    /// fail the same way at once, so pause before it.
+    Starved,
+    /// The transport ended; `Arrivals::ended` says how.
+    Ended,
+}
+
 impl NativeState {
     pub(super) fn wake(&self) {
         self.cv.notify_all();
+    }
+
+    /// Receive one message from the transport as `wait` says, the caller holding the
+    /// `receiving` role (and not the arrivals lock), and file it.
+    fn receive(&self, wait: Wait) -> Received {
+        let r = self.peer.recv(wait);
+        let mut arrived = self.arrived.lock();
+        let received = match r {
+            // A tag the peer repeats replaces (and so releases) the earlier unclaimed
+            // import: the map never holds more than one per tag.
+            Ok(tensorwire::Incoming::Tensor(t)) => {
+                arrived.by_tag.insert(t.tag(), Arrival::Cpu(t));
+                Received::Filed
+            }
+            Ok(tensorwire::Incoming::CudaTensor(t)) => {
+                arrived.by_tag.insert(t.tag(), Arrival::Cuda(t));
+                Received::Filed
+            }
+            Ok(tensorwire::Incoming::Message { .. }) => Received::Filed,
+            Err(tensorwire::Error::Timeout { .. }) => Received::Nothing,
+            // The connection is over (or its socket failed): nothing more comes.
+            Err(e @ (tensorwire::Error::PeerGone { .. } | tensorwire::Error::Io { .. })) => {
+                arrived.ended = Some(RpcError::from(e));
+                Received::Ended
+            }
+            // One message refused (a forged descriptor, a driver that could not open the
+            // memory, ...; its lease already given back): the connection goes on, and
+            // the call naming its tag gets the refusal at once.
+            Err(e) => {
+                if let Some(tag) = self.peer.refused_tag() {
+                    arrived.refuse(tag, e.to_string());
+                }
+                if matches!(e, tensorwire::Error::Resource { .. }) { Received::Starved } else { Received::Filed }
+            }
+        };
+        arrived.receiving = false;
+        drop(arrived);
+        // Claimants: theirs may have come, or the role is free to take.
+        self.cv.notify_all();
+        received
+    }
+
+    /// The sweeper: every [`SWEEP`] while the connection lasts, take what the transport
+    /// holds unclaimed (see the module's text), unless a claimant is receiving. While
+    /// messages keep coming (a frame naming many tensors, whose sender waits for room on
+    /// the transport) it takes them as fast as they come, [`SWEEP_BATCH`] at a time.
+    fn sweep(self: Arc<Self>, endpoint: std::sync::Weak<Inner>) {
+        let mut pause = true;
+        loop {
+            if pause {
+                std::thread::sleep(SWEEP);
+            }
+            if endpoint.upgrade().is_none_or(|i| i.is_closed()) {
+                return;
+            }
+            pause = true;
+            for _ in 0..SWEEP_BATCH {
+                {
+                    let mut arrived = self.arrived.lock();
+                    if arrived.ended.is_some() {
+                        return;
+                    }
+                    if arrived.receiving {
+                        break;
+                    }
+                    arrived.receiving = true;
+                }
+                match self.receive(Wait::Never) {
+                    Received::Filed => pause = false,
+                    Received::Nothing | Received::Starved => {
+                        pause = true;
+                        break;
+                    }
+                    Received::Ended => return,
+                }
+            }
+        }
     }
 }
 
@@ -83,6 +195,10 @@ impl Arrival {
         }
     }
 }
+
+/// How long a claim waits for the tensor its frame names (the sender puts it on the
+/// transport before the frame, so only a peer that lies waits this long).
+const CLAIM_WAIT: Duration = Duration::from_secs(10);
 
 pub(super) const REFUSED_REPEAT: &str =
     "native_hello refused: native tensors were already negotiated on this connection (one native_hello per connection)";
@@ -129,6 +245,14 @@ impl Endpoint {
     /// Whether tensors travel natively on this connection.
     pub fn native_enabled(&self) -> bool {
         self.inner().native.lock().is_some()
+    }
+
+    /// How many of the peer's segments this side keeps mapped for native tensors (`None`:
+    /// not negotiated). A mapping outlives the tensors read through it, so that the next
+    /// tensor in the same segment costs no `mmap`; it goes once the peer frees the
+    /// segment and says so over the transport — whether or not another call comes.
+    pub fn native_imported_segments(&self) -> Option<usize> {
+        self.inner().native.lock().as_ref().map(|st| st.peer.imported_segments())
     }
 }
 
@@ -206,52 +330,14 @@ impl Inner {
         }
     }
 
-    /// Make `peer` this connection's native channel and start collecting its exports.
+    /// Make `peer` this connection's native channel, and start its sweeper.
     pub(super) fn install_native(self: &Arc<Self>, peer: tensorwire::Peer) -> Result<()> {
         let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(Arrivals::default()), cv: Condvar::new() });
-        let st2 = st.clone();
-        let me = Arc::downgrade(self);
+        let (st2, me) = (st.clone(), Arc::downgrade(self));
         std::thread::Builder::new()
-            .name("tensorwire-rpc-native-recv".into())
-            .spawn(move || {
-                loop {
-                    if me.upgrade().is_none_or(|i| i.is_closed()) {
-                        return;
-                    }
-                    match st2.peer.recv(Some(Duration::from_millis(200))) {
-                        // A tag the peer repeats replaces (and so releases) the earlier
-                        // unclaimed import: the map never holds more than one per tag.
-                        Ok(tensorwire::Incoming::Tensor(t)) => {
-                            st2.arrived.lock().by_tag.insert(t.tag(), Arrival::Cpu(t));
-                            st2.cv.notify_all();
-                        }
-                        Ok(tensorwire::Incoming::CudaTensor(t)) => {
-                            st2.arrived.lock().by_tag.insert(t.tag(), Arrival::Cuda(t));
-                            st2.cv.notify_all();
-                        }
-                        Ok(tensorwire::Incoming::Message { .. }) => {}
-                        Err(tensorwire::Error::Timeout { .. }) => {}
-                        // The connection is over (or its socket failed): nothing more comes.
-                        Err(tensorwire::Error::PeerGone { .. } | tensorwire::Error::Io { .. }) => return,
-                        // One message refused (a forged descriptor, a driver that could
-                        // not open the memory, ...; its lease already given back): the
-                        // connection goes on, and the call naming its tag gets the
-                        // refusal at once.
-                        Err(e) => {
-                            if let Some(tag) = st2.peer.refused_tag() {
-                                st2.arrived.lock().refuse(tag, e.to_string());
-                                st2.cv.notify_all();
-                            }
-                            if matches!(e, tensorwire::Error::Resource { .. }) {
-                                // Out of fds or memory: the next receive may fail the same
-                                // way at once; do not spin on it.
-                                std::thread::sleep(Duration::from_millis(5));
-                            }
-                        }
-                    }
-                }
-            })
-            .map_err(|e| RpcError::io("spawning the native receiver", e))?;
+            .name("tensorwire-rpc-native-sweep".into())
+            .spawn(move || st2.sweep(me))
+            .map_err(|e| RpcError::io("spawning the native sweeper", e))?;
         *self.native.lock() = Some(st);
         self.native_ready.notify_all();
         Ok(())
@@ -273,7 +359,7 @@ impl Inner {
             .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
         let want = crate::tensor::layout_from_ref(m)?;
         let want_cuda = crate::tensor::device_from_ref(m)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + CLAIM_WAIT;
         let st = self
             .wait_native(Some(deadline))
             .ok_or_else(|| RpcError::Protocol("a native tensor arrived but native tensors were never negotiated".into()))?;
@@ -304,8 +390,24 @@ impl Inner {
                     ))),
                 };
             }
-            if self.is_closed() || st.cv.wait_until(&mut arrived, deadline).timed_out() {
-                return Err(RpcError::Timeout { what: format!("native tensor {tag}"), after: Duration::from_secs(10) });
+            if let Some(e) = &arrived.ended {
+                return Err(e.clone());
+            }
+            let timed_out = || RpcError::Timeout { what: format!("native tensor {tag}"), after: CLAIM_WAIT };
+            if self.is_closed() || Instant::now() >= deadline {
+                return Err(timed_out());
+            }
+            if arrived.receiving {
+                // Another thread receives: it files ours if that comes, and wakes us.
+                if st.cv.wait_until(&mut arrived, deadline).timed_out() {
+                    return Err(timed_out());
+                }
+                continue;
+            }
+            arrived.receiving = true;
+            let received = parking_lot::MutexGuard::unlocked(&mut arrived, || st.receive(Wait::Until(deadline)));
+            if matches!(received, Received::Starved) {
+                parking_lot::MutexGuard::unlocked(&mut arrived, || std::thread::sleep(Duration::from_millis(1)));
             }
         }
     }
