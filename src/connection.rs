@@ -322,12 +322,25 @@ impl Connection {
                 SocketReady::PeerExited => Err(self.gone_error("exited")),
             };
         };
+        // A message already there is taken first: moving off the peer's CPU (below) is for
+        // a receive that is about to wait, and costs a migration of this thread — which a
+        // thread that finds its message waiting (the usual case when the peer sent it
+        // before telling us about it another way) must not pay.
+        if let Some(msg) = self.try_take(&mut buf[..])? {
+            return Ok(msg);
+        }
         let spin = if self.cpu_moves.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
         let bell = Doorbell::new(&bells.theirs.get().bell);
         match message::rung(bell, watched, spin, &self.recv_spin_policy, deadline, || self.try_take(&mut buf[..])) {
             Err(Error::PeerGone { .. }) => Err(self.gone_error("exited")),
             r => r,
         }
+    }
+
+    /// Whether a receive has tried to move off the peer's CPU yet.
+    #[cfg(test)]
+    pub(crate) fn tried_a_move(&self) -> bool {
+        self.cpu_moves.tried()
     }
 
     /// Our message line's CPU word (tests stand in for a peer that moved).

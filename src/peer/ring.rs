@@ -185,4 +185,29 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    /// A receive that finds its message waiting takes it without moving off the CPU the
+    /// peer sent from: the move (two `sched_setaffinity` calls and a migration) is for a
+    /// receive about to wait, and a thread that reads its peer's message after a
+    /// notification by another channel (the RPC layer's frames) would pay it every time.
+    #[test]
+    fn a_receive_that_finds_its_message_waiting_does_not_move() {
+        let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+        std::thread::spawn(move || {
+            let here = cpu();
+            // One CPU: the peer's word below then names this thread's CPU for certain.
+            pin(&[here]);
+            b.send_message(b"x", &[]).unwrap();
+            // The peer's last send from the CPU this thread runs on.
+            b.inner.conn.our_sender_cpu().store(here as u32 + 1, std::sync::atomic::Ordering::Relaxed);
+            assert!(matches!(a.recv(Wait::For(Duration::from_secs(5))).unwrap(), crate::Incoming::Message { .. }));
+            assert!(!a.inner.conn.tried_a_move(), "a receive whose message was waiting moved off the peer's CPU");
+            // Nothing waiting: the receive looks for a move before it waits.
+            b.inner.conn.our_sender_cpu().store(here as u32 + 1, std::sync::atomic::Ordering::Relaxed);
+            assert!(a.recv(Wait::For(Duration::from_millis(20))).is_err());
+            assert!(a.inner.conn.tried_a_move(), "a receive that waited never looked for a move");
+        })
+        .join()
+        .unwrap();
+    }
 }

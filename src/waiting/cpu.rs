@@ -51,6 +51,12 @@ impl CpuMoves {
     /// So a wait that could move but may not yet (the rate limit) keeps its spin policy:
     /// sleeping at once there would hold the two together, each wake-up placing the woken
     /// side next to its waker.
+    /// Whether a receive has tried to move this connection's receiving thread yet.
+    #[cfg(test)]
+    pub(crate) fn tried(&self) -> bool {
+        self.last_move.lock().is_some()
+    }
+
     pub(crate) fn move_off_peer_cpu(&self, bells: &MessageBells) -> bool {
         let line = bells.theirs.get();
         // Relaxed: a hint (see `MessageLine::sender_cpu`); copied before it is compared.
