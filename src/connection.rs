@@ -329,6 +329,10 @@ impl Connection {
         if let Some(msg) = self.try_take(&mut buf[..])? {
             return Ok(msg);
         }
+        // Nor does a receive that may not wait move (a look with `Wait::Never`).
+        if deadline.expired() {
+            return Err(deadline.timed_out("a message from the peer"));
+        }
         let spin = if self.cpu_moves.move_off_peer_cpu(bells) { Duration::ZERO } else { self.recv_spin };
         let bell = Doorbell::new(&bells.theirs.get().bell);
         match message::rung(bell, watched, spin, &self.recv_spin_policy, deadline, || self.try_take(&mut buf[..])) {

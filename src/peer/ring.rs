@@ -202,6 +202,10 @@ mod tests {
             b.inner.conn.our_sender_cpu().store(here as u32 + 1, std::sync::atomic::Ordering::Relaxed);
             assert!(matches!(a.recv(Wait::For(Duration::from_secs(5))).unwrap(), crate::Incoming::Message { .. }));
             assert!(!a.inner.conn.tried_a_move(), "a receive whose message was waiting moved off the peer's CPU");
+            // Nothing waiting, and a receive that may not wait: no move either.
+            b.inner.conn.our_sender_cpu().store(here as u32 + 1, std::sync::atomic::Ordering::Relaxed);
+            assert!(a.recv(Wait::Never).is_err());
+            assert!(!a.inner.conn.tried_a_move(), "a receive that may not wait moved off the peer's CPU");
             // Nothing waiting: the receive looks for a move before it waits.
             b.inner.conn.our_sender_cpu().store(here as u32 + 1, std::sync::atomic::Ordering::Relaxed);
             assert!(a.recv(Wait::For(Duration::from_millis(20))).is_err());

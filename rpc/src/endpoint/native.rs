@@ -335,7 +335,7 @@ impl Inner {
         let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(Arrivals::default()), cv: Condvar::new() });
         let (st2, me) = (st.clone(), Arc::downgrade(self));
         std::thread::Builder::new()
-            .name("tensorwire-rpc-native-sweep".into())
+            .name("tw-native-sweep".into())
             .spawn(move || st2.sweep(me))
             .map_err(|e| RpcError::io("spawning the native sweeper", e))?;
         *self.native.lock() = Some(st);
