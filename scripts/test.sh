@@ -202,13 +202,26 @@ step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports devi
 (cd "$root/build/cmake-package/build" &&
   SIMCUDA_MAX_DELAY_US=20000 bash "$root/simcuda/run.sh" ctest -R '^c_cuda' --output-on-failure) 2>&1 | tee -a "$log"
 
-step "remote peers with UCX (feature ucx; UCX 1.22 built once from ucx-rs's bundled source): tensorwire-remote's clippy, docs, two-process get/release/SIGKILL/hostile-blob tests over UCX_TLS=tcp and UCX_TLS=sm,self (each test sets its transports); tensorwire-rpc's remote tensors over loopback TCP between processes (UCX_TLS=tcp): bytes, releases, inline fallback, hostile values"
+step "remote peers with UCX (feature ucx; UCX 1.22 built once from ucx-rs's bundled source): tensorwire-remote's clippy, docs, two-process get/release/SIGKILL/hostile-blob tests over UCX_TLS=tcp and UCX_TLS=sm,self (each test sets its transports); tensorwire-rpc's remote tensors over loopback TCP between processes (UCX_TLS=tcp): bytes, releases, inline fallback, hostile values; the same through the Python package (tensorwire.rpc.connect/Listener, _native built with the feature)"
 cargo clippy -p tensorwire-remote -p tensorwire-rpc --features ucx --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -p tensorwire-remote -p tensorwire-rpc --features ucx --locked -q
 cargo test -p tensorwire-remote --features ucx --locked 2>&1 | tee -a "$log"
 # The rest of tensorwire-rpc's tests run (without the feature) in their own step above;
 # here its unit tests (the remote value's checks) and the remote-tensor binary.
 UCX_TLS=tcp cargo test -p tensorwire-rpc --features ucx --locked --lib --test remote_ucx 2>&1 | tee -a "$log"
+# The package's remote tensors (tests/python/test_rpc_remote.py): the binding with the
+# feature, in the debug profile so the UCX build above is reused, run from a temporary copy
+# of the package put first on PYTHONPATH. The checkout's own _native.abi3.so is never
+# written (a process may have it mapped); the copy is moved into place under a new name.
+cargo build -p tensorwire-python --features ucx,extension-module --locked -q
+py_ucx=$(mktemp -d)
+cp -r python/tensorwire "$py_ucx/"
+rm -f "$py_ucx/tensorwire/_native.abi3.so"
+cp "${CARGO_TARGET_DIR:-$root/target}/debug/lib_native.so" "$py_ucx/tensorwire/_native.tmp"
+mv "$py_ucx/tensorwire/_native.tmp" "$py_ucx/tensorwire/_native.abi3.so"
+(env -u TENSORWIRE_TORCH_LIB UCX_TLS=tcp PYTHONPATH="$py_ucx" PYTHONDONTWRITEBYTECODE=1 \
+  "$py" -m pytest -q -p no:cacheprovider tests/python/test_rpc_remote.py 2>&1) | tee -a "$log"
+rm -rf "$py_ucx"
 
 # --- further test steps go above this line (one block per area) ---
 

@@ -14,7 +14,8 @@ import torch
 def build_info() -> dict[str, Any]:
     """What this install is: the binding's facts (``tensorwire._native.build_info()``:
     ``version``, ``cuda_built`` — always True, the driver loads at run time —,
-    ``torch_min``, ``torch_below``, ``torch_tested``) plus ``backend`` (``"native"`` or
+    ``ucx_built`` — whether ``tensorwire.rpc`` has remote tensors (the ``ucx`` cargo
+    feature; the wheel has not) —, ``torch_min``, ``torch_below``, ``torch_tested``) plus ``backend`` (``"native"`` or
     ``"torch-lib"``, see ``BACKEND``), ``library`` (``library_path()``) and ``torch`` (the
     torch this process runs). With the C++ extension, ``cuda_built`` is the extension's."""
     if BACKEND == "torch-lib":

@@ -60,7 +60,7 @@ except ImportError as e:  # pragma: no cover - a broken install
 
 __all__ = [
     "Endpoint", "PendingCall", "Worker", "WorkerPool", "PooledWorker", "Limits", "Sandbox",
-    "spawn", "pair", "host", "empty", "RemoteError", "MAIN",
+    "Listener", "spawn", "pair", "connect", "host", "empty", "RemoteError", "MAIN",
 ]
 
 #: The object id a worker serves its target as.
@@ -137,6 +137,12 @@ class Endpoint:
         return self._native.closed
 
     @property
+    def remote(self) -> bool:
+        """Whether CPU tensors travel to and from the peer as remote tensors (a UCX get by
+        the receiver) on this connection; see :func:`connect`."""
+        return self._native.remote
+
+    @property
     def native(self) -> bool:
         """Whether tensors travel as shared memory (else as pyisolate ``file_system``
         references or inline bytes)."""
@@ -156,6 +162,37 @@ def pair(serve_a: Optional[Mapping[str, Any]] = None, serve_b: Optional[Mapping[
     """Two connected endpoints in this process (tests, examples)."""
     a, b = _native.Endpoint.pair(dict(serve_a or {}), dict(serve_b or {}), native)
     return Endpoint(a), Endpoint(b)
+
+
+def connect(address: str, serve: Optional[Mapping[str, Any]] = None, *, remote_tensors: bool = False,
+            timeout: float = 10.0) -> Endpoint:
+    """A connection to a :class:`Listener` (or any tensorwire-rpc server) at ``address``:
+    ``"tcp://host:port"`` or a Unix socket path. Over TCP a CPU tensor is copied into the
+    message (JSON) unless ``remote_tensors``: then, where the peer's listener has it too,
+    the receiver reads it with one UCX get (:attr:`Endpoint.remote` says whether that was
+    agreed). **Trusted peers only**: over tcp and shared memory UCX lets the peer read any
+    memory of this process, not just the tensors sent (DESIGN.md, "Remote peers"). Needs a
+    binding built with the ``ucx`` feature (``build_info()["ucx_built"]``); the wheel has
+    none, and asking for it there raises :class:`tensorwire.Refused`."""
+    return Endpoint(_native.Endpoint.connect(address, dict(serve or {}), remote_tensors, timeout))
+
+
+class Listener:
+    """Accepts :func:`connect` connections on ``address`` (``"tcp://127.0.0.1:0"`` picks a
+    port; :attr:`address` is the real one), each serving ``serve``. ``remote_tensors`` as
+    for :func:`connect` — both sides must ask for it."""
+
+    def __init__(self, address: str, serve: Optional[Mapping[str, Any]] = None, *,
+                 remote_tensors: bool = False) -> None:
+        self._native = _native.RpcListener(address, dict(serve or {}), remote_tensors)
+
+    @property
+    def address(self) -> str:
+        return self._native.address
+
+    def accept(self) -> Endpoint:
+        """Waits for the next connection."""
+        return Endpoint(self._native.accept())
 
 
 def host() -> Endpoint:

@@ -95,6 +95,41 @@ impl PyEndpoint {
         Ok(PyEndpoint { ep })
     }
 
+    /// An endpoint connected to `address` (`tcp://host:port` or a Unix socket path),
+    /// serving the dict `serve`. With `remote_tensors` (trusted peers only; a build with
+    /// the `ucx` feature), offers them and waits up to `timeout` seconds for the answer:
+    /// CPU tensors then travel by UCX get instead of inline, where the peer agrees.
+    #[staticmethod]
+    #[pyo3(signature = (address, serve=None, remote_tensors=false, timeout=10.0))]
+    fn connect(
+        py: Python<'_>,
+        address: &str,
+        serve: Option<&Bound<'_, PyDict>>,
+        remote_tensors: bool,
+        timeout: f64,
+    ) -> PyResult<PyEndpoint> {
+        let reg = service::registry_of(serve)?;
+        let cfg = super::listener::config(py, remote_tensors)?;
+        let ep = py
+            .detach(|| Endpoint::connect(address, reg, cfg))
+            .map_err(|e| to_py(py, &e))?;
+        if remote_tensors {
+            let e = ep.clone();
+            py.detach(move || e.negotiate_native(wait_of(Some(timeout))))
+                .map_err(|e| to_py(py, &e))?;
+        }
+        Ok(PyEndpoint { ep })
+    }
+
+    /// Whether CPU tensors travel as remote (UCX) tensors on this connection.
+    #[getter]
+    fn remote(&self) -> bool {
+        #[cfg(feature = "ucx")]
+        return self.ep.remote_enabled();
+        #[cfg(not(feature = "ucx"))]
+        false
+    }
+
     /// Serve `obj` to the peer as `object_id`.
     fn register(&self, object_id: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         service::register(self.ep.registry(), object_id, obj)

@@ -2,10 +2,12 @@
 //! pickle) for Python hosts and children. One file a job: `values` (Python objects and
 //! tensors to RPC values and back), `errors` (RPC errors as `tensorwire.errors` classes,
 //! a handler's exception as a response), `service` (Python objects served), `endpoint`
-//! (a connection), `worker` (supervised workers, the pool, the child's side).
+//! (a connection), `listener` (accepting connections on a TCP or Unix address), `worker`
+//! (supervised workers, the pool, the child's side).
 
 mod endpoint;
 mod errors;
+mod listener;
 mod service;
 mod values;
 mod worker;
@@ -15,6 +17,7 @@ use pyo3::prelude::*;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<endpoint::PyPendingCall>()?;
+    m.add_class::<listener::PyListener>()?;
     m.add_class::<worker::PySpec>()?;
     m.add_class::<worker::PyWorker>()?;
     m.add_class::<worker::PyWorkerPool>()?;

@@ -1,0 +1,68 @@
+//! `Listener`: a `tensorwire_rpc::Server` bound to a TCP or Unix address, whose accepted
+//! connections become `Endpoint`s — how two Python processes that did not start each other
+//! (another host, over TCP) talk `tensorwire.rpc`.
+
+use super::endpoint::PyEndpoint;
+use super::errors::to_py;
+use super::service;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensorwire_rpc::{RpcConfig, Server};
+
+/// The connection settings of `connect` and `Listener`: the defaults, plus remote tensors
+/// when asked for — refused by name in a build without the `ucx` feature rather than
+/// silently falling back, so a caller who asked for them knows they cannot be had.
+pub fn config(py: Python<'_>, remote_tensors: bool) -> PyResult<RpcConfig> {
+    if remote_tensors && !cfg!(feature = "ucx") {
+        return Err(crate::errors::refused(
+            py,
+            "tensorwire.rpc: remote_tensors needs tensorwire._native built with the `ucx` \
+             feature (build_info()['ucx_built'] is False); the default wheel has no UCX"
+                .to_string(),
+        ));
+    }
+    Ok(RpcConfig {
+        remote_tensors,
+        ..RpcConfig::default()
+    })
+}
+
+/// Accepts connections on one address; each serves the same dict of objects.
+#[pyclass(module = "tensorwire._native", name = "RpcListener")]
+pub struct PyListener {
+    server: Server,
+}
+
+#[pymethods]
+impl PyListener {
+    /// Binds `address` (`tcp://host:port`, port 0 for any; or a Unix socket path that must
+    /// not exist). With `remote_tensors` (trusted peers only), a peer that offers them gets
+    /// CPU tensors by UCX get.
+    #[new]
+    #[pyo3(signature = (address, serve=None, remote_tensors=false))]
+    fn new(
+        py: Python<'_>,
+        address: &str,
+        serve: Option<&Bound<'_, PyDict>>,
+        remote_tensors: bool,
+    ) -> PyResult<PyListener> {
+        let reg = service::registry_of(serve)?;
+        let cfg = config(py, remote_tensors)?;
+        let server = Server::bind(address, reg, cfg).map_err(|e| to_py(py, &e))?;
+        Ok(PyListener { server })
+    }
+
+    /// The bound address (`tcp://ip:port` with the real port, or the socket path).
+    #[getter]
+    fn address(&self) -> String {
+        self.server.local_addr()
+    }
+
+    /// Waits for the next connection (the GIL released) and returns its endpoint.
+    fn accept(&self, py: Python<'_>) -> PyResult<PyEndpoint> {
+        let ep = py
+            .detach(|| self.server.accept())
+            .map_err(|e| to_py(py, &e))?;
+        Ok(PyEndpoint { ep })
+    }
+}
