@@ -219,6 +219,8 @@ cp -r python/tensorwire "$py_ucx/"
 rm -f "$py_ucx/tensorwire/_native.abi3.so"
 cp "${CARGO_TARGET_DIR:-$root/target}/debug/lib_native.so" "$py_ucx/tensorwire/_native.tmp"
 mv "$py_ucx/tensorwire/_native.tmp" "$py_ucx/tensorwire/_native.abi3.so"
+# The file skips without the feature: here that would be a build gone wrong, so say so.
+PYTHONPATH="$py_ucx" "$py" -c "import tensorwire, sys; sys.exit(0 if tensorwire.build_info().get('ucx_built') else 'the binding built with feature ucx says ucx_built is false')"
 (env -u TENSORWIRE_TORCH_LIB UCX_TLS=tcp PYTHONPATH="$py_ucx" PYTHONDONTWRITEBYTECODE=1 \
   "$py" -m pytest -q -p no:cacheprovider tests/python/test_rpc_remote.py 2>&1) | tee -a "$log"
 rm -rf "$py_ucx"
