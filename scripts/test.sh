@@ -170,19 +170,31 @@ step "CUDA code on simcuda, the strict simulated driver (its unit tests, simcuda
 cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
 cargo test --locked -q -p simcuda 2>&1 | tee -a "$log"
 bash simcuda/install_test.sh 2>&1 | tee -a "$log"
+# Grouped by package: the transport crate's tests build it with its C ABI (its default),
+# tensorwire-rpc's without; both builds share one output file (the crate is a cdylib too),
+# so each switch between them rebuilds the crate and relinks every test binary (~6 s).
+# The ordering suites run under each cross-process wait policy (PeerConfig::cuda_wait,
+# here chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host,
+# event; the second seed varies the delays of the default policy only (the run's time
+# budget).
+waits_for_seed() { if [ "$1" = 1 ]; then echo "stream host event"; else echo stream; fi; }
 for seed in 1 2; do
   SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_order --test simcuda_driver 2>&1 | tee -a "$log"
-  # Forged CUDA tensors against a native-mode RPC server.
-  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim_hostile 2>&1 | tee -a "$log"
-  # The ordering suites under each cross-process wait policy (PeerConfig::cuda_wait, here
-  # chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host, event;
-  # the second seed varies the delays of the default policy only (the run's time budget).
-  waits="stream host event"
-  [ "$seed" = 1 ] || waits=stream
-  for wait in $waits; do
+  for wait in $(waits_for_seed $seed); do
     echo "-- seed $seed, cuda_wait=$wait"
     TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
-    # tensorwire-rpc: CUDA tensors as RPC arguments and results between two processes.
+  done
+done
+# Where the words cannot be used (no host registration here), producers fall back to IPC
+# events and consumers wait for them on the host.
+echo "-- no host registration: the event fallback"
+SIMCUDA_NO_HOST_REGISTER=1 bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
+for seed in 1 2; do
+  # Forged CUDA tensors against a native-mode RPC server.
+  SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim_hostile 2>&1 | tee -a "$log"
+  for wait in $(waits_for_seed $seed); do
+    echo "-- tensorwire-rpc: seed $seed, cuda_wait=$wait"
+    # CUDA tensors as RPC arguments and results between two processes.
     TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-rpc --test cuda_sim 2>&1 | tee -a "$log"
   done
 done
@@ -191,10 +203,6 @@ done
 for wait in stream host event; do
   TENSORWIRE_CUDA_WAIT=$wait bash simcuda/run.sh cargo test --locked -p tensorwire-python cuda 2>&1 | tee -a "$log"
 done
-# Where the words cannot be used (no host registration here), producers fall back to IPC
-# events and consumers wait for them on the host.
-echo "-- no host registration: the event fallback"
-SIMCUDA_NO_HOST_REGISTER=1 bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
 
 step "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports device memory made with the driver API), tests/c/cuda_forward.c (host -> relay -> last, the CUDA import forwarded), plain and under valgrind (ctest)"
 # The build from the C ABI step above; 20 ms stream delays make a missing stream wait
