@@ -52,10 +52,6 @@ pub enum ImportError {
     LengthMismatch { export: u64, buffer: usize },
     /// The worker address in the blob could not be connected to.
     Connect(String),
-    /// No transport to the exporter can report the exporter's failure, so an import from
-    /// it could not be bounded (neither failed on the exporter's death nor cancelled at the
-    /// deadline); refused before anything is sent. UCX's status text.
-    NoFailureDetection(String),
     /// The remote key could not be unpacked for this endpoint.
     Rkey(String),
     /// The transfer failed (`ucp_get_nbx` or its completion).

@@ -11,7 +11,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use ucx_rs::sys;
 
-use super::worker::{ERROR_HANDLING, Worker, poll_fd, status_text};
+use super::worker::{Worker, poll_fd, status_text};
 use crate::blob::{Engine, ExportBlob, MAX_EXPORT_LEN};
 use crate::error::{EngineError, ExportError, ReleaseError};
 use crate::storage::Storage;
@@ -43,14 +43,6 @@ struct State {
     worker: Worker,
     exports: HashMap<u64, Registration>,
     retired: Vec<Retired>,
-    /// Retired registrations whose flush failed (a peer failed with sends queued): kept
-    /// until the exporter drops. A failed flush does not mean the queued get replies are
-    /// gone: over shared memory UCX still dispatched a dead importer's pending reply after
-    /// the flush had completed with an error, reading the storage (a SIGSEGV in
-    /// `ucp_rma_sw_pack_get_reply` when it had been freed, `tests/death.rs`). Nothing
-    /// tells when UCX has dropped such a reply, so the storage stays until the progress
-    /// thread has stopped for good.
-    quarantined: Vec<Registration>,
 }
 
 // SAFETY: `memh` handles and flush requests belong to the worker (and its context) and are
@@ -83,14 +75,13 @@ impl State {
                 // then progresses the flush and finishes the retirement.
                 unsafe { sys::ucp_worker_signal(self.worker.raw()) };
             }
-            // Nothing queued: unregister now.
-            Ok(None) => {
+            // Nothing queued (or the flush itself failed, in which case UCX has nothing
+            // left in flight to wait for): unregister now.
+            Ok(None) | Err(_) => {
                 for reg in regs {
                     self.unmap(reg);
                 }
             }
-            // The flush could not be issued: nothing says the replies are out.
-            Err(_) => self.quarantined.extend(regs),
         }
     }
 
@@ -107,10 +98,6 @@ impl State {
             let done = self.retired.swap_remove(i);
             // SAFETY: the request completed; freed exactly once.
             unsafe { sys::ucp_request_free(done.flush) };
-            if status != sys::ucs_status_t_UCS_OK {
-                self.quarantined.extend(done.regs);
-                continue;
-            }
             for reg in done.regs {
                 self.unmap(reg);
             }
@@ -118,9 +105,7 @@ impl State {
     }
 
     fn held(&self) -> usize {
-        self.exports.len()
-            + self.retired.iter().map(|r| r.regs.len()).sum::<usize>()
-            + self.quarantined.len()
+        self.exports.len() + self.retired.iter().map(|r| r.regs.len()).sum::<usize>()
     }
 }
 
@@ -137,8 +122,7 @@ impl Drop for State {
                 self.unmap(reg);
             }
         }
-        let mut regs: Vec<_> = self.exports.drain().map(|(_, r)| r).collect();
-        regs.append(&mut self.quarantined);
+        let regs: Vec<_> = self.exports.drain().map(|(_, r)| r).collect();
         for reg in regs {
             self.unmap(reg);
         }
@@ -172,14 +156,13 @@ impl Exporter {
     /// As [`Exporter::new`], with UCX options (names without `UCX_`, e.g. `("TLS", "tcp")`)
     /// applied over the environment.
     pub fn with_options(options: &[(&str, &str)]) -> Result<Self, EngineError> {
-        let mut worker = Worker::new(&ERROR_HANDLING, options)?;
+        let mut worker = Worker::new(options)?;
         let address = worker.address()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 worker,
                 exports: HashMap::new(),
                 retired: Vec::new(),
-                quarantined: Vec::new(),
             }),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(1),

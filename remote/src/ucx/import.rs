@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use ucx_rs::sys;
 
-use super::worker::{IMPORTER_SETTINGS, Worker, status_text};
+use super::worker::{Worker, status_text};
 use crate::blob::{ExportBlob, MAX_RKEY_LEN, MAX_WORKER_ADDRESS_LEN};
 use crate::error::{EngineError, ImportError};
 
@@ -71,14 +71,17 @@ impl State {
             // SAFETY: the worker is live and ours; `padded` outlives the call and holds the
             // address followed by zeros; the error argument outlives the endpoint (it is
             // dropped only after `close`).
-            let status = unsafe { sys::ucp_ep_create(self.worker.raw(), &params, &mut handle) };
+            let mut status = unsafe { sys::ucp_ep_create(self.worker.raw(), &params, &mut handle) };
             if status == sys::ucs_status_t_UCS_ERR_UNREACHABLE {
-                // No transport to this exporter can report its failure (UCX: "no peer
-                // failure handler"). Without error handling a get from a dead exporter
-                // never completes and cannot be cancelled (UCX refuses to force-close such
-                // an endpoint), so the import could not be bounded: refuse instead. With
-                // `ERROR_HANDLING` in place this is e.g. `UCX_TLS=sysv,self`.
-                return Err(ImportError::NoFailureDetection(status_text(status)));
+                // UCX 1.22's shared-memory transports (posix/sysv without cma) refuse peer
+                // error handling ("Destination is unreachable", measured): connect without
+                // it. An exporter's death then shows as the import's timeout, not PeerLost.
+                params.field_mask &=
+                    !((sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                        | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLER)
+                        as u64);
+                // SAFETY: as above, with fewer fields.
+                status = unsafe { sys::ucp_ep_create(self.worker.raw(), &params, &mut handle) };
             }
             if status != sys::ucs_status_t_UCS_OK {
                 return Err(ImportError::Connect(status_text(status)));
@@ -135,7 +138,7 @@ impl Importer {
 
     /// As [`Importer::new`], with UCX options (names without `UCX_`) over the environment.
     pub fn with_options(options: &[(&str, &str)]) -> Result<Self, EngineError> {
-        let worker = Worker::new(&IMPORTER_SETTINGS, options)?;
+        let worker = Worker::new(options)?;
         Ok(Importer {
             state: Mutex::new(State {
                 endpoints: HashMap::new(),

@@ -14,29 +14,6 @@ pub(crate) fn status_text(status: sys::ucs_status_t) -> String {
     ucx_rs::status_string(status).to_string()
 }
 
-/// `POSIX_ERROR_HANDLING=y`, on both sides: UCX 1.22's posix shared-memory transport can
-/// detect a peer's failure (it checks the peer's pid and start time,
-/// `uct_ep_keepalive_check`) but only announces it when asked. Without it `UCX_TLS=sm,self`
-/// has no transport with a peer failure handler, an endpoint cannot be created in
-/// `UCP_ERR_HANDLING_MODE_PEER`, and a get from a dead exporter could be neither failed
-/// nor cancelled (UCX refuses to force-close an endpoint without error handling,
-/// `ucp_ep_close_nbx`). The exporter needs it as well: its end of the endpoint is created
-/// by wireup in the importer's mode, and an exporter without it crashed (SIGSEGV in
-/// `ucp_ep_set_lanes_failed`, no lane to fail) when such an importer connected. sysv
-/// cannot (it attaches no shared-memory file), so UCX leaves it out of such endpoints.
-/// Each setting applies unless the environment sets it.
-pub(crate) const ERROR_HANDLING: [(&str, &str); 1] = [("POSIX_ERROR_HANDLING", "y")];
-
-/// The importer's settings: [`ERROR_HANDLING`], and `KEEPALIVE_INTERVAL=1s` (UCX's default
-/// 20 s): how often UCX checks a peer over shared memory (one `/proc` read per endpoint),
-/// so a dead exporter is `ImportError::PeerLost` within about a second instead of at the
-/// import's deadline. The exporter keeps UCX's 20 s: with 1 s there too, an importer
-/// SIGKILLed mid-get crashed the exporter in 4 of 14 runs of `tests/death.rs` (UCX 1.22
-/// sending a get reply on an endpoint it had just failed), none in 16 runs with 20 s; what
-/// that costs (a dead importer's reply holding releases) is in DESIGN, "Remote peers".
-pub(crate) const IMPORTER_SETTINGS: [(&str, &str); 2] =
-    [ERROR_HANDLING[0], ("KEEPALIVE_INTERVAL", "1s")];
-
 /// A context with one worker (RMA + wakeup features, serialized thread mode: the owner
 /// guards every call with a lock).
 pub(crate) struct Worker {
@@ -52,12 +29,8 @@ unsafe impl Send for Worker {}
 
 impl Worker {
     /// `options` are UCX configuration names without the `UCX_` prefix (`("TLS", "tcp")`),
-    /// applied over what UCX reads from the environment, which in turn wins over
-    /// `defaults` (this crate's settings, [`ERROR_HANDLING`] or [`IMPORTER_SETTINGS`]).
-    pub(crate) fn new(
-        defaults: &[(&str, &str)],
-        options: &[(&str, &str)],
-    ) -> Result<Self, EngineError> {
+    /// applied over what UCX reads from the environment.
+    pub(crate) fn new(options: &[(&str, &str)]) -> Result<Self, EngineError> {
         let ucx = |call: &'static str, status: sys::ucs_status_t| EngineError::Ucx {
             call,
             status: status_text(status),
@@ -68,12 +41,7 @@ impl Worker {
         if status != sys::ucs_status_t_UCS_OK {
             return Err(ucx("ucp_config_read", status));
         }
-        // Ours first, only where the environment does not set them, so `UCX_*` variables
-        // and then the caller's options still win.
-        let defaults = defaults
-            .iter()
-            .filter(|(name, _)| std::env::var_os(format!("UCX_{name}")).is_none());
-        for (name, value) in defaults.chain(options) {
+        for (name, value) in options {
             let (Ok(n), Ok(v)) = (CString::new(*name), CString::new(*value)) else {
                 // SAFETY: `config` came from `ucp_config_read` and is released once.
                 unsafe { sys::ucp_config_release(config) };
