@@ -360,6 +360,15 @@ impl Connection {
         self.bells.as_ref().is_some_and(|b| self.cpu_moves.move_off_peer_cpu(b))
     }
 
+    /// The CPU the peer last sent from, as its message line says (a hint; see
+    /// `lease::MessageLine::sender_cpu`).
+    pub(crate) fn peer_sender_cpu(&self) -> Option<u32> {
+        let b = self.bells.as_ref()?;
+        // Relaxed: a hint read on its own, paired with nothing (as in `CpuMoves`).
+        let plus_one = b.theirs.get().sender_cpu.load(Ordering::Relaxed);
+        plus_one.checked_sub(1)
+    }
+
     /// After a send through one of our rings: store the CPU we sent from in our message
     /// line if it changed, so that the peer's ring waits know where we run (as a control
     /// message's send does, without writing the line each time).

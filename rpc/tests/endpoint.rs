@@ -382,6 +382,48 @@ fn a_mapping_goes_when_the_peer_frees_its_segment_without_another_call() {
     assert_eq!(s.native_imported_segments(), Some(0), "the freed segment is still mapped");
 }
 
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: zeroed is the empty set; the call fills a set of the size passed; 0: this
+    // thread; CPU_ISSET reads bits below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// Pin the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: zeroed is the empty set; CPU_SET writes a bit below CPU_SETSIZE (a CPU the
+    // kernel named); sched_setaffinity reads a set of the size passed; 0: this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0, "pinning to CPU {cpu}");
+    }
+}
+
+/// With native tensors, each frame notes the CPU it was written from where the peer's
+/// waits look (the transport's shared page), as the transport's own sends do: a wait
+/// that finds the peer on its CPU then moves off it instead of sharing a core. A call
+/// carrying no tensor sends nothing on the transport, so only the frame can say it.
+#[test]
+fn each_frame_notes_the_cpu_it_was_written_from() {
+    let (s, c) = pair();
+    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+    let cpus = allowed_cpus();
+    std::thread::spawn(move || {
+        for &cpu in cpus.iter().rev().take(2) {
+            pin(cpu);
+            assert_eq!(c.call("calc", "add", vec![Value::Int(1), Value::Int(2)]).unwrap(), Value::Int(3));
+            assert_eq!(s.native_peer_cpu(), Some(cpu as u32), "the call was written from CPU {cpu}");
+        }
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn tcp_transport() {
     let reg = Registry::new();

@@ -283,6 +283,34 @@ impl Peer {
     pub fn imported_segments(&self) -> usize {
         self.inner.imports.cache.lock().len()
     }
+
+    /// For a layer that also talks to the peer on a channel of its own (an RPC socket):
+    /// after it writes there, store the CPU this thread runs on where the peer's waits
+    /// look, as each of the transport's own sends does. Cheap: one `sched_getcpu` (vDSO)
+    /// and, only when the CPU changed, one store.
+    pub fn note_send_cpu(&self) {
+        self.inner.conn.note_send_cpu();
+    }
+
+    /// For the same layer, before it waits for the peer on its own channel: if the peer
+    /// last sent (or noted, [`Peer::note_send_cpu`]) from the CPU this thread runs on,
+    /// move this thread to another CPU it may run on, at most once per 2 ms (its affinity
+    /// stays as it was). Returns true when the two share this CPU for good (this thread
+    /// may run on it only): the wait should then sleep at once, not spin or yield.
+    ///
+    /// Why: two processes handing messages back and forth on one core stay there (the
+    /// scheduler places a woken thread next to its waker), and each hand-off then costs a
+    /// context switch instead of a spin on each side (`docs/DESIGN.md`, "Two processes
+    /// on one core").
+    pub fn move_off_peer_cpu(&self) -> bool {
+        self.inner.conn.shares_core_with_peer()
+    }
+
+    /// The CPU the peer last sent from (or noted), as it said: a hint (it may have moved
+    /// since, or lie). `None` before its first send and where its kernel could not say.
+    pub fn peer_cpu(&self) -> Option<u32> {
+        self.inner.conn.peer_sender_cpu()
+    }
 }
 
 impl Drop for Peer {

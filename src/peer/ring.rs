@@ -158,6 +158,17 @@ mod tests {
         crate::sys::current_cpu() as usize
     }
 
+    /// The CPUs the calling thread may run on.
+    fn allowed() -> Vec<usize> {
+        // SAFETY: zeroed is the empty set; the call fills a set of the size passed; 0: this
+        // thread; CPU_ISSET reads bits below CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+        }
+    }
+
     /// A ring wait spins only while the peer may run elsewhere: with both sides allowed
     /// one CPU only (`taskset -c N`) it sleeps at once; with the peer's last send from
     /// another CPU it spins as configured. The peer's CPU comes from its message line,
@@ -181,6 +192,43 @@ mod tests {
             // The peer's last send from another CPU (as if it had moved): spin again.
             b.inner.conn.our_sender_cpu().store(here as u32 + 2, std::sync::atomic::Ordering::Relaxed);
             assert_eq!(a.ring_spin(), 1234, "the peer runs elsewhere, and the wait does not spin");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A layer with a channel of its own to the peer (the RPC's frames) uses the same
+    /// CPU words as the transport's sends and waits: its note is what the other side reads
+    /// as the peer's CPU, and a wait beside the noted CPU moves off it — or, allowed that
+    /// CPU only, says so (the wait must then sleep, not spin).
+    #[test]
+    fn another_channel_notes_its_cpu_and_waits_move_off_the_peers() {
+        let allowed = allowed();
+        let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+        std::thread::spawn(move || {
+            let here = cpu();
+            pin(&[here]);
+            b.note_send_cpu();
+            assert_eq!(a.peer_cpu(), Some(here as u32));
+            assert!(a.move_off_peer_cpu(), "allowed CPU {here} only, beside the peer, and the wait would spin");
+            assert_eq!(cpu(), here);
+        })
+        .join()
+        .unwrap();
+        if allowed.len() < 2 {
+            eprintln!("one CPU allowed: the move itself is not checked");
+            return;
+        }
+        let (a, b) = Peer::pair(PeerConfig::default()).unwrap();
+        std::thread::spawn(move || {
+            let here = cpu();
+            pin(&[here]);
+            b.note_send_cpu();
+            pin(&allowed);
+            assert!(!a.move_off_peer_cpu(), "allowed {allowed:?}, and the wait was told not to spin");
+            assert_ne!(cpu(), here, "the wait stayed on the peer's CPU");
+            // It says where it runs now, so that the peer does not follow it there.
+            assert_eq!(b.peer_cpu(), Some(cpu() as u32));
         })
         .join()
         .unwrap();

@@ -254,6 +254,43 @@ impl Endpoint {
     pub fn native_imported_segments(&self) -> Option<usize> {
         self.inner().native.lock().as_ref().map(|st| st.peer.imported_segments())
     }
+
+    /// The CPU the peer last wrote to this connection from, as it said through the
+    /// native transport (a hint: it may have moved since, or lie). `None` without native
+    /// tensors, or before the peer wrote.
+    pub fn native_peer_cpu(&self) -> Option<u32> {
+        self.inner().native.lock().as_ref().and_then(|st| st.peer.peer_cpu())
+    }
+}
+
+/// Where the two sides run. Two processes that hand frames back and forth on one core
+/// stay there: each wake-up places the woken thread beside its waker, and two threads
+/// that spin or yield are only split by the load balancer, which leaves recently run
+/// threads where they are. A call then costs context switches on one CPU instead of a
+/// spin on each of two — measured on a 2-CPU VM, 24–33 µs against 14–16 µs for add(1, 2)
+/// from Python (`docs/DESIGN.md`, "Two processes on one core"). With native tensors the
+/// transport's shared page says where the peer last wrote from, so the RPC's own frames
+/// use it as the transport's messages do: each write notes its CPU there, and a wait that
+/// finds the peer on its CPU moves off it first.
+impl Inner {
+    /// After a frame write: note this thread's CPU for the peer's waits
+    /// ([`tensorwire::Peer::note_send_cpu`]). Nothing without native tensors.
+    pub(super) fn note_send_cpu(&self) {
+        if let Some(st) = &*self.native.lock() {
+            st.peer.note_send_cpu();
+        }
+    }
+
+    /// Before a wait for the peer's frame: move off the peer's CPU if it last wrote from
+    /// ours ([`tensorwire::Peer::move_off_peer_cpu`]). True: the two share this CPU for
+    /// good, so the wait must not spin (a spin there only delays the peer).
+    pub(super) fn move_off_peer_cpu(&self) -> bool {
+        let peer = match &*self.native.lock() {
+            Some(st) => st.peer.clone(),
+            None => return false,
+        };
+        peer.move_off_peer_cpu()
+    }
 }
 
 impl Inner {

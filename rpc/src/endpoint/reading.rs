@@ -103,8 +103,10 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
             }
         }
         // Nothing buffered: check the socket for up to `spin` before sleeping in poll
-        // (see the module docs).
-        let until = Instant::now() + inner.cfg.spin;
+        // (see the module docs) — not at all where the peer shares our CPU for good, and
+        // off its CPU first where it shares it for now (see `native`).
+        let spin = if inner.move_off_peer_cpu() { Duration::ZERO } else { inner.cfg.spin };
+        let until = Instant::now() + spin;
         let backoff = Backoff::new();
         let arrived = loop {
             match tensorwire::os::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
@@ -170,6 +172,9 @@ impl Inner {
     fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin_until: Instant, lane: bool) {
         // Relaxed: a counter the reader thread reads as a hint.
         self.lead_epoch.fetch_add(1, Ordering::Relaxed);
+        // Off the peer's CPU before waiting for its frame (see `native`); pinned beside
+        // it, wait without spinning.
+        let spin_until = if self.move_off_peer_cpu() { Instant::now() } else { spin_until };
         let backoff = Backoff::new();
         loop {
             if !reply.is_empty() || (lane && !self.lane.rx.is_empty()) {

@@ -39,6 +39,8 @@ impl Inner {
             self.shutdown_now(err.clone());
             return Err(err);
         }
+        drop(w);
+        self.note_send_cpu();
         Ok(())
     }
 
