@@ -9,7 +9,7 @@
 //!
 //! `freed` lives in memory a hostile consumer can write. The producer reads it as a claim
 //! and checks it: a value past what was issued breaks the ring; a value that never
-//! advances only makes waits time out. Modelled in `tests/loom.rs` (`credits_*`).
+//! advances only makes waits time out. Modelled in `loom/tests/loom.rs` (`credits_*`).
 
 use crate::doorbell::{Doorbell, DoorbellWords, FALSE_RINGS, UNTRUSTED_SLICE};
 use crate::sync::{AtomicU64, Ordering};

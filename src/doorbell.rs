@@ -6,7 +6,7 @@
 //! waker's `seq += 1; load waiters` and the waiter's `waiters += 1; load seq` are all
 //! SeqCst, so at least one of them sees the other's write (Dekker); and if the waker
 //! skipped the wake, the waiter's FUTEX_WAIT compares against the old sequence and returns
-//! at once. Modelled in `tests/loom.rs`.
+//! at once. Modelled in `loom/tests/loom.rs`.
 //!
 //! Both words may be scribbled by a hostile peer. That can only cost wake-ups (every wait
 //! has a timeout) or spurious FUTEX_WAKE calls; nothing is read from them but "changed?".
@@ -98,7 +98,7 @@ impl<'a> Doorbell<'a> {
     /// Sleep until `ready` holds or the bell rings, at most as `wait` says: read the
     /// sequence, look, then sleep on the sequence read. The ringer makes `ready` true
     /// before it rings, so when the look finds nothing, the ring that follows comes after
-    /// the read and ends the sleep (no lost wake-up; modelled in `tests/loom_ring.rs`).
+    /// the read and ends the sleep (no lost wake-up; modelled in `loom/tests/loom_ring.rs`).
     /// Returns true if `ready` held or the bell rang, false if the wait ran out.
     pub fn sleep_unless(&self, ready: &dyn Fn() -> bool, wait: impl Into<Wait>) -> bool {
         self.sleep_until(ready, wait) != Slept::TimedOut

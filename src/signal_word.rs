@@ -1,7 +1,7 @@
 //! The host's side of a CUDA signal word (`cuda::order::words`): a 32-bit sequence that
 //! the producer's stream writes in order, the consumer reads, and the consumer raises
 //! itself to end a wait the producer never ends. Kept apart from the CUDA code so that
-//! `tests/loom.rs` checks these very functions (the device's accesses are whole aligned
+//! `loom/tests/loom.rs` checks these very functions (the device's accesses are whole aligned
 //! 32-bit loads and stores, modelled there by a thread).
 
 use crate::sync::{AtomicU32, Ordering};

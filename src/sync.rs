@@ -1,7 +1,7 @@
 //! Synchronization shim: std atomics normally, loom's under `--cfg loom`.
 //!
 //! The shared-memory protocols (`lease::slot`, `doorbell`) are written against this module
-//! only, so `tests/loom.rs` model-checks the very code that runs in production. Code that
+//! only, so `loom/tests/loom.rs` model-checks the very code that runs in production. Code that
 //! casts mmap'd bytes to atomics is compiled out under loom (loom atomics are not plain
 //! memory); it uses `std::sync::atomic` directly and calls the same protocol functions.
 

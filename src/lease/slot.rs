@@ -6,7 +6,7 @@
 //! and reclaim is a compare-exchange on the whole word, so a stale generation can never
 //! release a newer lease, and a release racing an expiry resolves to exactly one winner.
 //! The owner itself lives in producer-private memory and is dropped by whoever removes
-//! it from that private table, once. Modelled in `tests/loom.rs`.
+//! it from that private table, once. Modelled in `loom/tests/loom.rs`.
 //!
 //! A hostile consumer can write any value here. The producer never acts on a word it does
 //! not recognise (it simply keeps the owner until expiry or peer death), and never reads

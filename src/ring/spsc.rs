@@ -1,6 +1,6 @@
 //! The single-producer/single-consumer record protocol of a bounce-buffer ring.
 //!
-//! Written only against `crate::sync` and the [`Region`] trait, so `tests/loom_ring.rs`
+//! Written only against `crate::sync` and the [`Region`] trait, so `loom/tests/loom_ring.rs`
 //! model-checks this exact code with loom atomics and `UnsafeCell` bytes (which also
 //! catches unsynchronised access to record payloads, not just to the control words).
 //!

@@ -11,7 +11,7 @@
 //! the receiver polls it without its lock; the producer at the consumer's tail), then
 //! sleep on that sequence.
 //!
-//! Run: RUSTFLAGS="--cfg loom" cargo test --release --test loom_ring --target-dir target-loom
+//! Run: RUSTFLAGS="--cfg loom" cargo test --release -p tensorwire-loom --test loom_ring --target-dir target-loom
 //!
 //! Seen to fail when the protocol is weakened: the stamp's Release store (`put_header`)
 //! made Relaxed, or the consumer's Acquire load of it (`stamped`) made Relaxed, each

@@ -2,7 +2,7 @@
 //! the `tensorwire::sync` shim:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" cargo test --release --test loom --target-dir target-loom
+//! RUSTFLAGS="--cfg loom" cargo test --release -p tensorwire-loom --test loom --target-dir target-loom
 //! ```
 //!
 //! * `doorbell_*`: no lost wake-up between `Doorbell::ring` and `Doorbell::wait` (a lost
@@ -571,7 +571,7 @@ fn lease_stale_generation_after_regrant() {
 // ---------------------------------------------------------------------------------------
 
 /// A producer makes `USES` uses of 2 slots; a consumer takes each use (announced through
-/// `head`, which stands for the descriptor ring modelled in `tests/loom_ring.rs`), reads its
+/// `head`, which stands for the descriptor ring modelled in `loom/tests/loom_ring.rs`), reads its
 /// slot and frees it. The producer must not write a slot before the consumer's read of the
 /// slot's previous use happened-before (a data race on the slot otherwise), the consumer
 /// sees each use's write, and a producer asleep for credit is always woken (deadlock
