@@ -410,10 +410,19 @@ fn pin(cpu: usize) {
 /// carrying no tensor sends nothing on the transport, so only the frame can say it.
 #[test]
 fn each_frame_notes_the_cpu_it_was_written_from() {
-    let (s, c) = pair();
-    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
     let cpus = allowed_cpus();
     std::thread::spawn(move || {
+        // Every endpoint thread starts from this thread's affinity: one CPU, so none of
+        // them can move, and none writes its new CPU into the word this test reads.
+        pin(cpus[cpus.len() - 1]);
+        let (s, c) = pair();
+        assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+        // The server finishes its side of the negotiation after it answers.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !s.native_enabled() {
+            assert!(Instant::now() < deadline, "the server never set up native tensors");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         for &cpu in cpus.iter().rev().take(2) {
             pin(cpu);
             assert_eq!(c.call("calc", "add", vec![Value::Int(1), Value::Int(2)]).unwrap(), Value::Int(3));
