@@ -25,6 +25,11 @@ class Plugin:
     def describe(self, t):
         return {"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()), "sum": float(t.sum())}
 
+    def layout_and_bytes(self, t):
+        """What arrived, exactly: dtype, shape, strides, and the elements' bytes in order."""
+        packed = t.contiguous().reshape(-1).view(torch.uint8)
+        return {"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()), "bytes": packed.tolist()}
+
     def scale(self, t, k=2.0):
         return t * k
 

@@ -94,6 +94,34 @@ def test_tensors_travel_both_ways(worker):
     assert worker.call("describe", torch.empty(0, 3))["shape"] == [0, 3]
 
 
+# Every dtype the package sends: those torch reads from DLPack arrive as one typed view,
+# the others (wider unsigned integers, float8) as bytes viewed by torch. Both must give
+# the sender's view exactly: dtype, shape, strides, offset and bytes.
+RECEIVED_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+                   torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+                   torch.uint16, torch.uint32, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _bytes_of(t):
+    return t.contiguous().reshape(-1).view(torch.uint8).tolist()
+
+
+@pytest.mark.parametrize("dtype", RECEIVED_DTYPES, ids=str)
+def test_a_received_view_has_the_senders_dtype_strides_and_bytes(worker, dtype):
+    base = rpc.empty(3 * 4 * 5, dtype=dtype)
+    base.copy_((torch.arange(60) % 7).to(dtype))
+    # Strided, not contiguous, and offset by 22 elements: not a multiple of the fill's
+    # period, so a view read from the wrong first element has other bytes.
+    view = base.view(3, 4, 5).transpose(0, 2)[2:, :, 1:]
+    got = worker.call("layout_and_bytes", view)  # the worker receives the view zero-copy
+    assert got == {"dtype": str(dtype), "shape": list(view.shape), "stride": list(view.stride()), "bytes": _bytes_of(view)}
+    back = worker.call("echo", view)  # and sends it back (a copy of its import): received here
+    assert back.dtype == dtype and back.shape == view.shape and _bytes_of(back) == _bytes_of(view)
+    assert back.data_ptr() != view.data_ptr()
+    whole = worker.call("echo", base[9:])  # contiguous with an offset
+    assert whole.dtype == dtype and _bytes_of(whole) == _bytes_of(base[9:])
+
+
 def test_a_remote_exception_is_a_remote_error_with_type_and_traceback(worker):
     with pytest.raises(rpc.RemoteError) as info:
         worker.call("fail", "no such plugin")

@@ -1,7 +1,7 @@
 //! DLPack by hand (the `DLManagedTensor` ABI of dlpack.h, which every torch since 1.10
-//! reads through `torch.from_dlpack(capsule)`): a 1-D uint8 tensor over memory whose Rust
-//! owner is dropped by the managed tensor's deleter, inside a `PyCapsule` named
-//! `"dltensor"`. Torch renames a capsule it consumed to `"used_dltensor"` and calls the
+//! reads through `torch.from_dlpack(capsule)`): a 1-D uint8 tensor over memory, or a typed
+//! strided view of it, whose Rust owner is dropped by the managed tensor's deleter, inside
+//! a `PyCapsule` named `"dltensor"`. Torch renames a capsule it consumed to `"used_dltensor"` and calls the
 //! deleter itself when its last view dies; the capsule's destructor frees the tensor only
 //! while the capsule is still named `"dltensor"` (never consumed).
 //!
@@ -17,8 +17,36 @@ use std::ffi::{CStr, c_void};
 pub const DL_CPU: i32 = 1;
 /// `DLDeviceType::kDLCUDA`: device memory, with the device index as `device_id`.
 pub const DL_CUDA: i32 = 2;
-/// `DLDataTypeCode::kDLUInt`.
+/// `DLDataTypeCode`s.
+const DL_INT: u8 = 0;
 const DL_UINT: u8 = 1;
+const DL_FLOAT: u8 = 2;
+const DL_BFLOAT: u8 = 4;
+const DL_COMPLEX: u8 = 5;
+const DL_BOOL: u8 = 6;
+
+/// The DLPack type of `dtype`, for the dtypes every supported torch reads from DLPack
+/// (those of DLPack 0.6, which torch 2.0 already spoke); `None` for the rest (unsigned
+/// integers wider than 8 bits, float8, complex32), which go as bytes and a torch view.
+pub fn dl_dtype(dtype: tensorwire::DType) -> Option<DLDataType> {
+    use tensorwire::DType as D;
+    let (code, bits) = match dtype {
+        D::UInt8 => (DL_UINT, 8),
+        D::Int8 => (DL_INT, 8),
+        D::Int16 => (DL_INT, 16),
+        D::Int32 => (DL_INT, 32),
+        D::Int64 => (DL_INT, 64),
+        D::Float16 => (DL_FLOAT, 16),
+        D::Float32 => (DL_FLOAT, 32),
+        D::Float64 => (DL_FLOAT, 64),
+        D::BFloat16 => (DL_BFLOAT, 16),
+        D::Complex64 => (DL_COMPLEX, 64),
+        D::Complex128 => (DL_COMPLEX, 128),
+        D::Bool => (DL_BOOL, 8),
+        _ => return None,
+    };
+    Some(DLDataType { code, bits, lanes: 1 })
+}
 
 const CAPSULE_NAME: &CStr = c"dltensor";
 
@@ -29,6 +57,7 @@ pub struct DLDevice {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct DLDataType {
     pub code: u8,
     pub bits: u8,
@@ -58,8 +87,9 @@ pub struct DLManagedTensor {
 #[repr(C)]
 struct Holder {
     managed: DLManagedTensor,
-    shape: [i64; 1],
-    strides: [i64; 1],
+    // Heap buffers: `managed` points into them, and they do not move with the holder.
+    shape: Vec<i64>,
+    strides: Vec<i64>,
     owner: Option<Box<dyn Send>>,
 }
 
@@ -97,30 +127,48 @@ unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
 /// dropped when torch's last view of it dies (or with the capsule, if never consumed).
 pub fn capsule(py: Python<'_>, data: *mut u8, nbytes: usize, device: (i32, i32), owner: Box<dyn Send>) -> PyResult<Py<PyAny>> {
     let len = i64::try_from(nbytes).map_err(|_| crate::errors::refused(py, format!("{nbytes} bytes do not fit a tensor")))?;
+    let uint8 = DLDataType { code: DL_UINT, bits: 8, lanes: 1 };
+    // SAFETY: one byte per element over `nbytes` bytes at `data`: the caller's range.
+    unsafe { view_capsule(py, data, uint8, vec![len], vec![1], device, owner) }
+}
+
+/// A `"dltensor"` capsule for a typed strided view whose element 0 is at `data` (torch
+/// reads it as that view in one step: no `view`/`as_strided` after). `owner` as for
+/// [`capsule`].
+///
+/// # Safety
+/// Every element the view names (`shape`, non-negative `strides` in elements of `dtype`)
+/// lies in memory that `owner` keeps alive.
+pub unsafe fn view_capsule(
+    py: Python<'_>,
+    data: *mut u8,
+    dtype: DLDataType,
+    mut shape: Vec<i64>,
+    mut strides: Vec<i64>,
+    device: (i32, i32),
+    owner: Box<dyn Send>,
+) -> PyResult<Py<PyAny>> {
+    let ndim = i32::try_from(shape.len()).map_err(|_| crate::errors::refused(py, format!("{} dimensions do not fit DLPack", shape.len())))?;
+    let (shape_ptr, strides_ptr) = (shape.as_mut_ptr(), strides.as_mut_ptr());
     let holder = Box::into_raw(Box::new(Holder {
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
                 data: data.cast(),
                 device: DLDevice { device_type: device.0, device_id: device.1 },
-                ndim: 1,
-                dtype: DLDataType { code: DL_UINT, bits: 8, lanes: 1 },
-                shape: std::ptr::null_mut(),
-                strides: std::ptr::null_mut(),
+                ndim,
+                dtype,
+                shape: shape_ptr,
+                strides: strides_ptr,
                 byte_offset: 0,
             },
             manager_ctx: std::ptr::null_mut(),
             deleter: Some(delete_holder),
         },
-        shape: [len],
-        strides: [1],
+        // Moving a Vec moves its pointer, not its buffer: `shape_ptr` stays valid.
+        shape,
+        strides,
         owner: Some(owner),
     }));
-    // SAFETY: `holder` is a fresh, exclusively owned allocation; the shape and strides
-    // pointers point into it and live as long as it does.
-    unsafe {
-        (*holder).managed.dl_tensor.shape = (*holder).shape.as_mut_ptr();
-        (*holder).managed.dl_tensor.strides = (*holder).strides.as_mut_ptr();
-    }
     // SAFETY: the GIL is held (`py`); on failure the capsule was not made, so the holder
     // is still ours to free through its own deleter.
     unsafe {

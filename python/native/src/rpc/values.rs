@@ -261,11 +261,37 @@ pub fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// A CPU view as torch reads it from DLPack in one step (its dtype, sizes, strides, first
+/// element): one `from_dlpack` instead of that and a `view` and an `as_strided`, which cost
+/// more than the rest of receiving it. `None` where DLPack cannot say it (a dtype torch may
+/// not read from DLPack, a negative stride, no elements): the bytes-and-view path then.
+fn typed_view(layout: &Layout, storage: *mut u8, nbytes: usize) -> Option<(*mut u8, dlpack::DLDataType, Vec<i64>, Vec<i64>)> {
+    let dtype = dlpack::dl_dtype(layout.dtype)?;
+    if nbytes == 0 || layout.numel() == 0 || layout.strides().iter().any(|&s| s < 0) {
+        return None;
+    }
+    let first = usize::try_from(layout.storage_offset).ok()?.checked_mul(layout.dtype.size())?;
+    // The view's extent was checked against the storage's bytes when it arrived; this
+    // repeats the one bound the pointer arithmetic needs.
+    if first >= nbytes || layout.extent_bytes().ok()? > nbytes as u64 {
+        return None;
+    }
+    // SAFETY: `first < nbytes`, inside the storage.
+    let data = unsafe { storage.add(first) };
+    Some((data, dtype, layout.sizes().to_vec(), layout.strides().to_vec()))
+}
+
 fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     let layout = t.layout();
     let cap = match t {
         Tensor::Imported(imp) => {
             let (ptr, nbytes) = (imp.storage_ptr(), imp.storage_nbytes());
+            if let Some((data, dtype, sizes, strides)) = typed_view(&layout, ptr, nbytes) {
+                // SAFETY: `typed_view` kept the view inside the import's storage, which
+                // the import (the owner) keeps mapped.
+                let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), Box::new(imp))? };
+                return Ok(torch(py)?.call_method1("from_dlpack", (cap,))?.unbind());
+            }
             dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(imp))?
         }
         Tensor::Shared(shared) => {
