@@ -44,6 +44,14 @@ def _shm_files() -> set:
         return set()
 
 
+def _others(name: str, child: int) -> bool:
+    """A torch file_system file another process made (torch names them
+    ``torch_<creator pid>_...``): a test running beside this one, not this host or its
+    child."""
+    parts = name.split("_")
+    return len(parts) > 2 and parts[0] == "torch" and parts[1].isdigit() and int(parts[1]) not in (os.getpid(), child)
+
+
 async def scenario_roundtrip(ext, adapter):
     import tensorwire
 
@@ -108,7 +116,7 @@ async def scenario_sigkill(ext, adapter):
     del tensors, t
     gc.collect()
     out["memfd_mappings_left"] = _memfd_mappings() - before_maps
-    out["shm_files_left"] = sorted(f for f in _shm_files() - before_files if not f.startswith("sem."))
+    out["shm_files_left"] = sorted(f for f in _shm_files() - before_files if not f.startswith("sem.") and not _others(f, pid))
     return out
 
 
