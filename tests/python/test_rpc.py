@@ -78,6 +78,17 @@ def test_values_that_are_not_json_are_refused_before_sending(worker):
     assert worker.call("add", 1, 1) == 2  # the worker was never involved
 
 
+def test_tensors_that_cannot_travel_are_refused_before_sending(worker):
+    with pytest.raises(tensorwire.Refused, match="a meta tensor cannot be sent"):
+        worker.call("echo", torch.empty(4, device="meta"))
+    with pytest.raises(tensorwire.Refused, match="only strided"):
+        worker.call("echo", torch.eye(3).to_sparse())
+    if hasattr(torch, "float8_e4m3fn"):  # a dtype the binding maps by its own table too
+        t = worker.call("echo", torch.ones(3, dtype=torch.float8_e4m3fn))
+        assert t.dtype == torch.float8_e4m3fn and t.float().tolist() == [1.0, 1.0, 1.0]
+    assert worker.call("add", 1, 1) == 2
+
+
 def test_tensors_travel_both_ways(worker):
     x = torch.arange(12, dtype=torch.float64).reshape(3, 4)
     d = worker.call("describe", x.t())  # a non-contiguous view of private memory: copied packed

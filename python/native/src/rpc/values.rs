@@ -138,28 +138,69 @@ fn rpc_err(py: Python<'_>, e: tensorwire_rpc::RpcError) -> PyErr {
     super::errors::to_py(py, &e)
 }
 
+/// `torch.strided`, looked up once (a tensor's layout is compared with it by identity).
+fn torch_strided(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static STRIDED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    STRIDED.import(py, "torch", "strided")
+}
+
+/// `torch.<name>` → tensorwire dtype for every dtype this torch has, built once: a sent
+/// tensor's dtype is one dict lookup, not a `str()` and a search.
+fn dtype_table(py: Python<'_>) -> PyResult<&Bound<'_, PyDict>> {
+    static TABLE: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    TABLE
+        .get_or_try_init(py, || {
+            let torch = torch(py)?;
+            let table = PyDict::new(py);
+            for d in DType::ALL {
+                // A dtype this torch lacks (an older one, without some float8) is absent:
+                // such a tensor cannot exist here.
+                if let Ok(obj) = torch.getattr(d.name()) {
+                    table.set_item(obj, d as u8)?;
+                }
+            }
+            Ok::<_, PyErr>(table.unbind())
+        })
+        .map(|t| t.bind(py))
+}
+
+fn tensor_dtype(t: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let py = t.py();
+    let obj = t.getattr("dtype")?;
+    if let Some(code) = dtype_table(py)?.get_item(&obj)? {
+        if let Some(d) = DType::from_code(code.extract()?) {
+            return Ok(d);
+        }
+    }
+    let text = obj.str()?.to_string();
+    dtype_named(py, text.strip_prefix("torch.").unwrap_or(&text))
+}
+
 fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
     let py = t.py();
-    let device: String = t.getattr("device")?.getattr("type")?.extract()?;
-    if device != "cpu" && device != "cuda" {
-        return Err(refused(
-            py,
-            format!(
-                "tensorwire.rpc: a {device} tensor cannot be sent (CPU and CUDA tensors only); move it with .cpu()"
-            ),
-        ));
+    // `is_cpu` first: the common case in one attribute read, the device's name only else.
+    let cpu: bool = t.getattr("is_cpu")?.extract()?;
+    if !cpu {
+        let device: String = t.getattr("device")?.getattr("type")?.extract()?;
+        if device != "cuda" {
+            return Err(refused(
+                py,
+                format!(
+                    "tensorwire.rpc: a {device} tensor cannot be sent (CPU and CUDA tensors only); move it with .cpu()"
+                ),
+            ));
+        }
     }
-    if !t.getattr("layout")?.eq(torch(py)?.getattr("strided")?)? {
+    if !t.getattr("layout")?.is(torch_strided(py)?) {
         return Err(refused(
             py,
             "tensorwire.rpc: only strided (dense) tensors can be sent".into(),
         ));
     }
-    if device == "cuda" {
+    if !cpu {
         return cuda_tensor_to_value(t);
     }
-    let dtype_text = t.getattr("dtype")?.str()?.to_string();
-    let dtype = dtype_named(py, dtype_text.strip_prefix("torch.").unwrap_or(&dtype_text))?;
+    let dtype = tensor_dtype(t)?;
     let sizes: Vec<i64> = t.call_method0("size")?.extract()?;
     let storage = t.call_method0("untyped_storage")?;
     let (sptr, snbytes): (usize, usize) = (
