@@ -131,6 +131,8 @@ def test_a_received_view_has_the_senders_dtype_strides_and_bytes(worker, dtype):
     assert back.data_ptr() != view.data_ptr()
     whole = worker.call("echo", base[9:])  # contiguous with an offset
     assert whole.dtype == dtype and _bytes_of(whole) == _bytes_of(base[9:])
+    scalar = base[13]  # no dimensions: DLPack's ndim 0
+    assert worker.call("layout_and_bytes", scalar) == {"dtype": str(dtype), "shape": [], "stride": [], "bytes": _bytes_of(scalar)}
 
 
 def test_a_remote_exception_is_a_remote_error_with_type_and_traceback(worker):
