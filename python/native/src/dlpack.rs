@@ -1,9 +1,10 @@
 //! DLPack by hand (the `DLManagedTensor` ABI of dlpack.h, which every torch since 1.10
 //! reads through `torch.from_dlpack(capsule)`): a 1-D uint8 tensor over memory, or a typed
 //! strided view of it, whose Rust owner is dropped by the managed tensor's deleter, inside
-//! a `PyCapsule` named `"dltensor"`. Torch renames a capsule it consumed to `"used_dltensor"` and calls the
-//! deleter itself when its last view dies; the capsule's destructor frees the tensor only
-//! while the capsule is still named `"dltensor"` (never consumed).
+//! a `PyCapsule` named `"dltensor"`. Torch renames a capsule it consumed to
+//! `"used_dltensor"` and calls the deleter itself when its last view dies; the capsule's
+//! destructor frees the tensor only while the capsule is still named `"dltensor"` (never
+//! consumed).
 //!
 //! No crate: the structs are five `#[repr(C)]` definitions and the capsule is three
 //! functions of CPython's limited API, and the dlpack crates on crates.io target other
