@@ -19,7 +19,7 @@
 use crate::error::{Result, RpcError};
 pub use crate::value::{Map, Value};
 use crate::value::TensorEncoder;
-use std::fmt::Write as _;
+use std::io::Write as _;
 
 /// Nesting depth accepted by default (Python's own recursion limit is about 1000).
 pub const DEFAULT_MAX_DEPTH: usize = 256;
@@ -59,11 +59,7 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value, tensor: &mut TensorEncoder<'_>)
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Int(i) => {
-            let mut s = String::new();
-            let _ = write!(s, "{i}");
-            out.extend_from_slice(s.as_bytes());
-        }
+        Value::Int(i) => out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
         Value::BigInt(s) => {
             let digits = s.strip_prefix('-').unwrap_or(s);
             if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
@@ -114,9 +110,8 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
         out.extend_from_slice(if f > 0.0 { b"Infinity" } else { b"-Infinity" });
     } else {
         // Debug is the shortest round-trip form and always has '.' or 'e' ("1.0", "1e100").
-        let mut s = String::new();
-        let _ = write!(s, "{f:?}");
-        out.extend_from_slice(s.as_bytes());
+        // Written straight into `out`: writing to a Vec cannot fail.
+        let _ = write!(out, "{f:?}");
     }
 }
 
@@ -137,9 +132,7 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
         };
         out.extend_from_slice(&b[start..i]);
         if esc.is_empty() {
-            let mut u = String::new();
-            let _ = write!(u, "\\u{c:04x}");
-            out.extend_from_slice(u.as_bytes());
+            let _ = write!(out, "\\u{c:04x}");
         } else {
             out.extend_from_slice(esc);
         }
@@ -169,6 +162,18 @@ mod tests {
         assert_eq!(rt("1.0"), "1.0");
         assert_eq!(rt("1E2"), "100.0");
         assert_eq!(rt("2"), "2");
+    }
+
+    #[test]
+    fn objects_keep_insertion_order_and_the_last_duplicate() {
+        // As json.loads: keys in the order written; a repeated key's last value, in the
+        // place of its first occurrence.
+        assert_eq!(rt(r#"{"b": 1, "a": {"z": 2, "y": 3}, "c": 4}"#), r#"{"b": 1, "a": {"z": 2, "y": 3}, "c": 4}"#);
+        assert_eq!(rt(r#"{"x": 1, "a": 2, "x": 3}"#), r#"{"x": 3, "a": 2}"#);
+        let mut m = Map::new();
+        m.insert("2".into(), Value::Int(2));
+        m.insert("10".into(), Value::Int(10));
+        assert_eq!(Value::Object(m).to_json().unwrap(), r#"{"2": 2, "10": 10}"#);
     }
 
     #[test]

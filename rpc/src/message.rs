@@ -19,7 +19,7 @@ pub enum Message {
 }
 
 fn take_str(m: &mut Map, k: &str, kind: &str) -> Result<String> {
-    match m.remove(k) {
+    match m.swap_remove(k) {
         Some(Value::Str(s)) => Ok(s),
         Some(v) => Err(RpcError::Protocol(format!("{kind} message field {k:?} is a {}, expected str", v.type_name()))),
         None => Err(RpcError::Protocol(format!("{kind} message has no {k:?} field"))),
@@ -27,7 +27,7 @@ fn take_str(m: &mut Map, k: &str, kind: &str) -> Result<String> {
 }
 
 fn take_id(m: &mut Map, k: &str, kind: &str) -> Result<i64> {
-    match m.remove(k) {
+    match m.swap_remove(k) {
         Some(Value::Int(i)) => Ok(i),
         Some(v) => Err(RpcError::Protocol(format!("{kind} message field {k:?} is a {}, expected int", v.type_name()))),
         None => Err(RpcError::Protocol(format!("{kind} message has no {k:?} field"))),
@@ -35,7 +35,7 @@ fn take_id(m: &mut Map, k: &str, kind: &str) -> Result<i64> {
 }
 
 fn take_parent(m: &mut Map, kind: &str) -> Result<Option<i64>> {
-    match m.remove("parent_call_id") {
+    match m.swap_remove("parent_call_id") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Int(i)) => Ok(Some(i)),
         Some(v) => Err(RpcError::Protocol(format!("{kind} message field \"parent_call_id\" is a {}, expected int or None", v.type_name()))),
@@ -43,12 +43,12 @@ fn take_parent(m: &mut Map, kind: &str) -> Result<Option<i64>> {
 }
 
 fn take_args(m: &mut Map, kind: &str) -> Result<(Vec<Value>, Map)> {
-    let args = match m.remove("args") {
+    let args = match m.swap_remove("args") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a,
         Some(v) => return Err(RpcError::Protocol(format!("{kind} message field \"args\" is a {}, expected list", v.type_name()))),
     };
-    let kwargs = match m.remove("kwargs") {
+    let kwargs = match m.swap_remove("kwargs") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(o)) => o,
         Some(v) => return Err(RpcError::Protocol(format!("{kind} message field \"kwargs\" is a {}, expected dict", v.type_name()))),
@@ -100,8 +100,8 @@ impl Message {
             }
             "response" => {
                 let call_id = take_id(&mut m, "call_id", "response")?;
-                let result = m.remove("result").unwrap_or(Value::Null);
-                let error = match m.remove("error") {
+                let result = m.swap_remove("result").unwrap_or(Value::Null);
+                let error = match m.swap_remove("error") {
                     None | Some(Value::Null) | Some(Value::Bool(false)) => None,
                     Some(Value::Str(s)) if s.is_empty() => None,
                     Some(Value::Str(s)) => Some(s),

@@ -142,7 +142,7 @@ mod tests {
         let mut m = good();
         match v {
             Some(v) => m.insert(k.into(), v),
-            None => m.remove(k),
+            None => m.shift_remove(k),
         };
         m
     }

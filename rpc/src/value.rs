@@ -8,10 +8,12 @@
 
 use crate::error::{Result, RpcError};
 use crate::tensor_handle::Tensor;
-use std::collections::BTreeMap;
 
-/// A JSON object (keys sorted; Python dicts do not depend on key order for equality).
-pub type Map = BTreeMap<String, Value>;
+/// A JSON object, in insertion order: a Python dict sent keeps its key order, as
+/// `json.loads` keeps it, and the text written is in that order too. Equality ignores
+/// order, as a dict's does. Hashed with std's randomly keyed SipHash, so a peer cannot
+/// choose colliding keys to make an object's decode quadratic.
+pub type Map = indexmap::IndexMap<String, Value>;
 
 /// Turns each tensor met while writing a value into the value written in its place (the
 /// endpoint encodes tensors per connection: native descriptor, `TensorRef`, `TensorValue`).

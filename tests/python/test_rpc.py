@@ -66,6 +66,21 @@ def test_json_values_round_trip(worker):
     assert worker.call("echo", "ünïcode ✓") == "ünïcode ✓"
 
 
+def test_a_dict_keeps_its_key_order_both_ways(worker):
+    # Not sorted, not reverse-sorted: an order only insertion can explain.
+    order = ["zeta", "alpha", "mid", "10", "2", "Beta", "_"]
+    inner = {k: i for i, k in enumerate(reversed(order))}
+    value = {k: (inner if k == "mid" else i) for i, k in enumerate(order)}
+    value["t"] = rpc.empty(4).fill_(1)  # a tensor among the values, replaced in place
+    assert worker.call("keys", value) == order + ["t"]
+    back = worker.call("echo", value)
+    assert list(back) == order + ["t"]
+    assert list(back["mid"]) == list(reversed(order))
+    assert back["t"].tolist() == [1.0] * 4
+    # A later duplicate key cannot arise from a dict; the JSON parser's rule for one (the
+    # last value, in the first one's place, as json.loads) is tested in Rust.
+
+
 def test_values_that_are_not_json_are_refused_before_sending(worker):
     with pytest.raises(tensorwire.Refused, match="cannot send a set"):
         worker.call("echo", {1, 2})

@@ -53,7 +53,14 @@ impl Inner {
     /// Replace tensor references in a received value by tensors.
     pub(super) fn decode_tensors(self: &Arc<Self>, v: Value) -> Result<Value> {
         match v {
-            Value::Array(a) => Ok(Value::Array(a.into_iter().map(|x| self.decode_tensors(x)).collect::<Result<_>>()?)),
+            // In place: rebuilding every list and dict of a large value cost as much as
+            // parsing it.
+            Value::Array(mut a) => {
+                for x in &mut a {
+                    *x = self.decode_tensors(std::mem::take(x))?;
+                }
+                Ok(Value::Array(a))
+            }
             Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
                 Some("TensorRef") if self.cfg.accept_fs_tensors && m.get("device").and_then(Value::as_str) == Some("cpu") => {
                     let f = FsTensor::from_tensor_ref(&m)?.with_max_copy(self.cfg.max_tensor_copy);
@@ -67,7 +74,13 @@ impl Inner {
                 Some("TensorwireRemote") => Err(RpcError::Protocol(
                     "a remote tensor (TensorwireRemote) arrived, but this build has no remote tensors (tensorwire-rpc's ucx feature) and never offered them".into(),
                 )),
-                _ => Ok(Value::Object(m.into_iter().map(|(k, x)| Ok((k, self.decode_tensors(x)?))).collect::<Result<_>>()?)),
+                _ => {
+                    let mut m = m;
+                    for x in m.values_mut() {
+                        *x = self.decode_tensors(std::mem::take(x))?;
+                    }
+                    Ok(Value::Object(m))
+                }
             },
             other => Ok(other),
         }

@@ -34,7 +34,7 @@ pub fn parse_limited(bytes: &[u8], limits: Limits) -> Result<Value> {
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(RpcError::Decode(format!("frame is not valid UTF-8 (at byte {})", e.valid_up_to())));
     }
-    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits };
+    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits, entries: Vec::new() };
     p.ws();
     let v = p.value()?;
     p.ws();
@@ -59,6 +59,10 @@ struct Parser<'a> {
     /// Values (and keys) parsed so far.
     values: usize,
     limits: Limits,
+    /// The entries of the objects being parsed, innermost last: an object's map is built
+    /// once its entries are known, at its final size (growing a hash map entry by entry
+    /// costs more than the entries' own parse).
+    entries: Vec<(String, Value)>,
 }
 
 impl Parser<'_> {
@@ -141,8 +145,8 @@ impl Parser<'_> {
         Ok(Value::Array(out))
     }
     fn object(&mut self) -> Result<Value> {
-        let mut out = Map::new();
-        self.items(b"}", "expected ',' or '}'", |p| {
+        let first = self.entries.len();
+        let parsed = self.items(b"}", "expected ',' or '}'", |p| {
             if p.b.get(p.i) != Some(&b'"') {
                 return Err(p.err("expected a string key"));
             }
@@ -154,9 +158,15 @@ impl Parser<'_> {
             }
             p.ws();
             let v = p.value()?;
-            out.insert(k, v); // duplicate keys: the last wins, as in Python
+            p.entries.push((k, v));
             Ok(())
-        })?;
+        });
+        let entries = self.entries.drain(first..);
+        parsed?;
+        let mut out = Map::with_capacity(entries.len());
+        for (k, v) in entries {
+            out.insert(k, v); // duplicate keys: the last value wins, in the first one's place, as in Python
+        }
         Ok(Value::Object(out))
     }
     fn hex4(&mut self) -> Result<u32> {

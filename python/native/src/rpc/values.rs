@@ -73,22 +73,23 @@ fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
     if let Ok(s) = obj.cast::<PyString>() {
         return Ok(Value::Str(s.to_str()?.to_owned()));
     }
+    // Sized up front: collecting through `PyResult` would grow the Vec from empty.
     if let Ok(l) = obj.cast::<PyList>() {
-        return l
-            .iter()
-            .map(|x| to_value_at(&x, depth + 1))
-            .collect::<PyResult<_>>()
-            .map(Value::Array);
+        let mut items = Vec::with_capacity(l.len());
+        for x in l.iter() {
+            items.push(to_value_at(&x, depth + 1)?);
+        }
+        return Ok(Value::Array(items));
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return t
-            .iter()
-            .map(|x| to_value_at(&x, depth + 1))
-            .collect::<PyResult<_>>()
-            .map(Value::Array);
+        let mut items = Vec::with_capacity(t.len());
+        for x in t.iter() {
+            items.push(to_value_at(&x, depth + 1)?);
+        }
+        return Ok(Value::Array(items));
     }
     if let Ok(d) = obj.cast::<PyDict>() {
-        let mut m = Map::new();
+        let mut m = Map::with_capacity(d.len());
         for (k, v) in d.iter() {
             let key = k.cast::<PyString>().map_err(|_| {
                 refused(
