@@ -4,10 +4,11 @@
 //! The RPC parser accepts more than serde_json (Python's `NaN`/`Infinity`, integers
 //! beyond 64 bits, lone surrogates as U+FFFD, deeper nesting), so only inputs both parse
 //! are compared. On those: the same value — same types (an integer stays an integer, a
-//! float a float, bit for bit), same strings, same keys (the last duplicate wins in
-//! both); except that an integer outside 64 bits is a `BigInt` here and an f64 there (then
-//! the f64 must be the digits' nearest float), and `-0` is the integer 0 here (as in
-//! Python) and the float -0.0 there. And the same re-encoding: each codec reads
+//! float a float, bit for bit), same strings, same keys in the same order (insertion
+//! order, as Python's `json.loads`: serde_json's `preserve_order`; a duplicate's last
+//! value wins, in its first place, in both); except that an integer outside 64 bits is
+//! a `BigInt` here and an f64 there (then the f64 must be the digits' nearest float),
+//! and `-0` is the integer 0 here (as in Python) and the float -0.0 there. And the same re-encoding: each codec reads
 //! what the other writes back to the same value, and our writer is stable
 //! (write → parse → write gives the same text).
 #![no_main]

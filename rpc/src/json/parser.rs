@@ -34,7 +34,7 @@ pub fn parse_limited(bytes: &[u8], limits: Limits) -> Result<Value> {
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(RpcError::Decode(format!("frame is not valid UTF-8 (at byte {})", e.valid_up_to())));
     }
-    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits, entries: Vec::new() };
+    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits, entries: Vec::new(), items: Vec::new() };
     p.ws();
     let v = p.value()?;
     p.ws();
@@ -63,6 +63,9 @@ struct Parser<'a> {
     /// once its entries are known, at its final size (growing a hash map entry by entry
     /// costs more than the entries' own parse).
     entries: Vec<(String, Value)>,
+    /// The same for the items of the lists being parsed: each list is allocated once, at
+    /// its final length.
+    items: Vec<Value>,
 }
 
 impl Parser<'_> {
@@ -137,12 +140,15 @@ impl Parser<'_> {
         Ok(())
     }
     fn array(&mut self) -> Result<Value> {
-        let mut out = Vec::new();
-        self.items(b"]", "expected ',' or ']'", |p| {
-            out.push(p.value()?);
+        let first = self.items.len();
+        let parsed = self.items(b"]", "expected ',' or ']'", |p| {
+            let v = p.value()?;
+            p.items.push(v);
             Ok(())
-        })?;
-        Ok(Value::Array(out))
+        });
+        let items = self.items.drain(first..);
+        parsed?;
+        Ok(Value::Array(items.collect()))
     }
     fn object(&mut self) -> Result<Value> {
         let first = self.entries.len();
@@ -179,6 +185,19 @@ impl Parser<'_> {
         self.i += 4;
         Ok(v)
     }
+    /// The text from `start` to the current position (see the SAFETY note for why both
+    /// are char boundaries).
+    fn text_from(&self, start: usize) -> &str {
+        let bytes = &self.b[start..self.i];
+        debug_assert!(std::str::from_utf8(bytes).is_ok());
+        // SAFETY: `parse_limited` checked that all of `self.b` is UTF-8, and both ends of
+        // this range are char boundaries, so the slice is UTF-8: each caller starts it
+        // just after an ASCII byte (an opening quote, an escape sequence) or at one (a
+        // number's '-' or first digit), and ends it just after an ASCII byte (a string's
+        // text stops at '"', '\\' or a control character; a number's last byte is a
+        // digit) or where it started. A boundary follows every ASCII byte.
+        unsafe { std::str::from_utf8_unchecked(bytes) }
+    }
     fn string(&mut self) -> Result<String> {
         self.i += 1; // opening quote
         let mut out = String::new();
@@ -190,10 +209,14 @@ impl Parser<'_> {
                 }
                 self.i += 1;
             }
-            // The input was validated as UTF-8 and we stop only at ASCII bytes, so this
-            // slice is on char boundaries.
-            out.push_str(std::str::from_utf8(&self.b[start..self.i]).map_err(|_| self.err("invalid UTF-8"))?);
             let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
+            if c == b'"' && out.is_empty() {
+                // No escape: the common case, one allocation of the exact size.
+                let s = self.text_from(start).to_owned();
+                self.i += 1;
+                return Ok(s);
+            }
+            out.push_str(self.text_from(start));
             self.i += 1;
             match c {
                 b'"' => return Ok(out),
@@ -275,8 +298,8 @@ impl Parser<'_> {
                 float = true;
             }
         }
-        // SAFETY-free: only ASCII digits, signs, '.', 'e' were consumed.
-        let text = std::str::from_utf8(&self.b[start..self.i]).map_err(|_| self.err("bad number"))?;
+        // Only ASCII digits, signs, '.' and 'e' were consumed.
+        let text = self.text_from(start);
         if float {
             return text.parse::<f64>().map(Value::Float).map_err(|_| self.err("bad float"));
         }
