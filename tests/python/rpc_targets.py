@@ -26,6 +26,12 @@ class Plugin:
         """The dict's keys in the order this process sees them."""
         return list(d)
 
+    def shared_keys(self, records):
+        """For each key of the first record: whether every record holds that same str
+        object (one made per distinct key, as json.loads makes them)."""
+        first = list(records[0])
+        return [all(list(r)[i] is k for r in records) for i, k in enumerate(first)]
+
     def describe(self, t):
         return {"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()), "sum": float(t.sum())}
 

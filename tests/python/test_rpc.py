@@ -81,6 +81,14 @@ def test_a_dict_keeps_its_key_order_both_ways(worker):
     # last value, in the first one's place, as json.loads) is tested in Rust.
 
 
+def test_records_arrive_sharing_one_str_per_key(worker):
+    # As json.loads gives them: one str per distinct key, shared by every record (memory,
+    # and each key hashed once); a key of 64 bytes or more is made each time.
+    long = "k" * 64
+    records = [{"id": i, "name": f"n{i}", long: i} for i in range(50)]
+    assert worker.call("shared_keys", records) == [True, True, False]
+
+
 def test_values_that_are_not_json_are_refused_before_sending(worker):
     with pytest.raises(tensorwire.Refused, match="cannot send a set"):
         worker.call("echo", {1, 2})

@@ -278,6 +278,39 @@ fn cuda_tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
 
 /// A received value as a Python object.
 pub fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
+    to_py_keys(py, v, &mut KeyMemo::default())
+}
+
+/// The dict keys made for one received value, by text: a key repeated across its dicts
+/// (a list of records) becomes one `str`, made and hashed once, as `json.loads` shares
+/// them. Bounded, so a value of many distinct keys costs no more than without it.
+#[derive(Default)]
+struct KeyMemo {
+    keys: std::collections::HashMap<String, Py<PyString>>,
+}
+
+impl KeyMemo {
+    /// Keys this long or longer are made each time (rarely repeated, costly to hash twice).
+    const MAX_KEY_BYTES: usize = 64;
+    /// Distinct keys remembered per value.
+    const MAX_KEYS: usize = 1024;
+
+    fn key(&mut self, py: Python<'_>, k: String) -> Py<PyString> {
+        if k.len() >= Self::MAX_KEY_BYTES {
+            return PyString::new(py, &k).unbind();
+        }
+        if let Some(s) = self.keys.get(&k) {
+            return s.clone_ref(py);
+        }
+        let s = PyString::new(py, &k).unbind();
+        if self.keys.len() < Self::MAX_KEYS {
+            self.keys.insert(k, s.clone_ref(py));
+        }
+        s
+    }
+}
+
+fn to_py_keys(py: Python<'_>, v: Value, memo: &mut KeyMemo) -> PyResult<Py<PyAny>> {
     Ok(match v {
         Value::Null => py.None(),
         Value::Bool(b) => PyBool::new(py, b).to_owned().into_any().unbind(),
@@ -288,14 +321,14 @@ pub fn to_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
         Value::Array(items) => {
             let items = items
                 .into_iter()
-                .map(|x| to_py(py, x))
+                .map(|x| to_py_keys(py, x, memo))
                 .collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }
         Value::Object(m) => {
             let d = PyDict::new(py);
             for (k, x) in m {
-                d.set_item(k, to_py(py, x)?)?;
+                d.set_item(memo.key(py, k), to_py_keys(py, x, memo)?)?;
             }
             d.into_any().unbind()
         }
