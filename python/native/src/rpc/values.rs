@@ -35,6 +35,13 @@ fn torch_tensor_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     TYPE.import(py, "torch", "Tensor")
 }
 
+/// `torch.from_dlpack`, looked up once: importing `torch` again for each received tensor
+/// (a `sys.modules` lookup under the import lock) cost about as much as the call.
+fn from_dlpack(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    FROM_DLPACK.import(py, "torch", "from_dlpack")
+}
+
 fn torch(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("torch")
 }
@@ -365,7 +372,7 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
                 // SAFETY: `typed_view` kept the view inside the import's storage, which
                 // the import (the owner) keeps mapped.
                 let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), Box::new(imp))? };
-                return Ok(torch(py)?.call_method1("from_dlpack", (cap,))?.unbind());
+                return Ok(from_dlpack(py)?.call1((cap,))?.unbind());
             }
             dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(imp))?
         }
@@ -416,7 +423,7 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
         }
     };
     let torch = torch(py)?;
-    let bytes = torch.call_method1("from_dlpack", (cap,))?;
+    let bytes = from_dlpack(py)?.call1((cap,))?;
     let typed = bytes.call_method1("view", (torch.getattr(layout.dtype.name())?,))?;
     let view = typed.call_method1(
         "as_strided",
