@@ -191,11 +191,12 @@ impl Parser<'_> {
         let bytes = &self.b[start..self.i];
         debug_assert!(std::str::from_utf8(bytes).is_ok());
         // SAFETY: `parse_limited` checked that all of `self.b` is UTF-8, and both ends of
-        // this range are char boundaries, so the slice is UTF-8: each caller starts it
-        // just after an ASCII byte (an opening quote, an escape sequence) or at one (a
-        // number's '-' or first digit), and ends it just after an ASCII byte (a string's
-        // text stops at '"', '\\' or a control character; a number's last byte is a
-        // digit) or where it started. A boundary follows every ASCII byte.
+        // this range are char boundaries, so the slice is UTF-8. Every ASCII byte has a
+        // boundary before and after it. A range starts just after an ASCII byte (an
+        // opening quote, an escape sequence's last byte) or at one (a number's '-' or
+        // first digit); it ends just before one (a string's text stops at '"', '\\' or
+        // a control character), just after one (a number's last digit), or where it
+        // started.
         unsafe { std::str::from_utf8_unchecked(bytes) }
     }
     fn string(&mut self) -> Result<String> {
