@@ -224,12 +224,13 @@ mod tests {
     fn serde_bridge() {
         #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
         struct P {
-            a: i32,
             b: Vec<String>,
+            a: i32,
         }
-        let p = P { a: 3, b: vec!["x".into()] };
+        let p = P { b: vec!["x".into()], a: 3 };
         let v = Value::from_serde(&p).unwrap();
-        assert_eq!(v.to_json().unwrap(), r#"{"a": 3, "b": ["x"]}"#);
+        // In the fields' order, as a Python peer's dict would list them.
+        assert_eq!(v.to_json().unwrap(), r#"{"b": ["x"], "a": 3}"#);
         assert_eq!(v.to_serde::<P>().unwrap(), p);
     }
 }
