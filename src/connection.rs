@@ -136,7 +136,12 @@ impl Connection {
         // (pid 0 with a real uid is an honest peer whose pid is not visible in our pid
         // namespace, e.g. our parent when we run in a new one: accepted, as before, with
         // peer death seen by EOF only.)
-        if cred.pid == 0 && cred.uid == OVERFLOW_ID && cred.gid == OVERFLOW_ID {
+        // A process that runs as the overflow ids itself (`nobody`, whose worker in a new
+        // pid namespace sees its supervisor exactly so) cannot tell the two apart: it
+        // accepts, as for any peer it cannot see.
+        // SAFETY: getuid and getgid cannot fail.
+        let we_are_overflow = unsafe { libc::getuid() == OVERFLOW_ID && libc::getgid() == OVERFLOW_ID };
+        if cred.pid == 0 && cred.uid == OVERFLOW_ID && cred.gid == OVERFLOW_ID && !we_are_overflow {
             return Err(Error::Protocol(
                 "hello carried no SCM_CREDENTIALS (the kernel reports pid 0, uid and gid 65534): peer identity unknown".into(),
             ));

@@ -54,6 +54,9 @@ pub enum RpcError {
     /// A CUDA tensor was to be sent on a connection without native tensors (TCP, a
     /// pyisolate peer, or before `negotiate_native`).
     CudaNotNative(String),
+    /// This machine cannot give what was asked for (a sandbox level its kernel lacks):
+    /// the message names what is missing and how to get it.
+    Unsupported(String),
     /// A remote tensor (feature `ucx`) could not be registered, read or released: the
     /// engine's error, with which tensor and which step.
     RemoteTransfer(String),
@@ -111,6 +114,7 @@ impl fmt::Display for RpcError {
             RpcError::Cuda(m) => write!(f, "{m}"),
             RpcError::CudaNotNative(m) => write!(f, "CUDA tensor needs native mode: {m}"),
             RpcError::RemoteTransfer(m) => write!(f, "remote tensor transfer: {m}"),
+            RpcError::Unsupported(m) => write!(f, "unsupported on this machine: {m}"),
         }
     }
 }

@@ -432,7 +432,7 @@ fn a_sandboxed_worker_is_denied_files_network_and_exec_and_tensors_still_flow() 
     }
     let scratch = std::env::temp_dir().join(format!("tw-sandbox-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
-    let sandbox = Sandbox { read: vec![], write: vec![scratch.clone()], deny_network: true, deny_exec: true };
+    let sandbox = Sandbox { read: vec![], write: vec![scratch.clone()], ..Sandbox::default() };
     let w = spec("plain").sandbox(sandbox).spawn().unwrap();
     let hello = w.call(worker::CONTROL_ID, "hello", vec![]).unwrap();
     assert_eq!(hello.get("sandboxed"), Some(&Value::Bool(true)));
@@ -444,10 +444,11 @@ fn a_sandboxed_worker_is_denied_files_network_and_exec_and_tensors_still_flow() 
     denied("write", vec!["/tmp/tw-sandbox-escape".into()], "Permission denied");
     denied("socket", vec!["inet".into()], "Operation not permitted");
     denied("exec", vec![], "Operation not permitted");
-    // What it may do: its scratch directory, Unix sockets, and tensors (memfd, SCM_RIGHTS,
-    // futex) natively.
+    // A Unix socket it could open would reach any listening path or abstract name.
+    denied("socket", vec!["unix".into()], "Operation not permitted");
+    // What it may do: its scratch directory, and tensors (memfd, SCM_RIGHTS on its
+    // connection, futex) natively.
     w.call("w", "write", vec![scratch.join("ok").display().to_string().into()]).unwrap();
-    w.call("w", "socket", vec!["unix".into()]).unwrap();
     let t = Tensor::from_f32(&[4], &[1.0, 2.0, 3.0, 4.5]).unwrap();
     let got = w.call("w", "sum", vec![Value::from(t)]).unwrap();
     assert_eq!(got, Value::Array(vec![Value::Float(10.5), Value::Bool(true)]), "tensors must arrive natively in the sandbox");
@@ -456,6 +457,7 @@ fn a_sandboxed_worker_is_denied_files_network_and_exec_and_tensors_still_flow() 
     // The same calls unsandboxed succeed: the denials above are the sandbox's.
     let free = spec("plain").spawn().unwrap();
     free.call("w", "socket", vec!["inet".into()]).unwrap();
+    free.call("w", "socket", vec!["unix".into()]).unwrap();
     free.call("w", "exec", vec![]).unwrap();
 }
 

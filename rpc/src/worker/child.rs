@@ -23,13 +23,7 @@ pub fn serve(registry: Registry, cfg: RpcConfig) -> Result<()> {
 /// threads; the caller waits with [`Endpoint::wait_closed`]).
 pub fn connect(registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
     let conn = inherited_connection()?;
-    let sandboxed = match std::env::var(SANDBOX_ENV) {
-        Ok(text) => {
-            Sandbox::from_json(&text)?.apply()?;
-            true
-        }
-        Err(_) => false,
-    };
+    let sandboxed = enter_sandbox()?;
     // The variables stay (editing the environment is not thread-safe, and a Python worker
     // has threads by now): the fd is close-on-exec, so what this worker starts cannot use
     // it, and the sandbox is in place whatever the variable says afterwards.
@@ -41,6 +35,22 @@ pub fn connect(registry: Registry, cfg: RpcConfig) -> Result<Endpoint> {
     });
     registry.register(CONTROL_ID, hello)?;
     Endpoint::from_fd(conn, registry, cfg)
+}
+
+/// Apply the system-call policy of the sandbox the supervisor asked for (`SANDBOX_ENV`),
+/// once; whether this worker is sandboxed. The rest of the sandbox (namespaces, the
+/// file-system allow-list, the environment, the fds, the capabilities) was in place
+/// before this process's program started. A worker that runs code it does not trust at
+/// start-up (a Python worker importing its target) calls this first; [`connect`] and
+/// [`serve`] call it anyway.
+pub fn enter_sandbox() -> Result<bool> {
+    match std::env::var(SANDBOX_ENV) {
+        Ok(text) => {
+            super::contain::apply_in_worker(&Sandbox::from_json(&text)?)?;
+            Ok(true)
+        }
+        Err(_) => Ok(false),
+    }
 }
 
 /// Our end of the connection: the fd `FD_ENV` names, checked to be a Unix socket, made

@@ -26,6 +26,8 @@ pub enum WorkerState {
 /// One running worker process.
 struct Live {
     pid: u32,
+    /// `pid` is the keeper of a worker in its own namespaces (see `contain/keeper.rs`).
+    keeper: bool,
     child: Mutex<Child>,
     pidfd: Option<OwnedFd>,
     endpoint: Endpoint,
@@ -159,29 +161,32 @@ impl Worker {
     /// the spec asks for them) within the handshake time-out; a process that fails it is
     /// killed and reaped, and the error says how it ended.
     fn handshake(&self, l: Launched) -> Result<Live> {
-        let Launched { child, pid, pidfd, conn, captured } = l;
+        let Launched { child, pid, pidfd, conn, captured, keeper } = l;
         let by = Instant::now() + self.spec.handshake_timeout;
         let mut child = child;
         let endpoint = match Endpoint::from_fd(conn, self.spec.registry.clone(), self.spec.rpc.clone()) {
             Ok(e) => e,
             Err(e) => {
-                // SAFETY: signals the process group the worker leads (see `kill_and_reap`).
+                // SAFETY: signals the process group the worker (or its keeper) leads
+                // (see `kill_and_reap`).
                 unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
                 let _ = child.wait();
                 return Err(e);
             }
         };
-        let l = Live { pid, child: Mutex::new(child), pidfd, endpoint, captured, calls: AtomicUsize::new(0), spoiled: AtomicBool::new(false) };
+        let l = Live { pid, keeper, child: Mutex::new(child), pidfd, endpoint, captured, calls: AtomicUsize::new(0), spoiled: AtomicBool::new(false) };
+        // A worker in its own pid namespace is pid 1 there: answering so proves it.
+        let expected = if keeper { 1 } else { i64::from(pid) };
         let hello = l.endpoint.call_with(CONTROL_ID, "hello", vec![], Map::new(), CallOptions { timeout: Some(by.into()), parent_call_id: None });
         let r = hello.and_then(|v| match v.get("pid").and_then(Value::as_i64) {
-            Some(p) if p == pid as i64 => Ok(()),
-            _ => Err(RpcError::Protocol(format!("worker {pid} answered its handshake with {v:?}, not its pid"))),
+            Some(p) if p == expected => Ok(()),
+            _ => Err(RpcError::Protocol(format!("worker {pid} answered its handshake with {v:?}, not its pid ({expected})"))),
         });
         let r = r.and_then(|()| if self.spec.native { l.endpoint.negotiate_native(by).map(drop) } else { Ok(()) });
         match r {
             Ok(()) => Ok(l),
             Err(e) => {
-                let how = reap(&l, "it did not complete its handshake");
+                let how = reap(&l, "closed its connection (then killed)");
                 let tail = l.captured.as_ref().map(|c| String::from_utf8_lossy(&c.stderr()).trim_end().to_string()).unwrap_or_default();
                 let tail = if tail.is_empty() { String::new() } else { format!("; its stderr ends with:\n{tail}") };
                 Err(match e {
@@ -210,10 +215,10 @@ impl Drop for Worker {
         if let Some(l) = self.live.lock().take() {
             if !l.spoiled.swap(true, Ordering::AcqRel) {
                 l.endpoint.close(CLOSE_GRACE);
-                if !wait_ended(&l, CLOSE_GRACE) {
+                if !wait_ended_no_reap(&l, CLOSE_GRACE) {
                     kill_and_reap(&l);
                 } else {
-                    let _ = l.child.lock().wait();
+                    end_group_and_reap(&l);
                 }
             }
         }
@@ -244,19 +249,45 @@ fn wait_ended(l: &Live, within: Duration) -> bool {
 }
 
 /// Wait up to `within` for the pidfd to say the process ended, without reaping it (its
-/// status stays for `reap` to read).
-fn wait_ended_no_reap(l: &Live, within: Duration) {
-    if let Some(p) = &l.pidfd {
-        let _ = tensorwire::os::poll_events(&[(p.as_fd(), libc::POLLIN)], Some(within));
+/// status stays for `reap` to read); whether it ended (without a pidfd: after polling
+/// its status without reaping).
+fn wait_ended_no_reap(l: &Live, within: Duration) -> bool {
+    match &l.pidfd {
+        Some(p) => {
+            let _ = tensorwire::os::poll_events(&[(p.as_fd(), libc::POLLIN)], Some(within));
+            pidfd_process_end(p.as_fd()) != ProcessEnd::Running
+        }
+        None => wait_ended(l, within),
     }
 }
 
-/// SIGKILL to the process group (the worker and whatever it started), then reap.
+/// How long a keeper may take to end its worker's namespace after `SIGTERM`.
+const KEEPER_GRACE: Duration = Duration::from_secs(2);
+
+/// End the worker and everything it started, then reap. A worker in its own namespaces:
+/// `SIGTERM` to its keeper, which SIGKILLs pid 1 and exits once the kernel has ended every
+/// process of the namespace (so nothing is left when this returns); SIGKILL to the group
+/// if the keeper does not end in time. Otherwise SIGKILL to the process group.
 fn kill_and_reap(l: &Live) -> Option<std::process::ExitStatus> {
-    // SAFETY: kill with a negative pid signals the process group the worker leads (it
-    // called setpgid(0, 0) before exec); a group already gone is ESRCH, ignored.
-    unsafe { libc::kill(-(l.pid as libc::pid_t), libc::SIGKILL) };
+    if l.keeper {
+        // SAFETY: the keeper is our child and not yet reaped, so `pid` still names it.
+        unsafe { libc::kill(l.pid as libc::pid_t, libc::SIGTERM) };
+        if wait_ended_no_reap(l, KEEPER_GRACE) {
+            l.endpoint.close(Wait::Never);
+            return l.child.lock().wait().ok();
+        }
+    }
     l.endpoint.close(Wait::Never);
+    end_group_and_reap(l)
+}
+
+/// SIGKILL to the process group (what the worker started and left in it, also after the
+/// worker itself ended), then reap. The leader is not reaped before the signal, so its
+/// pid, which is the group's id, cannot have been reused.
+fn end_group_and_reap(l: &Live) -> Option<std::process::ExitStatus> {
+    // SAFETY: kill with a negative pid signals the process group the worker (or its
+    // keeper) leads (setpgid(0, 0) before exec); a group already gone is ESRCH, ignored.
+    unsafe { libc::kill(-(l.pid as libc::pid_t), libc::SIGKILL) };
     l.child.lock().wait().ok()
 }
 
@@ -267,7 +298,7 @@ fn reap(l: &Live, why: &str) -> String {
     // socket closed (its files close before its exit is signalled): give it that moment
     // before deciding it still runs.
     if l.endpoint.is_closed() {
-        wait_ended_no_reap(l, EXIT_GRACE);
+        let _ = wait_ended_no_reap(l, EXIT_GRACE);
     }
     let ended_alone = match &l.pidfd {
         Some(p) => match pidfd_process_end(p.as_fd()) {
@@ -279,7 +310,7 @@ fn reap(l: &Live, why: &str) -> String {
     match ended_alone {
         Some(end) => {
             l.endpoint.close(Wait::Never);
-            let _ = l.child.lock().wait();
+            end_group_and_reap(l);
             match end {
                 ProcessEnd::Exited(code) => format!("exited with status {code}"),
                 ProcessEnd::Killed { signal, core } => {

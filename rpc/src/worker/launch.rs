@@ -6,6 +6,7 @@
 //! ends, so a worker started by a short-lived thread (a pool's warm-up) would be killed
 //! with it.
 
+use super::contain;
 use super::output::{self, Captured};
 use super::{WorkerSpec, FD_ENV, SANDBOX_ENV};
 use crate::{Result, RpcError};
@@ -25,6 +26,8 @@ pub(crate) struct Launched {
     /// Our end of the connection.
     pub(crate) conn: OwnedFd,
     pub(crate) captured: Option<Captured>,
+    /// `pid` is the keeper of a worker in its own namespaces (the worker is pid 1 there).
+    pub(crate) keeper: bool,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -106,6 +109,14 @@ pub(crate) fn launch(spec: &WorkerSpec) -> Result<Launched> {
             Ok(())
         });
     }
+    // Last: its closures run after the ones above, in the keeper and then in the worker.
+    let keeper = match &spec.sandbox {
+        Some(s) => {
+            contain::contain(&mut cmd, contain::prepare(s, &spec.program)?, fd);
+            s.namespaces
+        }
+        None => false,
+    };
     let (tx, rx) = bounded(1);
     spawner()?
         .send(Box::new(move || {
@@ -118,5 +129,5 @@ pub(crate) fn launch(spec: &WorkerSpec) -> Result<Launched> {
     let pid = child.id();
     let pidfd = tensorwire::os::pidfd_open(pid as libc::pid_t);
     let captured = output::attach(&mut child, &spec.output, pid);
-    Ok(Launched { child, pid, pidfd, conn: ours, captured })
+    Ok(Launched { child, pid, pidfd, conn: ours, captured, keeper })
 }

@@ -25,6 +25,7 @@
 //!   with a typed error, the worker is killed, nothing else in this process is touched.
 
 mod child;
+mod contain;
 mod handle;
 mod launch;
 mod output;
@@ -32,7 +33,8 @@ mod pool;
 mod sandbox;
 mod spec;
 
-pub use child::{connect, serve};
+pub use child::{connect, enter_sandbox, serve};
+pub use contain::{probe, Containment, KEPT_ENV, KEPT_ENV_PREFIXES};
 pub use handle::{Worker, WorkerState};
 pub use output::Captured;
 pub use pool::{PooledWorker, WorkerPool};

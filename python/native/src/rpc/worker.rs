@@ -32,7 +32,7 @@ impl PySpec {
     /// `program args...` with `env` added to this process's environment. `output`:
     /// `"inherit"`, `"capture"` (the last `capture_bytes` of each stream) or `"prefix"`
     /// (each line after `prefix`). Limits in bytes / files / CPU seconds; a `sandbox` is
-    /// `(read paths, write paths, deny_network, deny_exec)`. Times in seconds.
+    /// `(read paths, write paths, deny_network, deny_exec, namespaces)`. Times in seconds.
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (program, args, *, env=Vec::new(), cwd=None, output="inherit", prefix=String::new(), capture_bytes=1 << 16,
@@ -49,7 +49,7 @@ impl PySpec {
         address_space: Option<u64>,
         open_files: Option<u64>,
         cpu_seconds: Option<u64>,
-        sandbox: Option<(Vec<PathBuf>, Vec<PathBuf>, bool, bool)>,
+        sandbox: Option<(Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool)>,
         handshake_timeout: f64,
         call_timeout: Option<f64>,
         serve: Option<&Bound<'_, PyDict>>,
@@ -91,12 +91,13 @@ impl PySpec {
         if let Some(t) = call_timeout {
             spec = spec.call_timeout(seconds(t));
         }
-        if let Some((read, write, deny_network, deny_exec)) = sandbox {
+        if let Some((read, write, deny_network, deny_exec, namespaces)) = sandbox {
             spec = spec.sandbox(Sandbox {
                 read,
                 write,
                 deny_network,
                 deny_exec,
+                namespaces,
             });
         }
         Ok(PySpec { spec })

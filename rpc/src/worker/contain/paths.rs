@@ -1,0 +1,91 @@
+//! The file-system allow-list (landlock), built in the supervisor and enforced by the
+//! worker before it execs, so every thread of the worker is under it from its first
+//! instruction (landlock binds the threads that exist when it is enforced, and an
+//! interpreter that imported torch already has more than one).
+//!
+//! Readable (and executable): what the spec names, the program, and the system's
+//! libraries and loader configuration; writable: what the spec names. Every other path
+//! is denied, for every right the running kernel's landlock knows (best effort, with the
+//! ABI reported by `probe`); with `deny_network`, TCP bind and connect are denied too
+//! (ABI 4), and from ABI 6 the worker can neither signal nor reach an abstract Unix
+//! socket outside its own domain.
+
+use super::super::Sandbox;
+use crate::{Result, RpcError};
+use landlock::{
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI,
+};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+/// The newest rights this build knows; older kernels enforce what they have.
+const NEWEST: ABI = ABI::V6;
+
+/// Read (and execute) for every worker: the dynamic loader, the C library and the system's
+/// other libraries, the loader's cache, the time zone, and the CPU's description (torch
+/// reads the topology). Nothing here holds a user's data.
+pub(super) const SYSTEM_READ: &[&str] = &[
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/proc/cpuinfo",
+    "/sys/devices/system/cpu",
+    "/dev/urandom",
+];
+
+/// Read and write for every worker: the null device.
+const SYSTEM_WRITE: &[&str] = &["/dev/null"];
+
+fn existing<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<PathBuf> {
+    paths.into_iter().filter(|p| p.exists()).map(Path::to_path_buf).collect()
+}
+
+/// The ruleset for `sandbox` (not yet enforced: the worker does that).
+pub(super) fn ruleset(sandbox: &Sandbox, program: &Path) -> Result<OwnedFd> {
+    let fail = |e: &dyn std::fmt::Display| RpcError::Io(format!("sandbox: landlock: {e}"));
+    let program = which(program);
+    let mut read = existing(SYSTEM_READ.iter().map(Path::new));
+    read.extend(existing(sandbox.read.iter().map(PathBuf::as_path)));
+    read.extend(program);
+    let mut write = existing(SYSTEM_WRITE.iter().map(Path::new));
+    for p in &sandbox.write {
+        if !p.exists() {
+            return Err(RpcError::InvalidArgument(format!("sandbox: the writable path {} does not exist", p.display())));
+        }
+        write.push(p.clone());
+    }
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(NEWEST))
+        .map_err(|e| fail(&e))?;
+    if sandbox.deny_network {
+        rs = rs.handle_access(AccessNet::from_all(NEWEST)).map_err(|e| fail(&e))?;
+    }
+    let created = rs
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(|e| fail(&e))?
+        .create()
+        .map_err(|e| fail(&e))?
+        .add_rules(path_beneath_rules(&read, AccessFs::from_read(NEWEST)))
+        .map_err(|e| fail(&e))?
+        .add_rules(path_beneath_rules(&write, AccessFs::from_all(NEWEST)))
+        .map_err(|e| fail(&e))?;
+    let fd: Option<OwnedFd> = created.into();
+    fd.ok_or_else(|| RpcError::Unsupported("sandbox: this kernel cannot enforce a file-system allow-list (landlock is not available)".into()))
+}
+
+/// The program's file: as given when it has a `/`, else found on `PATH` as exec would.
+fn which(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return Some(program.to_path_buf());
+    }
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|c| c.is_file()))
+        .unwrap_or(None)
+}
