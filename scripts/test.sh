@@ -101,6 +101,13 @@ PATH="$(dirname "$py"):$PATH" "$(dirname "$py")/maturin" build --release --locke
 wheel=$(ls "$wheel_dir"/*.whl)
 "$py" scripts/check_wheel.py "$wheel"
 
+# The escape suite (tests/python/test_containment.py) runs the same probe inside
+# bubblewrap, the reference sandbox, and checks that ours lets nothing through that it
+# does not.
+if ! command -v bwrap >/dev/null; then
+  echo "installing bubblewrap (apt)"; apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null
+fi
+
 step "Python package under torch 2.15.0 (pip venv): the wheel installed with no compiler on PATH and without touching torch, then pytest tests/python from another directory (the installed package, no env vars)"
 # The venv is made anew each run (the torch pin lives in scripts/setup-venv.sh; uv links
 # from its cache, seconds).

@@ -184,6 +184,30 @@ def check_torch_version() -> Check:
     return Check("torch version", kind == "new", msg, f"pip install 'torch>={info['torch_min']},<{info['torch_below']}'")
 
 
+def check_containment() -> list[Check]:
+    """What a sandboxed worker (``tensorwire.rpc.Sandbox``) gets on this machine; a level
+    missing here makes ``spawn(sandbox=...)`` fail, naming it (never a weaker worker)."""
+    from . import _native
+
+    c = _native.containment()
+    abi = c["landlock_abi"]
+    return [
+        Check("sandbox: namespaces", c["user_namespaces"],
+              "a worker gets its own user, pid, network, IPC, UTS and cgroup namespaces" if c["user_namespaces"]
+              else f"user namespaces refused: {c['user_namespaces_why']}",
+              "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or "
+              "kernel.apparmor_restrict_unprivileged_userns=0), or run sandboxed workers with Sandbox(namespaces=False)",
+              required=False),
+        Check("sandbox: landlock", abi > 0,
+              f"ABI {abi}: file-system allow-list" + (", TCP" if abi >= 4 else "") + (", device ioctls" if abi >= 5 else "")
+              + (", abstract-socket and signal scopes" if abi >= 6 else " (no abstract-socket or signal scopes before ABI 6)")
+              if abi else "not available",
+              "Linux >= 5.13 with landlock in the lsm= boot list", required=False),
+        Check("sandbox: seccomp", c["seccomp"], "filter mode available" if c["seccomp"] else "no seccomp filter mode",
+              "a kernel with CONFIG_SECCOMP_FILTER", required=False),
+    ]
+
+
 def run() -> list[Check]:
     """Every check, in report order."""
     checks = [_guard("torch version", check_torch_version), _guard("memfd + seals", check_memfd),
@@ -192,6 +216,10 @@ def run() -> list[Check]:
         checks += check_two_process()
     except Exception as e:
         checks.append(Check("two processes", False, f"{type(e).__name__}: {e}", "see the message"))
+    try:
+        checks += check_containment()
+    except Exception as e:
+        checks.append(Check("sandbox", False, f"{type(e).__name__}: {e}", "see the message", required=False))
     try:
         checks += check_cuda()
     except Exception as e:

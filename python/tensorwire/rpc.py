@@ -17,9 +17,9 @@ inherited socketpair (no path anyone could guess), that serves the object ``attr
 - fails the calls in flight with :class:`tensorwire.PeerGone` saying how it ended when it
   crashes (a signal, ``os._exit``), and starts a fresh one for the next call;
 - has it die with this process (``PR_SET_PDEATHSIG`` on its process group's leader);
-- applies resource :class:`Limits` and, optionally, a :class:`Sandbox` (landlock
-  file-system allow-list, seccomp denial of network sockets and exec) before the worker
-  answers its handshake.
+- applies resource :class:`Limits` and, optionally, contains it in a :class:`Sandbox`
+  (its own namespaces, a file-system allow-list, an allow-listed environment, a
+  system-call policy) before it runs the target's code.
 
 Values are JSON data (None, bool, int, float, str, list, tuple, dict with str keys) and CPU
 and CUDA tensors. A tensor whose storage is a segment of this module (:func:`empty`, or one
@@ -60,7 +60,7 @@ except ImportError as e:  # pragma: no cover - a broken install
 
 __all__ = [
     "Endpoint", "PendingCall", "Worker", "WorkerPool", "PooledWorker", "Limits", "Sandbox",
-    "Listener", "spawn", "pair", "connect", "host", "empty", "RemoteError", "MAIN",
+    "Listener", "spawn", "pair", "connect", "host", "empty", "RemoteError", "MAIN", "KEPT_ENV",
 ]
 
 #: The object id a worker serves its target as.
@@ -215,28 +215,45 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Sandbox:
-    """What a sandboxed worker may still do, applied after its imports and before its
-    handshake: read (and execute) only under ``read``, also write under ``write``; no
-    network sockets (``AF_UNIX`` stays: tensors travel over it) unless ``network``; no
-    ``exec`` unless ``exec``. The interpreter's prefixes and ``sys.path`` are added to
-    ``read`` by :func:`spawn`. Needs Linux landlock (5.19+)."""
+    """Run the worker contained (``docs/DESIGN.md``, "Containment levels"): its own user,
+    pid, network, IPC, UTS and cgroup namespaces (it is pid 1 there: it can name no
+    process of yours, and everything it starts ends with it); read (and execute) only
+    under ``read``, the interpreter and the import path, also write under ``write``; no
+    sockets unless ``network``; no ``exec`` unless ``exec``; an allow-listed environment
+    (``tensorwire.rpc.KEPT_ENV``, plus ``spawn(env=...)``); only its connection and fds
+    0-2; no capabilities; a seccomp policy denying the kernel surface a worker never
+    needs. The file-system and namespace levels are in place before the interpreter
+    starts, the system-call policy before the target's module is imported. A level this
+    machine cannot give makes :func:`spawn` raise :class:`tensorwire.Refused` naming it
+    (``python -m tensorwire doctor`` says what the machine gives); ``namespaces=False``
+    asks for less, for machines that refuse user namespaces."""
 
     read: Sequence[str] = ()
     write: Sequence[str] = ()
     network: bool = False
     exec: bool = False
+    namespaces: bool = True
+
+
+#: The variables of this process a sandboxed worker gets (when set), by name and by
+#: prefix (``LC_``, ``NVIDIA_``, ``TENSORWIRE_``): ``(names, prefixes)``, the supervisor's
+#: own list. Pass anything else with ``spawn(env=...)``.
+KEPT_ENV: tuple[tuple[str, ...], tuple[str, ...]] = _native.kept_env()
 
 
 def _readable_python() -> list[str]:
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"]}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    """The interpreter and its installed packages: never ``sys.path[0]`` (the host
+    script's directory) or the current directory, which hold the host's own files."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    paths.update(v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib"))
     paths.add(os.path.dirname(os.path.realpath(sys.executable)))
-    return sorted(paths)
+    return sorted(p for p in paths if p and os.path.isdir(p))
 
 
 def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Optional[str], env: Optional[Mapping[str, str]],
           cwd: Optional[str], output: str, prefix: Optional[str], capture_bytes: int, limits: Optional[Limits],
-          sandbox: Optional[Sandbox], handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]]) -> Any:
+          sandbox: Optional[Sandbox], handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]],
+          path: Optional[Sequence[str]] = None) -> Any:
     if (target is None) == (command is None):
         raise ValueError("tensorwire.rpc: give a target ('module:attribute') or a command (a worker program), not both")
     if command is not None:
@@ -246,18 +263,22 @@ def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Op
     elif ":" not in target:  # type: ignore[operator]
         raise ValueError(f"tensorwire.rpc: target {target!r} must be 'module:attribute' (e.g. 'mypkg.plugin:Plugin')")
     else:
-        argv = [python or sys.executable, "-m", "tensorwire.worker", target]  # type: ignore[list-item]
+        # -P (3.11+): the current directory is not put on the worker's import path.
+        safe_path = ["-P"] if python is None and sys.version_info >= (3, 11) else []
+        argv = [python or sys.executable, *safe_path, "-m", "tensorwire.worker", target]  # type: ignore[list-item]
     if prefix is not None:
         output = "prefix"
     environ = dict(env or {})
     # The child imports this same package: make it findable as this process finds it.
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     given = environ.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    environ["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in given.split(os.pathsep) if p])
+    imports = [os.path.abspath(os.fspath(p)) for p in (path or ())]
+    search = [pkg_root] + imports + [p for p in given.split(os.pathsep) if p]
+    environ["PYTHONPATH"] = os.pathsep.join(search)
     box = None
     if sandbox is not None:
-        box = (sorted(set(sandbox.read) | set(_readable_python()) | {pkg_root}), list(sandbox.write),
-               not sandbox.network, not sandbox.exec)
+        readable = set(map(os.fspath, sandbox.read)) | set(_readable_python()) | {p for p in search if os.path.isabs(p)}
+        box = (sorted(readable), [os.fspath(w) for w in sandbox.write], not sandbox.network, not sandbox.exec, sandbox.namespaces)
     lim = limits or Limits()
     return _native.WorkerSpec(
         argv[0], argv[1:],
@@ -330,7 +351,7 @@ def spawn(target: Optional[str] = None, *, command: Optional[Sequence[str]] = No
           env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
           output: str = "inherit", prefix: Optional[str] = None, capture_bytes: int = 1 << 16, limits: Optional[Limits] = None,
           sandbox: Optional[Sandbox] = None, handshake_timeout: float = 60.0, timeout: Optional[float] = None,
-          serve: Optional[Mapping[str, Any]] = None) -> Worker:
+          serve: Optional[Mapping[str, Any]] = None, path: Optional[Sequence[str]] = None) -> Worker:
     """Start a worker serving ``target`` (``"module:attr"``; a class is instantiated) and
     wait for its handshake (``handshake_timeout`` seconds, which include its imports).
     Or run ``command`` (a program and its arguments) as the worker: any program that
@@ -338,9 +359,13 @@ def spawn(target: Optional[str] = None, *, command: Optional[Sequence[str]] = No
 
     ``output``: ``"inherit"``, ``"capture"`` (see :meth:`Worker.output`), or give a
     ``prefix`` to forward each line after it. ``timeout``: the default per-call deadline in
-    seconds. ``serve``: objects of this process the worker may call back (:func:`host`)."""
+    seconds. ``serve``: objects of this process the worker may call back (:func:`host`).
+    ``path``: directories put first on the worker's import path (and, sandboxed, made
+    readable), e.g. ``[pathlib.Path(__file__).parent]`` for a target beside the host's
+    script: the worker's import path never holds the current directory or the host
+    script's directory by itself."""
     spec = _spec(target, command=command, python=python, env=env, cwd=cwd, output=output, prefix=prefix, capture_bytes=capture_bytes,
-                 limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve)
+                 limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve, path=path)
     return Worker(_native.Worker.spawn(spec))
 
 
@@ -393,4 +418,4 @@ class WorkerPool:
 
 
 _SPAWN_DEFAULTS: dict[str, Any] = dict(command=None, python=None, env=None, cwd=None, output="inherit", prefix=None, capture_bytes=1 << 16,
-                                       limits=None, sandbox=None, handshake_timeout=60.0, timeout=None, serve=None)
+                                       limits=None, sandbox=None, handshake_timeout=60.0, timeout=None, serve=None, path=None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 from typing import Any
 
@@ -29,6 +30,16 @@ def main(argv: list[str]) -> int:
     from . import _native
     from .rpc import MAIN
 
+    # `python -m` puts the current directory first on the import path (unless -P did
+    # not): the import path is what the supervisor named, nothing implicit.
+    if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+    try:
+        # The sandbox's system-call policy before the target's code runs (its import).
+        _native.enter_sandbox()
+    except Exception as e:  # noqa: BLE001 - said to the supervisor through stderr and the exit status
+        print(f"tensorwire.worker: cannot enter the sandbox: {type(e).__name__}: {e}", file=sys.stderr)
+        return 5
     try:
         obj = resolve(argv[1])
     except Exception as e:  # noqa: BLE001 - said to the supervisor through stderr and the exit status

@@ -1,7 +1,8 @@
-//! Supervised workers: what starting one costs cold, what a warm one from a `WorkerPool`
-//! costs to hand out, and a call's round trip through a `Worker` against the same call on
-//! a bare `Endpoint` over a socketpair to a child (the supervisor's own overhead), all in
-//! one run.
+//! Supervised workers: what starting one costs cold, unsandboxed and sandboxed (its own
+//! namespaces under a keeper, landlock, seccomp: what containment adds to a start), what
+//! a warm one from a `WorkerPool` costs to hand out, and a call's round trip through a
+//! `Worker` against the same call on a bare `Endpoint` over a socketpair to a child (the
+//! supervisor's own overhead), and through a sandboxed worker, all in one run.
 //!
 //!     cargo bench -p tensorwire-rpc --bench worker [-- CALLS [STARTS]]
 //!
@@ -61,16 +62,22 @@ fn main() {
     let starts = args.get(1).copied().unwrap_or(30);
     println!("{:<44} {:>10} {:>10}", "", "p50", "p90");
 
-    let mut cold: Vec<f64> = (0..starts)
-        .map(|_| {
-            let t = Instant::now();
-            let w = spec().spawn().unwrap();
-            let d = t.elapsed().as_secs_f64() * 1e3;
-            drop(w);
-            d
-        })
-        .collect();
+    let cold_start = |spec: &WorkerSpec| -> Vec<f64> {
+        (0..starts)
+            .map(|_| {
+                let t = Instant::now();
+                let w = spec.spawn().unwrap();
+                let d = t.elapsed().as_secs_f64() * 1e3;
+                drop(w);
+                d
+            })
+            .collect()
+    };
+    let sandboxed = spec().sandbox(Sandbox::default());
+    let mut cold = cold_start(&spec());
+    let mut cold_boxed = cold_start(&sandboxed);
     let cold50 = row("cold start (spawn + handshake)", &mut cold, "ms");
+    let boxed50 = row("cold start, sandboxed", &mut cold_boxed, "ms");
 
     let pool = WorkerPool::new(spec(), 2).unwrap();
     let mut warm: Vec<f64> = (0..starts)
@@ -89,9 +96,14 @@ fn main() {
     let mut through_worker = calls(n, || w.call("calc", "add", vec![1.into(), 2.into()]));
     let ep = w.endpoint().unwrap();
     let mut bare = calls(n, || ep.call("calc", "add", vec![1.into(), 2.into()]));
+    let wb = sandboxed.spawn().unwrap();
+    let mut through_sandboxed = calls(n, || wb.call("calc", "add", vec![1.into(), 2.into()]));
     let worker50 = row("add(1, 2) through Worker::call", &mut through_worker, "µs");
     let bare50 = row("add(1, 2) on the same connection's Endpoint", &mut bare, "µs");
+    let sandboxed50 = row("add(1, 2) through a sandboxed Worker::call", &mut through_sandboxed, "µs");
     println!();
+    println!("sandboxed - unsandboxed cold start: {:+.2} ms (p50)", boxed50 - cold50);
+    println!("sandboxed / unsandboxed Worker::call: {:.2} (p50)", sandboxed50 / worker50);
     println!("warm hand-out / cold start: {:.5} (p50)", warm50 / 1e3 / cold50);
     println!("Worker::call / Endpoint::call: {:.2} (p50)", worker50 / bare50);
 }

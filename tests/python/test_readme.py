@@ -31,8 +31,10 @@ def _python_blocks():
 def test_python_example_runs_as_written(body, tmp_path):
     if "import pyisolate" in body:
         pytest.importorskip("pyisolate", reason="pyisolate is not installed: SKIPPED (scripts/setup-venv.sh installs it)")
-    script = tmp_path / "example.py"
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "example.py"
     script.write_text(body)
+    # From another directory than the script's: a worker's import path is explicit.
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert "Traceback" not in r.stderr, r.stderr

@@ -25,7 +25,8 @@ pub fn to_py(py: Python<'_>, err: &RpcError) -> PyErr {
         | RpcError::Decode(_)
         | RpcError::DecodeLimit { .. }
         | RpcError::NotFound(_)
-        | RpcError::InvalidArgument(_) => "Refused",
+        | RpcError::InvalidArgument(_)
+        | RpcError::Unsupported(_) => "Refused",
         RpcError::TensorCopyLimit { .. } => "QuotaExceeded",
         RpcError::OutOfMemory { .. } | RpcError::ConnectionLimit { .. } => "ResourceExhausted",
         RpcError::CudaUnavailable(_) | RpcError::CudaNotNative(_) => "CudaUnavailable",

@@ -24,6 +24,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyPooledWorker>()?;
     m.add_function(wrap_pyfunction!(worker::serve_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::host, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::enter_sandbox, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::containment, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::kept_env, m)?)?;
     m.add("TRACEBACK_MARKER", errors::TRACEBACK_MARKER)?;
     Ok(())
 }

@@ -385,3 +385,32 @@ pub fn host() -> Option<PyEndpoint> {
         .clone()
         .map(|ep| PyEndpoint { ep })
 }
+
+/// In a worker process: apply the system-call policy of the sandbox its supervisor asked
+/// for, before the worker runs code it does not trust (its target's import); whether it
+/// is sandboxed. Idempotent: `serve_worker` calls it too.
+#[pyfunction]
+pub fn enter_sandbox(py: Python<'_>) -> PyResult<bool> {
+    worker::enter_sandbox().map_err(|e| to_py(py, &e))
+}
+
+/// What containment this machine gives: `{"user_namespaces": bool, "user_namespaces_why":
+/// str, "landlock_abi": int, "landlock_scopes": bool, "seccomp": bool}`.
+#[pyfunction]
+pub fn containment(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let c = worker::probe();
+    let d = PyDict::new(py);
+    d.set_item("user_namespaces", c.user_namespaces)?;
+    d.set_item("user_namespaces_why", c.user_namespaces_why.clone())?;
+    d.set_item("landlock_abi", c.landlock_abi)?;
+    d.set_item("landlock_scopes", c.landlock_scopes())?;
+    d.set_item("seccomp", c.seccomp)?;
+    Ok(d)
+}
+
+/// The variables of the supervisor's environment a sandboxed worker gets: `(names,
+/// prefixes)` (`tensorwire_rpc::worker::KEPT_ENV`, `KEPT_ENV_PREFIXES`).
+#[pyfunction]
+pub fn kept_env() -> (Vec<&'static str>, Vec<&'static str>) {
+    (worker::KEPT_ENV.to_vec(), worker::KEPT_ENV_PREFIXES.to_vec())
+}
