@@ -20,6 +20,9 @@ fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.0, 1e9))
 }
 
+/// A sandbox from Python: `(read paths, write paths, deny_network, deny_exec, namespaces)`.
+type SandboxArgs = (Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool);
+
 /// How to start a worker (`tensorwire.rpc.spawn` and `WorkerPool` build one).
 #[pyclass(module = "tensorwire._native", name = "WorkerSpec")]
 #[derive(Clone)]
@@ -49,7 +52,7 @@ impl PySpec {
         address_space: Option<u64>,
         open_files: Option<u64>,
         cpu_seconds: Option<u64>,
-        sandbox: Option<(Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool)>,
+        sandbox: Option<SandboxArgs>,
         handshake_timeout: f64,
         call_timeout: Option<f64>,
         serve: Option<&Bound<'_, PyDict>>,
