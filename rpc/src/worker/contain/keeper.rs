@@ -177,13 +177,16 @@ unsafe fn drop_capabilities(in_user_namespace: bool) -> std::io::Result<()> {
 
 /// The keeper: wait for the worker and end as it did; a `SIGTERM` ends the worker first.
 /// Every other fd is closed so nothing (the exec-status pipe of `Command`, the output
-/// pipes) is held open by a process that never execs.
+/// pipes) is held open by a process that never execs, and the supervisor's large memory
+/// is let go (`release_supervisor_memory`).
 ///
 /// # Safety
 /// Async-signal-safe; never returns.
 unsafe fn keep(worker: libc::pid_t, hangup: i32, waited: &libc::sigset_t) -> ! {
-    // SAFETY: async-signal-safe system calls on this process's own fds, signals and child.
+    // SAFETY: async-signal-safe system calls on this process's own fds, memory, signals
+    // and child.
     unsafe {
+        release_supervisor_memory();
         if hangup > 0 {
             libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, (hangup - 1) as libc::c_uint, 0 as libc::c_uint);
         }
@@ -228,5 +231,97 @@ unsafe fn end_as(status: libc::c_int) -> ! {
             libc::_exit(128 + sig);
         }
         libc::_exit(libc::WEXITSTATUS(status))
+    }
+}
+
+/// Mappings at least this large are let go by the keeper.
+const RELEASE_AT_LEAST: usize = 1 << 20;
+
+/// Let go of the keeper's copy of the supervisor's large private anonymous memory (heaps,
+/// tensors), all but the stack it runs on. A fork shares the parent's pages
+/// copy-on-write; a keeper that kept them for the worker's whole life would make every
+/// page the supervisor writes afterwards a copy, and hold the old one. `MADV_DONTNEED`
+/// drops the keeper's references, so the supervisor's pages are its own again. The keeper
+/// itself touches only its stack and the C library's code after this.
+///
+/// # Safety
+/// Async-signal-safe (open, read, close, madvise); allocates nothing (stack buffers).
+unsafe fn release_supervisor_memory() {
+    let local = 0u8;
+    let sp = &local as *const u8 as usize;
+    // SAFETY: a valid C string; the fd is closed below.
+    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return;
+    }
+    let mut buf = [0u8; 8192];
+    let mut line = [0u8; 512];
+    let mut len = 0usize;
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        for &b in &buf[..n as usize] {
+            if b != b'\n' {
+                if len < line.len() {
+                    line[len] = b;
+                    len += 1;
+                }
+                continue;
+            }
+            if let Some((start, end)) = releasable(&line[..len], sp) {
+                // SAFETY: a private anonymous mapping of this process that the keeper's
+                // code does not use; its contents are not read again.
+                unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+            }
+            len = 0;
+        }
+    }
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+}
+
+/// `(start, end)` of a `/proc/self/maps` line naming a private, writable, anonymous
+/// mapping of at least `RELEASE_AT_LEAST` bytes that does not hold `sp`.
+fn releasable(line: &[u8], sp: usize) -> Option<(usize, usize)> {
+    let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    let (_offset, _dev, inode) = (fields.next()?, fields.next()?, fields.next()?);
+    let path = fields.next();
+    let dash = range.iter().position(|&b| b == b'-')?;
+    let (start, end) = (hex(&range[..dash])?, hex(&range[dash + 1..])?);
+    let anonymous = inode == b"0" && path.is_none_or(|p| p == b"[heap]");
+    let private_writable = perms.len() >= 4 && perms[1] == b'w' && perms[3] == b'p';
+    (anonymous && private_writable && end - start >= RELEASE_AT_LEAST && !(start..end).contains(&sp)).then_some((start, end))
+}
+
+fn hex(digits: &[u8]) -> Option<usize> {
+    let mut v = 0usize;
+    for &d in digits {
+        let x = (d as char).to_digit(16)? as usize;
+        v = v.checked_mul(16)?.checked_add(x)?;
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::releasable;
+
+    #[test]
+    fn only_large_private_writable_anonymous_mappings_off_the_stack_are_released() {
+        let big = b"7f0000000000-7f0000200000 rw-p 00000000 00:00 0 ";
+        assert_eq!(releasable(big, 0x1000), Some((0x7f00_0000_0000, 0x7f00_0020_0000)));
+        assert_eq!(releasable(b"7f0000000000-7f0000200000 rw-p 00000000 00:00 0", 0x1000), Some((0x7f00_0000_0000, 0x7f00_0020_0000)));
+        assert_eq!(releasable(b"55d000000000-55d000400000 rw-p 00000000 00:00 0    [heap]", 0), Some((0x55d0_0000_0000, 0x55d0_0040_0000)));
+        assert_eq!(releasable(big, 0x7f00_0010_0000), None, "the stack it runs on");
+        assert_eq!(releasable(b"7f0000000000-7f0000001000 rw-p 00000000 00:00 0", 0), None, "small");
+        assert_eq!(releasable(b"7f0000000000-7f0000200000 r--p 00000000 00:00 0", 0), None, "read-only");
+        assert_eq!(releasable(b"7f0000000000-7f0000200000 rw-s 00000000 00:05 1234 /memfd:x (deleted)", 0), None, "shared");
+        assert_eq!(releasable(b"7f0000000000-7f0000200000 rw-p 00001000 08:01 99 /usr/lib/libc.so.6", 0), None, "a file's data");
+        assert_eq!(releasable(b"7ffd00000000-7ffd00200000 rw-p 00000000 00:00 0 [stack]", 0), None, "the main stack");
     }
 }
