@@ -123,21 +123,21 @@ fn shm_dir() -> Result<BorrowedFd<'static>> {
 }
 
 /// The file name of a key checked by [`valid_key`] (or made by `create`).
-fn name_of(key: &str) -> Result<CString> {
-    CString::new(key.trim_start_matches('/')).map_err(|_| RpcError::InvalidArgument("shm key contains NUL".into()))
+fn name_of(key: &str) -> std::io::Result<CString> {
+    CString::new(key.trim_start_matches('/')).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "shm key contains NUL"))
 }
 
 /// Open `SHM_DIR/<key>` without following a symlink and without blocking (a FIFO put
 /// there would otherwise block the open until someone writes it).
-fn open_in_shm(key: &str, flags: libc::c_int) -> Result<OwnedFd> {
-    let dir = shm_dir()?;
+fn open_in_shm(key: &str, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+    let dir = shm_dir().map_err(|e| std::io::Error::other(e.to_string()))?;
     let c = name_of(key)?;
     // SAFETY: `dir` is an open directory fd and `c` a valid NUL-terminated name.
     let fd = unsafe {
         libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK, 0o600)
     };
     if fd < 0 {
-        return Err(RpcError::io(&format!("opening {SHM_DIR}{key}"), std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fresh fd from the kernel, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -196,7 +196,7 @@ impl FsTensor {
         );
         // O_EXCL: a name someone else took (or a symlink put there) is an error, never
         // opened.
-        let fd = open_in_shm(&key, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)?;
+        let fd = open_in_shm(&key, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).map_err(|e| RpcError::io(&format!("creating {SHM_DIR}{key}"), e))?;
         let map_len = FS_DATA_OFFSET + storage.len().max(1);
         let r = (|| {
             let id = FileId::of(&tensorwire::os::fstat(fd.as_fd())?);
@@ -244,7 +244,12 @@ impl FsTensor {
                 "tensor view needs {need} bytes of storage, TensorRef says the storage has {storage_size}"
             )));
         }
-        let fd = open_in_shm(key, libc::O_RDONLY)?;
+        let fd = open_in_shm(key, libc::O_RDONLY).map_err(|e| match e.raw_os_error() {
+            // The peer's doing, not this process's trouble: refused as a bad value.
+            Some(libc::ELOOP) => RpcError::Decode(format!("{SHM_DIR}{key} is a symbolic link; only a plain file directly in {SHM_DIR} is opened")),
+            Some(libc::ENOENT) => RpcError::Decode(format!("{SHM_DIR}{key}, which the peer named, does not exist")),
+            _ => RpcError::io(&format!("opening {SHM_DIR}{key}"), e),
+        })?;
         let st = tensorwire::os::fstat(fd.as_fd())?;
         // SAFETY: plain syscall.
         let uid = unsafe { libc::geteuid() };
@@ -266,7 +271,7 @@ impl FsTensor {
             Some(c) if c.id == id => {
                 // Ours, sent back: share it again (writable, so reopened read-write, and
                 // checked to be the same file still).
-                let rw = open_in_shm(key, libc::O_RDWR)?;
+                let rw = open_in_shm(key, libc::O_RDWR).map_err(|e| RpcError::io(&format!("opening {SHM_DIR}{key}"), e))?;
                 if FileId::of(&tensorwire::os::fstat(rw.as_fd())?) != id {
                     return Err(RpcError::Decode(format!("{SHM_DIR}{key} was replaced while it was being opened")));
                 }
