@@ -110,10 +110,10 @@ impl Stream {
     }
 
     /// Write all of `data` by `deadline`, however many partial writes it takes; what
-    /// does not fit waits for room until then (`TimedOut` after). The socket's own
-    /// SO_SNDTIMEO bounds each blocking write, not the whole, and a write that moved
-    /// some bytes before it expired starts a fresh one: a peer that stops reading held a
-    /// large write for several times that.
+    /// does not fit waits for room until then (`TimedOut` after). Not `write_all` under
+    /// SO_SNDTIMEO: that bounds each blocking write, and one that moved some bytes
+    /// returns short and the next waits afresh, so a large write to a peer that stops
+    /// reading would wait several times the bound.
     pub fn write_all_by(&self, mut data: &[u8], deadline: Instant) -> std::io::Result<()> {
         let fd = self.fd();
         while !data.is_empty() {
