@@ -155,16 +155,30 @@ fn keys_that_escape_or_point_elsewhere_are_refused() {
     let (host, _liar) = host_and_liar(accepting());
     let give = |key: &str| host.call("liar", "give", vec![key.into(), "file_system".into()]);
 
+    /// Removes what the test put in /dev/shm, pass or fail.
+    struct Cleanup(Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
+            }
+        }
+    }
+    let mut cleanup = Cleanup(Vec::new());
+
     // A directory in /dev/shm holding a file: `/dir/file` has a second '/'.
     let dir = format!("/dev/shm/{}", unique("dir"));
+    cleanup.0.push(dir.clone());
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(format!("{dir}/f"), &target.bytes).unwrap();
     let nested = format!("{}/f", dir.trim_start_matches("/dev/shm"));
     // A symlink in /dev/shm to the other program's file.
     let link = format!("/{}", unique("link"));
+    cleanup.0.push(format!("/dev/shm{link}"));
     std::os::unix::fs::symlink(target.path(), format!("/dev/shm{link}")).unwrap();
     // A FIFO.
     let fifo = format!("/{}", unique("fifo"));
+    cleanup.0.push(format!("/dev/shm{fifo}"));
     let c = std::ffi::CString::new(format!("/dev/shm{fifo}")).unwrap();
     // SAFETY: `c` is a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
@@ -196,9 +210,6 @@ fn keys_that_escape_or_point_elsewhere_are_refused() {
     // The plain key still works: the refusals above were for the path, not the file.
     assert_eq!(give(&target.key).unwrap().as_tensor().unwrap().to_f64_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.5]);
     target.assert_untouched();
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(format!("/dev/shm{link}"));
-    let _ = std::fs::remove_file(format!("/dev/shm{fifo}"));
 }
 
 /// Our own files keep torch's protocol: a peer that sends one back shares it (the same
