@@ -158,14 +158,16 @@ class Endpoint:
         self.close()
 
 
-def pair(serve_a: Optional[Mapping[str, Any]] = None, serve_b: Optional[Mapping[str, Any]] = None, native: bool = True) -> tuple[Endpoint, Endpoint]:
-    """Two connected endpoints in this process (tests, examples)."""
-    a, b = _native.Endpoint.pair(dict(serve_a or {}), dict(serve_b or {}), native)
+def pair(serve_a: Optional[Mapping[str, Any]] = None, serve_b: Optional[Mapping[str, Any]] = None, native: bool = True,
+         *, fs_tensors: bool = False) -> tuple[Endpoint, Endpoint]:
+    """Two connected endpoints in this process (tests, examples). ``fs_tensors`` as for
+    :func:`connect`, for both."""
+    a, b = _native.Endpoint.pair(dict(serve_a or {}), dict(serve_b or {}), native, fs_tensors)
     return Endpoint(a), Endpoint(b)
 
 
 def connect(address: str, serve: Optional[Mapping[str, Any]] = None, *, remote_tensors: bool = False,
-            timeout: float = 10.0) -> Endpoint:
+            timeout: float = 10.0, fs_tensors: bool = False) -> Endpoint:
     """A connection to a :class:`Listener` (or any tensorwire-rpc server) at ``address``:
     ``"tcp://host:port"`` or a Unix socket path. Over TCP a CPU tensor is copied into the
     message (JSON) unless ``remote_tensors``: then, where the peer's listener has it too,
@@ -173,18 +175,25 @@ def connect(address: str, serve: Optional[Mapping[str, Any]] = None, *, remote_t
     agreed). **Trusted peers only**: over tcp and shared memory UCX lets the peer read any
     memory of this process, not just the tensors sent (DESIGN.md, "Remote peers"). Needs a
     binding built with the ``ucx`` feature (``build_info()["ucx_built"]``); the wheel has
-    none, and asking for it there raises :class:`tensorwire.Refused`."""
-    return Endpoint(_native.Endpoint.connect(address, dict(serve or {}), remote_tensors, timeout))
+    none, and asking for it there raises :class:`tensorwire.Refused`.
+
+    ``fs_tensors``: read the ``/dev/shm`` files a pyisolate peer's ``TensorRef`` values
+    name (how pyisolate sends CPU tensors). Off (the default), such a value is refused
+    (:class:`tensorwire.Refused`): a peer must not make this process open a file of its
+    choosing. Turn it on for a trusted pyisolate peer only; a file this process did not
+    create is then only read, never written or removed."""
+    return Endpoint(_native.Endpoint.connect(address, dict(serve or {}), remote_tensors, timeout, fs_tensors))
 
 
 class Listener:
     """Accepts :func:`connect` connections on ``address`` (``"tcp://127.0.0.1:0"`` picks a
     port; :attr:`address` is the real one), each serving ``serve``. ``remote_tensors`` as
-    for :func:`connect` — both sides must ask for it."""
+    for :func:`connect` — both sides must ask for it; ``fs_tensors`` as for :func:`connect`,
+    for every connection accepted."""
 
     def __init__(self, address: str, serve: Optional[Mapping[str, Any]] = None, *,
-                 remote_tensors: bool = False) -> None:
-        self._native = _native.RpcListener(address, dict(serve or {}), remote_tensors)
+                 remote_tensors: bool = False, fs_tensors: bool = False) -> None:
+        self._native = _native.RpcListener(address, dict(serve or {}), remote_tensors, fs_tensors)
 
     @property
     def address(self) -> str:

@@ -56,8 +56,10 @@ pub struct RpcConfig {
     /// How long a call waits for its response when its `CallOptions` say nothing
     /// (default `Wait::Forever`: until the response or the connection's end).
     pub default_timeout: Wait,
-    /// How long one frame write may block before the peer counts as not reading (the
-    /// connection is then closed).
+    /// How long one frame write may take before the peer counts as not reading (default
+    /// 30 s; the connection is then closed). One bound for the whole frame, however many
+    /// partial writes it takes, so a peer that reads a little now and then cannot stretch
+    /// it.
     pub send_timeout: Duration,
     /// Most worker threads (handlers running or blocked at once); a request beyond it is
     /// answered "server busy" — except one for an inline handler, which waits in the
@@ -82,7 +84,14 @@ pub struct RpcConfig {
     /// handler runs on the worker pool. On, a connection that serves sync requests costs
     /// one more thread (the standby, started with the first) and an epoll fd.
     pub inline_sync: bool,
-    /// Open CPU `TensorRef`s (file_system) the peer sends (see [`crate::tensor`] on trust).
+    /// Open the files CPU `TensorRef`s (pyisolate's file_system tensors) name (default
+    /// `false`). Off, a received `TensorRef` is refused (`RpcError::Decode`, naming this
+    /// field): a peer must not make this process open, map or unlink a file of its
+    /// choosing. Turn it on only for a trusted peer that speaks pyisolate's wire and no
+    /// native tensors; even then the file must be one directly in `/dev/shm`, a file this
+    /// process did not create is only read (opened `O_NOFOLLOW` read-only, mapped
+    /// private), and only files this process created are ever written or unlinked (see
+    /// [`crate::tensor`] on trust). What this endpoint sends is not affected.
     pub accept_fs_tensors: bool,
     /// Strategy for the `TensorRef`s we send.
     pub fs_strategy: FsStrategy,
@@ -126,7 +135,7 @@ impl Default for RpcConfig {
             spin: Duration::from_micros(50),
             reader_yield: Duration::from_millis(1),
             inline_sync: true,
-            accept_fs_tensors: true,
+            accept_fs_tensors: false,
             fs_strategy: FsStrategy::Borrowed,
             fs_keep: Duration::from_secs(10),
             native_tensors: true,

@@ -9,9 +9,10 @@
 use crate::error::{Result, RpcError};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tensorwire::Wait;
 
 /// One connected stream.
 #[derive(Debug)]
@@ -106,6 +107,38 @@ impl Stream {
             Stream::Unix(s) => (&*s).write_all(data),
             Stream::Tcp(s) => (&*s).write_all(data),
         }
+    }
+
+    /// Write all of `data` by `deadline`, however many partial writes it takes; what
+    /// does not fit waits for room until then (`TimedOut` after). Not `write_all` under
+    /// SO_SNDTIMEO: that bounds each blocking write, and one that moved some bytes
+    /// returns short and the next waits afresh, so a large write to a peer that stops
+    /// reading would wait several times the bound.
+    pub fn write_all_by(&self, mut data: &[u8], deadline: Instant) -> std::io::Result<()> {
+        let fd = self.fd();
+        while !data.is_empty() {
+            // SAFETY: `data` is a valid buffer of `data.len()` bytes for the call; `fd` is
+            // our open socket. MSG_NOSIGNAL: a peer gone is EPIPE, not SIGPIPE.
+            let n = unsafe { libc::send(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                data = &data[n as usize..];
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => {}
+                std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(std::io::ErrorKind::TimedOut.into());
+                    }
+                    // Blocks (no spin) until there is room, the peer hangs up (the next
+                    // send says how), or the deadline.
+                    tensorwire::os::poll_events(&[(fd, libc::POLLOUT)], Wait::Until(deadline)).map_err(std::io::Error::other)?;
+                }
+                _ => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Write `data` with `fd` attached (SCM_RIGHTS; Unix only). The whole of `data` goes

@@ -14,16 +14,21 @@
 //! peers that only speak pyisolate, a CPU `TensorRef` with strategy `file_system` /
 //! `file_system_borrowed` naming a `/dev/shm` file laid out as PyTorch's
 //! `RefcountedMapAllocator` does: an `int32` refcount at offset 0, data at offset 64.
-//! Whoever brings the refcount to 0 unlinks the file — the same rule torch follows, so a
-//! Python peer with plain torch and this crate can share files both ways. Over TCP a tensor
+//! Whoever brings the refcount of a file this process created to 0 unlinks it — the same
+//! rule torch follows, so a Python peer with plain torch and this crate can share our files
+//! both ways; a peer's file is only read here. Over TCP a tensor
 //! is copied into the JSON as a `TensorValue` (nested lists), within
 //! `RpcConfig::max_tensor_copy`.
 //!
-//! Trust: file_system mode names files in `/dev/shm`, like pyisolate. A peer could name a
-//! file of ours it should not see (we refuse files not owned by our uid, non-regular files
-//! and odd names) or truncate a shared file under our mapping (SIGBUS). Use native mode
-//! (sealed memfds passed by fd) with peers you do not trust, and set
-//! `RpcConfig::accept_fs_tensors = false`.
+//! Trust: file_system mode names files in `/dev/shm`, like pyisolate, so a received
+//! `TensorRef` is refused unless the endpoint asked for them
+//! (`RpcConfig::accept_fs_tensors`, off by default; on only for a trusted pyisolate peer).
+//! When on, the name must be one file directly in `/dev/shm` (no `..`, no second `/`, no
+//! symlink), a regular file owned by our uid; a file this process did not create is opened
+//! read-only and mapped private and read-only, and never written, truncated or unlinked
+//! here (its refcount included: see [`crate::fs_tensor`]). A peer that truncates its file
+//! under our mapping can still make a read of it fault (SIGBUS): use native mode (sealed
+//! memfds passed by fd) with peers you do not trust.
 
 use crate::cuda_tensor::device_name;
 use crate::error::{Result, RpcError};
@@ -230,17 +235,16 @@ impl FsTensor {
     }
 
     /// The `TensorRef` dict naming this file. With `Transit`, one reference is added for
-    /// the receiver to drop.
+    /// the receiver to drop — to a file of ours; a peer's file (never written here) goes
+    /// as `file_system_borrowed` whatever `strategy` says.
     pub fn to_tensor_ref(&self, strategy: FsStrategy) -> Value {
         let mut m = Map::new();
         m.insert("__type__".into(), "TensorRef".into());
         m.insert("device".into(), "cpu".into());
         let s = match strategy {
             FsStrategy::Borrowed => "file_system_borrowed",
-            FsStrategy::Transit => {
-                self.add_transit_ref();
-                "file_system"
-            }
+            FsStrategy::Transit if self.add_transit_ref() => "file_system",
+            FsStrategy::Transit => "file_system_borrowed",
         };
         m.insert("strategy".into(), s.into());
         m.insert("manager_path".into(), "".into());

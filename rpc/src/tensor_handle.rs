@@ -241,10 +241,13 @@ impl Tensor {
         }
     }
 
-    /// As a file_system tensor: `File` as is, anything else copied into a new file.
+    /// As a file_system tensor: a `File` of ours as is, anything else (a peer's file
+    /// included: it is never handed on) copied into a new file.
     pub fn to_fs(&self) -> Result<Arc<FsTensor>> {
         if let Tensor::File(f) = self {
-            return Ok(f.clone());
+            if f.is_own() {
+                return Ok(f.clone());
+            }
         }
         let (storage, layout) = self.storage_copy()?;
         Ok(Arc::new(FsTensor::create(layout, &storage)?))

@@ -316,7 +316,13 @@ fn close_frame_is_answered_and_closes() {
 
 #[test]
 fn tensors_as_file_system_refs_and_natively() {
-    let (s, c) = pair();
+    // Both sides accept file_system TensorRefs (off by default: see tests/fs_tensors.rs).
+    let (s, c) = {
+        let (sr, cr) = (Registry::new(), Registry::new());
+        sr.register("calc", calc()).unwrap();
+        cr.register("peer", peer_service()).unwrap();
+        Endpoint::pair(sr, cr, RpcConfig { accept_fs_tensors: true, ..RpcConfig::default() }).unwrap()
+    };
     let t = Tensor::from_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.5]).unwrap();
     // Without negotiation: file_system TensorRef.
     let r = c.call("calc", "describe", vec![Value::from(t.clone())]).unwrap();

@@ -359,3 +359,53 @@ fn a_connection_without_a_first_message_is_closed_and_frees_its_slot() {
     assert!(!ep.is_closed(), "{:?}", ep.close_reason());
     assert_eq!(client.call("calc", "echo", vec![2.into()]).unwrap(), Value::Array(vec![2.into()]));
 }
+
+/// A response naming a native tensor the peer never sent fails the call when its own
+/// deadline passes, not at the claim's longer limit, and says which tensor never came.
+#[test]
+fn a_native_tag_never_sent_fails_the_call_at_its_deadline() {
+    let liar = Registry::new();
+    liar.register(
+        "liar",
+        Service::new("Liar").method_inline("give", |_, _| {
+            Ok(Value::parse(br#"{"__type__": "TensorwireTensor", "tag": 987654321, "dtype": "torch.float32", "tensor_size": [4], "tensor_stride": [1], "tensor_offset": 0}"#).unwrap())
+        }),
+    )
+    .unwrap();
+    let (host, peer) = Endpoint::pair(Registry::new(), liar, RpcConfig::default()).unwrap();
+    assert!(host.negotiate_native(Duration::from_secs(10)).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !peer.native_enabled() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let asked = Duration::from_secs(2);
+    let started = Instant::now();
+    let e = host.call_with("liar", "give", vec![], Map::new(), CallOptions { timeout: Some(asked.into()), ..Default::default() }).unwrap_err();
+    let took = started.elapsed();
+    assert!(took < asked + Duration::from_secs(1), "a {asked:?} call took {took:?}");
+    assert!(matches!(e, RpcError::Timeout { .. }), "{e:?}");
+    // The connection still serves (the claim let go of the transport at the deadline).
+    assert_eq!(peer.call("nothing", "x", vec![]).unwrap_err().to_string(), "Object ID nothing not registered");
+}
+
+/// A peer that never reads: a large write fails when `send_timeout` has passed — once
+/// for the whole frame, not once per partial write — and the error says how long it
+/// really waited.
+#[test]
+fn a_write_to_a_peer_that_never_reads_ends_at_send_timeout() {
+    let send_timeout = Duration::from_secs(2);
+    let (ep, _raw) = server(RpcConfig { send_timeout, ..RpcConfig::default() });
+    // Far more than the socket buffers hold, and small (this process's peak RSS is
+    // measured by another test).
+    let big = Value::Str("x".repeat(4 << 20));
+    let started = Instant::now();
+    let e = ep.call_with("calc", "echo", vec![big], Map::new(), CallOptions { timeout: Some(Duration::from_secs(30).into()), ..Default::default() });
+    let took = started.elapsed();
+    let why = e.unwrap_err().to_string();
+    assert!(took < send_timeout + Duration::from_secs(1), "send_timeout {send_timeout:?}, the write took {took:?}: {why}");
+    assert!(why.contains("not reading") && why.contains("send_timeout is 2s"), "{why}");
+    // "... still blocked after 2.0s ...": what it waited, no less than the bound and no
+    // more than the call took.
+    let waited: f64 = why.split("still blocked after ").nth(1).and_then(|r| r.split('s').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{why}"));
+    assert!(waited >= 1.95 && waited <= took.as_secs_f64() + 0.05, "stated {waited}s, bound 2s, call took {took:?}: {why}");
+}

@@ -70,7 +70,8 @@ fn pyisolate_client_calls_rust_service() {
     let path = sock_path("srv");
     let reg = Registry::new();
     reg.register("echo", rust_echo()).unwrap();
-    let server = Server::bind(&path, reg, RpcConfig::default()).unwrap();
+    // pyisolate sends CPU tensors as file_system TensorRefs: accepted only when asked.
+    let server = Server::bind(&path, reg, RpcConfig { accept_fs_tensors: true, ..RpcConfig::default() }).unwrap();
     let child = Command::new(py).arg(script()).arg("client").arg(&path).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let ep = server.accept().unwrap();
     let out = child.wait_with_output().unwrap();
@@ -98,7 +99,12 @@ fn rust_client_calls_pyisolate_server() {
     let mut child = start_python_server(py, &path);
     let reg = Registry::new();
     reg.register("rs", rust_echo()).unwrap();
-    let ep = Endpoint::connect(&path, reg, RpcConfig { default_timeout: Wait::For(Duration::from_secs(30)), ..Default::default() }).unwrap();
+    let ep = Endpoint::connect(
+        &path,
+        reg,
+        RpcConfig { default_timeout: Wait::For(Duration::from_secs(30)), accept_fs_tensors: true, ..Default::default() },
+    )
+    .unwrap();
     let py_obj = RemoteObject::new(&ep, "py");
 
     let r: i64 = py_obj.call("add", (1, 2)).unwrap();

@@ -12,16 +12,23 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tensorwire::Wait;
 
-/// The sending half of a call's reply channel (capacity 1). The response, a cancel, a
-/// timeout or the connection's end completes it; the first completion is the one the
-/// caller reads, and any later one is never read (dropped with the channel).
+/// The sending half of a call's reply channel (capacity 1), and the call's deadline as
+/// its options set it (`None`: none). The response, a cancel, a timeout or the
+/// connection's end completes it; the first completion is the one the caller reads, and
+/// any later one is never read (dropped with the channel).
 #[derive(Clone)]
-pub(super) struct ReplyTx(Sender<Result<Value>>);
+pub(super) struct ReplyTx(Sender<Result<Value>>, Option<Instant>);
 
 impl ReplyTx {
     pub(super) fn complete(&self, r: Result<Value>) {
         // Full: completed already. Never blocks.
         let _ = self.0.try_send(r);
+    }
+
+    /// When the call's own wait ends: decoding its response (a native tensor it names)
+    /// waits no longer than that.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.1
     }
 }
 
@@ -109,7 +116,7 @@ impl Inner {
     pub(super) fn register_call(self: &Arc<Self>, what: String, timeout: Wait) -> PendingCall {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, reply) = crossbeam_channel::bounded(1);
-        let complete = ReplyTx(tx);
+        let complete = ReplyTx(tx, deadline_of(timeout).0);
         self.pending.lock().insert(id, complete.clone());
         PendingCall { inner: self.clone(), id, reply, complete, timeout, what }
     }

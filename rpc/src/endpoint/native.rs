@@ -196,9 +196,18 @@ impl Arrival {
     }
 }
 
-/// How long a claim waits for the tensor its frame names (the sender puts it on the
-/// transport before the frame, so only a peer that lies waits this long).
+/// How long the claims of one frame wait for the tensors it names (the sender puts them
+/// on the transport before the frame, so only a peer that lies waits this long).
 const CLAIM_WAIT: Duration = Duration::from_secs(10);
+
+/// Until when the native tensors a received frame names are waited for: [`CLAIM_WAIT`]
+/// from now for the whole frame, and never past `call`, the deadline of the call of ours
+/// whose response it is (a frame naming a tag never sent then fails that call when its
+/// own wait would have ended, not later).
+pub(super) fn claim_deadline(call: Option<Instant>) -> Instant {
+    let limit = Instant::now() + CLAIM_WAIT;
+    call.map_or(limit, |d| d.min(limit))
+}
 
 pub(super) const REFUSED_REPEAT: &str =
     "native_hello refused: native tensors were already negotiated on this connection (one native_hello per connection)";
@@ -387,8 +396,8 @@ impl Inner {
     }
 
     /// The tensor a received `TensorwireTensor` names: the peer's export with that tag,
-    /// which must match the JSON's layout.
-    pub(super) fn claim_native(&self, m: &Map) -> Result<Value> {
+    /// which must match the JSON's layout; waited for until `deadline`.
+    pub(super) fn claim_native(&self, m: &Map, deadline: Instant) -> Result<Value> {
         let tag = m
             .get("tag")
             .and_then(Value::as_i64)
@@ -396,7 +405,7 @@ impl Inner {
             .ok_or_else(|| RpcError::Decode("TensorwireTensor has no integer tag".into()))?;
         let want = crate::tensor::layout_from_ref(m)?;
         let want_cuda = crate::tensor::device_from_ref(m)?;
-        let deadline = Instant::now() + CLAIM_WAIT;
+        let started = Instant::now();
         let st = self
             .wait_native(Some(deadline))
             .ok_or_else(|| RpcError::Protocol("a native tensor arrived but native tensors were never negotiated".into()))?;
@@ -430,7 +439,10 @@ impl Inner {
             if let Some(e) = &arrived.ended {
                 return Err(e.clone());
             }
-            let timed_out = || RpcError::Timeout { what: format!("native tensor {tag}"), after: CLAIM_WAIT };
+            let timed_out = || RpcError::Timeout {
+                what: format!("native tensor {tag}, which the peer's message names (it never came on the transport)"),
+                after: started.elapsed(),
+            };
             if self.is_closed() || Instant::now() >= deadline {
                 return Err(timed_out());
             }

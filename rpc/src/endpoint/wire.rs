@@ -9,7 +9,7 @@ use crate::message::Message;
 use crate::tensor::{FsTensor, Tensor};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl Inner {
     pub(super) fn write_frame(&self, payload: &[u8]) -> Result<()> {
@@ -25,12 +25,16 @@ impl Inner {
             if payload.len() <= 64 * 1024 { (frame::encode_frame(payload)?, &[][..]) } else { (frame::header(payload.len())?.to_vec(), payload) };
         let framed_len = head.len() + body.len();
         let w = self.writer.lock();
-        if let Err(e) = self.sock.write_all(&head).and_then(|_| self.sock.write_all(body)) {
+        // One bound for the whole frame (see `Stream::write_all_by`); one of more than a
+        // century is as good as none.
+        let started = Instant::now();
+        let by = started + self.cfg.send_timeout.min(Duration::from_secs(u32::MAX.into()));
+        if let Err(e) = self.sock.write_all_by(&head, by).and_then(|_| self.sock.write_all_by(body, by)) {
+            let waited = started.elapsed();
             drop(w);
             let err = if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
                 RpcError::Protocol(format!(
-                    "the peer is not reading: a {}-byte write blocked for {:?} (RpcConfig::send_timeout)",
-                    framed_len,
+                    "the peer is not reading: a {framed_len}-byte write was still blocked after {waited:.1?} (RpcConfig::send_timeout is {:?})",
                     self.cfg.send_timeout
                 ))
             } else {
@@ -50,23 +54,30 @@ impl Inner {
         Ok(out)
     }
 
-    /// Replace tensor references in a received value by tensors.
-    pub(super) fn decode_tensors(self: &Arc<Self>, v: Value) -> Result<Value> {
+    /// Replace tensor references in a received value by tensors; a native tensor not yet
+    /// arrived is waited for until `claim_by` (see `native::claim_deadline`).
+    pub(super) fn decode_tensors(self: &Arc<Self>, v: Value, claim_by: Instant) -> Result<Value> {
         match v {
             // In place: rebuilding every list and dict of a large value cost as much as
             // parsing it.
             Value::Array(mut a) => {
                 for x in &mut a {
-                    *x = self.decode_tensors(std::mem::take(x))?;
+                    *x = self.decode_tensors(std::mem::take(x), claim_by)?;
                 }
                 Ok(Value::Array(a))
             }
             Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
-                Some("TensorRef") if self.cfg.accept_fs_tensors && m.get("device").and_then(Value::as_str) == Some("cpu") => {
+                Some("TensorRef") if !self.cfg.accept_fs_tensors => Err(RpcError::Decode(format!(
+                    "a file-system tensor (pyisolate TensorRef naming {:?}) arrived, and this endpoint does not open files a \
+                     peer names: RpcConfig::accept_fs_tensors (Python: fs_tensors=True) turns that on, for a trusted pyisolate \
+                     peer only (tensorwire peers send native tensors)",
+                    crate::fs_tensor::clip(m.get("storage_key").and_then(Value::as_str).unwrap_or("?"), 80)
+                ))),
+                Some("TensorRef") if m.get("device").and_then(Value::as_str) == Some("cpu") => {
                     let f = FsTensor::from_tensor_ref(&m)?.with_max_copy(self.cfg.max_tensor_copy);
                     Ok(Value::from(Tensor::File(Arc::new(f))))
                 }
-                Some("TensorwireTensor") => self.claim_native(&m),
+                Some("TensorwireTensor") => self.claim_native(&m, claim_by),
                 Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
                 #[cfg(feature = "ucx")]
                 Some(crate::ucx_tensor::REMOTE_TENSOR_TYPE) => self.claim_remote(&m),
@@ -77,7 +88,7 @@ impl Inner {
                 _ => {
                     let mut m = m;
                     for x in m.values_mut() {
-                        *x = self.decode_tensors(std::mem::take(x))?;
+                        *x = self.decode_tensors(std::mem::take(x), claim_by)?;
                     }
                     Ok(Value::Object(m))
                 }

@@ -48,21 +48,27 @@ pub struct PyEndpoint {
 #[pymethods]
 impl PyEndpoint {
     /// Two connected endpoints in this process, each serving its dict of objects; with
-    /// `native`, tensors travel as shared segments under leases.
+    /// `native`, tensors travel as shared segments under leases. With `fs_tensors`, both
+    /// read the `/dev/shm` files pyisolate `TensorRef`s name (without: refused).
     #[staticmethod]
-    #[pyo3(signature = (serve_a=None, serve_b=None, native=true))]
+    #[pyo3(signature = (serve_a=None, serve_b=None, native=true, fs_tensors=false))]
     fn pair(
         py: Python<'_>,
         serve_a: Option<&Bound<'_, PyDict>>,
         serve_b: Option<&Bound<'_, PyDict>>,
         native: bool,
+        fs_tensors: bool,
     ) -> PyResult<(PyEndpoint, PyEndpoint)> {
         let (ra, rb) = (
             service::registry_of(serve_a)?,
             service::registry_of(serve_b)?,
         );
+        let cfg = RpcConfig {
+            accept_fs_tensors: fs_tensors,
+            ..RpcConfig::default()
+        };
         let (a, b) = py
-            .detach(|| Endpoint::pair(ra, rb, RpcConfig::default()))
+            .detach(|| Endpoint::pair(ra, rb, cfg))
             .map_err(|e| to_py(py, &e))?;
         if native {
             py.detach(|| a.negotiate_native(Duration::from_secs(10)))
@@ -71,13 +77,16 @@ impl PyEndpoint {
         Ok((PyEndpoint { ep: a }, PyEndpoint { ep: b }))
     }
 
-    /// An endpoint over a connected Unix socket `fd`, which it takes over.
+    /// An endpoint over a connected Unix socket `fd`, which it takes over. With
+    /// `fs_tensors` (a trusted pyisolate peer), it reads the `/dev/shm` files the peer's
+    /// `TensorRef`s name; without, they are refused.
     #[staticmethod]
-    #[pyo3(signature = (fd, serve=None))]
+    #[pyo3(signature = (fd, serve=None, fs_tensors=false))]
     fn from_fd(
         py: Python<'_>,
         fd: RawFd,
         serve: Option<&Bound<'_, PyDict>>,
+        fs_tensors: bool,
     ) -> PyResult<PyEndpoint> {
         if fd < 0 {
             return Err(crate::errors::refused(
@@ -89,8 +98,12 @@ impl PyEndpoint {
         // SAFETY: the caller hands this fd over; it is non-negative and owned by nothing
         // else from here on (an fd that is not a socket fails in `from_fd`, which closes it).
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cfg = RpcConfig {
+            accept_fs_tensors: fs_tensors,
+            ..RpcConfig::default()
+        };
         let ep = py
-            .detach(|| Endpoint::from_fd(owned, reg, RpcConfig::default()))
+            .detach(|| Endpoint::from_fd(owned, reg, cfg))
             .map_err(|e| to_py(py, &e))?;
         Ok(PyEndpoint { ep })
     }
@@ -98,18 +111,21 @@ impl PyEndpoint {
     /// An endpoint connected to `address` (`tcp://host:port` or a Unix socket path),
     /// serving the dict `serve`. With `remote_tensors` (trusted peers only; a build with
     /// the `ucx` feature), offers them and waits up to `timeout` seconds for the answer:
-    /// CPU tensors then travel by UCX get instead of inline, where the peer agrees.
+    /// CPU tensors then travel by UCX get instead of inline, where the peer agrees. With
+    /// `fs_tensors` (a trusted pyisolate peer), it reads the `/dev/shm` files the peer's
+    /// `TensorRef`s name; without, they are refused.
     #[staticmethod]
-    #[pyo3(signature = (address, serve=None, remote_tensors=false, timeout=10.0))]
+    #[pyo3(signature = (address, serve=None, remote_tensors=false, timeout=10.0, fs_tensors=false))]
     fn connect(
         py: Python<'_>,
         address: &str,
         serve: Option<&Bound<'_, PyDict>>,
         remote_tensors: bool,
         timeout: f64,
+        fs_tensors: bool,
     ) -> PyResult<PyEndpoint> {
         let reg = service::registry_of(serve)?;
-        let cfg = super::listener::config(py, remote_tensors)?;
+        let cfg = super::listener::config(py, remote_tensors, fs_tensors)?;
         let ep = py
             .detach(|| Endpoint::connect(address, reg, cfg))
             .map_err(|e| to_py(py, &e))?;

@@ -11,8 +11,9 @@ use tensorwire_rpc::{RpcConfig, Server};
 
 /// The connection settings of `connect` and `Listener`: the defaults, plus remote tensors
 /// when asked for — refused by name in a build without the `ucx` feature rather than
-/// silently falling back, so a caller who asked for them knows they cannot be had.
-pub fn config(py: Python<'_>, remote_tensors: bool) -> PyResult<RpcConfig> {
+/// silently falling back, so a caller who asked for them knows they cannot be had — and
+/// pyisolate's file-system tensors when asked for (`fs_tensors`).
+pub fn config(py: Python<'_>, remote_tensors: bool, fs_tensors: bool) -> PyResult<RpcConfig> {
     if remote_tensors && !cfg!(feature = "ucx") {
         return Err(crate::errors::refused(
             py,
@@ -23,6 +24,7 @@ pub fn config(py: Python<'_>, remote_tensors: bool) -> PyResult<RpcConfig> {
     }
     Ok(RpcConfig {
         remote_tensors,
+        accept_fs_tensors: fs_tensors,
         ..RpcConfig::default()
     })
 }
@@ -37,17 +39,19 @@ pub struct PyListener {
 impl PyListener {
     /// Binds `address` (`tcp://host:port`, port 0 for any; or a Unix socket path that must
     /// not exist). With `remote_tensors` (trusted peers only), a peer that offers them gets
-    /// CPU tensors by UCX get.
+    /// CPU tensors by UCX get. With `fs_tensors` (trusted pyisolate peers only), the
+    /// `/dev/shm` files pyisolate's `TensorRef`s name are read; without, refused.
     #[new]
-    #[pyo3(signature = (address, serve=None, remote_tensors=false))]
+    #[pyo3(signature = (address, serve=None, remote_tensors=false, fs_tensors=false))]
     fn new(
         py: Python<'_>,
         address: &str,
         serve: Option<&Bound<'_, PyDict>>,
         remote_tensors: bool,
+        fs_tensors: bool,
     ) -> PyResult<PyListener> {
         let reg = service::registry_of(serve)?;
-        let cfg = config(py, remote_tensors)?;
+        let cfg = config(py, remote_tensors, fs_tensors)?;
         let server = Server::bind(address, reg, cfg).map_err(|e| to_py(py, &e))?;
         Ok(PyListener { server })
     }
