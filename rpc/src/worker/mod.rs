@@ -33,7 +33,7 @@ mod sandbox;
 mod spec;
 
 pub use child::{connect, serve};
-pub use handle::{Worker, WorkerState};
+pub use handle::{OnInterrupt, Worker, WorkerCall, WorkerState};
 pub use output::Captured;
 pub use pool::{PooledWorker, WorkerPool};
 pub use sandbox::Sandbox;
