@@ -13,9 +13,13 @@ inherited socketpair (no path anyone could guess), that serves the object ``attr
 (a class is instantiated once). Its supervisor here:
 
 - kills it when a call passes its deadline (the call raises :class:`tensorwire.Timeout`;
-  leases it held on our tensors are reclaimed) and starts a fresh one for the next call;
+  leases it held on our tensors are reclaimed) and starts a fresh one at once, in the
+  background, for the next call;
 - fails the calls in flight with :class:`tensorwire.PeerGone` saying how it ended when it
-  crashes (a signal, ``os._exit``), and starts a fresh one for the next call;
+  crashes (a signal, ``os._exit``), and starts a fresh one in the background;
+- raises :class:`KeyboardInterrupt` within ~50 ms when Ctrl-C comes during a call, and
+  kills the worker (``on_interrupt="kill"``, replaced in the background) or drops the call
+  (``"abandon"``); cancelling an ``acall`` task does the same;
 - has it die with this process (``PR_SET_PDEATHSIG`` on its process group's leader);
 - applies resource :class:`Limits` and, optionally, a :class:`Sandbox` (landlock
   file-system allow-list, seccomp denial of network sockets and exec) before the worker

@@ -140,7 +140,7 @@ impl Worker {
     /// worker's process from then on (`Ready` with its pid).
     pub fn state(&self) -> WorkerState {
         let mut slot = self.live.lock();
-        if !slot.as_ref().is_some_and(|l| !l.spoiled.load(Ordering::Acquire)) {
+        if slot.as_ref().is_none_or(|l| l.spoiled.load(Ordering::Acquire)) {
             let mut next = self.next.state.lock();
             if let Some(Ok(_)) = &next.started {
                 if let Some(Ok(w)) = next.started.take() {
