@@ -2,7 +2,7 @@
 the test interrupts with SIGINT; prints when it caught KeyboardInterrupt (CLOCK_MONOTONIC)
 and what the worker (or connection) looked like after, as one JSON line.
 
-    python interrupt_host.py kill|abandon|endpoint|pending
+    python interrupt_host.py kill|abandon|endpoint|pending|spawn
 """
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ class Slow:
 
 def main(mode: str) -> None:
     report: dict = {"mode": mode}
-    if mode in ("kill", "abandon"):
+    if mode == "spawn":
+        blocking = lambda: rpc.spawn("interrupt_slow_import:Never", env={"PYTHONPATH": HERE})  # noqa: E731
+    elif mode in ("kill", "abandon"):
         w = rpc.spawn("interrupt_targets:Sleeper", env={"PYTHONPATH": HERE}, on_interrupt=mode)
         before = w.call("pid")
         blocking = lambda: w.call("sleep", 30)  # noqa: E731 - no deadline
@@ -59,7 +61,7 @@ def main(mode: str) -> None:
         report["before_gone"] = gone(before)
         report["after"] = w.call("pid", timeout=120)
         w.close()
-    else:
+    elif mode != "spawn":
         report["pending_calls"] = a._native.pending_calls
         report["after"] = a.call("slow", "sleep", 0, timeout=30)
     print("REPORT " + json.dumps(report), flush=True)

@@ -91,6 +91,11 @@ def test_ctrl_c_interrupts_an_endpoint_call_and_abandons_it(mode):
     assert report["after"] == 0
 
 
+def test_ctrl_c_interrupts_a_spawn_waiting_for_its_handshake():
+    latency, _ = interrupt_host("spawn")
+    assert latency < 0.5, f"KeyboardInterrupt came {latency:.3f} s after the signal"
+
+
 # ---- cancelling an acall ---------------------------------------------------------------
 
 def cancel_after(coro, seconds: float) -> float:
