@@ -13,9 +13,13 @@ inherited socketpair (no path anyone could guess), that serves the object ``attr
 (a class is instantiated once). Its supervisor here:
 
 - kills it when a call passes its deadline (the call raises :class:`tensorwire.Timeout`;
-  leases it held on our tensors are reclaimed) and starts a fresh one for the next call;
+  leases it held on our tensors are reclaimed) and starts a fresh one at once, in the
+  background, for the next call;
 - fails the calls in flight with :class:`tensorwire.PeerGone` saying how it ended when it
-  crashes (a signal, ``os._exit``), and starts a fresh one for the next call;
+  crashes (a signal, ``os._exit``), and starts a fresh one in the background;
+- raises :class:`KeyboardInterrupt` within ~50 ms when Ctrl-C comes during a call, and
+  kills the worker (``on_interrupt="kill"``, replaced in the background) or drops the call
+  (``"abandon"``); cancelling an ``acall`` task does the same;
 - has it die with this process (``PR_SET_PDEATHSIG`` on its process group's leader);
 - applies resource :class:`Limits` and, optionally, contains it in a :class:`Sandbox`
   (its own namespaces, a file-system allow-list, an allow-listed environment, a
@@ -41,6 +45,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import json
 import os
 import sys
 import sysconfig
@@ -91,6 +96,25 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     return _async_pool
 
 
+async def _awaited(native_call: Any, wait: Any) -> Any:
+    # The call is out already; a thread waits for it (its waits release the GIL), and a
+    # cancelled task cancels it, which wakes that thread at once.
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_executor(), wait, native_call)
+    except asyncio.CancelledError:
+        native_call.cancel()
+        raise
+
+
+def _wait_pending(timeout: Optional[float], native_call: Any) -> Any:
+    return native_call.wait(timeout)
+
+
+def _wait_worker_call(native_call: Any) -> Any:
+    return native_call.wait()
+
+
 class PendingCall:
     """A call sent and not yet waited for (:meth:`Endpoint.start`)."""
 
@@ -98,7 +122,8 @@ class PendingCall:
         self._native = native
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        """The call's result, waiting up to ``timeout`` seconds more; raises its error."""
+        """The call's result, waiting up to ``timeout`` seconds more; raises its error.
+        Ctrl-C raises :class:`KeyboardInterrupt` within ~50 ms and abandons the call."""
         return self._native.wait(timeout)
 
     def done(self) -> bool:
@@ -116,13 +141,14 @@ class Endpoint:
 
     def call(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """``object_id.method(*args, **kwargs)`` on the peer, waiting up to ``timeout``
-        seconds (None: no limit)."""
+        seconds (None: no limit). Ctrl-C raises :class:`KeyboardInterrupt` within ~50 ms
+        and abandons the call (its answer is dropped when it comes)."""
         return self._native.call(object_id, method, args, kwargs, timeout)
 
     async def acall(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
-        """:meth:`call` for asyncio: the loop keeps running while the call is out."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_executor(), functools.partial(self.call, object_id, method, *args, timeout=timeout, **kwargs))
+        """:meth:`call` for asyncio: the loop keeps running while the call is out.
+        Cancelling the task abandons the call (its answer is dropped when it comes)."""
+        return await _awaited(self._native.start(object_id, method, args, kwargs, timeout), functools.partial(_wait_pending, timeout))
 
     def start(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> PendingCall:
         """Send the call now; wait for it later with :meth:`PendingCall.result`."""
@@ -305,13 +331,20 @@ class _Calls:
     def call(self, method: str, *args: Any, timeout: Optional[float] = None, object_id: str = MAIN, **kwargs: Any) -> Any:
         """``target.method(*args, **kwargs)`` in the worker. Past ``timeout`` seconds
         (None: the worker's default from ``spawn(timeout=...)``) the worker is killed and
-        :class:`tensorwire.Timeout` raised; the next call starts a fresh worker."""
+        :class:`tensorwire.Timeout` raised; its replacement starts at once, in the
+        background, and the next call goes to it. Ctrl-C raises :class:`KeyboardInterrupt`
+        within ~50 ms and cancels the call as ``spawn(on_interrupt=...)`` says."""
         return self._native.call(object_id, method, args, kwargs, timeout)
 
+    def __call__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """Call the target itself: a function target (``spawn("mod:func")``), or an
+        instance whose class defines ``__call__`` — ``w(x)`` is ``w.call("__call__", x)``."""
+        return self._native.call(MAIN, "__call__", args, kwargs, timeout)
+
     async def acall(self, method: str, *args: Any, timeout: Optional[float] = None, object_id: str = MAIN, **kwargs: Any) -> Any:
-        """:meth:`call` for asyncio."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_executor(), functools.partial(self.call, method, *args, timeout=timeout, object_id=object_id, **kwargs))
+        """:meth:`call` for asyncio. Cancelling the task cancels the call as an
+        interrupt does (``spawn(on_interrupt=...)``)."""
+        return await _awaited(self._native.start(object_id, method, args, kwargs, timeout), _wait_worker_call)
 
     @property
     def pid(self) -> Optional[int]:
@@ -356,26 +389,60 @@ class Worker(_Calls):
         self.close()
 
 
+#: The environment variable carrying a class target's constructor arguments (JSON).
+INIT_ENV = "TENSORWIRE_WORKER_INIT"
+
+
+def _with_init(env: Optional[Mapping[str, str]], target: Optional[str], init_args: Optional[Sequence[Any]],
+               init_kwargs: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, str]]:
+    """``env`` plus the constructor arguments for the worker (``tensorwire.worker``)."""
+    if init_args is None and init_kwargs is None:
+        return env
+    if target is None:
+        raise ValueError("tensorwire.rpc: init_args / init_kwargs are for a class target ('module:Class'), not a command")
+    try:
+        text = json.dumps({"args": list(init_args or ()), "kwargs": dict(init_kwargs or {})}, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"tensorwire.rpc: init_args and init_kwargs must be JSON values (they reach the worker as JSON): {e}") from None
+    return {**(env or {}), INIT_ENV: text}
+
+
+def _on_interrupt(spec: Any, on_interrupt: str) -> Any:
+    if on_interrupt not in ("kill", "abandon"):
+        raise ValueError(f"tensorwire.rpc: on_interrupt={on_interrupt!r}: use 'kill' or 'abandon'")
+    return spec.with_on_interrupt(on_interrupt)
+
+
 def spawn(target: Optional[str] = None, *, command: Optional[Sequence[str]] = None, python: Optional[str] = None,
           env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
           output: str = "inherit", prefix: Optional[str] = None, capture_bytes: int = 1 << 16, limits: Optional[Limits] = None,
           sandbox: Optional[Sandbox] = None, handshake_timeout: float = 60.0, timeout: Optional[float] = None,
-          serve: Optional[Mapping[str, Any]] = None, path: Optional[Sequence[str]] = None) -> Worker:
-    """Start a worker serving ``target`` (``"module:attr"``; a class is instantiated) and
-    wait for its handshake (``handshake_timeout`` seconds, which include its imports).
-    Or run ``command`` (a program and its arguments) as the worker: any program that
-    serves the protocol, e.g. a Rust one calling ``tensorwire_rpc::worker::serve``.
+          serve: Optional[Mapping[str, Any]] = None, init_args: Optional[Sequence[Any]] = None,
+          init_kwargs: Optional[Mapping[str, Any]] = None, on_interrupt: str = "kill",
+          path: Optional[Sequence[str]] = None) -> Worker:
+    """Start a worker serving ``target`` (``"module:attr"``) and wait for its handshake
+    (``handshake_timeout`` seconds, which include its imports). A class is instantiated,
+    with ``init_args`` and ``init_kwargs`` (JSON values) when given; its public methods
+    are what :meth:`Worker.call` calls. A function (or any callable instance) is called
+    as ``w(...)`` (``w.call("__call__", ...)``). Or run ``command`` (a program and its
+    arguments) as the worker: any program that serves the protocol, e.g. a Rust one
+    calling ``tensorwire_rpc::worker::serve``.
 
     ``output``: ``"inherit"``, ``"capture"`` (see :meth:`Worker.output`), or give a
     ``prefix`` to forward each line after it. ``timeout``: the default per-call deadline in
     seconds. ``serve``: objects of this process the worker may call back (:func:`host`).
-    ``path``: directories put first on the worker's import path (and, sandboxed, made
-    readable), e.g. ``[pathlib.Path(__file__).parent]`` for a target beside the host's
-    script: the worker's import path never holds the current directory or the host
-    script's directory by itself."""
+    ``on_interrupt``: what Ctrl-C during a call (or cancelling an ``acall``) does to the
+    worker — ``"kill"`` (it is killed, the only way to stop a Python handler in the
+    middle, and a replacement starts in the background) or ``"abandon"`` (the call's
+    answer is dropped when it comes; the worker keeps running it). ``path``: directories
+    put first on the worker's import path (and, sandboxed, made readable), e.g.
+    ``[pathlib.Path(__file__).parent]`` for a target beside the host's script: the
+    worker's import path never holds the current directory or the host script's
+    directory by itself."""
+    env = _with_init(env, target, init_args, init_kwargs)
     spec = _spec(target, command=command, python=python, env=env, cwd=cwd, output=output, prefix=prefix, capture_bytes=capture_bytes,
                  limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve, path=path)
-    return Worker(_native.Worker.spawn(spec))
+    return Worker(_native.Worker.spawn(_on_interrupt(spec, on_interrupt)))
 
 
 class PooledWorker(_Calls):
@@ -398,15 +465,23 @@ class PooledWorker(_Calls):
 class WorkerPool:
     """``size`` pre-warmed workers of one target (imports done once): :meth:`get` hands one
     out at once when one is idle. Only workers that come back clean (alive, nothing in
-    flight, never killed) are reused; others are ended and replaced in the background.
-    Takes :func:`spawn`'s keyword arguments."""
+    flight, never killed, no abandoned call) are reused; others are ended and replaced in
+    the background. Takes :func:`spawn`'s keyword arguments."""
 
     def __init__(self, target: Optional[str], size: int, **spawn_kwargs: Any) -> None:
+        on_interrupt = spawn_kwargs.pop("on_interrupt", "kill")
+        init_args, init_kwargs = spawn_kwargs.pop("init_args", None), spawn_kwargs.pop("init_kwargs", None)
+        spawn_kwargs["env"] = _with_init(spawn_kwargs.get("env"), target, init_args, init_kwargs)
         spec = _spec(target, **{**_SPAWN_DEFAULTS, **spawn_kwargs})
-        self._native = _native.WorkerPool(spec, size)
+        self._native = _native.WorkerPool(_on_interrupt(spec, on_interrupt), size)
 
-    def get(self) -> PooledWorker:
-        return PooledWorker(self._native.get())
+    def get(self, timeout: Optional[float] = None) -> PooledWorker:
+        """A warm worker: an idle one, else the next one released (clean) or started in
+        the background. A worker is started here (cold) only while the pool — idle,
+        starting and handed out — is below its size. With all of them handed out, waits
+        up to ``timeout`` seconds (None: as long as it takes; Ctrl-C interrupts it), then
+        raises :class:`tensorwire.Timeout`."""
+        return PooledWorker(self._native.get(timeout))
 
     @property
     def idle(self) -> int:

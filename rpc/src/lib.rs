@@ -64,4 +64,4 @@ pub use stream::Stream;
 pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};
 pub use tensorwire::Wait;
 pub use value::{Map, Value};
-pub use worker::{Limits, Output, PooledWorker, Sandbox, Worker, WorkerPool, WorkerSpec, WorkerState};
+pub use worker::{Limits, OnInterrupt, Output, PooledWorker, Sandbox, Worker, WorkerCall, WorkerPool, WorkerSpec, WorkerState};

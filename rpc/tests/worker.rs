@@ -311,7 +311,11 @@ fn a_call_past_its_deadline_kills_the_worker_and_the_next_call_gets_a_fresh_one(
     assert!(matches!(&e, RpcError::Timeout { what, .. } if what.contains("killed at its deadline")), "{e}");
     assert!(t.elapsed() < Duration::from_secs(10), "the deadline took {:?}", t.elapsed());
     assert!(!alive(first), "the worker still runs after its deadline");
-    assert!(matches!(w.state(), WorkerState::Down { why } if why.contains("passed its deadline")));
+    // Down, or already its replacement (started in the background at once).
+    match w.state() {
+        WorkerState::Down { why } => assert!(why.contains("passed its deadline"), "{why}"),
+        WorkerState::Ready { pid } => assert_ne!(pid, first),
+    }
     assert_eq!(w.call("w", "add", vec![2.into(), 2.into()]).unwrap(), Value::Int(4));
     let second = w.pid().unwrap();
     assert_ne!(first, second);
@@ -333,7 +337,7 @@ fn a_crashed_worker_fails_its_calls_with_how_it_ended_and_is_replaced() {
         let e = w.call("w", "die", vec![how.into()]).unwrap_err();
         assert!(matches!(&e, RpcError::PeerGone(m) if m.contains(&format!("worker {pid} {says}"))), "{how}: {e}");
         assert!(!alive(pid));
-        assert!(matches!(w.state(), WorkerState::Down { .. }));
+        assert!(w.pid() != Some(pid), "{:?}", w.state());
     }
     assert_eq!(w.call("w", "add", vec![1.into(), 1.into()]).unwrap(), Value::Int(2));
 }
@@ -481,12 +485,61 @@ fn a_pool_hands_out_warm_workers_and_takes_back_only_clean_ones() {
     let (a, b) = (pool.get().unwrap(), pool.get().unwrap());
     let pids = [a.pid().unwrap(), b.pid().unwrap()];
     assert!(!pids.contains(&first));
-    // A third, with both handed out: started cold.
-    let c = pool.get().unwrap();
-    assert!(!pids.contains(&c.pid().unwrap()));
-    drop((a, b, c));
+    // A third, with both handed out: none is started beyond the size; `get` waits.
+    let t = Instant::now();
+    let e = pool.get_timeout(Some(Duration::from_millis(200))).err().expect("a third worker from a pool of 2");
+    assert!(matches!(&e, RpcError::Timeout { what, .. } if what.contains("pool of 2")), "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // One comes back while a `get` waits: that `get` takes it, warm.
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(a);
+    });
+    let c = pool.get_timeout(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(c.pid(), Some(pids[0]));
+    back.join().unwrap();
+    drop((b, c));
     assert!(pool.wait_idle(2, Duration::from_secs(30)));
     assert_eq!(pool.idle(), 2, "the pool keeps at most its size");
+}
+
+#[test]
+fn a_killed_workers_replacement_starts_in_the_background_and_a_cancel_applies_its_policy() {
+    let _one = serial();
+    let w = spec("plain").call_timeout(Duration::from_millis(300)).spawn().unwrap();
+    let first = w.pid().unwrap();
+    assert!(w.call("w", "sleep", vec![10.into()]).is_err());
+    // No call made since: the replacement starts on its own.
+    wait_until("the replacement to start", Duration::from_secs(30), || w.pid().is_some_and(|p| p != first));
+    let second = w.pid().unwrap();
+    assert!(alive(second));
+
+    // Abandoned: the call is dropped, the process keeps running (and is not clean).
+    let mut call = w.start_call("w", "sleep", vec![1.into()], Map::new(), Some(Duration::from_secs(30))).unwrap();
+    assert!(w.wait_call(&mut call, Duration::from_millis(20)).is_none(), "still out");
+    w.cancel_call(call, OnInterrupt::Abandon);
+    assert_eq!(w.pid(), Some(second));
+    assert!(!w.is_clean(), "a worker with an abandoned call is not clean");
+
+    // Killed: the process goes, its replacement starts in the background.
+    let mut call = w.start_call("w", "sleep", vec![10.into()], Map::new(), Some(Duration::from_secs(30))).unwrap();
+    assert!(w.wait_call(&mut call, Duration::from_millis(20)).is_none());
+    w.cancel_call(call, OnInterrupt::Kill);
+    assert!(!alive(second));
+    wait_until("the replacement to start", Duration::from_secs(30), || w.pid().is_some_and(|p| p != second));
+    assert_eq!(w.call("w", "add", vec![1.into(), 1.into()]).unwrap(), Value::Int(2));
+
+    // A slice that ends before the deadline leaves the call out; the deadline kills.
+    let third = w.pid().unwrap();
+    let mut call = w.start_call("w", "sleep", vec![10.into()], Map::new(), Some(Duration::from_millis(200))).unwrap();
+    let t = Instant::now();
+    let r = loop {
+        if let Some(r) = w.wait_call(&mut call, Duration::from_millis(20)) {
+            break r;
+        }
+    };
+    assert!(matches!(r, Err(RpcError::Timeout { .. })), "{r:?}");
+    assert!(t.elapsed() >= Duration::from_millis(150) && !alive(third));
 }
 
 #[test]

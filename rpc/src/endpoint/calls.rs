@@ -92,10 +92,24 @@ impl PendingCall {
         if let Some(r) = self.inner.wait_reply(&self.reply, deadline) {
             return r;
         }
-        // Timed out: stop expecting the response (a late one is dropped and counted) —
-        // unless it was completed between the deadline and this removal.
+        self.expire(asked)
+    }
+    /// Wait at most `slice` and keep the call when its answer has not come (`None`): for
+    /// a caller that must do something between waits — a Python caller checks its
+    /// signals — and then waits again, cancels, or gives up with [`expire`](Self::expire).
+    pub fn wait_slice(&self, slice: Duration) -> Option<Result<Value>> {
+        self.inner.wait_reply(&self.reply, Instant::now().checked_add(slice))
+    }
+    /// How long [`wait`](Self::wait) waits: the call's options, or the endpoint's default.
+    pub fn timeout(&self) -> Wait {
+        self.timeout
+    }
+    /// Give up waiting: `Timeout` (naming `after`, the wait the caller asked for) unless
+    /// the answer is in. A later answer is dropped and counted.
+    pub fn expire(self, after: Duration) -> Result<Value> {
+        // Unless it was completed between the caller's deadline and this removal.
         self.inner.pending.lock().remove(&self.id);
-        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after: asked }))
+        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after }))
     }
 }
 

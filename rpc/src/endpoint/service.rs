@@ -86,11 +86,12 @@ pub enum Handler {
 pub struct Service {
     methods: HashMap<String, Handler>,
     type_name: String,
+    fallback: Option<Handler>,
 }
 
 impl Service {
     pub fn new(type_name: &str) -> Service {
-        Service { methods: HashMap::new(), type_name: type_name.to_owned() }
+        Service { methods: HashMap::new(), type_name: type_name.to_owned(), fallback: None }
     }
     /// A blocking method, run on the worker pool (or on the reader thread while a
     /// standby reads: see `RpcConfig::inline_sync`).
@@ -108,11 +109,17 @@ impl Service {
         self.methods.insert(name.to_owned(), Handler::Async(Arc::new(f)));
         self
     }
+    /// What answers a method the service does not have (`CallCtx::method` names it),
+    /// instead of the endpoint's `NotFound`: e.g. an error in the served language's terms.
+    pub fn fallback(mut self, f: impl Fn(&CallCtx, Args) -> Result<Value> + Send + Sync + 'static) -> Self {
+        self.fallback = Some(Handler::Sync(Arc::new(f)));
+        self
+    }
     pub fn type_name(&self) -> &str {
         &self.type_name
     }
     pub(crate) fn handler(&self, method: &str) -> Option<&Handler> {
-        self.methods.get(method)
+        self.methods.get(method).or(self.fallback.as_ref())
     }
 }
 

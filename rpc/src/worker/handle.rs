@@ -4,7 +4,8 @@
 use super::launch::{launch, Launched};
 use super::{Captured, WorkerSpec, CONTROL_ID};
 use crate::{CallOptions, Endpoint, Map, Result, RpcError, Value};
-use parking_lot::Mutex;
+use crate::{Canceller, PendingCall};
+use parking_lot::{Condvar, Mutex};
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,6 +37,9 @@ struct Live {
     calls: AtomicUsize,
     /// Set once it was killed, died or broke the protocol: it must not serve again.
     spoiled: AtomicBool,
+    /// Set once a call on it was abandoned: it may still be running that call's handler,
+    /// so a pool does not hand it out again.
+    abandoned: AtomicBool,
 }
 
 /// A supervised worker: calls go to its current process, which is started on demand and
@@ -45,6 +49,69 @@ pub struct Worker {
     spec: WorkerSpec,
     live: Mutex<Option<Arc<Live>>>,
     last_end: Mutex<String>,
+    /// The process started in the background to replace one that was killed or died
+    /// under a call.
+    next: Arc<Replacement>,
+    /// Whether a process that was killed or died under a call is replaced in the
+    /// background at once (a pool's workers are not: the pool replaces them).
+    replace: AtomicBool,
+}
+
+/// A replacement process being started in the background, or started and not yet taken.
+#[derive(Default)]
+struct Replacement {
+    state: Mutex<NextStart>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct NextStart {
+    running: bool,
+    /// The finished start: a `Worker` whose process the next call (or `state`) adopts.
+    started: Option<Result<Worker>>,
+    /// The `Worker` was dropped: a start that finishes now is ended at once.
+    closed: bool,
+}
+
+/// What cancelling a call ([`Worker::cancel_call`]) does to the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnInterrupt {
+    /// Kill the process (every call in flight on it fails) and start its replacement in
+    /// the background: the only way to stop a handler in the middle.
+    #[default]
+    Kill,
+    /// Drop the call (its answer is discarded when it comes); the process keeps running
+    /// it. A pool does not hand out a worker with an abandoned call again.
+    Abandon,
+}
+
+/// A call started on a worker ([`Worker::start_call`]): wait for it in slices with
+/// [`Worker::wait_call`], or cancel it with [`Worker::cancel_call`] — on the worker that
+/// started it.
+pub struct WorkerCall {
+    live: Arc<Live>,
+    pending: Option<PendingCall>,
+    /// When the call's deadline passes (`None`: no deadline), and the deadline asked for.
+    by: Option<Instant>,
+    after: Duration,
+    object: String,
+    method: String,
+}
+
+impl WorkerCall {
+    /// Cancels the call from any thread at the connection (its wait then returns
+    /// `Cancelled`), without the policy [`Worker::cancel_call`] applies; `None` once it is
+    /// over.
+    pub fn canceller(&self) -> Option<Canceller> {
+        self.pending.as_ref().map(PendingCall::canceller)
+    }
+}
+
+impl Drop for WorkerCall {
+    fn drop(&mut self) {
+        // Counted in `start_call`; a call is in flight until its handle goes.
+        self.live.calls.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How long a closing worker may take to exit after its connection is closed.
@@ -55,7 +122,13 @@ const EXIT_GRACE: Duration = Duration::from_millis(200);
 impl Worker {
     /// Start a worker as `spec` says and wait for its handshake.
     pub(crate) fn start(spec: WorkerSpec) -> Result<Worker> {
-        let w = Worker { spec, live: Mutex::new(None), last_end: Mutex::new("not started".into()) };
+        let w = Worker {
+            spec,
+            live: Mutex::new(None),
+            last_end: Mutex::new("not started".into()),
+            next: Arc::default(),
+            replace: AtomicBool::new(true),
+        };
         w.current()?;
         Ok(w)
     }
@@ -65,8 +138,19 @@ impl Worker {
         &self.spec
     }
 
+    /// Where it stands; a replacement that finished its start in the background is the
+    /// worker's process from then on (`Ready` with its pid).
     pub fn state(&self) -> WorkerState {
-        match &*self.live.lock() {
+        let mut slot = self.live.lock();
+        if slot.as_ref().is_none_or(|l| l.spoiled.load(Ordering::Acquire)) {
+            let mut next = self.next.state.lock();
+            if let Some(Ok(_)) = &next.started {
+                if let Some(Ok(w)) = next.started.take() {
+                    *slot = w.live.lock().take();
+                }
+            }
+        }
+        match &*slot {
             Some(l) if !l.spoiled.load(Ordering::Acquire) => WorkerState::Ready { pid: l.pid },
             _ => WorkerState::Down { why: self.last_end.lock().clone() },
         }
@@ -101,27 +185,160 @@ impl Worker {
     /// that dies during the call fails it with `PeerGone` naming how it ended. Either way
     /// the next call gets a fresh worker.
     pub fn call_with(&self, object: &str, method: &str, args: Vec<Value>, kwargs: Map, deadline: Option<Duration>) -> Result<Value> {
+        let mut call = self.start_call(object, method, args, kwargs, deadline)?;
+        loop {
+            if let Some(r) = self.wait_call(&mut call, Duration::MAX) {
+                return r;
+            }
+        }
+    }
+
+    /// Send a call as [`call_with`](Self::call_with) does and return at once: wait for it
+    /// with [`wait_call`](Self::wait_call) (in slices, for a caller that must stay
+    /// responsive), or give it up with [`cancel_call`](Self::cancel_call). Waits for a
+    /// start first when no process runs (see [`wait_ready`](Self::wait_ready)).
+    pub fn start_call(&self, object: &str, method: &str, args: Vec<Value>, kwargs: Map, deadline: Option<Duration>) -> Result<WorkerCall> {
         let live = self.current()?;
         live.calls.fetch_add(1, Ordering::AcqRel);
-        let timeout = deadline.or(self.spec.call_timeout).map(Wait::from).unwrap_or(Wait::Forever);
-        let r = live.endpoint.call_with(object, method, args, kwargs, CallOptions { timeout: Some(timeout), parent_call_id: None });
-        live.calls.fetch_sub(1, Ordering::AcqRel);
-        match r {
-            Err(RpcError::Timeout { after, .. }) => {
-                let what = format!("{object}.{method} in worker {} (killed at its deadline)", live.pid);
-                self.end(&live, &format!("killed: a call to {object}.{method} passed its deadline of {after:?}"));
-                Err(RpcError::Timeout { what, after })
+        let after = deadline.or(self.spec.call_timeout);
+        let mut call = WorkerCall {
+            by: after.and_then(|d| Instant::now().checked_add(d)),
+            after: after.unwrap_or(Duration::MAX),
+            live: live.clone(),
+            pending: None,
+            object: object.to_owned(),
+            method: method.to_owned(),
+        };
+        // The deadline is the worker's (it kills the process), not the connection's.
+        let opts = CallOptions { timeout: Some(Wait::Forever), parent_call_id: None };
+        match live.endpoint.start_call(object, method, args, kwargs, opts) {
+            Ok(p) => {
+                call.pending = Some(p);
+                Ok(call)
             }
-            // The connection ended under the call (the worker died, or broke the protocol
-            // and was cut off): the worker cannot serve again.
-            Err(e) if live.endpoint.is_closed() => {
-                let how = self.end(&live, &format!("killed: its connection failed: {e}"));
-                Err(match e {
+            Err(e) => Err(self.failed(&call, e)),
+        }
+    }
+
+    /// Wait up to `slice` (and no later than the call's deadline) for a call started with
+    /// [`start_call`](Self::start_call): `None` while it is still out. Past its deadline
+    /// the process is killed and `Timeout` returned, as for `call_with`. Once it answered
+    /// (`Some`), it is done: a later wait says so.
+    pub fn wait_call(&self, call: &mut WorkerCall, slice: Duration) -> Option<Result<Value>> {
+        let Some(pending) = call.pending.as_ref() else {
+            return Some(Err(RpcError::InvalidArgument(format!("the call to {}.{} was already waited for or cancelled", call.object, call.method))));
+        };
+        let now = Instant::now();
+        let slice = call.by.map_or(slice, |by| slice.min(by.saturating_duration_since(now)));
+        let r = match pending.wait_slice(slice) {
+            Some(r) => r,
+            None if call.by.is_some_and(|by| Instant::now() >= by) => call.pending.take()?.expire(call.after),
+            None => return None,
+        };
+        call.pending = None;
+        Some(r.map_err(|e| self.failed(call, e)))
+    }
+
+    /// Give up a call started with [`start_call`](Self::start_call), as `on` says — also
+    /// one a [`WorkerCall::canceller`] already cancelled at the connection.
+    pub fn cancel_call(&self, mut call: WorkerCall, on: OnInterrupt) {
+        if let Some(pending) = call.pending.take() {
+            pending.cancel();
+        }
+        match on {
+            OnInterrupt::Kill => {
+                self.end_in_background(&call.live, &format!("killed: a call to {}.{} was interrupted", call.object, call.method));
+                self.replace_in_background();
+            }
+            // Release: pairs with the Acquire load in `is_clean`.
+            OnInterrupt::Abandon => call.live.abandoned.store(true, Ordering::Release),
+        }
+    }
+
+    /// The error a call failed with, after retiring the process when the failure ended
+    /// it: past its deadline it is killed; a connection that ended under the call (the
+    /// worker died, or broke the protocol and was cut off) cannot serve again. Either way
+    /// the replacement starts in the background.
+    fn failed(&self, call: &WorkerCall, e: RpcError) -> RpcError {
+        let (live, object, method) = (&call.live, &call.object, &call.method);
+        match e {
+            RpcError::Timeout { after, .. } => {
+                let what = format!("{object}.{method} in worker {} (killed at its deadline)", live.pid);
+                self.end(live, &format!("killed: a call to {object}.{method} passed its deadline of {after:?}"));
+                self.replace_in_background();
+                RpcError::Timeout { what, after }
+            }
+            e if live.endpoint.is_closed() => {
+                let how = self.end(live, &format!("killed: its connection failed: {e}"));
+                self.replace_in_background();
+                match e {
                     RpcError::PeerGone(_) => RpcError::PeerGone(format!("worker {} {how}", live.pid)),
                     other => other,
-                })
+                }
             }
-            r => r,
+            e => e,
+        }
+    }
+
+    /// Start a replacement process in the background when none runs and none is starting
+    /// (a start after a kill or a crash usually runs already), and wait up to `within` for
+    /// it: whether a call made now would not wait for a start (a start that failed counts:
+    /// the call reports its error). A caller that must stay responsive waits here in
+    /// slices before it calls.
+    pub fn wait_ready(&self, within: Duration) -> bool {
+        if self.live.lock().as_ref().is_some_and(|l| !l.spoiled.load(Ordering::Acquire)) {
+            return true;
+        }
+        self.start_next();
+        let by = Instant::now() + within;
+        let mut s = self.next.state.lock();
+        while s.running {
+            if self.next.done.wait_until(&mut s, by).timed_out() {
+                return !s.running;
+            }
+        }
+        true
+    }
+
+    /// After a kill or a crash: start the next process now, unless this is a pool's
+    /// worker (the pool replaces it).
+    fn replace_in_background(&self) {
+        // Relaxed: set before the worker is shared (`no_background_replacement`).
+        if self.replace.load(Ordering::Relaxed) {
+            self.start_next();
+        }
+    }
+
+    /// A pool's worker: the pool starts its replacements.
+    pub(super) fn no_background_replacement(&self) {
+        self.replace.store(false, Ordering::Relaxed);
+    }
+
+    /// Start a process in the background unless one is starting or started already.
+    fn start_next(&self) {
+        {
+            let mut s = self.next.state.lock();
+            if s.running || s.started.is_some() || s.closed {
+                return;
+            }
+            s.running = true;
+        }
+        let (next, spec) = (self.next.clone(), self.spec.clone());
+        let started = std::thread::Builder::new().name("tensorwire-worker-next".into()).spawn(move || {
+            let w = spec.spawn();
+            let mut s = next.state.lock();
+            s.running = false;
+            if s.closed {
+                drop(s);
+                drop(w); // its process ends with it
+            } else {
+                s.started = Some(w);
+                drop(s);
+            }
+            next.done.notify_all();
+        });
+        if started.is_err() {
+            self.next.state.lock().running = false;
         }
     }
 
@@ -129,7 +346,12 @@ impl Worker {
     /// was never killed or broken (a pool reuses only such workers).
     pub fn is_clean(&self) -> bool {
         match &*self.live.lock() {
-            Some(l) => !l.spoiled.load(Ordering::Acquire) && l.calls.load(Ordering::Acquire) == 0 && !process_ended(l),
+            Some(l) => {
+                !l.spoiled.load(Ordering::Acquire)
+                    && !l.abandoned.load(Ordering::Acquire)
+                    && l.calls.load(Ordering::Acquire) == 0
+                    && !process_ended(l)
+            }
             None => false,
         }
     }
@@ -151,6 +373,19 @@ impl Worker {
             if !l.spoiled.swap(true, Ordering::AcqRel) {
                 *self.last_end.lock() = reap(l, "it ended");
             }
+        }
+        // A replacement starting (or started) in the background: wait for it and take it.
+        let started = {
+            let mut s = self.next.state.lock();
+            while s.running {
+                self.next.done.wait(&mut s);
+            }
+            s.started.take()
+        };
+        if let Some(w) = started {
+            let live = w?.live.lock().take().expect("a started worker has its process");
+            *slot = Some(live.clone());
+            return Ok(live);
         }
         let live = Arc::new(self.handshake(launch(&self.spec)?)?);
         *slot = Some(live.clone());
@@ -174,7 +409,7 @@ impl Worker {
                 return Err(e);
             }
         };
-        let l = Live { pid, keeper, child: Mutex::new(child), pidfd, endpoint, captured, calls: AtomicUsize::new(0), spoiled: AtomicBool::new(false) };
+        let l = Live { pid, keeper, child: Mutex::new(child), pidfd, endpoint, captured, calls: AtomicUsize::new(0), spoiled: AtomicBool::new(false), abandoned: AtomicBool::new(false) };
         // A worker in its own pid namespace is pid 1 there: answering so proves it.
         let expected = if keeper { 1 } else { i64::from(pid) };
         let hello = l.endpoint.call_with(CONTROL_ID, "hello", vec![], Map::new(), CallOptions { timeout: Some(by.into()), parent_call_id: None });
@@ -200,6 +435,27 @@ impl Worker {
 
     /// Retire `l` (if it is still the current process): kill its group, reap it, and say
     /// how it ended.
+    /// `end`, with only the signal on this thread: an interrupted caller (Ctrl-C) gets its
+    /// `KeyboardInterrupt` at once, and the wait for the process (a torch worker takes
+    /// tens of milliseconds to die, a namespace to be torn down) happens on a thread of
+    /// its own.
+    fn end_in_background(&self, l: &Arc<Live>, why: &str) {
+        if l.spoiled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *self.last_end.lock() = why.to_string();
+        signal_end(l);
+        let (l, why) = (l.clone(), why.to_string());
+        let reaper = std::thread::Builder::new().name("tensorwire-worker-end".into()).spawn({
+            let l = l.clone();
+            let why = why.clone();
+            move || drop(reap(&l, &why))
+        });
+        if reaper.is_err() {
+            reap(&l, &why);
+        }
+    }
+
     fn end(&self, l: &Arc<Live>, why: &str) -> String {
         if l.spoiled.swap(true, Ordering::AcqRel) {
             return self.last_end.lock().clone();
@@ -212,6 +468,13 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        // A replacement still starting is ended by its thread when it finishes.
+        let started = {
+            let mut s = self.next.state.lock();
+            s.closed = true;
+            s.started.take()
+        };
+        drop(started);
         if let Some(l) = self.live.lock().take() {
             if !l.spoiled.swap(true, Ordering::AcqRel) {
                 l.endpoint.close(CLOSE_GRACE);
@@ -258,6 +521,20 @@ fn wait_ended_no_reap(l: &Live, within: Duration) -> bool {
             pidfd_process_end(p.as_fd()) != ProcessEnd::Running
         }
         None => wait_ended(l, within),
+    }
+}
+
+/// The first signal of `kill_and_reap`, without waiting: `SIGTERM` to a keeper, SIGKILL
+/// to the group otherwise.
+fn signal_end(l: &Live) {
+    // SAFETY: `pid` is our child, not yet reaped (only `reap` reaps it), so it and its
+    // group id still name it.
+    unsafe {
+        if l.keeper {
+            libc::kill(l.pid as libc::pid_t, libc::SIGTERM);
+        } else {
+            libc::kill(-(l.pid as libc::pid_t), libc::SIGKILL);
+        }
     }
 }
 

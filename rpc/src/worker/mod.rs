@@ -16,9 +16,13 @@
 //! - a call past its deadline: the worker's process group is killed (SIGKILL) and reaped,
 //!   its leases on our tensors are reclaimed by the transport, the call fails with
 //!   `RpcError::Timeout`, every other call in flight on it with `RpcError::PeerGone`, and
-//!   the next call starts a fresh worker;
-//! - a crash (a signal, `exit`): every call in flight fails with `RpcError::PeerGone`
-//!   naming the signal or the exit status; the next call starts a fresh worker;
+//!   a fresh worker starts at once in the background for the next call;
+//! - a crash (a signal, `exit`) under a call: every call in flight fails with
+//!   `RpcError::PeerGone` naming the signal or the exit status; a fresh worker starts in
+//!   the background;
+//! - a call given up ([`Worker::cancel_call`], e.g. a Python caller's Ctrl-C): the
+//!   [`OnInterrupt`] policy kills the worker (and starts its replacement) or abandons the
+//!   call;
 //! - the supervisor's death: the child gets SIGKILL from the kernel (`PR_SET_PDEATHSIG`),
 //!   and a child whose parent was already gone when it started exits at once;
 //! - a hostile child (garbage frames, oversized or over-deep values): the connection fails
@@ -35,7 +39,7 @@ mod spec;
 
 pub use child::{connect, enter_sandbox, serve};
 pub use contain::{probe, Containment, KEPT_ENV, KEPT_ENV_PREFIXES};
-pub use handle::{Worker, WorkerState};
+pub use handle::{OnInterrupt, Worker, WorkerCall, WorkerState};
 pub use output::Captured;
 pub use pool::{PooledWorker, WorkerPool};
 pub use sandbox::Sandbox;

@@ -2,10 +2,11 @@
 //! paid once), handed out one at a time, taken back only when cleanly finished.
 
 use super::{Worker, WorkerSpec};
-use crate::Result;
+use crate::{Result, RpcError};
 use parking_lot::{Condvar, Mutex};
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A pool of `size` warm workers of one spec.
 pub struct WorkerPool {
@@ -43,7 +44,7 @@ impl WorkerPool {
     pub fn new(spec: WorkerSpec, size: usize) -> Result<WorkerPool> {
         let started: Vec<_> = (0..size).map(|_| {
             let spec = spec.clone();
-            std::thread::spawn(move || spec.spawn())
+            std::thread::spawn(move || start(&spec))
         }).collect();
         let mut idle = Vec::with_capacity(size);
         let mut first_err = None;
@@ -60,25 +61,81 @@ impl WorkerPool {
         Ok(WorkerPool { shared: Arc::new(Shared { spec, size, state: Mutex::new(state), changed: Condvar::new() }) })
     }
 
-    /// A warm worker when one is idle; otherwise one started now (cold). A worker that does
-    /// not come back clean is replaced in the background.
+    /// A warm worker: an idle one, else the next one to come back or finish its start.
+    /// One is started now (cold) only while the pool — idle, starting and handed out — is
+    /// below its size. Waits as long as it takes (see [`get_timeout`](Self::get_timeout)).
+    /// A worker that does not come back clean is replaced in the background.
     pub fn get(&self) -> Result<PooledWorker> {
-        let warm = {
-            let mut s = self.shared.state.lock();
-            s.out += 1;
-            s.idle.pop()
-        };
-        let worker = match warm {
-            Some(w) => w,
-            None => match self.shared.spec.spawn() {
-                Ok(w) => w,
-                Err(e) => {
-                    self.shared.state.lock().out -= 1;
-                    return Err(e);
-                }
-            },
-        };
-        Ok(PooledWorker { worker: Some(worker), shared: self.shared.clone() })
+        self.get_timeout(None)
+    }
+
+    /// [`get`](Self::get), waiting at most `timeout` (`None`: no limit) for a worker
+    /// while the pool is at its size; then `Timeout` naming the size.
+    pub fn get_timeout(&self, timeout: Option<Duration>) -> Result<PooledWorker> {
+        let by = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let slice_end = by.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            if let Some(w) = self.try_get(slice_end)? {
+                return Ok(w);
+            }
+            if by.is_some_and(|by| Instant::now() >= by) {
+                return Err(self.none_within(timeout.unwrap_or_default()));
+            }
+        }
+    }
+
+    /// [`get`](Self::get), waiting no later than `until` while the pool is at its size:
+    /// `Ok(None)` when no worker came by then (a caller that must stay responsive waits
+    /// in slices; [`none_within`](Self::none_within) is the error to give up with).
+    pub fn try_get(&self, until: Instant) -> Result<Option<PooledWorker>> {
+        let mut s = self.shared.state.lock();
+        loop {
+            if s.closed {
+                return Err(RpcError::PeerGone("the worker pool was closed".into()));
+            }
+            if let Some(w) = s.idle.pop() {
+                s.out += 1;
+                return Ok(Some(PooledWorker { worker: Some(w), shared: self.shared.clone() }));
+            }
+            if s.idle.len() + s.warming + s.out < self.shared.size {
+                s.out += 1;
+                drop(s);
+                return match start(&self.shared.spec) {
+                    Ok(w) => Ok(Some(PooledWorker { worker: Some(w), shared: self.shared.clone() })),
+                    Err(e) => {
+                        self.shared.state.lock().out -= 1;
+                        self.shared.changed.notify_all();
+                        Err(e)
+                    }
+                };
+            }
+            if self.shared.changed.wait_until(&mut s, until).timed_out() {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// An idle worker, if one is, without waiting or starting one.
+    pub fn take_idle(&self) -> Option<PooledWorker> {
+        let mut s = self.shared.state.lock();
+        let w = s.idle.pop()?;
+        s.out += 1;
+        Some(PooledWorker { worker: Some(w), shared: self.shared.clone() })
+    }
+
+    /// The error of a `get` that found no worker within `after`: every one of the pool's
+    /// workers is handed out or starting.
+    pub fn none_within(&self, after: Duration) -> RpcError {
+        let n = self.shared.size;
+        RpcError::Timeout {
+            what: format!("a worker from the pool of {n} (all {n} are handed out or starting; release one, or make the pool larger)"),
+            after,
+        }
+    }
+
+    /// How many workers it keeps: idle, starting and handed out together.
+    pub fn size(&self) -> usize {
+        self.shared.size
     }
 
     /// Why the last background start of a replacement failed, if one did (the pool then
@@ -129,7 +186,7 @@ impl Shared {
         }
         let sh = shared.clone();
         let started = std::thread::Builder::new().name("tensorwire-pool-warm".into()).spawn(move || {
-            let r = sh.spec.spawn();
+            let r = start(&sh.spec);
             let mut s = sh.state.lock();
             s.warming -= 1;
             match r {
@@ -142,8 +199,16 @@ impl Shared {
         });
         if started.is_err() {
             shared.state.lock().warming -= 1;
+            shared.changed.notify_all();
         }
     }
+}
+
+/// A worker for the pool: its replacements are the pool's to start.
+fn start(spec: &WorkerSpec) -> Result<Worker> {
+    let w = spec.spawn()?;
+    w.no_background_replacement();
+    Ok(w)
 }
 
 impl Deref for PooledWorker {
@@ -166,6 +231,9 @@ impl Drop for PooledWorker {
             drop(s);
             drop(w); // ends the process
             Shared::top_up(&self.shared);
+            // A `get` waiting while the pool was at its size may start one itself now,
+            // when the top-up could not.
+            self.shared.changed.notify_all();
         }
     }
 }

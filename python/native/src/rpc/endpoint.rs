@@ -8,9 +8,12 @@ use super::{service, values};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use super::wait::{SLICE, sliced};
 use std::sync::Mutex;
-use std::time::Duration;
-use tensorwire_rpc::{CallOptions, Endpoint, Map, PendingCall, RpcConfig, Value, Wait};
+use std::time::{Duration, Instant};
+use tensorwire_rpc::{
+    Canceller, CallOptions, Endpoint, Map, PendingCall, Result, RpcConfig, Value, Wait,
+};
 
 /// Seconds (`None`: no limit) as the RPC layer's wait.
 pub fn wait_of(timeout: Option<f64>) -> Wait {
@@ -37,6 +40,47 @@ pub fn arguments(
         }
     }
     Ok((positional, named))
+}
+
+/// Start a call (`start`, GIL released) and wait for it up to `timeout` seconds (`None`:
+/// no limit) interruptibly: a signal's exception abandons the call (its answer is dropped
+/// when it comes; the connection has no cancel message).
+pub fn wait_call(
+    py: Python<'_>,
+    start: impl FnOnce() -> Result<PendingCall> + Send,
+    timeout: Option<f64>,
+) -> PyResult<Value> {
+    let asked = timeout.map(|s| Duration::from_secs_f64(s.clamp(0.0, 1e9)));
+    let by = asked.and_then(|d| Instant::now().checked_add(d));
+    let state: (Option<_>, Option<PendingCall>) = (Some(start), None);
+    let r = sliced(
+        py,
+        state,
+        |(start, pending)| {
+            if let Some(start) = start.take() {
+                match start() {
+                    Ok(p) => *pending = Some(p),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let p = pending.as_ref()?;
+            let now = Instant::now();
+            let slice = by.map_or(SLICE, |by| SLICE.min(by.saturating_duration_since(now)));
+            match p.wait_slice(slice) {
+                Some(r) => Some(r),
+                None if by.is_some_and(|by| Instant::now() >= by) => {
+                    Some(pending.take()?.expire(asked.unwrap_or_default()))
+                }
+                None => None,
+            }
+        },
+        |(_, pending)| {
+            if let Some(p) = pending {
+                p.cancel();
+            }
+        },
+    )?;
+    r.map_err(|e| to_py(py, &e))
 }
 
 /// A connection to one peer.
@@ -161,6 +205,7 @@ impl PyEndpoint {
     }
 
     /// `object_id.method(*args, **kwargs)` on the peer; waits up to `timeout` seconds.
+    /// Ctrl-C raises `KeyboardInterrupt` within ~50 ms and abandons the call.
     #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
     fn call(
         &self,
@@ -176,9 +221,13 @@ impl PyEndpoint {
             timeout: Some(wait_of(timeout)),
             parent_call_id: None,
         };
-        let ep = self.ep.clone();
-        let r = py.detach(move || ep.call_with(object_id, method, positional, named, opts));
-        values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+        let ep = &self.ep;
+        let r = wait_call(
+            py,
+            move || ep.start_call(object_id, method, positional, named, opts),
+            timeout,
+        )?;
+        values::to_py(py, r)
     }
 
     /// Send the call now and return a handle to wait for its result later (many calls
@@ -203,6 +252,7 @@ impl PyEndpoint {
             .detach(move || ep.start_call(object_id, method, positional, named, opts))
             .map_err(|e| to_py(py, &e))?;
         Ok(PyPendingCall {
+            canceller: pending.canceller(),
             pending: Mutex::new(Some(pending)),
         })
     }
@@ -235,11 +285,14 @@ impl PyEndpoint {
 #[pyclass(module = "tensorwire._native", name = "PendingCall")]
 pub struct PyPendingCall {
     pending: Mutex<Option<PendingCall>>,
+    /// Cancels it while another thread waits for it (an `acall` whose task is cancelled).
+    canceller: Canceller,
 }
 
 #[pymethods]
 impl PyPendingCall {
-    /// Its result (or its error); waits up to `timeout` seconds more. Once only.
+    /// Its result (or its error); waits up to `timeout` seconds more. Once only. Ctrl-C
+    /// raises `KeyboardInterrupt` within ~50 ms and abandons the call.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
         let pending = self
@@ -253,8 +306,8 @@ impl PyPendingCall {
                     "tensorwire.rpc: this call's result was already taken".into(),
                 )
             })?;
-        let r = py.detach(move || pending.wait_timeout(wait_of(timeout)));
-        values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+        let r = wait_call(py, move || Ok(pending), timeout)?;
+        values::to_py(py, r)
     }
 
     /// Whether its response (or its failure) is in.
@@ -266,8 +319,10 @@ impl PyPendingCall {
             .is_none_or(|p| p.is_done())
     }
 
-    /// Give up on it: its result, if it still comes, is dropped.
+    /// Give up on it: its result, if it still comes, is dropped; a `wait` in another thread
+    /// raises at once.
     fn cancel(&self) {
+        self.canceller.cancel();
         if let Some(p) = self
             .pending
             .lock()

@@ -3,13 +3,15 @@
 //! tensors to RPC values and back), `errors` (RPC errors as `tensorwire.errors` classes,
 //! a handler's exception as a response), `service` (Python objects served), `endpoint`
 //! (a connection), `listener` (accepting connections on a TCP or Unix address), `worker`
-//! (supervised workers, the pool, the child's side).
+//! (supervised workers, the pool, the child's side), `wait` (blocking waits Ctrl-C
+//! interrupts).
 
 mod endpoint;
 mod errors;
 mod listener;
 mod service;
 mod values;
+mod wait;
 mod worker;
 
 use pyo3::prelude::*;
@@ -22,6 +24,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorker>()?;
     m.add_class::<worker::PyWorkerPool>()?;
     m.add_class::<worker::PyPooledWorker>()?;
+    m.add_class::<worker::PyWorkerCall>()?;
     m.add_function(wrap_pyfunction!(worker::serve_worker, m)?)?;
     m.add_function(wrap_pyfunction!(worker::host, m)?)?;
     m.add_function(wrap_pyfunction!(worker::enter_sandbox, m)?)?;

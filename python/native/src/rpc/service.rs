@@ -1,10 +1,12 @@
 //! Python objects served to the peer: each public callable attribute (a name without a
-//! leading `_`) of the object becomes a method. A call runs on the endpoint's reader thread
+//! leading `_`) of the object becomes a method, and a callable object (a function, an
+//! instance with `__call__`; not a class) answers `__call__` too. Any other method is an
+//! `AttributeError` naming the method and the object's type, with the methods it has. A call runs on the endpoint's reader thread
 //! (a lone request, while a standby reads the socket) or one of its handler threads, which
 //! takes the GIL, keeping its Python thread state between calls; many calls can be in
 //! flight, and a handler may call the peer back (the peer serves that on its own threads).
 
-use super::errors::remote_text;
+use super::errors::{TRACEBACK_MARKER, remote_text};
 use super::values;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -30,6 +32,7 @@ pub fn register(reg: &Registry, object_id: &str, obj: &Bound<'_, PyAny>) -> PyRe
     let type_name = obj.get_type().name()?.to_string();
     let mut service = Service::new(&type_name);
     let shared = Arc::new(obj.clone().unbind());
+    let mut names = Vec::new();
     for name in obj.dir()?.iter() {
         let name: String = name.extract()?;
         if name.starts_with('_') || !obj.getattr(name.as_str()).is_ok_and(|a| a.is_callable()) {
@@ -38,7 +41,26 @@ pub fn register(reg: &Registry, object_id: &str, obj: &Bound<'_, PyAny>) -> PyRe
         let target = shared.clone();
         let method = name.clone();
         service = service.method(&name, move |_, args| call(&target, &method, args));
+        names.push(name);
     }
+    if obj.is_callable() && !obj.is_instance_of::<pyo3::types::PyType>() {
+        let target = shared.clone();
+        service = service.method("__call__", move |_, args| call(&target, "__call__", args));
+        names.push("__call__".into());
+    }
+    const SHOWN: usize = 20;
+    let has = match names.len() {
+        0 => "it serves no methods".to_string(),
+        n if n <= SHOWN => format!("it serves {}", names.join(", ")),
+        n => format!("it serves {}, and {} more", names[..SHOWN].join(", "), n - SHOWN),
+    };
+    // As Python says it, so that the caller's `RemoteError` names `AttributeError`.
+    service = service.fallback(move |ctx, _| {
+        Err(RpcError::Remote(format!(
+            "AttributeError: '{type_name}' object has no method '{}' ({has}){TRACEBACK_MARKER}",
+            ctx.method
+        )))
+    });
     reg.register(object_id, service)
         .map_err(|e| super::errors::to_py(py, &e))
 }

@@ -5,16 +5,20 @@
 
 use super::endpoint::{PyEndpoint, arguments};
 use super::errors::to_py;
+use super::wait::{SLICE, in_background, sliced};
 use super::{service, values};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
+use std::ops::Deref;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tensorwire_rpc::worker::{
-    self, Limits, Output, PooledWorker, Sandbox, Worker, WorkerPool, WorkerSpec, WorkerState,
+    self, Limits, OnInterrupt, Output, PooledWorker, Sandbox, Worker, WorkerCall, WorkerPool,
+    WorkerSpec, WorkerState,
 };
-use tensorwire_rpc::{Endpoint, RpcConfig, RpcError};
+use tensorwire_rpc::{Canceller, Endpoint, Map, RpcConfig, RpcError, Value};
 
 fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.0, 1e9))
@@ -28,6 +32,8 @@ type SandboxArgs = (Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool);
 #[derive(Clone)]
 pub struct PySpec {
     spec: WorkerSpec,
+    /// What an interrupted (Ctrl-C) or cancelled call does to the worker.
+    on_interrupt: OnInterrupt,
 }
 
 #[pymethods]
@@ -103,22 +109,208 @@ impl PySpec {
                 namespaces,
             });
         }
-        Ok(PySpec { spec })
+        Ok(PySpec {
+            spec,
+            on_interrupt: OnInterrupt::Kill,
+        })
+    }
+
+    /// This spec with `policy` for interrupted calls: `"kill"` (the worker is killed and
+    /// replaced in the background) or `"abandon"` (the call's answer is dropped; the
+    /// worker keeps running it).
+    fn with_on_interrupt(&self, py: Python<'_>, policy: &str) -> PyResult<PySpec> {
+        let on_interrupt = match policy {
+            "kill" => OnInterrupt::Kill,
+            "abandon" => OnInterrupt::Abandon,
+            other => {
+                return Err(crate::errors::refused(
+                    py,
+                    format!("tensorwire.rpc: on_interrupt={other:?}: use \"kill\" or \"abandon\""),
+                ));
+            }
+        };
+        Ok(PySpec {
+            spec: self.spec.clone(),
+            on_interrupt,
+        })
     }
 }
 
+/// A worker held by a Python object: its own, or one out of a pool.
+#[derive(Clone)]
+enum Held {
+    Own(Arc<Worker>),
+    Pooled(Arc<PooledWorker>),
+}
+
+impl Deref for Held {
+    type Target = Worker;
+    fn deref(&self) -> &Worker {
+        match self {
+            Held::Own(w) => w,
+            Held::Pooled(p) => p,
+        }
+    }
+}
+
+enum CallState {
+    /// Not sent yet: it waits for the worker's process to be ready.
+    Due {
+        object: String,
+        method: String,
+        args: Vec<Value>,
+        kwargs: Map,
+        deadline: Option<Duration>,
+    },
+    Out(WorkerCall),
+    Over,
+}
+
+/// A call on a worker, waited for in slices and cancellable from another thread (an
+/// `acall` whose task is cancelled) by the worker's `on_interrupt` policy.
+#[pyclass(module = "tensorwire._native", name = "WorkerCall")]
+pub struct PyWorkerCall {
+    w: Held,
+    on: OnInterrupt,
+    /// Held by the thread waiting for one slice (never while waiting for the GIL).
+    state: Mutex<CallState>,
+    cancelled: AtomicBool,
+    canceller: Mutex<Option<Canceller>>,
+}
+
+impl PyWorkerCall {
+    fn new(
+        w: Held,
+        on: OnInterrupt,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWorkerCall> {
+        let (args, kwargs) = arguments(args, kwargs)?;
+        Ok(PyWorkerCall {
+            w,
+            on,
+            state: Mutex::new(CallState::Due {
+                object: object_id.to_owned(),
+                method: method.to_owned(),
+                args,
+                kwargs,
+                deadline: timeout.map(seconds),
+            }),
+            cancelled: AtomicBool::new(false),
+            canceller: Mutex::new(None),
+        })
+    }
+
+    /// One slice (GIL released): send the call once the worker is ready, then wait for
+    /// its answer. `None`: still out.
+    fn step(&self) -> Option<tensorwire_rpc::Result<Value>> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let began = Instant::now();
+        if let CallState::Due { .. } = &*state {
+            // Acquire: pairs with the Release store in `cancel_now`.
+            if self.cancelled.load(Ordering::Acquire) {
+                *state = CallState::Over;
+                return Some(Err(RpcError::Cancelled));
+            }
+            if !self.w.wait_ready(SLICE) {
+                return None;
+            }
+            let CallState::Due {
+                object,
+                method,
+                args,
+                kwargs,
+                deadline,
+            } = std::mem::replace(&mut *state, CallState::Over)
+            else {
+                unreachable!("matched above under the same lock")
+            };
+            let call = match self.w.start_call(&object, &method, args, kwargs, deadline) {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            };
+            *self.canceller.lock().unwrap_or_else(PoisonError::into_inner) = call.canceller();
+            // Acquire: as above; a cancel that came while the call was being sent.
+            if self.cancelled.load(Ordering::Acquire) {
+                self.w.cancel_call(call, self.on);
+                return Some(Err(RpcError::Cancelled));
+            }
+            *state = CallState::Out(call);
+        }
+        let CallState::Out(call) = &mut *state else {
+            return Some(Err(RpcError::Cancelled));
+        };
+        let r = self
+            .w
+            .wait_call(call, SLICE.saturating_sub(began.elapsed()))?;
+        let CallState::Out(call) = std::mem::replace(&mut *state, CallState::Over) else {
+            unreachable!("matched above under the same lock")
+        };
+        // Acquire: as above. Cancelled at the connection by `cancel_now` while this
+        // thread waited: the policy is this thread's to apply.
+        if matches!(r, Err(RpcError::Cancelled)) && self.cancelled.load(Ordering::Acquire) {
+            self.w.cancel_call(call, self.on);
+        }
+        Some(r)
+    }
+
+    /// Cancel by the policy (GIL released): at once when no thread waits for a slice;
+    /// else the waiting thread wakes with `Cancelled` and applies it.
+    fn cancel_now(&self) {
+        // Release: pairs with the Acquire loads in `step`.
+        self.cancelled.store(true, Ordering::Release);
+        if let Some(c) = self
+            .canceller
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            c.cancel();
+        }
+        if let Ok(mut state) = self.state.try_lock() {
+            if let CallState::Out(call) = std::mem::replace(&mut *state, CallState::Over) {
+                self.w.cancel_call(call, self.on);
+            }
+        }
+    }
+
+    /// Wait for the answer in slices, checking Python's signals between them; a signal's
+    /// exception cancels the call by the policy and is raised.
+    fn run(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let r = sliced(py, (), |()| self.step(), |()| self.cancel_now())?;
+        values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+    }
+}
+
+#[pymethods]
+impl PyWorkerCall {
+    /// Its result (or its error), waiting as long as its deadline allows. Once only.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.run(py)
+    }
+
+    /// Give it up as the worker's `on_interrupt` says; a `wait` in another thread then
+    /// raises.
+    fn cancel(&self, py: Python<'_>) {
+        py.detach(|| self.cancel_now());
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn call_on(
     py: Python<'_>,
-    w: &Worker,
+    w: Held,
+    on: OnInterrupt,
     object_id: &str,
     method: &str,
     args: &Bound<'_, PyTuple>,
     kwargs: Option<&Bound<'_, PyDict>>,
     timeout: Option<f64>,
 ) -> PyResult<Py<PyAny>> {
-    let (positional, named) = arguments(args, kwargs)?;
-    let r = py.detach(|| w.call_with(object_id, method, positional, named, timeout.map(seconds)));
-    values::to_py(py, r.map_err(|e| to_py(py, &e))?)
+    PyWorkerCall::new(w, on, object_id, method, args, kwargs, timeout)?.run(py)
 }
 
 fn state_of(w: &Worker) -> (String, Option<u32>, String) {
@@ -144,6 +336,7 @@ fn closed(py: Python<'_>) -> PyErr {
 #[pyclass(module = "tensorwire._native", name = "Worker")]
 pub struct PyWorker {
     w: Mutex<Option<Arc<Worker>>>,
+    on: OnInterrupt,
 }
 
 impl PyWorker {
@@ -158,13 +351,16 @@ impl PyWorker {
 
 #[pymethods]
 impl PyWorker {
-    /// Start one worker and wait for its handshake.
+    /// Start one worker and wait for its handshake. Ctrl-C raises `KeyboardInterrupt`
+    /// within ~50 ms; the worker is ended when its start finishes.
     #[staticmethod]
     fn spawn(py: Python<'_>, spec: &PySpec) -> PyResult<PyWorker> {
-        let spec = spec.spec.clone();
-        let w = py.detach(move || spec.spawn()).map_err(|e| to_py(py, &e))?;
+        let (on, spec) = (spec.on_interrupt, spec.spec.clone());
+        let w = in_background(py, "a worker's start", move || spec.spawn())?
+            .map_err(|e| to_py(py, &e))?;
         Ok(PyWorker {
             w: Mutex::new(Some(Arc::new(w))),
+            on,
         })
     }
 
@@ -178,8 +374,23 @@ impl PyWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let w = self.get(py)?;
-        call_on(py, &w, object_id, method, args, kwargs, timeout)
+        let w = Held::Own(self.get(py)?);
+        call_on(py, w, self.on, object_id, method, args, kwargs, timeout)
+    }
+
+    /// The call, to wait for (`WorkerCall.wait`) or cancel from another thread.
+    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
+    fn start(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWorkerCall> {
+        let w = Held::Own(self.get(py)?);
+        PyWorkerCall::new(w, self.on, object_id, method, args, kwargs, timeout)
     }
 
     /// `(state, pid, why)`: `("ready", pid, "")` or `("down", None, why)`.
@@ -224,33 +435,47 @@ impl PyWorker {
 #[pyclass(module = "tensorwire._native", name = "WorkerPool")]
 pub struct PyWorkerPool {
     pool: Mutex<Option<Arc<WorkerPool>>>,
+    on: OnInterrupt,
 }
 
 #[pymethods]
 impl PyWorkerPool {
-    /// Start `size` workers and wait for their handshakes.
+    /// Start `size` workers and wait for their handshakes (Ctrl-C interrupts the wait;
+    /// the workers are ended when their starts finish).
     #[new]
     fn new(py: Python<'_>, spec: &PySpec, size: usize) -> PyResult<PyWorkerPool> {
-        let spec = spec.spec.clone();
-        let pool = py
-            .detach(move || WorkerPool::new(spec, size))
+        let (on, spec) = (spec.on_interrupt, spec.spec.clone());
+        let pool = in_background(py, "a pool's start", move || WorkerPool::new(spec, size))?
             .map_err(|e| to_py(py, &e))?;
         Ok(PyWorkerPool {
             pool: Mutex::new(Some(Arc::new(pool))),
+            on,
         })
     }
 
-    /// A warm worker if one is idle, else one started now.
-    fn get(&self, py: Python<'_>) -> PyResult<PyPooledWorker> {
+    /// An idle worker, else the next to come back or finish its start; one is started
+    /// (cold) only while the pool is below its size. Waits up to `timeout` seconds
+    /// (`None`: no limit), then raises `Timeout`. Ctrl-C interrupts the wait.
+    #[pyo3(signature = (timeout=None))]
+    fn get(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyPooledWorker> {
         let pool = self
             .pool
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| closed(py))?;
-        let w = py.detach(move || pool.get()).map_err(|e| to_py(py, &e))?;
+        let w = match pool.take_idle() {
+            Some(w) => w,
+            // A start (cold) or a wait: off this thread, so that Ctrl-C interrupts it (a
+            // worker it gets after that goes back to the pool).
+            None => in_background(py, "a pool's get", move || {
+                pool.get_timeout(timeout.map(seconds))
+            })?
+            .map_err(|e| to_py(py, &e))?,
+        };
         Ok(PyPooledWorker {
             w: Mutex::new(Some(Arc::new(w))),
+            on: self.on,
         })
     }
 
@@ -296,6 +521,7 @@ impl PyWorkerPool {
 #[pyclass(module = "tensorwire._native", name = "PooledWorker")]
 pub struct PyPooledWorker {
     w: Mutex<Option<Arc<PooledWorker>>>,
+    on: OnInterrupt,
 }
 
 impl PyPooledWorker {
@@ -320,8 +546,22 @@ impl PyPooledWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let w = self.get(py)?;
-        call_on(py, &w, object_id, method, args, kwargs, timeout)
+        let w = Held::Pooled(self.get(py)?);
+        call_on(py, w, self.on, object_id, method, args, kwargs, timeout)
+    }
+
+    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
+    fn start(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWorkerCall> {
+        let w = Held::Pooled(self.get(py)?);
+        PyWorkerCall::new(w, self.on, object_id, method, args, kwargs, timeout)
     }
 
     fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
