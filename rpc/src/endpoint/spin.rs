@@ -24,10 +24,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// A gap between two looks of a spin longer than this means the thread was off its CPU:
-/// a look (a `poll` with no timeout, or a lock attempt) takes about a microsecond, and a
-/// task that ran in between — a busy one, or the peer — took far more.
-pub(super) const PREEMPTED: Duration = Duration::from_micros(20);
+/// A gap between two looks of a spin longer than this means another task held this
+/// thread's CPU for a time slice: a look (a `poll` with no timeout, or a lock attempt)
+/// takes about a microsecond, a short task's turn (the peer's, or an interrupt's) tens,
+/// and a CPU-bound task that preempted us at a tick holds the CPU for milliseconds.
+pub(super) const PREEMPTED: Duration = Duration::from_micros(200);
 
 /// Most waits in a row that sleep at once before one spins again as a probe.
 pub(super) const MAX_PAUSE: u32 = 256;
