@@ -10,9 +10,10 @@
 //! asleep — is not woken by the frame it waits for (a wake-up would preempt the busy task;
 //! being runnable does not). Every call then waits for a tick. So a step of the spin is
 //! one look and a `spin_loop` hint, and the spin watches the clock between looks: a gap
-//! over [`PREEMPTED`] means this thread was taken off its CPU in between — by a busy task
-//! at a tick, or by the peer woken onto our CPU — and the spin stops and the wait sleeps
-//! (in `poll`, or on the call's channel), where the frame's arrival wakes it.
+//! over [`PREEMPTED`] means a CPU-bound task held this thread's CPU for a time slice, and
+//! the spin stops and the wait sleeps (in `poll`, or on the call's channel), where the
+//! frame's arrival wakes it. A shorter gap (the peer's turn on our CPU, an interrupt)
+//! changes nothing: the spin goes on.
 //!
 //! A sign also pauses the spin for the next waits of the endpoint ([`SpinGate`]): 1, 2,
 //! 4 … up to [`MAX_PAUSE`] waits sleep at once, each pause ended by one wait that spins
@@ -190,6 +191,6 @@ mod tests {
         }
         assert!(t0.elapsed() >= Duration::from_micros(200));
         assert_eq!(gate.paused.load(Ordering::Relaxed), 0, "running out is no sign of contention");
-        assert!(gate.spin(Duration::ZERO).again() == false, "a zero cap never spins");
+        assert!(!gate.spin(Duration::ZERO).again(), "a zero cap never spins");
     }
 }
