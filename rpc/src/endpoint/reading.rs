@@ -114,8 +114,11 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         // Nothing buffered: check the socket for up to `spin` before sleeping in poll
         // (see the module docs) — not at all where the peer shares our CPU for good, and
         // off its CPU first where it shares it for now (see `native`).
-        let spin = if inner.move_off_peer_cpu() { Duration::ZERO } else { inner.cfg.spin };
-        let mut spin = inner.spin_gate.spin(spin);
+        // Not while the spins are paused: see `lead`.
+        let mut spin = inner.spin_gate.spin(inner.cfg.spin);
+        if !spin.paused() && inner.move_off_peer_cpu() {
+            spin.stop();
+        }
         let arrived = loop {
             match tensorwire::os::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
                 Ok(r) if r[0] != 0 => {
@@ -182,8 +185,10 @@ impl Inner {
         // Relaxed: a counter the reader thread reads as a hint.
         self.lead_epoch.fetch_add(1, Ordering::Relaxed);
         // Off the peer's CPU before waiting for its frame (see `native`); pinned beside
-        // it, wait without spinning.
-        let pinned = self.move_off_peer_cpu();
+        // it, wait without spinning. Not while the spins are paused: the CPUs are
+        // contended, there is no idle one to move to, and a thread moved onto a busy CPU
+        // waits there for the busy task's time slice.
+        let pinned = !spin.paused() && self.move_off_peer_cpu();
         loop {
             if !reply.is_empty() || (lane && !self.lane.rx.is_empty()) {
                 break;

@@ -60,7 +60,7 @@ impl SpinGate {
             cap
         };
         let now = Instant::now();
-        Spin { gate: self, until: now + cap, last: now, probe: !cap.is_zero(), spun: false }
+        Spin { gate: self, until: now + cap, last: now, probe: !cap.is_zero(), spun: false, paused: paused > 0 }
     }
 
     fn preempted(&self) {
@@ -86,6 +86,8 @@ pub(super) struct Spin<'a> {
     /// Whether it looked again at least once (a find at the first look says nothing
     /// about spinning).
     spun: bool,
+    /// Whether this wait sleeps at once because the endpoint's spins are paused.
+    paused: bool,
 }
 
 impl Spin<'_> {
@@ -126,6 +128,17 @@ impl Spin<'_> {
         }
     }
 
+    /// Whether this wait does not spin because the endpoint's spins are paused: CPU-bound
+    /// tasks took our CPU lately.
+    pub(super) fn paused(&self) -> bool {
+        self.paused
+    }
+
+    /// No spin for this wait after all (the thread may not leave its peer's CPU).
+    pub(super) fn stop(&mut self) {
+        self.probe = false;
+    }
+
     /// Whether the spin is still on (it neither ran out nor was ended).
     pub(super) fn spinning(&self) -> bool {
         self.probe && Instant::now() < self.until
@@ -145,7 +158,8 @@ mod tests {
         s.last -= PREEMPTED * 2; // as if the thread was off its CPU since the last look
         assert!(!s.again(), "a preempted spin must stop");
         // One wait sleeps at once, then one probes.
-        assert!(!gate.spin(cap).again());
+        let mut paused = gate.spin(cap);
+        assert!(paused.paused() && !paused.again());
         let mut probe = gate.spin(cap);
         assert!(probe.again());
         probe.last -= PREEMPTED * 2;
