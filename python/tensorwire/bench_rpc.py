@@ -20,9 +20,17 @@ answers something small (3, the tensor's length and last element, the list's len
 Each cell: a warm-up, then ``--iters`` timed calls; p50 and p90 in microseconds. Also the
 cold start of each (start the worker -> first answer) and tensorwire.rpc's warm pool
 (WorkerPool.get() -> a worker). Progress on stderr; a table on stdout and, where
-matplotlib is installed, a PNG. Usage:
+matplotlib is installed, a PNG.
 
-  python -m tensorwire bench rpc [--iters N] [--cold N] [--quick] [--png PATH | --no-plot]
+Then the same with the CPUs taken: a call that does nothing (``noop()``, answered None) to
+a fresh worker of tensorwire.rpc, a torch.multiprocessing Pipe loop and pyisolate, first
+on its own, then beside as many busy processes as this machine has CPUs (plain Python
+``while True: pass``, started before and killed after), ``--iters`` calls each; p50 and
+p90. A system whose waits hand the CPU to a busy process (a spin that yields, say) pays
+a scheduler time slice there, which the table shows. Usage:
+
+  python -m tensorwire bench rpc [--iters N] [--cold N] [--quick] [--only calls|contention]
+                                 [--png PATH | --no-plot]
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +74,9 @@ class Target:
 
     def json(self, x):
         return len(x)
+
+    def noop(self):
+        return None
 
 
 def json_payload() -> list:
@@ -133,6 +146,9 @@ class AsyncTarget:
 
     async def json(self, x):
         return _target.json(x)
+
+    async def noop(self):
+        return _target.noop()
 
 
 def _pyisolate_share_torch() -> None:
@@ -278,70 +294,82 @@ def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_ge
             cells.progress.step()
 
 
-def bench_pyisolate(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
+async def _pyisolate_connect(ctx, tmp: str, n: int):
+    """A fresh pyisolate child serving :class:`AsyncTarget` on a Unix socket in ``tmp``:
+    (process, its AsyncRPC, the caller)."""
     from pyisolate._internal.rpc_protocol import AsyncRPC
     from pyisolate._internal.rpc_transports import JSONSocketTransport
 
-    before = torch.multiprocessing.get_sharing_strategy()
-    _pyisolate_share_torch()
-    ctx = multiprocessing.get_context("spawn")
-    tmp = tempfile.mkdtemp(prefix="tw-bench-rpc-")
-
-    async def connect(n: int):
-        path = os.path.join(tmp, f"pyisolate-{n}.sock")
-        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        lsock.bind(path)
-        lsock.listen(1)
-        lsock.settimeout(300.0)
-        proc = ctx.Process(target=pyisolate_child, args=(path,), daemon=True)
-        proc.start()
-        try:
-            conn, _ = lsock.accept()
-        finally:
-            lsock.close()
-            os.unlink(path)
-        conn.settimeout(None)
-        rpc = AsyncRPC(transport=JSONSocketTransport(conn, tensor_transport="shared_memory"))
-        rpc.run()
-        return proc, rpc, rpc.create_caller(AsyncTarget, "target")
-
-    def stop(proc, rpc) -> None:
-        rpc.shutdown()
-        proc.join(10.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10.0)
-
-    async def run() -> None:
-        cells.progress.start("pyisolate: calls")
-        t0 = time.perf_counter()
-        proc, rpc, target = await connect(0)
-        try:
-            await target.add(1, 2)
-            cold_sample(cells, "pyisolate", t0)
-            await measure_async("pyisolate", lambda m, *a: getattr(target, m)(*a), cells, iters, warm_s, plain_tensor)
-        finally:
-            stop(proc, rpc)
-        cells.progress.start("pyisolate: cold start")
-        for i in range(cold - 1):
-            t0 = time.perf_counter()
-            proc, rpc, target = await connect(i + 1)
-            await target.add(1, 2)
-            cells.cold["pyisolate"].append(time.perf_counter() - t0)
-            stop(proc, rpc)
-            cells.progress.step()
-
+    path = os.path.join(tmp, f"pyisolate-{n}.sock")
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(path)
+    lsock.listen(1)
+    lsock.settimeout(300.0)
+    proc = ctx.Process(target=pyisolate_child, args=(path,), daemon=True)
+    proc.start()
     try:
-        asyncio.run(run())
+        conn, _ = lsock.accept()
     finally:
-        # what pyisolate set for this process; the baselines after it get torch's default
-        torch.multiprocessing.set_sharing_strategy(before)
+        lsock.close()
+        os.unlink(path)
+    conn.settimeout(None)
+    rpc = AsyncRPC(transport=JSONSocketTransport(conn, tensor_transport="shared_memory"))
+    rpc.run()
+    return proc, rpc, rpc.create_caller(AsyncTarget, "target")
+
+
+def _pyisolate_stop(proc, rpc) -> None:
+    rpc.shutdown()
+    proc.join(10.0)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(10.0)
+
+
+class _PyisolateHost:
+    """What a pyisolate host sets up for this process while its children run (the tensor
+    serializer, torch's file_system strategy), undone on exit so that the baselines after
+    it get torch's default; and a directory for the children's sockets."""
+
+    def __enter__(self) -> "_PyisolateHost":
+        self.before = torch.multiprocessing.get_sharing_strategy()
+        _pyisolate_share_torch()
+        self.ctx = multiprocessing.get_context("spawn")
+        self.tmp = tempfile.mkdtemp(prefix="tw-bench-rpc-")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.multiprocessing.set_sharing_strategy(self.before)
         try:
             from pyisolate._internal.tensor_serializer import flush_tensor_keeper
             flush_tensor_keeper()
         except Exception:  # noqa: BLE001
             pass
-        os.rmdir(tmp)
+        os.rmdir(self.tmp)
+
+
+def bench_pyisolate(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
+    async def run(host: _PyisolateHost) -> None:
+        cells.progress.start("pyisolate: calls")
+        t0 = time.perf_counter()
+        proc, rpc, target = await _pyisolate_connect(host.ctx, host.tmp, 0)
+        try:
+            await target.add(1, 2)
+            cold_sample(cells, "pyisolate", t0)
+            await measure_async("pyisolate", lambda m, *a: getattr(target, m)(*a), cells, iters, warm_s, plain_tensor)
+        finally:
+            _pyisolate_stop(proc, rpc)
+        cells.progress.start("pyisolate: cold start")
+        for i in range(cold - 1):
+            t0 = time.perf_counter()
+            proc, rpc, target = await _pyisolate_connect(host.ctx, host.tmp, i + 1)
+            await target.add(1, 2)
+            cells.cold["pyisolate"].append(time.perf_counter() - t0)
+            _pyisolate_stop(proc, rpc)
+            cells.progress.step()
+
+    with _PyisolateHost() as host:
+        asyncio.run(run(host))
 
 
 def bench_process_pool(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
@@ -401,6 +429,174 @@ def bench_pipe(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
         cells.cold["mp.Pipe"].append(time.perf_counter() - t0)
         stop(proc, conn)
         cells.progress.step()
+
+
+# --- under contention -----------------------------------------------------------------
+
+CONTENTION_SYSTEMS = ["tensorwire.rpc", "torch.mp Pipe", "pyisolate"]
+PHASES = ["alone", "busy"]
+
+
+class Busy:
+    """``n`` plain Python processes that never sleep, started on entry (given ``settle_s``
+    to be running) and killed on exit."""
+
+    def __init__(self, n: int, settle_s: float) -> None:
+        self.n, self.settle_s, self.procs = n, settle_s, []
+
+    def __enter__(self) -> "Busy":
+        try:
+            for _ in range(self.n):
+                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                                   stdin=subprocess.DEVNULL))
+        except BaseException:
+            self.__exit__()
+            raise
+        time.sleep(self.settle_s)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+
+
+class Contention:
+    """Seconds per noop() call by system and phase (or the error that stopped a system)."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.times: dict[str, dict[str, list[float]]] = {s: {} for s in CONTENTION_SYSTEMS}
+        self.errors: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def _phase(system: str, phase: str, cont: Contention, progress, settle_s: float):
+    """One phase of a system's contention cells: its progress label, and for "busy" the
+    busy processes, running for the phase and killed at its end (whatever happened)."""
+    progress.start(f"{system}: noop {'alone' if phase == 'alone' else f'+ {cont.busy} busy'}")
+    if phase == "alone":
+        yield
+    else:
+        with Busy(cont.busy, settle_s):
+            yield
+
+
+def contention_sync(system: str, call: Callable[[], Any], cont: Contention, progress, iters: int, warm_s: float,
+                    settle_s: float) -> None:
+    for phase in PHASES:
+        with _phase(system, phase, cont, progress, settle_s):
+            end = time.perf_counter() + warm_s
+            while time.perf_counter() < end:
+                call()
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+                progress.step()
+        cont.times[system][phase] = times
+
+
+async def contention_async(system: str, call, cont: Contention, progress, iters: int, warm_s: float,
+                           settle_s: float) -> None:
+    for phase in PHASES:
+        with _phase(system, phase, cont, progress, settle_s):
+            end = time.perf_counter() + warm_s
+            while time.perf_counter() < end:
+                await call()
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                await call()
+                times.append(time.perf_counter() - t0)
+                progress.step()
+        cont.times[system][phase] = times
+
+
+def bench_contention(cont: Contention, progress, iters: int, warm_s: float, settle_s: float,
+                     pyisolate_missing: Optional[str]) -> None:
+    """noop() alone and beside busy processes, for each system on a fresh worker."""
+    import tensorwire.rpc as rpc
+
+    def tensorwire_rpc() -> None:
+        with rpc.spawn(TARGET) as w:
+            if w.call("noop") is not None:
+                raise AssertionError("tensorwire.rpc: noop() answered something")
+            contention_sync("tensorwire.rpc", lambda: w.call("noop"), cont, progress, iters, warm_s, settle_s)
+
+    def pipe() -> None:
+        ctx = torch.multiprocessing.get_context("spawn")
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=pipe_child, args=(there,), daemon=True)
+        proc.start()
+        there.close()
+
+        def call():
+            here.send(("noop", ()))
+            return here.recv()
+
+        try:
+            if call() is not None:
+                raise AssertionError("torch.mp Pipe: noop() answered something")
+            contention_sync("torch.mp Pipe", call, cont, progress, iters, warm_s, settle_s)
+        finally:
+            here.send(None)
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10.0)
+            here.close()
+
+    def pyisolate() -> None:
+        async def run(host: _PyisolateHost) -> None:
+            proc, prpc, target = await _pyisolate_connect(host.ctx, host.tmp, 0)
+            try:
+                if await target.noop() is not None:
+                    raise AssertionError("pyisolate: noop() answered something")
+                await contention_async("pyisolate", target.noop, cont, progress, iters, warm_s, settle_s)
+            finally:
+                _pyisolate_stop(proc, prpc)
+
+        with _PyisolateHost() as host:
+            asyncio.run(run(host))
+
+    for system, run in [("tensorwire.rpc", tensorwire_rpc), ("torch.mp Pipe", pipe), ("pyisolate", pyisolate)]:
+        if system == "pyisolate" and pyisolate_missing:
+            continue
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
+            cont.errors[system] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
+            if os.environ.get("TENSORWIRE_BENCH_DEBUG"):
+                traceback.print_exc()
+
+
+def report_contention(cont: Contention, iters: int, pyisolate_missing: Optional[str]) -> list[str]:
+    lines = [f"noop() to a fresh worker, alone and beside {cont.busy} busy processes (as many as CPUs; "
+             f"`while True: pass`): p50 / p90 per call, microseconds; {iters} calls per cell after a warm-up"]
+    w0, w = 16, 21
+    hdr = f"{'contention':<{w0}}|" + "|".join(f" {h:>{w - 1}}" for h in ["alone", f"{cont.busy} busy processes"])
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for s in CONTENTION_SYSTEMS:
+        if s == "pyisolate" and pyisolate_missing:
+            lines.append(f"{s:<{w0}}| not run: {pyisolate_missing}")
+            continue
+        cells = []
+        for ph in PHASES:
+            xs = cont.times[s].get(ph)
+            cells.append(f"{fmt_us(p50(xs))} / {fmt_us(p90(xs))}" if xs else ("error" if s in cont.errors else "-"))
+        lines.append(f"{s:<{w0}}|" + "|".join(f" {c:>{w - 1}}" for c in cells))
+    for s, err in cont.errors.items():
+        lines.append(f"error: {s}, contention: {err}")
+    tw, pipe = cont.times["tensorwire.rpc"].get("busy"), cont.times["torch.mp Pipe"].get("busy")
+    if tw and pipe:
+        lines.append(f"beside busy processes, tensorwire.rpc / torch.mp Pipe: p50 {p50(tw) / p50(pipe):.2f}x, "
+                     f"p90 {p90(tw) / p90(pipe):.2f}x (goal <= 1)")
+    return lines
 
 
 # --- report ---------------------------------------------------------------------------
@@ -473,12 +669,38 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
     return lines
 
 
-def plot(cells: Cells, path: str) -> None:
+def plot(cells: Cells, cont: Contention, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    have_calls = any(cells.times[s] for s in SYSTEMS)
+    have_cont = any(cont.times[s] for s in CONTENTION_SYSTEMS)
+    fig, axes = plt.subplots(1, have_calls + have_cont, figsize=(8 + 4 * (have_calls and have_cont), 4.5),
+                             squeeze=False)
+    if have_cont:
+        cx = axes[0][-1]
+        width = 0.8 / len(PHASES)
+        for k, ph in enumerate(PHASES):
+            xs, ys = [], []
+            for i, s in enumerate(CONTENTION_SYSTEMS):
+                if cont.times[s].get(ph):
+                    xs.append(i + (k - (len(PHASES) - 1) / 2) * width)
+                    ys.append(p50(cont.times[s][ph]) * 1e6)
+            if xs:
+                cx.bar(xs, ys, width, label="alone" if ph == "alone" else f"{cont.busy} busy processes")
+        cx.set_yscale("log")
+        cx.set_xticks(range(len(CONTENTION_SYSTEMS)), CONTENTION_SYSTEMS)
+        cx.set_ylabel("noop() per call, p50 (µs)")
+        cx.set_title("Under CPU contention")
+        cx.grid(True, axis="y", which="both", alpha=0.3)
+        cx.legend()
+    if not have_calls:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        return
+    ax = axes[0][0]
     width = 0.8 / len(SYSTEMS)
     for k, s in enumerate(SYSTEMS):
         xs, ys = [], []
@@ -511,6 +733,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--png", default="tensorwire_rpc.png", help="where to write the plot, if matplotlib is installed "
                     "(default: %(default)s)")
     ap.add_argument("--no-plot", action="store_true", help="print the table only")
+    ap.add_argument("--only", choices=["calls", "contention"], default=None,
+                    help="run one part: the calls table, or noop() alone and beside busy processes")
     args = ap.parse_args(argv)
     args.iters = args.iters or (20 if args.quick else 500)
     args.cold = args.cold or (1 if args.quick else 3)
@@ -518,6 +742,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error("--iters and --cold must be at least 1")
     warm_s = 0.2 if args.quick else 1.0
     pool_gets = 3 if args.quick else 20
+    settle_s = 0.1 if args.quick else 0.5
+    do_calls, do_contention = args.only in (None, "calls"), args.only in (None, "contention")
 
     try:
         import pyisolate
@@ -532,9 +758,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     started = time.perf_counter()
     systems = [s for s in SYSTEMS if not (s == "pyisolate" and pyisolate_missing)]
-    total = len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets
+    contention_systems = [s for s in CONTENTION_SYSTEMS if not (s == "pyisolate" and pyisolate_missing)]
+    total = ((len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets) * do_calls
+             + len(contention_systems) * len(PHASES) * args.iters * do_contention)
     progress = Progress(total)
     cells = Cells(progress)
+    cont = Contention(os.cpu_count() or 1)
     runs: list[tuple[str, Callable[[], None]]] = [
         ("tensorwire.rpc", lambda: bench_tensorwire(cells, args.iters, warm_s, args.cold, pool_gets)),
         ("pyisolate", lambda: bench_pyisolate(cells, args.iters, warm_s, args.cold)),
@@ -542,22 +771,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         ("mp.Pipe", lambda: bench_pipe(cells, args.iters, warm_s, args.cold)),
     ]
     try:
-        for system, run in runs:
+        for system, run in runs if do_calls else []:
             if system not in systems:
                 continue
             try:
                 run()
             except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
                 cells.fail(system, "stopped", e)
+        if do_contention:
+            bench_contention(cont, progress, args.iters, warm_s, settle_s, pyisolate_missing)
     finally:
         progress.close()
     if pyisolate_missing:
         print(f"bench rpc: pyisolate row SKIPPED: {pyisolate_missing}", file=sys.stderr)
 
-    print()
-    for line in report(cells, args, pyisolate_missing):
-        print(line)
-    failed = any(cells.errors[s] for s in SYSTEMS)
+    if do_calls:
+        print()
+        for line in report(cells, args, pyisolate_missing):
+            print(line)
+    if do_contention:
+        print()
+        for line in report_contention(cont, args.iters, pyisolate_missing):
+            print(line)
+    failed = any(cells.errors[s] for s in SYSTEMS) or bool(cont.errors)
 
     if not args.no_plot:
         try:
@@ -565,7 +801,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         except ImportError:
             print("plot: skipped, matplotlib is not installed (--no-plot says this is intended)")
         else:
-            plot(cells, args.png)
+            plot(cells, cont, args.png)
             print(f"plot: {args.png}  ({time.perf_counter() - started:.0f} s)")
     return 1 if failed else 0
 

@@ -68,8 +68,9 @@ pub struct RpcConfig {
     pub max_workers: usize,
     /// How long a wait spins before it blocks (default 50 µs; zero: block at once): a
     /// caller waiting for its response, and the reader thread once it has read all that
-    /// arrived. A reply that comes within it costs no sleep and wake-up; the spin is paced
-    /// by `crossbeam_utils::Backoff` (a few busy iterations, then yields to other threads).
+    /// arrived. A reply that comes within it costs no sleep and wake-up. The spin never
+    /// yields the CPU; it ends early when the thread was preempted, and the endpoint's
+    /// waits then sleep at once for a while (see `endpoint::spin`).
     pub spin: Duration,
     /// How long the reader thread stays off the socket once a waiting caller has been
     /// reading it (callers that keep calling read their own responses and dispatch

@@ -1,5 +1,6 @@
 """``python -m tensorwire bench rpc --quick --no-plot`` runs end to end in a subprocess
-(real worker processes for every system) and prints every row of its table."""
+(real worker processes for every system) and prints every row of its tables: the calls,
+and noop() alone and beside busy processes."""
 from __future__ import annotations
 
 import re
@@ -33,8 +34,21 @@ def bench(tmp_path_factory):
     return r
 
 
+CONTENTION_HEADER = "contention "
+
+
+def calls_table(stdout: str) -> str:
+    return stdout.split(f"\n{CONTENTION_HEADER}", 1)[0]
+
+
+def contention_table(stdout: str) -> str:
+    parts = stdout.split(f"\n{CONTENTION_HEADER}", 1)
+    assert len(parts) == 2, f"no contention table in:\n{stdout}"
+    return CONTENTION_HEADER + parts[1]
+
+
 def row(stdout: str, name: str) -> str:
-    rows = [line for line in stdout.splitlines() if line.startswith(f"{name} ") and "|" in line]
+    rows = [line for line in calls_table(stdout).splitlines() if line.startswith(f"{name} ") and "|" in line]
     assert len(rows) == 1, f"no single row {name!r} in:\n{stdout}"
     return rows[0]
 
@@ -75,3 +89,19 @@ def test_pyisolate_row_and_ratios(bench):
     ratios = next(line for line in bench.stdout.splitlines() if line.startswith("pyisolate / tensorwire.rpc"))
     for p in PAYLOADS:
         assert re.search(re.escape(p) + r" [0-9.]+x", ratios), ratios
+
+
+@pytest.mark.parametrize("name", ["tensorwire.rpc", "torch.mp Pipe", "pyisolate"])
+def test_contention_row_measured(bench, name):
+    table = contention_table(bench.stdout)
+    header = table.splitlines()[0]
+    assert "alone" in header and "busy processes" in header, header
+    rows = [line for line in table.splitlines() if line.startswith(f"{name} ") and "|" in line]
+    assert len(rows) == 1, f"no single contention row {name!r} in:\n{table}"
+    if name == "pyisolate" and not HAVE_PYISOLATE:
+        assert "not run:" in rows[0]
+        pytest.skip("pyisolate is not importable: its contention row was NOT measured")
+    cells = rows[0].split("|")[1:]
+    assert len(cells) == 2 and all(re.fullmatch(CELL, c) for c in cells), rows[0]
+    assert "noop" in bench.stderr and "busy" in bench.stderr  # its progress went to stderr
+    assert "tensorwire.rpc / torch.mp Pipe: p50" in table, table

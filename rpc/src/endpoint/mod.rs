@@ -48,6 +48,7 @@ mod native;
 mod pool;
 mod reading;
 mod service;
+mod spin;
 mod standby;
 #[cfg(feature = "ucx")]
 mod ucx;
@@ -123,6 +124,8 @@ pub(crate) struct Inner {
     baton: Token,
     /// Wakes the reader thread from stepping back (`RpcConfig::reader_yield`) at shutdown.
     reader_wake: Token,
+    /// Whether this endpoint's waits may spin now (see `spin`).
+    spin_gate: spin::SpinGate,
     /// fds that arrived on the socket, waiting for the message that claims them.
     fds: Mutex<VecDeque<OwnedFd>>,
     callbacks: Mutex<HashMap<String, SyncHandler>>,
@@ -208,6 +211,7 @@ impl Endpoint {
             followers: AtomicUsize::new(0),
             baton: Token::new(),
             reader_wake: Token::new(),
+            spin_gate: spin::SpinGate::new(),
             fds: Mutex::new(VecDeque::new()),
             callbacks: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),

@@ -2,21 +2,21 @@
 //! module docs of `endpoint`), frame reads and what a received frame becomes.
 //!
 //! Waits spin briefly before they block — for at most `RpcConfig::spin` (50 µs by
-//! default; zero: block at once), paced by `crossbeam_utils::Backoff` (a few busy
-//! iterations, then yields). Why: the response or request waited for often arrives within
-//! microseconds, and a thread that blocked must then be woken, which across CPUs costs
-//! tens of µs on some machines — more than the whole round trip otherwise. Past `spin`
-//! every wait blocks: in `poll` on the socket, or on the call's reply channel and the
-//! baton (`follow`).
+//! default; zero: block at once), never yielding the CPU, and not at all while there are
+//! signs that other tasks want it (`spin`). Why: the response or request waited for often
+//! arrives within microseconds, and a thread that blocked must then be woken, which across
+//! CPUs costs tens of µs on some machines — more than the whole round trip otherwise. Past
+//! the spin every wait blocks: in `poll` on the socket, or on the call's reply channel and
+//! the baton (`follow`).
 
 use super::Inner;
 use super::calls::ReplyRx;
 use super::dispatch::Request;
+use super::spin::Spin;
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
 use crate::message::Message;
 use crossbeam_channel::{Receiver, Select, Sender};
-use crossbeam_utils::Backoff;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -84,9 +84,18 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
             // than that (a caller may lead meanwhile, for as long as its call takes).
             let rs = match inner.first_message_left() {
                 Some(left) => inner.reader.try_lock_for(left),
-                None => Some(inner.reader.lock()),
+                None if inner.cfg.reader_yield.is_zero() => Some(inner.reader.lock()),
+                None => inner.reader.try_lock(),
             };
-            let Some(mut rs) = rs else { continue };
+            let Some(mut rs) = rs else {
+                // A caller leads, for longer than a step back: step back again rather than
+                // park on the lock, whose release would then wake this thread for nothing
+                // at the end of every call.
+                if inner.first_message_left().is_none() {
+                    let _ = inner.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
+                }
+                continue;
+            };
             // With the frame: whether anything of a later one is buffered already (then
             // its sync handler must not hold this thread; see `standby`).
             inner.read_frame_locked(&mut rs, Some(Instant::now())).map(|f| f.map(|f| (f, rs.decoder.buffered() == 0)))
@@ -105,13 +114,18 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         // Nothing buffered: check the socket for up to `spin` before sleeping in poll
         // (see the module docs) — not at all where the peer shares our CPU for good, and
         // off its CPU first where it shares it for now (see `native`).
-        let spin = if inner.move_off_peer_cpu() { Duration::ZERO } else { inner.cfg.spin };
-        let until = Instant::now() + spin;
-        let backoff = Backoff::new();
+        // Not while the spins are paused: see `lead`.
+        let mut spin = inner.spin_gate.spin(inner.cfg.spin);
+        if !spin.paused() && inner.move_off_peer_cpu() {
+            spin.stop();
+        }
         let arrived = loop {
             match tensorwire::os::poll_events(&[(inner.sock.fd(), libc::POLLIN)], Some(Duration::ZERO)) {
-                Ok(r) if r[0] != 0 => break true,
-                Ok(_) if Instant::now() < until => backoff.snooze(),
+                Ok(r) if r[0] != 0 => {
+                    spin.found();
+                    break true;
+                }
+                Ok(_) if spin.again() => {}
                 Ok(_) => break false,
                 Err(e) => {
                     inner.shutdown_now(e.into());
@@ -138,8 +152,7 @@ impl Inner {
     /// lane thread, run the lane's waiting requests meanwhile (see `lane`). `None`: the
     /// deadline passed first.
     pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
-        let spin_until = Instant::now() + self.cfg.spin;
-        let backoff = Backoff::new();
+        let mut spin = self.spin_gate.spin(self.cfg.spin);
         let lane = self.on_lane_thread();
         loop {
             if let Ok(r) = reply.try_recv() {
@@ -152,13 +165,12 @@ impl Inner {
                 continue;
             }
             if let Some(rs) = self.reader.try_lock() {
-                self.lead(rs, reply, deadline, spin_until, lane);
+                self.lead(rs, reply, deadline, &mut spin, lane);
                 continue;
             }
-            // Someone leads. Within `spin`, look again shortly: the reply, or the lead
-            // freed by a leader whose own response came in, is often microseconds away.
-            if Instant::now() < spin_until {
-                backoff.snooze();
+            // Someone leads. Within the spin, look again: the reply, or the lead freed by a
+            // leader whose own response came in, is often microseconds away.
+            if spin.again() {
                 continue;
             }
             if let Some(r) = self.follow(reply, deadline, lane) {
@@ -169,13 +181,14 @@ impl Inner {
 
     /// Read and dispatch frames until `reply` is complete (or the deadline or the end, or
     /// — on the lane thread — a request waits in the lane), then step down.
-    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin_until: Instant, lane: bool) {
+    fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin: &mut Spin<'_>, lane: bool) {
         // Relaxed: a counter the reader thread reads as a hint.
         self.lead_epoch.fetch_add(1, Ordering::Relaxed);
         // Off the peer's CPU before waiting for its frame (see `native`); pinned beside
-        // it, wait without spinning.
-        let spin_until = if self.move_off_peer_cpu() { Instant::now() } else { spin_until };
-        let backoff = Backoff::new();
+        // it, wait without spinning. Not while the spins are paused: the CPUs are
+        // contended, there is no idle one to move to, and a thread moved onto a busy CPU
+        // waits there for the busy task's time slice.
+        let pinned = !spin.paused() && self.move_off_peer_cpu();
         loop {
             if !reply.is_empty() || (lane && !self.lane.rx.is_empty()) {
                 break;
@@ -186,7 +199,7 @@ impl Inner {
             }
             // Within `spin`, check the socket without sleeping; then sleep in poll, in
             // slices, so that a cancel from another thread is noticed.
-            let spinning = now < spin_until;
+            let spinning = !pinned && spin.spinning();
             let until = if spinning {
                 now
             } else {
@@ -197,8 +210,15 @@ impl Inner {
                 // Responses complete their calls; requests go to the pool (never inline
                 // here: this thread must get back to its own caller). Nothing in
                 // `handle_frame` takes the `reader` lock.
-                Ok(Some(f)) => self.handle_frame(f, false, false),
-                Ok(None) if spinning => backoff.snooze(),
+                Ok(Some(f)) => {
+                    if spinning {
+                        spin.found();
+                    }
+                    self.handle_frame(f, false, false)
+                }
+                Ok(None) if spinning => {
+                    spin.again();
+                }
                 Ok(None) => {}
                 Err(e) => {
                     self.shutdown_now(e);
