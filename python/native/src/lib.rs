@@ -17,6 +17,7 @@ mod cuda;
 mod dlpack;
 mod errors;
 mod listener;
+mod pool;
 mod ring;
 mod rpc;
 mod storage;
@@ -39,6 +40,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::trusted_fd_storage, m)?)?;
     m.add_function(wrap_pyfunction!(storage::storage_kind, m)?)?;
     m.add_function(wrap_pyfunction!(storage::segment_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::pool_busy, m)?)?;
     rpc::register(m)?;
     cuda::register(m)?;
     Ok(())

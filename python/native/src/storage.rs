@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use tensorwire::{Imported, Segment};
+use tensorwire::{Imported, Layout, Segment};
+use tensorwire_rpc::{ImportedTensor, Tensor};
 
 /// A segment torch holds through a capsule: sealed (ours, exportable as it is) or not (a
 /// trusted peer's fd: exported by copy, as the extension does).
@@ -65,6 +66,82 @@ impl Drop for RegisteredImport {
     }
 }
 
+/// CPU tensors received over `tensorwire.rpc` that torch holds through a capsule, by
+/// storage address (a list: two imports of the same memory share an address, as above).
+static RPC_IMPORTS: Mutex<BTreeMap<usize, Vec<Weak<ImportedTensor>>>> = Mutex::new(BTreeMap::new());
+
+/// What a capsule over a tensor received over `tensorwire.rpc` owns: the import (its lease
+/// ends once torch's last view dies and no forward of it is leased), and its registry
+/// entry, so that a view of it sent on is forwarded as the producer's memory.
+pub struct RegisteredRpcImport(Arc<ImportedTensor>);
+
+impl RegisteredRpcImport {
+    pub fn new(imp: Arc<ImportedTensor>) -> RegisteredRpcImport {
+        let base = imp.storage_ptr() as usize;
+        lock(&RPC_IMPORTS).entry(base).or_default().push(Arc::downgrade(&imp));
+        RegisteredRpcImport(imp)
+    }
+}
+
+impl Drop for RegisteredRpcImport {
+    fn drop(&mut self) {
+        let base = self.0.storage_ptr() as usize;
+        let mut map = lock(&RPC_IMPORTS);
+        if let Some(list) = map.get_mut(&base) {
+            list.retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.0)) && w.strong_count() > 0);
+            if list.is_empty() {
+                map.remove(&base);
+            }
+        }
+    }
+}
+
+/// Registered imports whose storage starts at most this far below a looked-up address
+/// are considered (imports of ranges of one window can share lower addresses).
+const RPC_IMPORT_LOOKBACK: usize = 8;
+
+/// The RPC import whose storage contains `[ptr, ptr + nbytes)` (a torch storage made from
+/// its capsule: torch's storage starts at the view's first element), with `layout` (a view
+/// whose offset counts elements from `ptr`) restated over the import's storage — `None` if
+/// no live import holds that memory or the view is not at a whole element from the
+/// import's start (then it is copied as private memory).
+pub fn rpc_import_view(ptr: usize, nbytes: usize, layout: &Layout) -> Option<tensorwire_rpc::Result<Tensor>> {
+    let map = lock(&RPC_IMPORTS);
+    let end = ptr.checked_add(nbytes)?;
+    let imp = map
+        .range(..=ptr)
+        .rev()
+        .take(RPC_IMPORT_LOOKBACK)
+        .flat_map(|(_, list)| list.iter().filter_map(Weak::upgrade))
+        .find(|imp| {
+            let base = imp.storage_ptr() as usize;
+            ptr >= base && end <= base + imp.storage_nbytes()
+        })?;
+    drop(map);
+    let es = layout.dtype.size();
+    let skip = ptr - imp.storage_ptr() as usize;
+    if skip % es != 0 {
+        return None;
+    }
+    let offset = layout.storage_offset.checked_add(i64::try_from(skip / es).ok()?)?;
+    let view = match Layout::strided(layout.dtype, layout.sizes(), layout.strides(), offset) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e.into())),
+    };
+    Some(Tensor::imported_view(imp, view))
+}
+
+/// The transport's import behind a registered RPC import whose storage starts at `ptr`
+/// and holds at least `nbytes` (to forward it through a `Peer`, as `import_at`).
+fn rpc_import_at(ptr: usize, nbytes: usize) -> Option<Arc<Imported>> {
+    let map = lock(&RPC_IMPORTS);
+    map.get(&ptr)?
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|imp| imp.storage_nbytes() >= nbytes)
+        .map(|imp| Arc::clone(imp.inner()))
+}
+
 fn entry_at(ptr: usize, nbytes: usize) -> Option<(Arc<Segment>, usize, bool)> {
     let map = lock(&LIVE);
     let (&base, e) = map.range(..=ptr).next_back()?;
@@ -82,8 +159,8 @@ pub fn segment_at(ptr: usize, nbytes: usize) -> Option<(Arc<Segment>, usize)> {
 /// The import whose storage starts at `ptr` and is at least `nbytes` long (a received
 /// tensor's storage, to forward as the producer's memory).
 pub fn import_at(ptr: usize, nbytes: usize) -> Option<Arc<Imported>> {
-    let map = lock(&IMPORTS);
-    map.get(&ptr)?.iter().filter_map(Weak::upgrade).find(|imp| imp.storage_nbytes() >= nbytes)
+    let found = lock(&IMPORTS).get(&ptr).and_then(|list| list.iter().filter_map(Weak::upgrade).find(|imp| imp.storage_nbytes() >= nbytes));
+    found.or_else(|| rpc_import_at(ptr, nbytes))
 }
 
 /// A `"dltensor"` capsule over a received import's storage; registered so that a view of it
