@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "4 KiB randn echo",
+            "64 MiB randn echo"]
 
 
 def _importable(name: str) -> bool:
@@ -75,3 +76,11 @@ def test_pyisolate_row_and_ratios(bench):
     ratios = next(line for line in bench.stdout.splitlines() if line.startswith("pyisolate / tensorwire.rpc"))
     for p in PAYLOADS:
         assert re.search(re.escape(p) + r" [0-9.]+x", ratios), ratios
+
+
+def test_randn_echoes_have_a_pipe_bytes_baseline_and_goals(bench):
+    cells = row(bench.stdout, "Pipe bytes").split("|")[1:]
+    for payload, c in zip(PAYLOADS, cells):
+        if payload.endswith("randn echo"):
+            assert re.fullmatch(CELL, c), f"Pipe bytes, {payload}: {c!r}\n{bench.stdout}"
+    assert "4 KiB randn echo: " in bench.stdout and "64 MiB randn echo: " in bench.stdout, bench.stdout
