@@ -40,5 +40,9 @@ class Keeper:
         self.kept.clear()
         return True
 
+    def make(self, n):
+        """An ordinary tensor of this process (not one it received)."""
+        return torch.randn(n)
+
     def pid(self):
         return os.getpid()

@@ -108,8 +108,25 @@ def test_a_tensor_the_worker_returns_is_the_memory_it_received(worker):
         worker.call("drop")
 
 
-def test_a_received_tensor_sent_again_by_the_host_is_forwarded(worker):
+def test_our_own_memory_sent_back_is_our_own_storage_again(worker):
+    # Large: the storage moved into a segment; the echo is that same storage (address).
+    x = torch.randn(2 * MIB // 4)
+    y = worker.call("echo", x)
+    assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
+    # Small: packed into a pooled segment; what comes back is that segment (ours, sent as
+    # it is when sent again), and a value sent back and forth keeps its storage: no
+    # chain of forwards grows behind it.
     y = worker.call("echo", torch.randn(1024))
+    s = y.untyped_storage()
+    assert _native.is_segment(s.data_ptr(), s.nbytes()), "the echo came back as an import of our memory"
+    ptr, copies = y.data_ptr(), _native.pool_stats()["copies"]
+    for _ in range(200):
+        y = worker.call("echo", y)
+    assert y.data_ptr() == ptr and _native.pool_stats()["copies"] == copies
+
+
+def test_a_received_tensor_sent_again_by_the_host_is_forwarded(worker):
+    y = worker.call("make", 1024)  # the worker's memory
     v = y[3:]  # any view of a received storage
     assert worker.call("write_first", v, -7.0)
     assert float(y[3]) == -7.0, "the host's re-send was a copy"

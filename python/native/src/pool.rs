@@ -68,7 +68,9 @@ fn class_of(nbytes: usize) -> Option<usize> {
 fn take(nbytes: usize) -> tensorwire::Result<Arc<Segment>> {
     let Some(class) = class_of(nbytes) else {
         UNPOOLED.fetch_add(1, Ordering::Relaxed);
-        return Ok(Arc::new(Segment::create(nbytes.max(1))?));
+        let seg = Arc::new(Segment::create(nbytes.max(1))?);
+        crate::storage::remember_own(&seg);
+        return Ok(seg);
     };
     let size = MIN_CLASS << class;
     let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
@@ -84,6 +86,7 @@ fn take(nbytes: usize) -> tensorwire::Result<Arc<Segment>> {
         return Ok(seg.clone());
     }
     let seg = Arc::new(Segment::create(size)?);
+    crate::storage::remember_own(&seg);
     if pool.classes[class].len() < MAX_PER_CLASS && pool.bytes + size <= MAX_POOL_BYTES {
         pool.classes[class].push(seg.clone());
         pool.bytes += size;

@@ -18,6 +18,9 @@ use tensorwire_rpc::{ImportedTensor, Tensor};
 struct Entry {
     seg: Weak<Segment>,
     sealed: bool,
+    /// Capsules over this segment torch holds (one made here, and one per received tensor
+    /// that is a range of it, sent back to us): the entry goes with the last.
+    holders: usize,
 }
 
 /// Live segments that torch holds through a capsule, by base address.
@@ -43,8 +46,11 @@ impl Drop for Registered {
         let mut map = lock(&LIVE);
         // Another segment may already be mapped at this address only after this one is
         // unmapped, which happens after this drop; remove the entry only if it is ours.
-        if map.get(&base).is_some_and(|e| std::ptr::eq(e.seg.as_ptr(), Arc::as_ptr(&self.0))) {
-            map.remove(&base);
+        if let Some(e) = map.get_mut(&base).filter(|e| std::ptr::eq(e.seg.as_ptr(), Arc::as_ptr(&self.0))) {
+            e.holders -= 1;
+            if e.holders == 0 {
+                map.remove(&base);
+            }
         }
     }
 }
@@ -172,10 +178,59 @@ pub fn import_capsule(py: Python<'_>, imp: Imported) -> PyResult<Py<PyAny>> {
     dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(RegisteredImport(imp)))
 }
 
-fn capsule_over(py: Python<'_>, seg: Segment, nbytes: usize, sealed: bool) -> PyResult<Py<PyAny>> {
-    let seg = Arc::new(seg);
+/// Count one more capsule over `seg` in the registry (see `Entry::holders`).
+fn register_live(seg: &Arc<Segment>, sealed: bool) {
+    let base = seg.as_ptr() as usize;
+    let mut map = lock(&LIVE);
+    match map.get_mut(&base) {
+        Some(e) if std::ptr::eq(e.seg.as_ptr(), Arc::as_ptr(seg)) => e.holders += 1,
+        _ => {
+            map.insert(base, Entry { seg: Arc::downgrade(seg), sealed, holders: 1 });
+        }
+    }
+}
+
+/// Segments this process made that a peer may send back (pooled, `segment_storage`, fresh
+/// copies), by file identity: a received tensor that is a range of one of them is handed
+/// to torch as that segment, not as an import of it (see `own_range`).
+static OWN: Mutex<Vec<(FileIdent, Weak<Segment>)>> = Mutex::new(Vec::new());
+
+/// A file's `(st_dev, st_ino)`.
+type FileIdent = (u64, u64);
+
+/// Remember `seg` as ours (one `fstat`). Dead entries go when the list would grow past
+/// twice what was live at the last sweep.
+pub fn remember_own(seg: &Arc<Segment>) {
+    static SWEEP_AT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64);
+    let Ok(ident) = seg.file_ident() else { return };
+    let mut own = lock(&OWN);
+    // Relaxed: a heuristic bound, read and written under the OWN lock.
+    if own.len() >= SWEEP_AT.load(std::sync::atomic::Ordering::Relaxed) {
+        own.retain(|(_, w)| w.strong_count() > 0);
+        SWEEP_AT.store((own.len() * 2).max(64), std::sync::atomic::Ordering::Relaxed);
+    }
+    own.push((ident, Arc::downgrade(seg)));
+}
+
+/// The segment of ours a received CPU tensor maps (a peer sent our memory back: a worker
+/// returning what it was given), and the storage's byte offset in it.
+pub fn own_range(imp: &Imported) -> Option<(Arc<Segment>, usize)> {
+    let (ident, base) = imp.file_range();
+    let seg = lock(&OWN).iter().rev().filter(|(i, _)| *i == ident).find_map(|(_, w)| w.upgrade())?;
+    let base = usize::try_from(base).ok()?;
+    (base.checked_add(imp.storage_nbytes())? <= seg.len()).then_some((seg, base))
+}
+
+/// The owner of a capsule over a segment of ours that came back from a peer: registered as
+/// a live segment, so that sending the tensor again exports it as it is.
+pub fn own_owner(seg: Arc<Segment>) -> Box<dyn Send> {
+    register_live(&seg, true);
+    Box::new(Registered(seg))
+}
+
+fn capsule_over(py: Python<'_>, seg: Arc<Segment>, nbytes: usize, sealed: bool) -> PyResult<Py<PyAny>> {
     let data = seg.as_ptr();
-    lock(&LIVE).insert(data as usize, Entry { seg: Arc::downgrade(&seg), sealed });
+    register_live(&seg, sealed);
     dlpack::capsule(py, data, nbytes, (dlpack::DL_CPU, 0), Box::new(Registered(seg)))
 }
 
@@ -184,7 +239,8 @@ fn capsule_over(py: Python<'_>, seg: Segment, nbytes: usize, sealed: bool) -> Py
 #[pyfunction]
 pub fn segment_storage(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     // A segment cannot be empty; an empty storage gets one byte it never uses.
-    let seg = Segment::create(nbytes.max(1)).py_err_in(py, "tw_segment_new")?;
+    let seg = Arc::new(Segment::create(nbytes.max(1)).py_err_in(py, "tw_segment_new")?);
+    remember_own(&seg);
     capsule_over(py, seg, nbytes, true)
 }
 
@@ -200,7 +256,7 @@ pub fn trusted_fd_storage(py: Python<'_>, fd: RawFd, nbytes: usize) -> PyResult<
     // nothing else of (the package's `from_torch_fd` passes `os.dup`'s result).
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let seg = py.detach(|| Segment::from_trusted_fd(owned, nbytes)).py_err_in(py, "tw_segment_from_trusted_fd")?;
-    capsule_over(py, seg, nbytes, false)
+    capsule_over(py, Arc::new(seg), nbytes, false)
 }
 
 /// What the storage `[ptr, ptr + nbytes)` is: `"sealed"` (a segment of ours: exported as

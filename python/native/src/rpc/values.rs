@@ -254,6 +254,7 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
         let n = usize::try_from(layout.packed_bytes()).unwrap_or(usize::MAX);
         let fresh = SharedTensor::zeros(Layout::contiguous(dtype, &sizes).map_err(|e| crate::errors::to_py(py, &e))?)
             .map_err(|e| crate::errors::to_py(py, &e))?;
+        storage::remember_own(fresh.segment());
         let extent = layout.extent_bytes().map_err(|e| crate::errors::to_py(py, &e))?;
         if extent > nnbytes as u64 {
             return Err(refused(py, format!("tensorwire.rpc: the view {layout:?} passes the end of its storage of {nnbytes} bytes")));
@@ -402,6 +403,26 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     let layout = t.layout();
     let cap = match t {
         Tensor::Imported(imp) | Tensor::ImportedView(imp, _) => {
+            // Our own memory sent back (a worker returning what it was given): a view of
+            // our segment, the import let go at once. So the tensor is the one we sent
+            // (same storage address), and sending it again exports our segment instead of
+            // forwarding an import — a chain of forwards could otherwise grow by two
+            // leases a round trip while each result is sent back in.
+            if let Some((seg, base)) = storage::own_range(&imp) {
+                let nbytes = imp.storage_nbytes();
+                drop(imp);
+                // SAFETY: `own_range` checked `base + nbytes` against the segment's length.
+                let ptr = unsafe { seg.as_ptr().add(base) };
+                let owner = storage::own_owner(seg);
+                if let Some((data, dtype, sizes, strides)) = typed_view(&layout, ptr, nbytes) {
+                    // SAFETY: `typed_view` kept the view inside the storage, which the
+                    // segment (the owner) keeps mapped.
+                    let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), owner)? };
+                    return Ok(from_dlpack(py)?.call1((cap,))?.unbind());
+                }
+                let cap = dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), owner)?;
+                return bytes_view(py, cap, &layout);
+            }
             let (ptr, nbytes) = (imp.storage_ptr(), imp.storage_nbytes());
             // Registered by address, so that the tensor (or any view of it) sent on is
             // forwarded as the producer's memory.
@@ -460,6 +481,11 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             ));
         }
     };
+    bytes_view(py, cap, &layout)
+}
+
+/// The view `layout` over a 1-D uint8 capsule of its storage.
+fn bytes_view(py: Python<'_>, cap: Py<PyAny>, layout: &Layout) -> PyResult<Py<PyAny>> {
     let torch = torch(py)?;
     let bytes = from_dlpack(py)?.call1((cap,))?;
     let typed = bytes.call_method1("view", (torch.getattr(layout.dtype.name())?,))?;
