@@ -4,7 +4,8 @@
 //!
 //! One file a job: `errors` (Rust errors as `tensorwire.errors` classes), `dlpack` (the
 //! capsule), `storage` (shared segments, trusted-fd segments, received imports and their
-//! registries), `config` (the connection options as a `PeerConfig`), `connection` (`Peer`:
+//! registries), `pool` (recycled segments for ordinary tensors sent by copy), `config` (the
+//! connection options as a `PeerConfig`), `connection` (`Peer`:
 //! opening, CPU send/recv, stats), `listener` (`Listener`), `ring` (the CPU ring), `cuda`
 //! (the CUDA boundary `recv` hands CUDA imports to), `build` (`build_info`), `rpc` (the RPC
 //! layer and its workers, `tensorwire.rpc`). The package's `torch.ops.tensorwire.*` are

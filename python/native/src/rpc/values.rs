@@ -4,9 +4,13 @@
 //!
 //! Tensors: one whose storage is a live tensorwire segment (`tensorwire.rpc.empty`, or a
 //! segment storage made by `_native.segment_storage`) travels as that segment under a
-//! lease, no copy; any other CPU tensor is copied once into a fresh segment. A tensor that
-//! arrives reaches torch by DLPack over the imported storage; its lease ends when torch's
-//! last view of it dies.
+//! lease, no copy; one received over the RPC (any view of its storage) is forwarded as the
+//! producer's memory. Any other CPU tensor is packed into a recycled segment (`crate::pool`)
+//! when its view is at most `pool::MAX_POOLED` bytes, else its storage moves into a segment
+//! in place (`tensorwire._ops.share_for_send`; copied once into a fresh segment where it
+//! cannot move). A tensor that arrives reaches torch by DLPack over the imported storage;
+//! its lease ends when torch's last view of it dies — or, when it is our own segment sent
+//! back, as a view of that segment.
 //!
 //! CUDA tensors travel as the Rust RPC's CUDA value (native connections only; anything
 //! else is `CudaUnavailable` before a byte is sent): the storage exported zero-copy after
