@@ -129,6 +129,9 @@ impl ImportFd {
     pub(crate) fn forward_id(&self) -> u64 {
         self.forward_id
     }
+    pub(crate) fn ident(&self) -> (u64, u64) {
+        self.ident
+    }
 }
 
 struct Entry {

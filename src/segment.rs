@@ -266,6 +266,12 @@ impl Segment {
     }
 
     /// Process-unique id of this mapping (used to name it on a connection).
+    /// The file's identity, `(st_dev, st_ino)` (one `fstat`): what a peer's import of it
+    /// reports ([`crate::Imported::file_range`]).
+    pub fn file_ident(&self) -> Result<(u64, u64)> {
+        let st = sys::fstat(self.fd.as_fd())?;
+        Ok((st.st_dev, st.st_ino))
+    }
     pub fn id(&self) -> u64 {
         self.id
     }

@@ -258,6 +258,12 @@ fn in_process_forward_checks_the_view_and_holds_the_upstream_lease() {
     t.read_storage(12, &mut b).unwrap();
     assert_eq!(b[0], MARK);
     let back = host.recv_tensor(T).unwrap();
+    // What came back names the producer's own file and range: the producer can tell its
+    // own memory returned, as the last can tell it is not its own.
+    let own = t.segment().file_ident().unwrap();
+    assert_eq!(back.file_range(), (own, t.storage_offset_bytes() as u64));
+    assert_eq!(got.file_range().0, own);
+    assert_ne!(matrix().segment().file_ident().unwrap(), own);
     back.write_storage(13, &[MARK]).unwrap();
     t.read_storage(13, &mut b).unwrap();
     assert_eq!(b[0], MARK);

@@ -246,6 +246,24 @@ def share_(self: torch.Tensor) -> torch.Tensor:
     return self
 
 
+def share_for_send(storage: torch.UntypedStorage) -> bool:
+    """``tensorwire.rpc``'s first trip of a large ordinary tensor: move ``storage`` into a
+    new sealed segment in place, as :func:`share_` does (every view of it follows, and
+    later sends are zero-copy). False, with nothing changed, where it cannot move: a torch
+    without ``UntypedStorage._swap_data_ptr_``, or a storage in shared memory already
+    (``share_memory_()``, a torch.multiprocessing peer's): moving it would cut that
+    sharing. The caller then copies the view."""
+    if not hasattr(storage, "_swap_data_ptr_") or storage.is_shared():
+        return False
+    nbytes = storage.nbytes()
+    seg = torch.from_dlpack(_native.segment_storage(nbytes)).untyped_storage()
+    if nbytes:
+        seg.copy_(storage)
+    storage._swap_data_ptr_(seg)
+    _freeze(storage)
+    return True
+
+
 def _freeze(storage: torch.UntypedStorage) -> None:
     """Make ``storage`` not resizable (its size is the segment's, sealed): a resize must
     fail, not reallocate behind the peer's back. Torch has no Python setter for this; see
@@ -403,6 +421,11 @@ def peer_pid(conn: int) -> int:
     return _connection(conn, "peer_pid").peer_pid()
 
 
+# The largest packed view a send copies into a recycled segment (the binding's pool);
+# larger ones are copied into a fresh segment, as before.
+_POOLED_MAX = _native.pool_stats()["max_pooled"]
+
+
 def send(conn: int, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:
     if tensor.is_cuda:
         return _cuda_ops.send(_connection(conn, "send"), tensor, tag, window_ms)
@@ -415,8 +438,16 @@ def send(conn: int, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> b
     s = tensor.untyped_storage()
     kind = None if tensor.is_conj() or tensor.is_neg() else _native.storage_kind(s.data_ptr(), s.nbytes())
     zero_copy = kind in ("sealed", "import")
+    _check_ndim(tensor.dim(), "send")
+    if not zero_copy and not (tensor.is_conj() or tensor.is_neg()) \
+            and tensor.numel() * tensor.element_size() <= _POOLED_MAX:
+        # Small and medium private tensors: packed into a recycled segment of the binding's
+        # pool (no fresh memfd per send); the lease holds that segment, not the tensor.
+        s = tensor.untyped_storage()
+        _connection(conn, "send").send(s.data_ptr(), s.nbytes(), _NAME[tensor.dtype], tensor.shape, tensor.stride(),
+                                       tensor.storage_offset(), tag, None, window_ms, None, True)
+        return False
     src = tensor if zero_copy else to_shared(tensor)
-    _check_ndim(src.dim(), "send")
     s = src.untyped_storage()
     # A segment's lease holds a reference to the torch storage too, as the extension's lease
     # holds a c10::Storage: a fresh alias (a Python storage object is cached per storage, so

@@ -15,8 +15,11 @@ Every worker is a fresh interpreter started by this process (pyisolate's own hos
 its children with the spawn method too) that imports this module and serves the same
 ``Target`` object; this process calls it, one call at a time. Payloads: add(1, 2); one
 4 KiB tensor; one 64 MiB tensor (tensorwire.rpc: from rpc.empty; the others: a plain
-torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys). The callee
-answers something small (3, the tensor's length and last element, the list's length).
+torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys); a 4 KiB and a
+64 MiB ``torch.randn`` tensor (ordinary memory for every system) that the callee returns
+as it is. Otherwise the callee answers something small (3, the tensor's length and last
+element, the list's length). The "Pipe bytes" row times the 4 KiB randn echo over the same
+Pipe with the tensor's bytes pickled each way (no shared memory).
 Each cell: a warm-up, then ``--iters`` timed calls; p50 and p90 in microseconds. Also the
 cold start of each (start the worker -> first answer) and tensorwire.rpc's warm pool
 (WorkerPool.get() -> a worker). Progress on stderr; a table on stdout and, where
@@ -54,8 +57,11 @@ from typing import Any, Callable, Optional
 import torch
 
 TARGET = "tensorwire.bench_rpc:Target"
-SYSTEMS = ["tensorwire.rpc", "pyisolate", "ProcessPool", "mp.Pipe"]
-PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves"]
+SYSTEMS = ["tensorwire.rpc", "pyisolate", "ProcessPool", "mp.Pipe", "Pipe bytes"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "4 KiB randn echo", "64 MiB randn echo"]
+# Payloads the "Pipe bytes" row measures: the tensor's bytes pickled each way (the 64 MiB
+# echo takes about a second a call that way: its baseline is mp.Pipe's shared memory).
+ECHOES = ["4 KiB randn echo"]
 WARMUP_CALLS = 5
 
 
@@ -77,6 +83,9 @@ class Target:
 
     def noop(self):
         return None
+
+    def echo(self, t):
+        return t
 
 
 def json_payload() -> list:
@@ -106,7 +115,14 @@ def payloads(make_tensor: Callable[[int], torch.Tensor]) -> list[tuple[str, str,
         ("4 KiB tensor", "tensor", (small,), [1024, 1.0]),
         ("64 MiB tensor", "tensor", (big,), [16 << 20, 1.0]),
         ("JSON 1,000 leaves", "json", (json_payload(),), 100),
-    ]
+    ] + randn_echoes()
+
+
+def randn_echoes() -> list[tuple[str, str, tuple, Any]]:
+    """Ordinary tensors (memory no transport made), fresh for each system, sent and
+    returned as they are."""
+    small, big = torch.randn(1024), torch.randn(16 << 20)
+    return [("4 KiB randn echo", "echo", (small,), small), ("64 MiB randn echo", "echo", (big,), big)]
 
 
 def plain_tensor(n: int) -> torch.Tensor:
@@ -149,6 +165,9 @@ class AsyncTarget:
 
     async def noop(self):
         return _target.noop()
+
+    async def echo(self, t):
+        return _target.echo(t)
 
 
 def _pyisolate_share_torch() -> None:
@@ -202,6 +221,10 @@ class Cells:
 def check(system: str, payload: str, got: Any, want: Any) -> None:
     if isinstance(got, tuple):
         got = list(got)
+    if isinstance(want, torch.Tensor):
+        if not (isinstance(got, torch.Tensor) and torch.equal(got, want)):
+            raise AssertionError(f"{system} {payload}: the worker's answer is not the tensor sent")
+        return
     if got != want:
         raise AssertionError(f"{system} {payload}: the worker answered {got!r}, expected {want!r}")
 
@@ -390,6 +413,29 @@ def bench_process_pool(cells: Cells, iters: int, warm_s: float, cold: int) -> No
         cells.progress.step()
 
 
+def measure_bytes(echo: Callable[[bytes], bytes], cells: Cells, iters: int) -> None:
+    """The "Pipe bytes" row: each randn echo as the tensor's bytes, pickled both ways
+    (no shared memory), made a tensor again on return."""
+    for name, _, (t,), want in randn_echoes():
+        if name not in ECHOES:
+            continue
+
+        def call() -> torch.Tensor:
+            return torch.frombuffer(bytearray(echo(t.numpy().tobytes())), dtype=t.dtype)
+        try:
+            for _ in range(WARMUP_CALLS):
+                check("Pipe bytes", name, call(), want)
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+                cells.progress.step()
+            cells.times["Pipe bytes"][name] = times
+        except Exception as e:  # noqa: BLE001
+            cells.fail("Pipe bytes", name, e)
+
+
 def bench_pipe(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
     ctx = multiprocessing.get_context("spawn")
 
@@ -419,6 +465,7 @@ def bench_pipe(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
         call(conn, "add", 1, 2)
         cold_sample(cells, "mp.Pipe", t0)
         measure_sync("mp.Pipe", lambda m, *a: call(conn, m, *a), cells, iters, warm_s, plain_tensor)
+        measure_bytes(lambda b: call(conn, "echo", b), cells, iters)
     finally:
         stop(proc, conn)
     cells.progress.start("mp.Pipe: cold start")
@@ -649,6 +696,17 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
     if ratios:
         lines.append("pyisolate / tensorwire.rpc, p50: " + ", ".join(f"{p} {r:.1f}x" for p, r in ratios.items()))
     facts = []
+    pb = cells.times["Pipe bytes"]
+    mp_ = cells.times["mp.Pipe"]
+    if tw.get("4 KiB randn echo") and tw.get("add(1, 2)"):
+        small = p50(tw["4 KiB randn echo"])
+        fact = f"4 KiB randn echo: {small / p50(tw['add(1, 2)']):.2f}x add(1, 2) (goal <= 1.5x)"
+        if pb.get("4 KiB randn echo"):
+            fact += f", {small / p50(pb['4 KiB randn echo']):.2f}x Pipe bytes (goal <= 1x)"
+        facts.append(fact)
+    if tw.get("64 MiB randn echo") and mp_.get("64 MiB randn echo"):
+        facts.append(f"64 MiB randn echo: {p50(tw['64 MiB randn echo']) / p50(mp_['64 MiB randn echo']):.2f}x mp.Pipe "
+                     f"(goal <= 1x)")
     if "add(1, 2)" in ratios:
         facts.append(f"add(1, 2): {ratios['add(1, 2)']:.1f}x pyisolate (goal >= 10x), "
                      f"{p50(tw['add(1, 2)']) * 1e6:.1f} µs p50 (goal <= 40 µs)")
@@ -663,6 +721,9 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
         lines.append("goals: " + "; ".join(facts))
     lines.append(f"cold start: start the worker -> first add(1, 2) answered, p50 of {args.cold} (each worker imports "
                  f"torch); warm pool: WorkerPool(size=2).get(), p50 of {len(cells.pool_get)}")
+    lines.append("randn echoes: every system sends a torch.randn tensor and the worker returns it (tensorwire.rpc: "
+                 "4 KiB packed into a recycled segment, 64 MiB moved into a segment in place by its first send; "
+                 "Pipe bytes: the tensor's bytes pickled both ways)")
     lines.append("tensors: tensorwire.rpc sends rpc.empty tensors (shared segment, no copy); pyisolate, ProcessPool "
                  "and mp.Pipe send a plain tensor, moved into shared memory by its first send (in the warm-up) and "
                  "passed by reference after that (pyisolate: a /dev/shm name in its JSON; the others: an fd)")
@@ -757,9 +818,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
 
     started = time.perf_counter()
-    systems = [s for s in SYSTEMS if not (s == "pyisolate" and pyisolate_missing)]
+    systems = [s for s in SYSTEMS if not (s == "pyisolate" and pyisolate_missing) and s != "Pipe bytes"]
     contention_systems = [s for s in CONTENTION_SYSTEMS if not (s == "pyisolate" and pyisolate_missing)]
-    total = ((len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets) * do_calls
+    total = ((len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets + len(ECHOES) * args.iters) * do_calls
              + len(contention_systems) * len(PHASES) * args.iters * do_contention)
     progress = Progress(total)
     cells = Cells(progress)

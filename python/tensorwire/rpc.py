@@ -26,9 +26,28 @@ inherited socketpair (no path anyone could guess), that serves the object ``attr
   system-call policy) before it runs the target's code.
 
 Values are JSON data (None, bool, int, float, str, list, tuple, dict with str keys) and CPU
-and CUDA tensors. A tensor whose storage is a segment of this module (:func:`empty`, or one
-a peer sent) travels without a copy, under a lease that ends when the receiver's last view
-dies; any other CPU tensor is copied once into shared memory. A CUDA tensor travels by CUDA
+and CUDA tensors. CPU tensors, by where their storage is:
+
+- a segment of this module (:func:`empty`, or a storage moved into one, below): sent
+  without a copy, any view of it as it is, under a lease that ends when the receiver's last
+  view dies;
+- a tensor received from a peer (or any view of its storage): sent on as that peer's own
+  memory, no copy — a worker returning the tensor it was given hands the caller back its
+  own memory;
+- anything else (``torch.randn``, a model's output), a view of up to 1 MiB: its elements,
+  packed, are copied into a recycled segment of this process's pool (size classes from 4
+  KiB, at most 16 a class and 32 MiB in all; a segment is used again once the receiver let
+  go of it, so a call in a loop makes no new shared memory); the tensor itself is untouched;
+- anything else, a view larger than 1 MiB: its whole storage is **moved into a segment in
+  place** on its first trip, as ``Tensor.share_memory_()`` does: every tensor viewing that
+  storage now reads the segment, and later sends of any of them are zero-copy. As with
+  ``share_memory_()``, memory that aliased the old storage (a NumPy array from
+  ``from_numpy``/``.numpy()``, a raw pointer) no longer does, and the storage can no longer
+  be resized. A storage already in shared memory (``share_memory_()``, a
+  ``torch.multiprocessing`` peer's) is not moved, and neither is one on a torch without
+  ``UntypedStorage._swap_data_ptr_``: such a view is copied once into a fresh segment.
+
+A CUDA tensor travels by CUDA
 IPC without a copy, ordered after the work queued on the sender's current stream; it
 arrives on the receiver's current stream of that device (which waits for the sender as the
 connection's ``cuda_wait`` says), and its lease ends once torch's last view of it dies and

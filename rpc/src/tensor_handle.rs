@@ -23,6 +23,10 @@ use tensorwire::{CudaImported, DType, Imported, Layout, SharedTensor};
 pub enum Tensor {
     Shared(SharedTensor),
     Imported(Arc<ImportedTensor>),
+    /// Another view (layout) over the storage of a tensor the peer exported to us: sent
+    /// on, it travels as the same memory (forwarded), like `Imported`. Made here only
+    /// ([`Tensor::imported_view`]), never decoded from the wire.
+    ImportedView(Arc<ImportedTensor>, Layout),
     File(Arc<FsTensor>),
     Cuda(Arc<CudaTensor>),
     CudaImported(Arc<CudaImportedTensor>),
@@ -37,8 +41,9 @@ pub struct FromPeer<T> {
     max_copy: usize,
 }
 
-/// A CPU tensor the peer exported to us natively; derefs to the transport's [`Imported`].
-pub type ImportedTensor = FromPeer<Imported>;
+/// A CPU tensor the peer exported to us natively; derefs to the transport's [`Imported`]
+/// (shared: a forward of it on any connection holds it too).
+pub type ImportedTensor = FromPeer<Arc<Imported>>;
 
 /// A CUDA tensor the peer exported to us natively; derefs to the transport's
 /// [`CudaImported`] (`wait_on`, `data_ptr`, `storage_ptr`, `storage_nbytes`, `device`).
@@ -46,12 +51,16 @@ pub type ImportedTensor = FromPeer<Imported>;
 pub type CudaImportedTensor = FromPeer<CudaImported>;
 
 impl<T> FromPeer<T> {
-    pub fn new(imported: T, max_copy: usize) -> FromPeer<T> {
-        FromPeer { imported, max_copy }
+    pub fn new(imported: impl Into<T>, max_copy: usize) -> FromPeer<T> {
+        FromPeer { imported: imported.into(), max_copy }
     }
     /// Largest private copy of this tensor allowed, in bytes.
     pub fn max_copy(&self) -> usize {
         self.max_copy
+    }
+    /// The transport's import, borrowed (a CPU one is an `Arc`: clone it to forward it).
+    pub fn inner(&self) -> &T {
+        &self.imported
     }
     /// The transport's import (e.g. to release it explicitly, or `release_after(stream)`
     /// for a CUDA one).
@@ -72,6 +81,7 @@ impl std::fmt::Debug for Tensor {
         let kind = match self {
             Tensor::Shared(_) => "Shared",
             Tensor::Imported(_) => "Imported",
+            Tensor::ImportedView(..) => "ImportedView",
             Tensor::File(_) => "File",
             Tensor::Cuda(_) => "Cuda",
             Tensor::CudaImported(_) => "CudaImported",
@@ -97,6 +107,20 @@ impl Tensor {
         Ok(Tensor::Shared(t))
     }
 
+    /// `layout` over the storage of `imp` (any dtype, sizes, strides and offset whose
+    /// extent lies inside the import's storage): sent on, it is forwarded as the same
+    /// memory.
+    pub fn imported_view(imp: Arc<ImportedTensor>, layout: Layout) -> Result<Tensor> {
+        let need = layout.extent_bytes()?;
+        if need > imp.storage_nbytes() as u64 {
+            return Err(RpcError::InvalidArgument(format!(
+                "a view {layout:?} needs {need} bytes of storage, the imported storage has {}",
+                imp.storage_nbytes()
+            )));
+        }
+        Ok(Tensor::ImportedView(imp, layout))
+    }
+
     /// A float32 tensor.
     pub fn from_f32(sizes: &[i64], data: &[f32]) -> Result<Tensor> {
         let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_ne_bytes()).collect();
@@ -107,6 +131,7 @@ impl Tensor {
         match self {
             Tensor::Shared(t) => *t.layout(),
             Tensor::Imported(t) => t.layout(),
+            Tensor::ImportedView(_, l) => *l,
             Tensor::File(t) => t.layout(),
             Tensor::Cuda(t) => t.layout(),
             Tensor::CudaImported(t) => t.layout(),
@@ -118,7 +143,7 @@ impl Tensor {
     pub fn max_copy(&self) -> usize {
         match self {
             Tensor::Shared(_) | Tensor::Cuda(_) => usize::MAX,
-            Tensor::Imported(t) => t.max_copy(),
+            Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.max_copy(),
             Tensor::File(t) => t.max_copy(),
             Tensor::CudaImported(t) => t.max_copy(),
         }
@@ -144,7 +169,7 @@ impl Tensor {
         let layout = self.layout();
         let nbytes = match self {
             Tensor::Shared(t) => t.storage_nbytes(),
-            Tensor::Imported(t) => t.storage_nbytes(),
+            Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.storage_nbytes(),
             Tensor::File(t) => t.storage_size(),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(no_host_copy(&layout, "a host copy of the storage")),
         };
@@ -153,7 +178,7 @@ impl Tensor {
         let mut v = try_zeroed(n, what)?;
         match self {
             Tensor::Shared(t) => t.read_storage(0, &mut v)?,
-            Tensor::Imported(t) => t.read_storage(0, &mut v)?,
+            Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.read_storage(0, &mut v)?,
             Tensor::File(t) => v.copy_from_slice(t.storage()),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(no_host_copy(&layout, "a host copy of the storage")),
         }
@@ -170,6 +195,13 @@ impl Tensor {
         match self {
             Tensor::Shared(t) => Ok(t.to_vec()?),
             Tensor::Imported(t) => Ok(t.to_vec()?),
+            Tensor::ImportedView(t, l) => {
+                let mut v = Vec::new();
+                // SAFETY: `imported_view` checked the view's extent against the storage's
+                // bytes, which the import keeps mapped.
+                unsafe { l.gather(t.storage_ptr(), &mut v) }?;
+                Ok(v)
+            }
             Tensor::File(t) => {
                 let mut v = Vec::new();
                 // SAFETY: the mapping holds `storage_size` bytes after the header, and
@@ -234,6 +266,7 @@ impl Tensor {
                 Arc::ptr_eq(a.segment(), b.segment()) && a.layout() == b.layout() && a.storage_offset_bytes() == b.storage_offset_bytes()
             }
             (Tensor::Imported(a), Tensor::Imported(b)) => Arc::ptr_eq(a, b),
+            (Tensor::ImportedView(a, la), Tensor::ImportedView(b, lb)) => Arc::ptr_eq(a, b) && la == lb,
             (Tensor::File(a), Tensor::File(b)) => Arc::ptr_eq(a, b),
             (Tensor::Cuda(a), Tensor::Cuda(b)) => Arc::ptr_eq(a, b),
             (Tensor::CudaImported(a), Tensor::CudaImported(b)) => Arc::ptr_eq(a, b),

@@ -34,6 +34,16 @@ fn calc() -> Service {
             let sum: f64 = t.to_f64_vec()?.iter().sum();
             Ok(Value::Array(vec![Value::Str(t.dtype().name().into()), Value::Float(sum)]))
         })
+        .method("echo", |_, mut a| Ok(a.args.swap_remove(0)))
+        .method("echo_tail", |_, a| {
+            // A view of the received storage other than the one sent: its last two elements.
+            let Some(Tensor::Imported(imp)) = a.req(0, "t")?.as_tensor().cloned() else {
+                return Err(RpcError::Remote("not a native tensor".into()));
+            };
+            let l = imp.layout();
+            let tail = tensorwire::Layout::strided(l.dtype, &[2], &[1], l.numel() as i64 - 2)?;
+            Ok(Value::from(Tensor::imported_view(imp, tail)?))
+        })
         .method("make_tensor", |_, _| Ok(Value::from(Tensor::from_f32(&[2, 3], &[1., 2., 3., 4., 5., 6.])?)))
         .method_async("later", |_, a, resp| {
             let v = a.args.first().cloned().unwrap_or(Value::Null);
@@ -345,6 +355,32 @@ fn tensors_as_file_system_refs_and_natively() {
     assert!(matches!(gt, Tensor::Imported(_)), "{gt:?}");
     assert_eq!(gt.shape(), vec![2, 3]);
     assert_eq!(gt.to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+}
+
+/// A tensor received natively and sent back (as it came, or another view of its storage)
+/// travels as the sender's own memory: the transport forwards the producer's memfd, so a
+/// write through the sender's tensor after the round trip shows in what came back. A copy
+/// (the path that packed an import into a fresh segment) would not see it.
+#[test]
+fn a_received_tensor_sent_back_is_the_senders_memory_not_a_copy() {
+    let (s, c) = pair();
+    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s.native_enabled() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let Tensor::Shared(mine) = Tensor::from_f32(&[4], &[1.0, 2.0, 3.0, 4.0]).unwrap() else { unreachable!() };
+    let back = c.call("calc", "echo", vec![Value::from(Tensor::Shared(mine.clone()))]).unwrap();
+    let back = back.as_tensor().unwrap().clone();
+    assert!(matches!(back, Tensor::Imported(_)), "{back:?}");
+    assert_eq!(back.to_f64_vec().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+    let tail = c.call("calc", "echo_tail", vec![Value::from(Tensor::Shared(mine.clone()))]).unwrap();
+    let tail = tail.as_tensor().unwrap().clone();
+    assert_eq!(tail.shape(), vec![2]);
+    assert_eq!(tail.to_f64_vec().unwrap(), vec![3.0, 4.0]);
+    mine.write_storage(8, &9.5f32.to_ne_bytes()).unwrap();
+    assert_eq!(back.to_f64_vec().unwrap(), vec![1.0, 2.0, 9.5, 4.0], "the echo is the sender's memory");
+    assert_eq!(tail.to_f64_vec().unwrap(), vec![9.5, 4.0], "the view sent back is the sender's memory");
 }
 
 /// Native tensors are taken from the transport by the thread that decodes the frame

@@ -382,6 +382,13 @@ impl Imported {
         self.held.release()
     }
 
+    /// The file this import maps, as `(st_dev, st_ino)` read when its fd arrived, and the
+    /// storage's byte offset in it: a process can tell that a tensor it received is a
+    /// range of a segment of its own ([`Segment::file_ident`]), sent back to it.
+    pub fn file_range(&self) -> ((u64, u64), u64) {
+        (self.fd.ident(), self.desc.storage.base_offset)
+    }
+
     /// The fd of the window this import maps (for forwarding it).
     pub(crate) fn forward_fd(&self) -> &Arc<crate::import_cache::ImportFd> {
         &self.fd

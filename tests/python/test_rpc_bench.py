@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "4 KiB randn echo",
+            "64 MiB randn echo"]
 
 
 def _importable(name: str) -> bool:
@@ -105,3 +106,11 @@ def test_contention_row_measured(bench, name):
     assert len(cells) == 2 and all(re.fullmatch(CELL, c) for c in cells), rows[0]
     assert "noop" in bench.stderr and "busy" in bench.stderr  # its progress went to stderr
     assert "tensorwire.rpc / torch.mp Pipe: p50" in table, table
+
+
+def test_randn_echoes_have_a_pipe_bytes_baseline_and_goals(bench):
+    cells = row(bench.stdout, "Pipe bytes").split("|")[1:]
+    for payload, c in zip(PAYLOADS, cells):
+        if payload == "4 KiB randn echo":
+            assert re.fullmatch(CELL, c), f"Pipe bytes, {payload}: {c!r}\n{bench.stdout}"
+    assert "4 KiB randn echo: " in bench.stdout and "64 MiB randn echo: " in bench.stdout, bench.stdout

@@ -99,12 +99,13 @@ impl PyPeer {
     /// Export the view (`dtype`, `sizes`, `strides`, `storage_offset` in elements) of the
     /// storage at `storage_ptr` (`storage_nbytes` long) under a lease: a received tensor's
     /// storage is forwarded as the producer's memory, a live sealed segment exported as it
-    /// is; anything else is `Refused` (the package copies it into a segment first). Returns
+    /// is; anything else is `Refused` unless `copy` says to pack the view into a recycled
+    /// segment of the binding's pool (the package's send of a small private tensor). Returns
     /// the lease as `generation << 32 | slot`. `window` (seconds) or `window_ms` (> 0)
     /// bound how long the peer may hold it (neither: the connection's default window).
     /// `owner`, if given, is held by the lease until it ends.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (storage_ptr, storage_nbytes, dtype, sizes, strides, storage_offset, tag=0, window=None, window_ms=0, owner=None))]
+    #[pyo3(signature = (storage_ptr, storage_nbytes, dtype, sizes, strides, storage_offset, tag=0, window=None, window_ms=0, owner=None, copy=false))]
     fn send(
         &self,
         py: Python<'_>,
@@ -118,6 +119,7 @@ impl PyPeer {
         window: Option<f64>,
         window_ms: u64,
         owner: Option<Py<PyAny>>,
+        copy: bool,
     ) -> PyResult<u64> {
         let layout =
             Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset).py_err_in(py, "tw_peer_export")?;
@@ -130,7 +132,13 @@ impl PyPeer {
         // lease holds its c10::Storage). It may be dropped on any thread, without the GIL:
         // PyO3 then defers the decref to the next time a thread holds the GIL.
         let extra: tensorwire::Owner = Box::new(owner);
-        let lease = if let Some(imp) = storage::import_at(storage_ptr, storage_nbytes) {
+        let lease = if copy {
+            // SAFETY: the caller (the package's `send`, holding the GIL and the tensor)
+            // passes its storage's address and size; nothing resizes it meanwhile.
+            let t = unsafe { crate::pool::packed_copy(storage_ptr as *const u8, storage_nbytes, &layout) }
+                .py_err_in(py, "tw_peer_export")?;
+            py.detach(|| self.peer.export(&t, opts)).py_err_in(py, "tw_peer_export")?
+        } else if let Some(imp) = storage::import_at(storage_ptr, storage_nbytes) {
             py.detach(|| self.peer.export_imported_with(imp, Some(layout), extra, opts)).py_err_in(py, "tw_peer_export_imported")?
         } else {
             let (seg, off) = storage::segment_at(storage_ptr, storage_nbytes).ok_or_else(|| {

@@ -4,7 +4,8 @@
 //!
 //! One file a job: `errors` (Rust errors as `tensorwire.errors` classes), `dlpack` (the
 //! capsule), `storage` (shared segments, trusted-fd segments, received imports and their
-//! registries), `config` (the connection options as a `PeerConfig`), `connection` (`Peer`:
+//! registries), `pool` (recycled segments for ordinary tensors sent by copy), `config` (the
+//! connection options as a `PeerConfig`), `connection` (`Peer`:
 //! opening, CPU send/recv, stats), `listener` (`Listener`), `ring` (the CPU ring), `cuda`
 //! (the CUDA boundary `recv` hands CUDA imports to), `build` (`build_info`), `rpc` (the RPC
 //! layer and its workers, `tensorwire.rpc`). The package's `torch.ops.tensorwire.*` are
@@ -17,6 +18,7 @@ mod cuda;
 mod dlpack;
 mod errors;
 mod listener;
+mod pool;
 mod ring;
 mod rpc;
 mod storage;
@@ -39,6 +41,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::trusted_fd_storage, m)?)?;
     m.add_function(wrap_pyfunction!(storage::storage_kind, m)?)?;
     m.add_function(wrap_pyfunction!(storage::segment_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::pool_busy, m)?)?;
     rpc::register(m)?;
     cuda::register(m)?;
     Ok(())

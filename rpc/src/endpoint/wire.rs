@@ -117,6 +117,20 @@ impl Inner {
             return Ok(crate::tensor::native_ref(tag, &c.layout(), Some(device)));
         }
         if let Some(n) = native {
+            // A tensor the peer (or another peer) exported to us goes on as the same
+            // memory: the transport forwards the producer's memfd under a lease that
+            // holds the import, never a copy.
+            let forward = match t {
+                Tensor::Imported(imp) => Some((imp, imp.layout())),
+                Tensor::ImportedView(imp, l) => Some((imp, *l)),
+                _ => None,
+            };
+            if let Some((imp, layout)) = forward {
+                let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+                let shared: Arc<tensorwire::Imported> = Arc::clone(imp.inner());
+                n.peer.export_imported(shared, Some(layout), tensorwire::ExportOptions { tag, window: None })?;
+                return Ok(crate::tensor::native_ref(tag, &layout, None));
+            }
             let shared = match t {
                 Tensor::Shared(s) => s.clone(),
                 other => {

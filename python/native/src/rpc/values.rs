@@ -4,9 +4,13 @@
 //!
 //! Tensors: one whose storage is a live tensorwire segment (`tensorwire.rpc.empty`, or a
 //! segment storage made by `_native.segment_storage`) travels as that segment under a
-//! lease, no copy; any other CPU tensor is copied once into a fresh segment. A tensor that
-//! arrives reaches torch by DLPack over the imported storage; its lease ends when torch's
-//! last view of it dies.
+//! lease, no copy; one received over the RPC (any view of its storage) is forwarded as the
+//! producer's memory. Any other CPU tensor is packed into a recycled segment (`crate::pool`)
+//! when its view is at most `pool::MAX_POOLED` bytes, else its storage moves into a segment
+//! in place (`tensorwire._ops.share_for_send`; copied once into a fresh segment where it
+//! cannot move). A tensor that arrives reaches torch by DLPack over the imported storage;
+//! its lease ends when torch's last view of it dies — or, when it is our own segment sent
+//! back, as a view of that segment.
 //!
 //! CUDA tensors travel as the Rust RPC's CUDA value (native connections only; anything
 //! else is `CudaUnavailable` before a byte is sent): the storage exported zero-copy after
@@ -215,30 +219,66 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
         storage.call_method0("data_ptr")?.extract()?,
         storage.call_method0("nbytes")?.extract()?,
     );
+    let strides: Vec<i64> = t.call_method0("stride")?.extract()?;
+    let offset: i64 = t.call_method0("storage_offset")?.extract()?;
+    let layout = Layout::strided(dtype, &sizes, &strides, offset).map_err(|e| crate::errors::to_py(py, &e))?;
     if let Some((seg, off)) = storage::segment_at(sptr, snbytes) {
-        let strides: Vec<i64> = t.call_method0("stride")?.extract()?;
-        let offset: i64 = t.call_method0("storage_offset")?.extract()?;
-        let layout = Layout::strided(dtype, &sizes, &strides, offset)
-            .map_err(|e| crate::errors::to_py(py, &e))?;
         let shared = SharedTensor::new(seg, off, snbytes, layout)
             .map_err(|e| crate::errors::to_py(py, &e))?;
         return Ok(Value::Tensor(Box::new(Tensor::Shared(shared))));
     }
-    // Private memory: one copy, of the elements the view names, into a fresh segment.
-    let c = t.call_method0("contiguous")?;
-    let ptr: usize = c.call_method0("data_ptr")?.extract()?;
-    let nbytes: usize = c.call_method0("numel")?.extract::<usize>()? * dtype.size();
-    let data: &[u8] = if nbytes == 0 {
-        &[]
-    } else {
-        // SAFETY: `c` is a contiguous CPU tensor of `nbytes` bytes at `ptr`, kept alive
-        // (and unmoved: torch storages do not move) by the reference held across the
-        // copy, which runs with the GIL held so no Python code resizes it meanwhile.
-        unsafe { std::slice::from_raw_parts(ptr as *const u8, nbytes) }
-    };
-    let tensor = Tensor::from_bytes(dtype, &sizes, data).map_err(|e| rpc_err(py, e))?;
-    drop(c);
-    Ok(Value::Tensor(Box::new(tensor)))
+    // A tensor received over tensorwire.rpc (any view of its storage): forwarded as the
+    // producer's memory when sent, never copied.
+    if let Some(v) = storage::rpc_import_view(sptr, snbytes, &layout) {
+        return Ok(Value::Tensor(Box::new(v.map_err(|e| rpc_err(py, e))?)));
+    }
+    // A lazy conjugate or negative bit (complex views) would be lost as bytes: apply it.
+    if matches!(dtype, DType::Complex32 | DType::Complex64 | DType::Complex128)
+        && (t.call_method0("is_conj")?.is_truthy()? || t.call_method0("is_neg")?.is_truthy()?)
+    {
+        let resolved = t.call_method0("resolve_conj")?.call_method0("resolve_neg")?;
+        return tensor_to_value(&resolved);
+    }
+    // Large: the whole storage moves into a segment in place on its first trip (as
+    // `share_memory_()` does), so later sends of any view of it are zero-copy. Where
+    // it cannot move (an older torch, a storage shared otherwise) it is copied once into
+    // a fresh segment.
+    if layout.packed_bytes() > crate::pool::MAX_POOLED as u64 {
+        let moved: bool = py.import("tensorwire._ops")?.call_method1("share_for_send", (&storage,))?.extract()?;
+        let (nptr, nnbytes): (usize, usize) = (
+            storage.call_method0("data_ptr")?.extract()?,
+            storage.call_method0("nbytes")?.extract()?,
+        );
+        if moved {
+            if let Some((seg, off)) = storage::segment_at(nptr, nnbytes) {
+                let shared = SharedTensor::new(seg, off, nnbytes, layout).map_err(|e| crate::errors::to_py(py, &e))?;
+                return Ok(Value::Tensor(Box::new(Tensor::Shared(shared))));
+            }
+        }
+        let n = usize::try_from(layout.packed_bytes()).unwrap_or(usize::MAX);
+        let fresh = SharedTensor::zeros(Layout::contiguous(dtype, &sizes).map_err(|e| crate::errors::to_py(py, &e))?)
+            .map_err(|e| crate::errors::to_py(py, &e))?;
+        storage::remember_own(fresh.segment());
+        let extent = layout.extent_bytes().map_err(|e| crate::errors::to_py(py, &e))?;
+        if extent > nnbytes as u64 {
+            return Err(refused(py, format!("tensorwire.rpc: the view {layout:?} passes the end of its storage of {nnbytes} bytes")));
+        }
+        if n > 0 {
+            // SAFETY: the fresh segment holds `n` packed bytes and nobody else has it; the
+            // tensor's storage (alive: `t` is referenced, and the GIL held, so nothing
+            // resizes it) covers the view's extent, checked above.
+            let dst = unsafe { std::slice::from_raw_parts_mut(fresh.storage_ptr(), n) };
+            // SAFETY: as above.
+            unsafe { tensorwire::desc::PackCursor::new(&layout).fill(nptr as *const u8, dst) };
+        }
+        return Ok(Value::Tensor(Box::new(Tensor::Shared(fresh))));
+    }
+    // Small and medium: packed into a recycled segment of this process's pool.
+    // SAFETY: the storage is `snbytes` bytes at `sptr`, kept alive by `t` (referenced
+    // across the call) and not resized meanwhile: the GIL is held throughout.
+    let shared = unsafe { crate::pool::packed_copy(sptr as *const u8, snbytes, &layout) }
+        .map_err(|e| crate::errors::to_py(py, &e))?;
+    Ok(Value::Tensor(Box::new(Tensor::Shared(shared))))
 }
 
 fn cuda_ops(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
@@ -366,15 +406,38 @@ fn typed_view(layout: &Layout, storage: *mut u8, nbytes: usize) -> Option<(*mut 
 fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     let layout = t.layout();
     let cap = match t {
-        Tensor::Imported(imp) => {
+        Tensor::Imported(imp) | Tensor::ImportedView(imp, _) => {
+            // Our own memory sent back (a worker returning what it was given): a view of
+            // our segment, the import let go at once. So the tensor is the one we sent
+            // (same storage address), and sending it again exports our segment instead of
+            // forwarding an import — a chain of forwards could otherwise grow by two
+            // leases a round trip while each result is sent back in.
+            if let Some((seg, base)) = storage::own_range(&imp) {
+                let nbytes = imp.storage_nbytes();
+                drop(imp);
+                // SAFETY: `own_range` checked `base + nbytes` against the segment's length.
+                let ptr = unsafe { seg.as_ptr().add(base) };
+                let owner = storage::own_owner(seg);
+                if let Some((data, dtype, sizes, strides)) = typed_view(&layout, ptr, nbytes) {
+                    // SAFETY: `typed_view` kept the view inside the storage, which the
+                    // segment (the owner) keeps mapped.
+                    let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), owner)? };
+                    return Ok(from_dlpack(py)?.call1((cap,))?.unbind());
+                }
+                let cap = dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), owner)?;
+                return bytes_view(py, cap, &layout);
+            }
             let (ptr, nbytes) = (imp.storage_ptr(), imp.storage_nbytes());
+            // Registered by address, so that the tensor (or any view of it) sent on is
+            // forwarded as the producer's memory.
+            let owner = Box::new(storage::RegisteredRpcImport::new(imp));
             if let Some((data, dtype, sizes, strides)) = typed_view(&layout, ptr, nbytes) {
                 // SAFETY: `typed_view` kept the view inside the import's storage, which
                 // the import (the owner) keeps mapped.
-                let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), Box::new(imp))? };
+                let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), owner)? };
                 return Ok(from_dlpack(py)?.call1((cap,))?.unbind());
             }
-            dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(imp))?
+            dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), owner)?
         }
         Tensor::Shared(shared) => {
             let (ptr, nbytes) = (shared.storage_ptr(), shared.storage_nbytes());
@@ -422,6 +485,11 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             ));
         }
     };
+    bytes_view(py, cap, &layout)
+}
+
+/// The view `layout` over a 1-D uint8 capsule of its storage.
+fn bytes_view(py: Python<'_>, cap: Py<PyAny>, layout: &Layout) -> PyResult<Py<PyAny>> {
     let torch = torch(py)?;
     let bytes = from_dlpack(py)?.call1((cap,))?;
     let typed = bytes.call_method1("view", (torch.getattr(layout.dtype.name())?,))?;
