@@ -11,6 +11,7 @@ mod listener;
 mod service;
 mod values;
 mod worker;
+mod zygote;
 
 use pyo3::prelude::*;
 
@@ -27,6 +28,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::enter_sandbox, m)?)?;
     m.add_function(wrap_pyfunction!(worker::containment, m)?)?;
     m.add_function(wrap_pyfunction!(worker::kept_env, m)?)?;
+    m.add_function(wrap_pyfunction!(zygote::spec_with_zygote, m)?)?;
+    m.add_function(wrap_pyfunction!(zygote::zygote_pid, m)?)?;
+    m.add_function(wrap_pyfunction!(zygote::zygote_fork, m)?)?;
     m.add("TRACEBACK_MARKER", errors::TRACEBACK_MARKER)?;
     Ok(())
 }

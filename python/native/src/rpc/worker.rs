@@ -27,7 +27,7 @@ type SandboxArgs = (Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool);
 #[pyclass(module = "tensorwire._native", name = "WorkerSpec")]
 #[derive(Clone)]
 pub struct PySpec {
-    spec: WorkerSpec,
+    pub(crate) spec: WorkerSpec,
 }
 
 #[pymethods]
