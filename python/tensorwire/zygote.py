@@ -14,6 +14,7 @@ way it exits with status 2.
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -142,6 +143,10 @@ def main(argv: list[str]) -> int:
     from . import _native, rpc  # noqa: F401
     for name in argv[1:]:
         importlib.import_module(name)
+    # What is imported now is shared with every fork: kept out of the collector's sweeps,
+    # so a worker's collections do not write (copy) the zygote's pages.
+    gc.collect()
+    gc.freeze()
     return _serve(ctl)
 
 

@@ -63,7 +63,7 @@ impl Zygote {
     /// starts a fresh one.
     pub(crate) fn launch(&self, spec: &WorkerSpec) -> Result<Launched> {
         let mut slot = self.running.lock();
-        if slot.as_ref().is_some_and(|r| ended(r)) {
+        if slot.as_ref().is_some_and(ended) {
             if let Some(mut dead) = slot.take() {
                 let _ = dead.process.wait();
             }
