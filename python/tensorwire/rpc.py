@@ -419,10 +419,15 @@ class WorkerPool:
     """``size`` pre-warmed workers of one target (imports done once): :meth:`get` hands one
     out at once when one is idle. Only workers that come back clean (alive, nothing in
     flight, never killed) are reused; others are ended and replaced in the background.
-    Takes :func:`spawn`'s keyword arguments."""
+    Takes :func:`spawn`'s keyword arguments; ``zygote`` is on by default for an
+    unsandboxed target (its workers and their replacements are forked from one zygote
+    that imported torch once), ``zygote=False`` execs each."""
 
     def __init__(self, target: Optional[str], size: int, **spawn_kwargs: Any) -> None:
-        spec = _spec(target, **{**_SPAWN_DEFAULTS, **spawn_kwargs})
+        kw = {**_SPAWN_DEFAULTS, **spawn_kwargs}
+        if "zygote" not in spawn_kwargs:
+            kw["zygote"] = kw["command"] is None and kw["sandbox"] is None
+        spec = _spec(target, **kw)
         self._native = _native.WorkerPool(spec, size)
 
     def get(self) -> PooledWorker:

@@ -187,3 +187,24 @@ def test_preload_needs_zygote_and_a_command_cannot_have_one():
         spawn(preload=["json"])
     with pytest.raises(ValueError, match="zygote"):
         rpc.spawn(command=[sys.executable, "-c", "pass"], zygote=True)
+
+
+def test_a_pool_forks_its_workers_from_one_zygote_by_default(tmp_path):
+    marker = tmp_path / "imports"
+    env = {**ENV, "ZYGOTE_MARKER": str(marker)}
+    with rpc.WorkerPool("zygote_targets:Plugin", 2, env=env, timeout=60.0) as pool:
+        assert pool.wait_idle(2, 60)
+        a, b = pool.get(), pool.get()
+        pids = [a.call("pid"), b.call("pid")]
+        assert [a.call("ppid"), b.call("ppid")] == [os.getpid(), os.getpid()]
+        a.kill()
+        a.release()
+        b.release()
+        assert pool.wait_idle(2, 60)  # the killed one replaced, from the zygote
+        (zygote,) = zygotes_of(os.getpid(), *pids, *[w.pid for w in (pool.get(), pool.get())])
+        assert importers(marker) == [zygote]
+    # zygote=False: every worker imports its target itself.
+    marker.unlink()
+    with rpc.WorkerPool("zygote_targets:Plugin", 2, env=env, timeout=60.0, zygote=False) as pool:
+        assert pool.wait_idle(2, 60)
+        assert len(importers(marker)) == 2
