@@ -143,6 +143,10 @@ def test_the_zygote_and_its_workers_end_with_the_supervisor(tmp_path):
         pid2 = w.call("pid")
         print(pid2, flush=True)
         sys.stdin.readline()
+        # The worker busy holding its GIL: only its death signal can end it.
+        import threading, time
+        threading.Thread(target=w.call, args=("hold_gil", 600), daemon=True).start()
+        time.sleep(1.0)
         os.kill(os.getpid(), 9)
     """)
     env = dict(os.environ)

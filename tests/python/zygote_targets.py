@@ -35,3 +35,10 @@ class Plugin:
 
     def crash(self):
         os._exit(7)
+
+    def hold_gil(self, seconds):
+        # libc's sleep through PyDLL keeps the GIL: the worker cannot notice its
+        # connection closing, only a signal ends it.
+        import ctypes
+
+        ctypes.PyDLL(None).sleep(int(seconds))
