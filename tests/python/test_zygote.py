@@ -69,6 +69,8 @@ def test_zygote_worker_serves_calls_and_tensors_as_our_child(tmp_path):
         (zygote,) = zygotes_of(os.getpid(), pid)
         # The target's module was imported once, by the zygote, not by the worker.
         assert importers(marker) == [zygote]
+    # Closing the worker ends its zygote too.
+    assert not Path(f"/proc/{zygote}").exists()
 
 
 def test_replacements_after_kill_and_crash_come_from_the_zygote(tmp_path):
