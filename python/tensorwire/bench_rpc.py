@@ -21,9 +21,10 @@ as it is. Otherwise the callee answers something small (3, the tensor's length a
 element, the list's length). The "Pipe bytes" row times the 4 KiB randn echo over the same
 Pipe with the tensor's bytes pickled each way (no shared memory).
 Each cell: a warm-up, then ``--iters`` timed calls; p50 and p90 in microseconds. Also the
-cold start of each (start the worker -> first answer) and tensorwire.rpc's warm pool
-(WorkerPool.get() -> a worker). Progress on stderr; a table on stdout and, where
-matplotlib is installed, a PNG.
+cold start of each (start the worker -> first answer), tensorwire.rpc's warm pool
+(WorkerPool.get() -> a worker) and its worker start from a zygote that imported torch
+(spawn(zygote=True): kill -> the replacement's first answer). Progress on stderr; a table on stdout and, where
+matplotlib is installed, a PNG. Usage:
 
 Then the same with the CPUs taken: a call that does nothing (``noop()``, answered None) to
 a fresh worker of tensorwire.rpc, a torch.multiprocessing Pipe loop and pyisolate, first
@@ -210,6 +211,7 @@ class Cells:
         self.cold: dict[str, list[float]] = {s: [] for s in SYSTEMS}
         self.pool_get: list[float] = []
         self.pool_first: list[float] = []
+        self.zygote_start: list[float] = []
         self.progress = progress
 
     def fail(self, system: str, what: str, e: BaseException) -> None:
@@ -300,6 +302,15 @@ def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_ge
         cells.cold["tensorwire.rpc"].append(time.perf_counter() - t0)
         w.close()
         cells.progress.step()
+    cells.progress.start("tensorwire.rpc: start from the zygote")
+    with rpc.spawn(TARGET, zygote=True) as w:
+        w.call("add", 1, 2)  # the zygote has imported torch from here on
+        for _ in range(max(cold, 5)):
+            w.kill()
+            t0 = time.perf_counter()
+            w.call("add", 1, 2)  # a worker forked from the zygote, then its first answer
+            cells.zygote_start.append(time.perf_counter() - t0)
+            cells.progress.step()
     cells.progress.start("tensorwire.rpc: warm pool")
     with rpc.WorkerPool(TARGET, 2) as pool:
         if not pool.wait_idle(2, 300.0):
@@ -717,10 +728,17 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
     if cells.pool_get:
         facts.append(f"warm worker handed out in {p50(cells.pool_get) * 1e3:.3f} ms p50 (goal <= 1 ms); "
                      f"hand-out + first add(1, 2) {p50(cells.pool_first) * 1e3:.3f} ms")
+    if cells.zygote_start:
+        z = p50(cells.zygote_start)
+        than = (f", {p50(cells.cold['pyisolate']) / z:,.0f}x faster than pyisolate's cold start"
+                if cells.cold["pyisolate"] else "")
+        facts.append(f"worker start from the zygote (torch imported): {z * 1e3:.1f} ms p50 (goal <= 50 ms){than}")
     if facts:
         lines.append("goals: " + "; ".join(facts))
     lines.append(f"cold start: start the worker -> first add(1, 2) answered, p50 of {args.cold} (each worker imports "
-                 f"torch); warm pool: WorkerPool(size=2).get(), p50 of {len(cells.pool_get)}")
+                 f"torch); warm pool: WorkerPool(size=2).get(), p50 of {len(cells.pool_get)}; start from the zygote: "
+                 f"kill the worker, then the next add(1, 2) answered by a worker forked from spawn(zygote=True)'s zygote, "
+                 f"p50 of {len(cells.zygote_start)}")
     lines.append("randn echoes: every system sends a torch.randn tensor and the worker returns it (tensorwire.rpc: "
                  "4 KiB packed into a recycled segment, 64 MiB moved into a segment in place by its first send; "
                  "Pipe bytes: the tensor's bytes pickled both ways)")
@@ -820,7 +838,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     systems = [s for s in SYSTEMS if not (s == "pyisolate" and pyisolate_missing) and s != "Pipe bytes"]
     contention_systems = [s for s in CONTENTION_SYSTEMS if not (s == "pyisolate" and pyisolate_missing)]
-    total = ((len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets + len(ECHOES) * args.iters) * do_calls
+    total = ((len(systems) * (len(PAYLOADS) * args.iters + args.cold) + pool_gets + len(ECHOES) * args.iters
+              + max(args.cold, 5)) * do_calls
              + len(contention_systems) * len(PHASES) * args.iters * do_contention)
     progress = Progress(total)
     cells = Cells(progress)

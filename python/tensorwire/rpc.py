@@ -307,7 +307,7 @@ def _readable_python() -> list[str]:
 def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Optional[str], env: Optional[Mapping[str, str]],
           cwd: Optional[str], output: str, prefix: Optional[str], capture_bytes: int, limits: Optional[Limits],
           sandbox: Optional[Sandbox], handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]],
-          path: Optional[Sequence[str]] = None) -> Any:
+          path: Optional[Sequence[str]] = None, zygote: bool = False, preload: Sequence[str] = ()) -> Any:
     if (target is None) == (command is None):
         raise ValueError("tensorwire.rpc: give a target ('module:attribute') or a command (a worker program), not both")
     if command is not None:
@@ -334,12 +334,33 @@ def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Op
         readable = set(map(os.fspath, sandbox.read)) | set(_readable_python()) | {p for p in search if os.path.isabs(p)}
         box = (sorted(readable), [os.fspath(w) for w in sandbox.write], not sandbox.network, not sandbox.exec, sandbox.namespaces)
     lim = limits or Limits()
-    return _native.WorkerSpec(
+    native_spec = _native.WorkerSpec(
         argv[0], argv[1:],
         env=sorted(environ.items()), cwd=cwd, output=output, prefix=prefix or "", capture_bytes=capture_bytes,
         address_space=lim.address_space, open_files=lim.open_files, cpu_seconds=lim.cpu_seconds, sandbox=box,
         handshake_timeout=handshake_timeout, call_timeout=timeout, serve=dict(serve or {}), native=True,
     )
+    return _with_zygote(native_spec, target, command=command, sandbox=sandbox, zygote=zygote, preload=preload)
+
+
+def _with_zygote(native_spec: Any, target: Optional[str], *, command: Optional[Sequence[str]], sandbox: Optional[Sandbox],
+                 zygote: bool, preload: Sequence[str]) -> Any:
+    """``native_spec`` with its workers forked from a zygote (``python -P -m
+    tensorwire.zygote``) that imported torch, tensorwire, ``preload`` and — only for an
+    unsandboxed worker — the target's module. A sandboxed worker is exec'd: its target
+    must not be imported outside its containment."""
+    if not zygote:
+        if preload:
+            raise ValueError("tensorwire.rpc: preload= names modules for the zygote; give zygote=True too")
+        return native_spec
+    if command is not None:
+        raise ValueError("tensorwire.rpc: zygote=True forks Python target workers; a command is exec'd (leave zygote out)")
+    if sandbox is not None:
+        return native_spec
+    modules = [str(m) for m in preload]
+    modules.append(target.partition(":")[0])  # type: ignore[union-attr]
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return _native.spec_with_zygote(native_spec, [*safe_path, "-m", "tensorwire.zygote", *modules])
 
 
 class _Calls:
@@ -438,7 +459,7 @@ def spawn(target: Optional[str] = None, *, command: Optional[Sequence[str]] = No
           sandbox: Optional[Sandbox] = None, handshake_timeout: float = 60.0, timeout: Optional[float] = None,
           serve: Optional[Mapping[str, Any]] = None, init_args: Optional[Sequence[Any]] = None,
           init_kwargs: Optional[Mapping[str, Any]] = None, on_interrupt: str = "kill",
-          path: Optional[Sequence[str]] = None) -> Worker:
+          path: Optional[Sequence[str]] = None, zygote: bool = False, preload: Sequence[str] = ()) -> Worker:
     """Start a worker serving ``target`` (``"module:attr"``) and wait for its handshake
     (``handshake_timeout`` seconds, which include its imports). A class is instantiated,
     with ``init_args`` and ``init_kwargs`` (JSON values) when given; its public methods
@@ -457,10 +478,17 @@ def spawn(target: Optional[str] = None, *, command: Optional[Sequence[str]] = No
     put first on the worker's import path (and, sandboxed, made readable), e.g.
     ``[pathlib.Path(__file__).parent]`` for a target beside the host's script: the
     worker's import path never holds the current directory or the host script's
-    directory by itself."""
+    directory by itself.
+
+    ``zygote``: fork the worker (and its replacements after a kill or a crash) from a
+    zygote of this worker's own, a process that imported torch, tensorwire, the modules
+    in ``preload`` and the target's module once: a replacement starts in milliseconds
+    instead of paying the imports again (``docs/DESIGN.md``, "The zygote"). A sandboxed
+    worker is exec'd (its target is never imported outside its containment)."""
     env = _with_init(env, target, init_args, init_kwargs)
     spec = _spec(target, command=command, python=python, env=env, cwd=cwd, output=output, prefix=prefix, capture_bytes=capture_bytes,
-                 limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve, path=path)
+                 limits=limits, sandbox=sandbox, handshake_timeout=handshake_timeout, timeout=timeout, serve=serve, path=path,
+                 zygote=zygote, preload=preload)
     return Worker(_native.Worker.spawn(_on_interrupt(spec, on_interrupt)))
 
 
@@ -485,13 +513,18 @@ class WorkerPool:
     """``size`` pre-warmed workers of one target (imports done once): :meth:`get` hands one
     out at once when one is idle. Only workers that come back clean (alive, nothing in
     flight, never killed, no abandoned call) are reused; others are ended and replaced in
-    the background. Takes :func:`spawn`'s keyword arguments."""
+    the background. Takes :func:`spawn`'s keyword arguments; ``zygote`` is on by default
+    for an unsandboxed target (its workers and their replacements are forked from one
+    zygote that imported torch once), ``zygote=False`` execs each."""
 
     def __init__(self, target: Optional[str], size: int, **spawn_kwargs: Any) -> None:
         on_interrupt = spawn_kwargs.pop("on_interrupt", "kill")
         init_args, init_kwargs = spawn_kwargs.pop("init_args", None), spawn_kwargs.pop("init_kwargs", None)
         spawn_kwargs["env"] = _with_init(spawn_kwargs.get("env"), target, init_args, init_kwargs)
-        spec = _spec(target, **{**_SPAWN_DEFAULTS, **spawn_kwargs})
+        kw = {**_SPAWN_DEFAULTS, **spawn_kwargs}
+        if "zygote" not in spawn_kwargs:
+            kw["zygote"] = kw["command"] is None and kw["sandbox"] is None
+        spec = _spec(target, **kw)
         self._native = _native.WorkerPool(_on_interrupt(spec, on_interrupt), size)
 
     def get(self, timeout: Optional[float] = None) -> PooledWorker:
@@ -521,4 +554,5 @@ class WorkerPool:
 
 
 _SPAWN_DEFAULTS: dict[str, Any] = dict(command=None, python=None, env=None, cwd=None, output="inherit", prefix=None, capture_bytes=1 << 16,
-                                       limits=None, sandbox=None, handshake_timeout=60.0, timeout=None, serve=None, path=None)
+                                       limits=None, sandbox=None, handshake_timeout=60.0, timeout=None, serve=None, path=None,
+                                       zygote=False, preload=())

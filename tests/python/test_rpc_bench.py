@@ -81,6 +81,10 @@ def test_tensorwire_warm_pool_hand_out(bench):
     assert "warm worker handed out in" in bench.stdout, bench.stdout
 
 
+def test_tensorwire_start_from_the_zygote(bench):
+    assert re.search(r"worker start from the zygote \(torch imported\): [0-9.]+ ms p50", bench.stdout), bench.stdout
+
+
 def test_pyisolate_row_and_ratios(bench):
     if not HAVE_PYISOLATE:
         assert "pyisolate row SKIPPED" in bench.stderr and "not run:" in row(bench.stdout, "pyisolate")

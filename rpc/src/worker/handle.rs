@@ -1,13 +1,13 @@
 //! `Worker`: one supervised worker process and the connection to it, replaced by a fresh
 //! one when it dies or is killed.
 
-use super::launch::{launch, Launched};
+use super::launch::{launch_worker, Launched};
+use super::process::Process;
 use super::{Captured, WorkerSpec, CONTROL_ID};
 use crate::{CallOptions, Endpoint, Map, Result, RpcError, Value};
 use crate::{Canceller, PendingCall};
 use parking_lot::{Condvar, Mutex};
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ struct Live {
     pid: u32,
     /// `pid` is the keeper of a worker in its own namespaces (see `contain/keeper.rs`).
     keeper: bool,
-    child: Mutex<Child>,
+    child: Mutex<Process>,
     pidfd: Option<OwnedFd>,
     endpoint: Endpoint,
     captured: Option<Captured>,
@@ -387,7 +387,7 @@ impl Worker {
             *slot = Some(live.clone());
             return Ok(live);
         }
-        let live = Arc::new(self.handshake(launch(&self.spec)?)?);
+        let live = Arc::new(self.handshake(launch_worker(&self.spec)?)?);
         *slot = Some(live.clone());
         Ok(live)
     }

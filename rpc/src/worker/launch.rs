@@ -8,18 +8,19 @@
 
 use super::contain;
 use super::output::{self, Captured};
+use super::process::Process;
 use super::{WorkerSpec, FD_ENV, SANDBOX_ENV};
 use crate::{Result, RpcError};
 use crossbeam_channel::{bounded, unbounded, Sender};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 /// A started worker process, before its handshake.
 pub(crate) struct Launched {
-    pub(crate) child: Child,
+    pub(crate) child: Process,
     pub(crate) pid: u32,
     /// Readable once the process has ended (`None` where pidfds are not supported).
     pub(crate) pidfd: Option<OwnedFd>,
@@ -50,6 +51,21 @@ fn spawner() -> Result<&'static Sender<Job>> {
         })
         .as_ref()
         .map_err(|e| RpcError::Io(e.clone()))
+}
+
+/// Start `spec`'s worker: forked from its zygote when the spec has one (a zygote that
+/// cannot give one is said on stderr, and the worker is exec'd instead), else its program
+/// exec'd.
+pub(crate) fn launch_worker(spec: &WorkerSpec) -> Result<Launched> {
+    if let Some(z) = &spec.zygote {
+        if spec.sandbox.is_none() {
+            match z.launch(spec) {
+                Ok(l) => return Ok(l),
+                Err(e) => eprintln!("tensorwire: starting worker {} by exec instead of from its zygote: {e}", spec.program.display()),
+            }
+        }
+    }
+    launch(spec)
 }
 
 /// Start `spec`'s program (on the spawner thread) and take its output.
@@ -129,5 +145,5 @@ pub(crate) fn launch(spec: &WorkerSpec) -> Result<Launched> {
     let pid = child.id();
     let pidfd = tensorwire::os::pidfd_open(pid as libc::pid_t);
     let captured = output::attach(&mut child, &spec.output, pid);
-    Ok(Launched { child, pid, pidfd, conn: ours, captured, keeper })
+    Ok(Launched { child: Process::Spawned(child), pid, pidfd, conn: ours, captured, keeper })
 }

@@ -34,8 +34,10 @@ mod handle;
 mod launch;
 mod output;
 mod pool;
+mod process;
 mod sandbox;
 mod spec;
+mod zygote;
 
 pub use child::{connect, enter_sandbox, serve};
 pub use contain::{probe, Containment, KEPT_ENV, KEPT_ENV_PREFIXES};

@@ -4,6 +4,7 @@
 use super::Output;
 use parking_lot::Mutex;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 
@@ -35,6 +36,43 @@ impl Captured {
 /// Start the threads that take the child's piped output; the captured bytes, if captured.
 pub(crate) fn attach(child: &mut Child, output: &Output, pid: u32) -> Option<Captured> {
     let (out, err) = (child.stdout.take(), child.stderr.take());
+    attach_streams(out, err, output, pid)
+}
+
+/// A pipe for each of a forked child's stdout and stderr when `output` takes them:
+/// `(our read ends, the child's write ends)`.
+pub(crate) fn pipes(output: &Output) -> std::io::Result<Option<([OwnedFd; 2], [OwnedFd; 2])>> {
+    match output {
+        Output::Inherit => Ok(None),
+        Output::Prefixed(_) | Output::Capture { .. } => {
+            let (r1, w1) = pipe()?;
+            let (r2, w2) = pipe()?;
+            Ok(Some(([r1, r2], [w1, w2])))
+        }
+    }
+}
+
+/// A close-on-exec pipe: `(read end, write end)`.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two fds pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds are fresh from pipe2 and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `attach` for a child whose output pipes were made by `pipes`.
+pub(crate) fn attach_fds(read: Option<[OwnedFd; 2]>, output: &Output, pid: u32) -> Option<Captured> {
+    let (out, err) = match read {
+        Some([o, e]) => (Some(std::fs::File::from(o)), Some(std::fs::File::from(e))),
+        None => (None, None),
+    };
+    attach_streams(out, err, output, pid)
+}
+
+fn attach_streams(out: Option<impl Read + Send + 'static>, err: Option<impl Read + Send + 'static>, output: &Output, pid: u32) -> Option<Captured> {
     match output {
         Output::Inherit => None,
         Output::Prefixed(prefix) => {

@@ -1,10 +1,12 @@
 //! What a worker is started as: program, environment, output, limits, sandbox, and the
 //! time-outs the supervisor holds it to.
 
+use super::zygote::Zygote;
 use super::{Sandbox, Worker};
 use crate::{Registry, Result, RpcConfig};
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a worker's stdout and stderr go.
@@ -46,6 +48,8 @@ pub struct WorkerSpec {
     pub(crate) registry: Registry,
     pub(crate) rpc: RpcConfig,
     pub(crate) native: bool,
+    /// Shared by every clone of the spec (a pool's workers, replacements).
+    pub(crate) zygote: Option<Arc<Zygote>>,
 }
 
 /// The handshake's default: it includes the child's start-up, and a Python child imports
@@ -68,6 +72,7 @@ impl WorkerSpec {
             registry: Registry::new(),
             rpc: RpcConfig::default(),
             native: true,
+            zygote: None,
         }
     }
 
@@ -137,6 +142,25 @@ impl WorkerSpec {
     pub fn native_tensors(mut self, on: bool) -> Self {
         self.native = on;
         self
+    }
+
+    /// Fork this spec's workers from a zygote: a process of this spec's program started
+    /// with `zygote_args` (not the spec's arguments) that serves the zygote protocol
+    /// (`docs/DESIGN.md`, "The zygote"; Python's is `python -P -m tensorwire.zygote`),
+    /// started on the first worker and shared by every clone of this spec. Each request
+    /// carries the spec's arguments, and the zygote's fork serves them as the exec'd
+    /// program would. The zygote is trusted code and gets the spec's environment and
+    /// directory, never its sandbox: a sandboxed spec's workers are exec'd. A zygote that
+    /// cannot give a worker (it died while starting, answered wrongly) is ended, the
+    /// worker is exec'd (said on stderr), and the next start starts a fresh zygote.
+    pub fn zygote<I: IntoIterator<Item = S>, S: Into<OsString>>(mut self, zygote_args: I) -> Self {
+        self.zygote = Some(Arc::new(Zygote::new(zygote_args.into_iter().map(Into::into).collect())));
+        self
+    }
+
+    /// The zygote's pid while one runs for this spec.
+    pub fn zygote_pid(&self) -> Option<u32> {
+        self.zygote.as_ref().and_then(|z| z.pid())
     }
 
     /// Start one worker and wait for its handshake.

@@ -13,6 +13,7 @@ mod service;
 mod values;
 mod wait;
 mod worker;
+mod zygote;
 
 use pyo3::prelude::*;
 
@@ -30,6 +31,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::enter_sandbox, m)?)?;
     m.add_function(wrap_pyfunction!(worker::containment, m)?)?;
     m.add_function(wrap_pyfunction!(worker::kept_env, m)?)?;
+    m.add_function(wrap_pyfunction!(zygote::spec_with_zygote, m)?)?;
+    m.add_function(wrap_pyfunction!(zygote::zygote_pid, m)?)?;
+    m.add_function(wrap_pyfunction!(zygote::zygote_fork, m)?)?;
     m.add("TRACEBACK_MARKER", errors::TRACEBACK_MARKER)?;
     Ok(())
 }

@@ -31,7 +31,7 @@ type SandboxArgs = (Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool);
 #[pyclass(module = "tensorwire._native", name = "WorkerSpec")]
 #[derive(Clone)]
 pub struct PySpec {
-    spec: WorkerSpec,
+    pub(crate) spec: WorkerSpec,
     /// What an interrupted (Ctrl-C) or cancelled call does to the worker.
     on_interrupt: OnInterrupt,
 }
