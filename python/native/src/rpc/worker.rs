@@ -36,6 +36,13 @@ pub struct PySpec {
     on_interrupt: OnInterrupt,
 }
 
+impl PySpec {
+    /// `spec` with this one's Python-side settings (the interrupt policy).
+    pub(crate) fn with_spec(&self, spec: WorkerSpec) -> PySpec {
+        PySpec { spec, on_interrupt: self.on_interrupt }
+    }
+}
+
 #[pymethods]
 impl PySpec {
     /// `program args...` with `env` added to this process's environment. `output`:

@@ -10,7 +10,7 @@ use tensorwire_rpc::RpcError;
 /// (`tensorwire_rpc::worker::WorkerSpec::zygote`).
 #[pyfunction]
 pub fn spec_with_zygote(spec: &PySpec, zygote_args: Vec<String>) -> PySpec {
-    PySpec { spec: spec.spec.clone().zygote(zygote_args) }
+    spec.with_spec(spec.spec.clone().zygote(zygote_args))
 }
 
 /// The pid of `spec`'s zygote while one runs (it starts with the first worker).
