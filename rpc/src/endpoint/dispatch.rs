@@ -97,7 +97,7 @@ impl Inner {
         };
         // Decode tensors in the arguments (file_system refs, native tags).
         let decoded = (|| -> Result<Args> {
-            let by = super::native::claim_deadline(None);
+            let by = super::claim_deadline(None);
             let args = args.into_iter().map(|v| self.decode_tensors(v, by)).collect::<Result<Vec<_>>>()?;
             let kwargs = kwargs.into_iter().map(|(k, v)| Ok((k, self.decode_tensors(v, by)?))).collect::<Result<Map>>()?;
             Ok(Args { args, kwargs })

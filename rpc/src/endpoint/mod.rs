@@ -472,3 +472,17 @@ impl Inner {
         }
     }
 }
+
+/// How long the claims of one frame wait for the native tensors it names (the sender puts
+/// them on the transport before the frame, so only a peer that lies waits this long).
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Until when the native tensors a received frame names are waited for: [`CLAIM_WAIT`]
+/// from now for the whole frame, and never past `call`, the deadline of the call of ours
+/// whose response it is (a frame naming a tag never sent then fails that call when its
+/// own wait would have ended, not later). Here, not in `native`, because the reader and
+/// the dispatcher, which `native` itself uses, ask for it.
+pub(super) fn claim_deadline(call: Option<Instant>) -> Instant {
+    let limit = Instant::now() + CLAIM_WAIT;
+    call.map_or(limit, |d| d.min(limit))
+}

@@ -196,19 +196,6 @@ impl Arrival {
     }
 }
 
-/// How long the claims of one frame wait for the tensors it names (the sender puts them
-/// on the transport before the frame, so only a peer that lies waits this long).
-const CLAIM_WAIT: Duration = Duration::from_secs(10);
-
-/// Until when the native tensors a received frame names are waited for: [`CLAIM_WAIT`]
-/// from now for the whole frame, and never past `call`, the deadline of the call of ours
-/// whose response it is (a frame naming a tag never sent then fails that call when its
-/// own wait would have ended, not later).
-pub(super) fn claim_deadline(call: Option<Instant>) -> Instant {
-    let limit = Instant::now() + CLAIM_WAIT;
-    call.map_or(limit, |d| d.min(limit))
-}
-
 pub(super) const REFUSED_REPEAT: &str =
     "native_hello refused: native tensors were already negotiated on this connection (one native_hello per connection)";
 

@@ -364,7 +364,7 @@ impl Inner {
                     Some(s) => {
                         let r = match error {
                             Some(e) => Err(RpcError::Remote(e)),
-                            None => self.decode_tensors(result, super::native::claim_deadline(s.deadline())),
+                            None => self.decode_tensors(result, super::claim_deadline(s.deadline())),
                         };
                         s.complete(r);
                     }

@@ -55,7 +55,7 @@ impl Inner {
     }
 
     /// Replace tensor references in a received value by tensors; a native tensor not yet
-    /// arrived is waited for until `claim_by` (see `native::claim_deadline`).
+    /// arrived is waited for until `claim_by` (see `claim_deadline`).
     pub(super) fn decode_tensors(self: &Arc<Self>, v: Value, claim_by: Instant) -> Result<Value> {
         match v {
             // In place: rebuilding every list and dict of a large value cost as much as
