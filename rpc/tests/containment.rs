@@ -172,7 +172,13 @@ fn attacks() -> Service {
             const KEY_SPEC_USER_KEYRING: i32 = -4;
             // SAFETY: add_key with C strings and a payload that outlive the call.
             let r = unsafe { libc::syscall(libc::SYS_add_key, c"user".as_ptr(), c"tw-contain".as_ptr(), payload.as_ptr(), payload.len(), KEY_SPEC_USER_KEYRING) };
-            outcome(r, &[libc::EPERM])
+            let said = outcome(r, &[libc::EPERM]);
+            if r >= 0 {
+                const KEYCTL_INVALIDATE: i32 = 21;
+                // SAFETY: keyctl with integers: the planted key does not outlive the test.
+                unsafe { libc::syscall(libc::SYS_keyctl, KEYCTL_INVALIDATE, r) };
+            }
+            said
         }))
         .method("userns", attack(|_| {
             // SAFETY: unshare with a flag; on success only this worker moves.

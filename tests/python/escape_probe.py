@@ -17,7 +17,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _X86_64 = platform.machine() == "x86_64"
 # x86-64 system call numbers (the suite's kernel-surface attacks are x86-64's).
-SYS = {"add_key": 248, "bpf": 321, "perf_event_open": 298, "clone3": 435, "getpid": 39, "unshare": 272, "capget": 125}
+SYS = {"add_key": 248, "keyctl": 250, "bpf": 321, "perf_event_open": 298, "clone3": 435, "getpid": 39, "unshare": 272, "capget": 125}
 EPERM, ESRCH, EBADF, ENOSYS = 1, 3, 9, 38
 
 
@@ -84,7 +84,10 @@ class Probe:
     def keyring(self) -> str:
         payload = b"planted"
         r = _syscall("add_key", ctypes.c_char_p(b"user"), ctypes.c_char_p(b"tw-contain"), ctypes.c_char_p(payload), len(payload), -4)
-        return _errno_outcome(r, (EPERM,))
+        outcome = _errno_outcome(r, (EPERM,))
+        if r >= 0:
+            _syscall(SYS["keyctl"], 21, r)  # KEYCTL_INVALIDATE: a planted key does not outlive the probe
+        return outcome
 
     def userns(self) -> str:
         return _errno_outcome(_libc.unshare(0x10000000), (EPERM,))
