@@ -208,7 +208,7 @@ def test_an_unprivileged_host_gets_the_same_containment():
 
 
 BWRAP = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--ro-bind", "/", "/", "--dev", "/dev",
-         "--proc", "/proc", "--tmpfs", "/tmp"]
+         "--proc", "/proc"]
 
 
 def test_bubblewrap_lets_through_whatever_we_let_through():
