@@ -127,10 +127,17 @@ def test_a_dead_zygote_is_restarted_on_the_next_start():
         os.kill(zygote, signal.SIGKILL)
         # The running worker does not die with its zygote.
         assert w.call("add", 2, 2) == 4
-        w.kill()
-        assert w.call("add", 3, 3) == 6
-        assert w.call("ppid") == os.getpid()
-        new = zygotes_of(os.getpid(), w.call("pid"))
+        # A start that finds its zygote dead brings up a fresh one; a start whose zygote
+        # could not come up in time (a loaded machine) falls back to exec, and the next
+        # start tries again: a few starts, each of which must serve.
+        new: list = []
+        for _ in range(3):
+            w.kill()
+            assert w.call("add", 3, 3) == 6
+            assert w.call("ppid") == os.getpid()
+            new = zygotes_of(os.getpid(), w.call("pid"))
+            if new:
+                break
         assert len(new) == 1 and new[0] != zygote
 
 
