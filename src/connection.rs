@@ -51,6 +51,8 @@ pub const DEFAULT_SEND_TIMEOUT: Wait = Wait::For(Duration::from_secs(10));
 pub struct Connection {
     sock: OwnedFd,
     peer_pid: i32,
+    /// The peer runs in our pid namespace (see [`Connection::shares_pid_namespace`]).
+    same_pid_ns: bool,
     pidfd: Option<OwnedFd>,
     gone: AtomicBool,
     /// What became of the peer, worked out the first time it is found gone (see
@@ -89,6 +91,13 @@ impl Drop for Connection {
     }
 }
 
+/// This process's pid namespace, as the inode of `/proc/self/ns/pid` (0 where `/proc`
+/// cannot tell: the peer then decides by whether it can see our pid).
+fn pid_namespace_id() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
 impl Connection {
     /// Handshake over a connected SEQPACKET socket (either end of a socketpair, an
     /// accepted or a connecting socket). Both sides call this; it fails with `Timeout`
@@ -103,10 +112,12 @@ impl Connection {
         // SO_PASSCRED before the peer's hello can be read: the kernel then delivers the
         // credentials it verified for the sender.
         sys::set_passcred(sock.as_fd(), true)?;
-        let mut hello = Vec::with_capacity(16);
+        let own_ns = pid_namespace_id();
+        let mut hello = Vec::with_capacity(24);
         hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
         hello.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         hello.extend_from_slice(&(max_message as u32).to_le_bytes());
+        hello.extend_from_slice(&own_ns.to_le_bytes());
         send_framed(sock.as_fd(), KIND_HELLO, &hello, &[], true, &mut deadline)?;
 
         let ready = sys::poll_readable(&[sock.as_fd()], deadline.as_wait())?;
@@ -147,10 +158,16 @@ impl Connection {
             ));
         }
         sys::set_passcred(sock.as_fd(), false)?;
+        // The peer's pid namespace as it says (0: unknown, or a peer that predates the
+        // field). A peer we cannot see (pid 0) is in another namespace whatever it says;
+        // a peer that lies about being in ours only makes its own CUDA imports fail.
+        let peer_ns = body.get(16..24).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+        let same_pid_ns = cred.pid != 0 && (peer_ns == 0 || own_ns == 0 || peer_ns == own_ns);
         let pidfd = sys::pidfd_open(cred.pid);
         Ok(Connection {
             sock,
             peer_pid: cred.pid,
+            same_pid_ns,
             pidfd,
             gone: AtomicBool::new(false),
             end: std::sync::OnceLock::new(),
@@ -196,6 +213,13 @@ impl Connection {
     /// The peer's process id, as verified by the kernel at the handshake.
     pub fn peer_pid(&self) -> i32 {
         self.peer_pid
+    }
+
+    /// Whether the peer runs in this process's pid namespace. A sandboxed worker (pid 1
+    /// of its own) does not, and the CUDA driver opens a legacy IPC handle only inside one
+    /// pid namespace: CUDA memory then travels by VMM fd (`Peer::export_cuda`).
+    pub fn shares_pid_namespace(&self) -> bool {
+        self.same_pid_ns
     }
 
     /// True if a receive, a send or an [`Self::is_peer_gone`] already found the peer gone.

@@ -280,13 +280,21 @@ class Sandbox:
     starts, the system-call policy before the target's module is imported. A level this
     machine cannot give makes :func:`spawn` raise :class:`tensorwire.Refused` naming it
     (``python -m tensorwire doctor`` says what the machine gives); ``namespaces=False``
-    asks for less, for machines that refuse user namespaces."""
+    asks for less, for machines that refuse user namespaces.
+
+    ``gpu=True`` makes the NVIDIA devices usable (their files and ioctls, what the driver
+    reads as it starts). CUDA tensors cross the sandbox's pid namespace by file
+    descriptor: memory of PyTorch's expandable segments
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) is shared as it is, other CUDA
+    memory travels as a device-to-device copy (the worker's writes to it do not reach the
+    sender's tensor)."""
 
     read: Sequence[str] = ()
     write: Sequence[str] = ()
     network: bool = False
     exec: bool = False
     namespaces: bool = True
+    gpu: bool = False
 
 
 #: The variables of this process a sandboxed worker gets (when set), by name and by
@@ -332,7 +340,8 @@ def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Op
     box = None
     if sandbox is not None:
         readable = set(map(os.fspath, sandbox.read)) | set(_readable_python()) | {p for p in search if os.path.isabs(p)}
-        box = (sorted(readable), [os.fspath(w) for w in sandbox.write], not sandbox.network, not sandbox.exec, sandbox.namespaces)
+        box = (sorted(readable), [os.fspath(w) for w in sandbox.write], not sandbox.network, not sandbox.exec, sandbox.namespaces,
+               sandbox.gpu)
     lim = limits or Limits()
     native_spec = _native.WorkerSpec(
         argv[0], argv[1:],

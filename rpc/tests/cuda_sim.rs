@@ -319,3 +319,79 @@ fn cuda_unavailable_without_a_driver() {
         other => panic!("without a driver CudaTensor::new gave {:?}", other.map(|_| ())),
     }
 }
+
+// ---- a sandboxed worker (its own pid namespace) ----
+
+/// The sandboxed worker's entry: serve the same methods as the server child, inside the
+/// sandbox its supervisor asked for.
+#[test]
+#[ignore = "entry point of the sandboxed worker process"]
+fn sandboxed_worker_entry() {
+    if std::env::var(ROLE_ENV).as_deref() != Ok("sandboxed") {
+        return;
+    }
+    let r = tensorwire_rpc::worker::serve(server_registry(), RpcConfig::default());
+    std::process::exit(if r.is_ok() { 0 } else { 70 });
+}
+
+/// A sandboxed GPU worker (pid 1 of its own pid namespace, landlocked, seccomp) receives a
+/// CUDA tensor of cudaMalloc memory, checks its bytes, and answers with a CUDA tensor of
+/// its own, which the host checks. Neither side can open the other's legacy IPC handles
+/// across the namespace boundary (simcuda refuses them, as the driver does): both
+/// directions travel by VMM fd.
+#[test]
+fn cuda_through_a_sandboxed_worker() {
+    if !gpu("cuda_through_a_sandboxed_worker") {
+        return;
+    }
+    let mut spec = WorkerSpec::new(std::env::current_exe().unwrap())
+        .args(["sandboxed_worker_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1", "--quiet"])
+        .env(ROLE_ENV, "sandboxed")
+        .native_tensors(true)
+        .handshake_timeout(Duration::from_secs(30))
+        .call_timeout(Duration::from_secs(30))
+        .sandbox(tensorwire_rpc::worker::Sandbox { gpu: true, ..Default::default() });
+    // The simulated driver's settings (seed, delays, features) are the host's.
+    for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("SIMCUDA_")) {
+        spec = spec.env(k, v);
+    }
+    let w = match spec.spawn() {
+        Err(RpcError::Unsupported(why)) => return skipped(&format!("SKIPPED cuda_through_a_sandboxed_worker: {why}")),
+        r => r.unwrap(),
+    };
+    assert_eq!(w.call("gpu", "answers_alive", vec![]).unwrap(), Value::Int(0));
+    let s = new_stream();
+    let alive = Arc::new(AtomicUsize::new(0));
+    let view = Layout::contiguous(DType::Float32, &[24, 8]).unwrap().transpose(0, 1).unwrap();
+    let n = 24 * 8 * 4;
+    for round in 0..3u8 {
+        let seed = 7 * round + 3;
+        let owner = Counted::alloc(n, &alive);
+        let ptr = owner._buf.ptr();
+        htod_queued(ptr.get(), &pattern(n as usize, seed), s);
+        let t = CudaTensor::new(ptr.get(), n, view, 0, s, owner).unwrap();
+        let r = w.call("gpu", "check", vec![Tensor::Cuda(Arc::new(t)).into(), Value::Int(seed.into())]);
+        if std::env::var_os("SIMCUDA_NO_HOST_REGISTER").is_some() {
+            // No signal words here, and IPC events do not cross the namespace: refused
+            // before anything is sent, saying why.
+            match r {
+                Err(RpcError::Transport(m)) | Err(RpcError::CudaUnavailable(m)) => assert!(m.contains("another pid namespace"), "{m}"),
+                other => panic!("a CUDA tensor to a sandboxed worker without signal words gave {other:?}"),
+            }
+            wait_until("the host's lease back after the refusal", Duration::from_secs(10), || alive.load(Ordering::SeqCst) == 0);
+            return;
+        }
+        let r = r.unwrap();
+        wait_until("the host's lease back after the call", Duration::from_secs(10), || alive.load(Ordering::SeqCst) == 0);
+        let Value::Array(r) = r else { panic!("check answered {r:?}") };
+        let Some(Tensor::CudaImported(u)) = r[0].as_tensor() else { panic!("the answer is not a CUDA tensor: {:?}", r[0]) };
+        assert_eq!(u.layout(), view);
+        u.wait_on(CudaStream(s)).unwrap();
+        let got = dtoh_on(u.storage_ptr().get(), u.storage_nbytes() as usize, s);
+        assert_eq!(first_difference(&got, &pattern(n as usize, seed + 1)), None, "round {round}: the host read other bytes than the worker wrote");
+        drop(r);
+        wait_until("the worker's lease back after the host dropped the answer", Duration::from_secs(10), || {
+            w.call("gpu", "answers_alive", vec![]).unwrap() == Value::Int(0)
+        });
+    }
+}

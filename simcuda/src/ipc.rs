@@ -3,7 +3,10 @@
 //!
 //! A handle names the exporter's memfd by process and fd number: 64 bytes =
 //! magic (`SIMCUDAM` memory, `SIMCUDAE` event) | pid u32 | fd i32 | id u64 | size u64 |
-//! device i32 | zeros. The importer opens `/proc/<pid>/fd/<fd>` (a process of the same
+//! device i32 | zero u32 | pid namespace u64 | zeros. A handle made in another pid
+//! namespace is refused with CUDA_ERROR_INVALID_VALUE, as the driver refuses legacy IPC
+//! across pid namespaces (a sandboxed process in its own cannot open its host's handles,
+//! nor the host the sandbox's: they go by VMM fd). The importer opens `/proc/<pid>/fd/<fd>` (a process of the same
 //! user may), checks that the link names the memfd `simcuda-mem-<id>` (or
 //! `simcuda-event-<id>`) and that the page it maps holds that id, and maps the same pages.
 //!
@@ -113,7 +116,14 @@ fn encode(magic: &[u8; 8], fd: i32, id: u64, size: u64, device: i32) -> [u8; 64]
     h[16..24].copy_from_slice(&id.to_le_bytes());
     h[24..32].copy_from_slice(&size.to_le_bytes());
     h[32..36].copy_from_slice(&device.to_le_bytes());
+    h[40..48].copy_from_slice(&pid_namespace().to_le_bytes());
     h
+}
+
+/// This process's pid namespace (the inode of `/proc/self/ns/pid`; 0 if unknown).
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 struct Decoded {
@@ -124,11 +134,15 @@ struct Decoded {
 }
 
 fn decode(magic: &[u8; 8], h: &[u8; 64]) -> R<Decoded> {
-    if &h[..8] != magic || h[36..].iter().any(|&b| b != 0) {
+    if &h[..8] != magic || h[36..40].iter().chain(&h[48..]).any(|&b| b != 0) {
         return Err(INVALID_HANDLE);
     }
     let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().expect("8 bytes"));
+    let (theirs, ours) = (u64_at(40), pid_namespace());
+    if theirs != 0 && ours != 0 && theirs != ours {
+        return Err(INVALID_VALUE);
+    }
     Ok(Decoded { pid: u32_at(8), fd: u32_at(12) as i32, id: u64_at(16), size: u64_at(24) })
 }
 

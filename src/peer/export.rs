@@ -195,6 +195,9 @@ impl Peer {
         use crate::cuda::{ipc, vmm};
         self.check_cuda_export(layout, nbytes)?;
         let legacy = legacy_ipc(crate::cuda::driver::is_legacy_ipc_capable(dptr))?;
+        if legacy && !self.inner.conn.shares_pid_namespace() {
+            return self.export_cuda_staged(dptr, nbytes, layout, stream, owner, opts);
+        }
         let vmm_export = if legacy { None } else { Some(vmm::export_pointer(dptr, nbytes)?) };
         let storage = match &vmm_export {
             None => {
@@ -204,6 +207,34 @@ impl Peer {
             Some(v) => CudaStorage { device: v.device, handle: CudaHandle::Vmm(v.fd.as_fd()), alloc_size: v.alloc_size, offset: v.offset, nbytes },
         };
         self.send_cuda_leased(storage, layout, stream, owner, opts)
+    }
+
+    /// Export cudaMalloc memory to a peer in another pid namespace (a sandboxed worker,
+    /// or its supervisor seen from inside), which cannot open a legacy IPC handle: a copy
+    /// of the storage in a VMM allocation, made on `stream` after the work the export
+    /// follows and sent by fd. The lease holds both the copy and `owner` (the copy reads
+    /// `owner`'s memory until the stream has run it). The consumer sees the copy: its
+    /// writes do not reach `dptr` (memory allocated as VMM with the POSIX-fd handle type,
+    /// e.g. PyTorch's expandable segments, is shared without one).
+    fn export_cuda_staged(
+        &self,
+        dptr: DevicePtr,
+        nbytes: u64,
+        layout: &Layout,
+        stream: CudaStream,
+        owner: Owner,
+        opts: ExportOptions,
+    ) -> Result<LeaseId> {
+        use crate::cuda::vmm::VmmAllocation;
+        let device = crate::cuda::driver::pointer_device(dptr)?;
+        let copy = VmmAllocation::create(device, nbytes)?;
+        {
+            let _ctx = crate::cuda::driver::ensure_context(device)?;
+            crate::cuda::driver::memcpy_dtod_async(copy.ptr(), dptr, nbytes, stream)?;
+        }
+        let fd = copy.export_fd()?;
+        let storage = CudaStorage { device, handle: CudaHandle::Vmm(fd.as_fd()), alloc_size: copy.size(), offset: 0, nbytes };
+        self.send_cuda_leased(storage, layout, stream, Box::new((owner, copy)), opts)
     }
 
     /// What every CUDA export checks before touching the driver: the peer is there, and
@@ -304,11 +335,23 @@ impl Peer {
     fn announce_signals(&self, device: i32, stream: CudaStream) -> Result<crate::cuda::order::Signaller> {
         use crate::cuda::order::{event_pool::EventPool, Signaller, WordLanes};
         if !self.inner.exports.peer_wants_events {
-            if let Ok(lanes) = WordLanes::new(device, stream) {
-                let mut payload = device.to_le_bytes().to_vec();
-                payload.extend_from_slice(&lanes.words().lanes().to_le_bytes());
-                self.inner.conn.send(KIND_CUDA_SIGNALS, &payload, &[lanes.words().fd()])?;
-                return Ok(Signaller::Words(lanes));
+            match WordLanes::new(device, stream) {
+                Ok(lanes) => {
+                    let mut payload = device.to_le_bytes().to_vec();
+                    payload.extend_from_slice(&lanes.words().lanes().to_le_bytes());
+                    self.inner.conn.send(KIND_CUDA_SIGNALS, &payload, &[lanes.words().fd()])?;
+                    return Ok(Signaller::Words(lanes));
+                }
+                // The events would be refused on the other side of a pid namespace.
+                Err(why) if !self.inner.conn.shares_pid_namespace() => {
+                    return Err(Error::CudaUnavailable(format!(
+                        "process {} runs in another pid namespace (a sandboxed worker, or its supervisor), where CUDA IPC \
+                         events cannot be opened, and the signal words that order CUDA work across it cannot be used here \
+                         (they need host registration and stream memory operations): {why}",
+                        self.peer_pid()
+                    )));
+                }
+                Err(_) => {}
             }
         }
         let p = EventPool::new(device)?;

@@ -86,7 +86,12 @@ impl std::fmt::Debug for Peer {
 
 impl Peer {
     /// Set up leases over a handshaken connection. Both ends call this.
-    pub fn new(mut conn: Connection, cfg: PeerConfig) -> Result<Peer> {
+    pub fn new(mut conn: Connection, mut cfg: PeerConfig) -> Result<Peer> {
+        if !conn.shares_pid_namespace() && cfg.cuda_wait == crate::cuda::CudaWait::Event {
+            // IPC events do not cross a pid namespace (a sandboxed worker's): the stream
+            // waits on the producer's words instead, which are shared by fd.
+            cfg.cuda_wait = crate::cuda::CudaWait::Stream;
+        }
         conn.set_recv_spin(cfg.recv_spin);
         conn.set_send_timeout(cfg.send_timeout);
         let exporter = Exporter::new(cfg.max_leases, cfg.max_lease_bytes)?;

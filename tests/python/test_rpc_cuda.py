@@ -151,3 +151,19 @@ def test_in_process_pair_and_no_native_tensors():
     finally:
         c.close()
         d.close()
+
+
+def test_a_sandboxed_gpu_worker_receives_computes_and_returns():
+    """A worker in its own pid namespace (landlock, seccomp) with ``Sandbox(gpu=True)``: it
+    receives a CUDA tensor (cudaMalloc memory: it travels as a device copy, since legacy
+    IPC handles do not cross a pid namespace), computes on the GPU, and returns a CUDA
+    tensor the host reads."""
+    with rpc.spawn("rpc_cuda_targets:Gpu", path=[HERE], sandbox=rpc.Sandbox(gpu=True), timeout=CALL_TIMEOUT,
+                   output="capture") as w:
+        assert w.call("ping") is True
+        x = torch.arange(1 << 20, dtype=torch.float32, device=DEV)
+        y = w.call("doubled_late", x[1::2])
+        assert y.device == torch.device(DEV), y.device
+        assert torch.equal(y.cpu(), (x[1::2] * 2).cpu()), "the sandboxed worker's result differs"
+        got = w.call("describe", x[:10])
+        assert got["values"] == x[:10].cpu().tolist(), got

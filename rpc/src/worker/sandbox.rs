@@ -28,13 +28,17 @@ pub struct Sandbox {
     /// Only set this to false on a machine that refuses user namespaces, knowing that
     /// the worker's descendants then end only with its process group.
     pub namespaces: bool,
+    /// A GPU worker: the NVIDIA device files (read, write, their ioctls), what the driver
+    /// reads as it starts, and the driver library's directory become reachable. CUDA
+    /// memory crosses the pid namespace by VMM fd (cudaMalloc memory as a copy).
+    pub gpu: bool,
 }
 
 impl Default for Sandbox {
     /// Nothing readable or writable beyond the program and the system's libraries, no
     /// network, no exec, own namespaces: add what the worker needs.
     fn default() -> Self {
-        Sandbox { read: Vec::new(), write: Vec::new(), deny_network: true, deny_exec: true, namespaces: true }
+        Sandbox { read: Vec::new(), write: Vec::new(), deny_network: true, deny_exec: true, namespaces: true, gpu: false }
     }
 }
 
@@ -42,7 +46,7 @@ impl Sandbox {
     pub(crate) fn to_json(&self) -> String {
         let paths = |v: &[PathBuf]| v.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>();
         json!({"read": paths(&self.read), "write": paths(&self.write), "deny_network": self.deny_network,
-               "deny_exec": self.deny_exec, "namespaces": self.namespaces})
+               "deny_exec": self.deny_exec, "namespaces": self.namespaces, "gpu": self.gpu})
         .to_string()
     }
 
@@ -64,6 +68,7 @@ impl Sandbox {
             deny_network: flag("deny_network")?,
             deny_exec: flag("deny_exec")?,
             namespaces: flag("namespaces")?,
+            gpu: flag("gpu")?,
         })
     }
 }

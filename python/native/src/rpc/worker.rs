@@ -24,8 +24,9 @@ fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.0, 1e9))
 }
 
-/// A sandbox from Python: `(read paths, write paths, deny_network, deny_exec, namespaces)`.
-type SandboxArgs = (Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool);
+/// A sandbox from Python: `(read paths, write paths, deny_network, deny_exec, namespaces,
+/// gpu)`.
+type SandboxArgs = (Vec<PathBuf>, Vec<PathBuf>, bool, bool, bool, bool);
 
 /// How to start a worker (`tensorwire.rpc.spawn` and `WorkerPool` build one).
 #[pyclass(module = "tensorwire._native", name = "WorkerSpec")]
@@ -107,13 +108,14 @@ impl PySpec {
         if let Some(t) = call_timeout {
             spec = spec.call_timeout(seconds(t));
         }
-        if let Some((read, write, deny_network, deny_exec, namespaces)) = sandbox {
+        if let Some((read, write, deny_network, deny_exec, namespaces, gpu)) = sandbox {
             spec = spec.sandbox(Sandbox {
                 read,
                 write,
                 deny_network,
                 deny_exec,
                 namespaces,
+                gpu,
             });
         }
         Ok(PySpec {

@@ -63,10 +63,10 @@ fn keeper_signals() -> libc::sigset_t {
 /// Register the keeper and the worker's set-up on `cmd`; `keep_fd` is the worker's
 /// connection (inherited across exec).
 pub(super) fn install(cmd: &mut Command, prepared: Prepared, keep_fd: i32) {
-    let Prepared { ruleset, uid_map, gid_map, namespaces } = prepared;
+    let Prepared { ruleset, uid_map, gid_map, namespaces, own_proc } = prepared;
     // SAFETY: the closure runs in the forked child before exec. It makes only
     // async-signal-safe system calls (unshare, open/write/close, pipe2, sigprocmask,
-    // fork, prctl, poll, close_range, capset, landlock_restrict_self, sigwaitinfo,
+    // fork, prctl, poll, close_range, capset, landlock_add_rule, landlock_restrict_self, sigwaitinfo,
     // waitpid, kill, sigaction, setrlimit, _exit) and allocates nothing: the maps and the
     // ruleset were made before the fork and are only read here.
     unsafe {
@@ -106,11 +106,44 @@ pub(super) fn install(cmd: &mut Command, prepared: Prepared, keep_fd: i32) {
             close_inherited(keep_fd)?;
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as libc::c_long)?;
             drop_capabilities(namespaces)?;
+            if own_proc {
+                allow_own_proc(ruleset.as_raw_fd())?;
+            }
             // The ruleset fd is close-on-exec (the kernel makes it so).
             check(libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0))?;
             Ok(())
         });
     }
+}
+
+/// `struct landlock_path_beneath_attr` (packed, as the kernel declares it).
+#[repr(C, packed)]
+struct PathBeneath {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// Add read access to this process's own `/proc/<pid>` to `ruleset` (before it is
+/// enforced). Only this process's directory: `/proc` as a whole would show the host's
+/// processes (their command lines), since the worker shares the host's `/proc` mount.
+/// Its magic links (`root`, `cwd`, `fd/N`) reach nothing more: landlock checks the file
+/// they lead to.
+///
+/// # Safety
+/// Async-signal-safe (open, landlock_add_rule, close).
+unsafe fn allow_own_proc(ruleset: i32) -> std::io::Result<()> {
+    // EXECUTE | READ_FILE | READ_DIR: in every landlock ABI, so always handled.
+    const READ: u64 = (1 << 0) | (1 << 2) | (1 << 3);
+    const RULE_PATH_BENEATH: libc::c_long = 1;
+    // SAFETY: a NUL-terminated path; the fd is closed below.
+    let fd = unsafe { libc::open(c"/proc/self".as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    check(fd as libc::c_long)?;
+    let attr = PathBeneath { allowed_access: READ, parent_fd: fd };
+    // SAFETY: `attr` is a valid rule of the type named, alive for the call.
+    let added = check(unsafe { libc::syscall(libc::SYS_landlock_add_rule, ruleset, RULE_PATH_BENEATH, &attr as *const PathBeneath, 0) });
+    // SAFETY: the fd opened above.
+    unsafe { libc::close(fd) };
+    added.map(drop)
 }
 
 /// Mark every fd but 0-2 and `keep` close-on-exec: what the host opened without

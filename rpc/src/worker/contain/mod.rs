@@ -30,6 +30,9 @@ pub(crate) struct Prepared {
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
     namespaces: bool,
+    /// Let the worker read its own `/proc/self` (a GPU worker's driver reads its maps):
+    /// a rule the worker adds itself, since the supervisor's `/proc/self` is not its own.
+    own_proc: bool,
 }
 
 /// Check that this machine gives what `sandbox` asks for and prepare it; a level it
@@ -58,6 +61,7 @@ pub(crate) fn prepare(sandbox: &Sandbox, program: &std::path::Path) -> Result<Pr
         uid_map: format!("{uid} {uid} 1\n").into_bytes(),
         gid_map: format!("{gid} {gid} 1\n").into_bytes(),
         namespaces: sandbox.namespaces,
+        own_proc: sandbox.gpu,
     })
 }
 
