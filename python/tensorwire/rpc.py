@@ -356,18 +356,17 @@ def _with_zygote(native_spec: Any, target: Optional[str], *, command: Optional[S
                  zygote: bool, preload: Sequence[str]) -> Any:
     """``native_spec`` with its workers forked from a zygote (``python -P -m
     tensorwire.zygote``) that imported torch, tensorwire, ``preload`` and — only for an
-    unsandboxed worker — the target's module. A sandboxed worker is exec'd: its target
-    must not be imported outside its containment."""
+    unsandboxed worker — the target's module. A sandboxed worker is contained as it is
+    forked and imports its target itself, inside its containment."""
     if not zygote:
         if preload:
             raise ValueError("tensorwire.rpc: preload= names modules for the zygote; give zygote=True too")
         return native_spec
     if command is not None:
         raise ValueError("tensorwire.rpc: zygote=True forks Python target workers; a command is exec'd (leave zygote out)")
-    if sandbox is not None:
-        return native_spec
     modules = [str(m) for m in preload]
-    modules.append(target.partition(":")[0])  # type: ignore[union-attr]
+    if sandbox is None:
+        modules.append(target.partition(":")[0])  # type: ignore[union-attr]
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []
     return _native.spec_with_zygote(native_spec, [*safe_path, "-m", "tensorwire.zygote", *modules])
 
@@ -523,8 +522,9 @@ class WorkerPool:
     out at once when one is idle. Only workers that come back clean (alive, nothing in
     flight, never killed, no abandoned call) are reused; others are ended and replaced in
     the background. Takes :func:`spawn`'s keyword arguments; ``zygote`` is on by default
-    for an unsandboxed target (its workers and their replacements are forked from one
-    zygote that imported torch once), ``zygote=False`` execs each."""
+    for a target (its workers and their replacements are forked from one zygote that
+    imported torch once; a sandboxed one's are contained as they are forked),
+    ``zygote=False`` execs each."""
 
     def __init__(self, target: Optional[str], size: int, **spawn_kwargs: Any) -> None:
         on_interrupt = spawn_kwargs.pop("on_interrupt", "kill")
@@ -532,7 +532,7 @@ class WorkerPool:
         spawn_kwargs["env"] = _with_init(spawn_kwargs.get("env"), target, init_args, init_kwargs)
         kw = {**_SPAWN_DEFAULTS, **spawn_kwargs}
         if "zygote" not in spawn_kwargs:
-            kw["zygote"] = kw["command"] is None and kw["sandbox"] is None
+            kw["zygote"] = kw["command"] is None
         spec = _spec(target, **kw)
         self._native = _native.WorkerPool(_on_interrupt(spec, on_interrupt), size)
 

@@ -3,11 +3,15 @@
 named (the spec's ``preload``, and the target's module when the worker is not
 sandboxed), then forks a worker per request of its supervisor, so a worker starts with
 those imports done. It runs trusted code only and serves no calls; it must not start CUDA.
+A sandboxed spec's zygote has only the allow-listed environment, and each worker it forks
+is contained before its Python runs again (keeper, namespaces, landlock: the request's
+``sandbox``), then applies its system-call policy and imports its target as an exec'd
+sandboxed worker does.
 
 Its control socket is the fd the supervisor's launch left it (as a worker's connection).
 A request is a little-endian ``u32`` length and JSON ``{"argv", "parent", "limits",
-"output"}``, sent with the worker's connection (and its stdout and stderr write ends when
-``output``) by ``SCM_RIGHTS``; the answer is the same framing around ``{"pid": n}`` or
+"output", "sandbox"}``, sent with the worker's connection (and its stdout and stderr write
+ends when ``output``, and the landlock ruleset with a ``sandbox``) by ``SCM_RIGHTS``; the answer is the same framing around ``{"pid": n}`` or
 ``{"error": why, "pid": n|null}``. The fork (``_native.zygote_fork``) makes the worker a
 child of the supervisor, which waits for it as for an exec'd worker. Started any other
 way it exits with status 2.
@@ -25,6 +29,8 @@ from typing import Any, Optional
 
 #: The fd variable of a worker's launch, which names the zygote's control socket here.
 FD_ENV = "TENSORWIRE_WORKER_FD"
+#: The sandbox a worker applies to itself (its system-call policy), as an exec'd one gets it.
+SANDBOX_ENV = "TENSORWIRE_WORKER_SANDBOX"
 _MAX_REQUEST = 1 << 20
 _WORKER_MODULE = ["-m", "tensorwire.worker"]
 
@@ -73,11 +79,16 @@ def _serve(ctl: socket.socket) -> int:
             req = json.loads(msg)
             args = _worker_args([str(a) for a in req["argv"]])
             want_output = bool(req["output"])
-            if len(fds) != (3 if want_output else 1):
-                raise ValueError(f"a request with output={want_output} came with {len(fds)} fds")
+            box = req.get("sandbox")
+            if len(fds) != 1 + (2 if want_output else 0) + (1 if box else 0):
+                raise ValueError(f"a request with output={want_output}, sandbox={bool(box)} came with {len(fds)} fds")
             limits = req["limits"]
             output = (fds[1], fds[2]) if want_output else None
-            pid = _native.zygote_fork(int(req["parent"]), output, limits[0], limits[1], limits[2])
+            confine = None
+            if box:
+                confine = (fds[-1], fds[0], str(box["uid_map"]).encode(), str(box["gid_map"]).encode(), bool(box["namespaces"]),
+                           bool(box["own_proc"]))
+            pid = _native.zygote_fork(int(req["parent"]), output, limits[0], limits[1], limits[2], confine)
         except OSError as e:
             for fd in child_fds:
                 os.close(fd)
@@ -94,9 +105,14 @@ def _serve(ctl: socket.socket) -> int:
             # worker has them.
             code = 1
             try:
-                ctl.close()
-                for fd in child_fds[1:]:
-                    os.close(fd)
+                if box:
+                    # The set-up closed every fd but 0-2 and the connection already.
+                    ctl.detach()
+                    os.environ[SANDBOX_ENV] = str(box["policy"])
+                else:
+                    ctl.close()
+                    for fd in child_fds[1:]:
+                        os.close(fd)
                 os.environ[FD_ENV] = str(child_fds[0])
                 code = _run_worker(args)
             except BaseException as e:  # noqa: BLE001 - the worker must never return into the zygote's loop

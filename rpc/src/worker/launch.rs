@@ -58,11 +58,11 @@ fn spawner() -> Result<&'static Sender<Job>> {
 /// exec'd.
 pub(crate) fn launch_worker(spec: &WorkerSpec) -> Result<Launched> {
     if let Some(z) = &spec.zygote {
-        if spec.sandbox.is_none() {
-            match z.launch(spec) {
-                Ok(l) => return Ok(l),
-                Err(e) => eprintln!("tensorwire: starting worker {} by exec instead of from its zygote: {e}", spec.program.display()),
-            }
+        match z.launch(spec) {
+            Ok(l) => return Ok(l),
+            // A machine that cannot give the sandbox cannot exec one either.
+            Err(e @ RpcError::Unsupported(_)) => return Err(e),
+            Err(e) => eprintln!("tensorwire: starting worker {} by exec instead of from its zygote: {e}", spec.program.display()),
         }
     }
     launch(spec)
@@ -88,6 +88,9 @@ pub(crate) fn launch(spec: &WorkerSpec) -> Result<Launched> {
         Some(s) => cmd.env(SANDBOX_ENV, s.to_json()),
         None => cmd.env_remove(SANDBOX_ENV),
     };
+    if spec.clean_env {
+        contain::restrict_environment(&mut cmd);
+    }
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     let limits = [

@@ -47,6 +47,30 @@ pub use pool::{PooledWorker, WorkerPool};
 pub use sandbox::Sandbox;
 pub use spec::{Limits, Output, WorkerSpec};
 
+/// For a zygote (`docs/DESIGN.md`, "The zygote"): in the single-threaded child it has
+/// just forked for a worker of a sandboxed spec, make the set-up an exec'd sandboxed
+/// worker gets before exec — with namespaces, this process becomes the worker's keeper
+/// and never returns, and the call returns in the worker, pid 1 of its namespaces —
+/// then close every fd but 0-2 and `conn`. `ruleset`, the id maps and the flags are what
+/// the supervisor's request carried. The system-call policy comes later, as for an
+/// exec'd worker ([`enter_sandbox`], from `SANDBOX_ENV`).
+///
+/// # Safety
+/// Only in a single-threaded child of a fork, before anything else runs in it (it makes
+/// async-signal-safe system calls only); nothing in the process may use the fds it
+/// closes again.
+pub unsafe fn confine_forked_worker(
+    ruleset: std::os::fd::RawFd,
+    uid_map: &[u8],
+    gid_map: &[u8],
+    namespaces: bool,
+    own_proc: bool,
+    conn: std::os::fd::RawFd,
+) -> std::io::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe { contain::confine_forked(ruleset, uid_map, gid_map, namespaces, own_proc, conn) }
+}
+
 /// The environment variable naming the child's end of the connection (an fd number).
 pub const FD_ENV: &str = "TENSORWIRE_WORKER_FD";
 /// The environment variable holding the sandbox the child applies to itself (JSON).

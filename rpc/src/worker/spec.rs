@@ -50,6 +50,8 @@ pub struct WorkerSpec {
     pub(crate) native: bool,
     /// Shared by every clone of the spec (a pool's workers, replacements).
     pub(crate) zygote: Option<Arc<Zygote>>,
+    /// Start with only the allow-listed environment (a sandboxed spec's zygote).
+    pub(crate) clean_env: bool,
 }
 
 /// The handshake's default: it includes the child's start-up, and a Python child imports
@@ -73,6 +75,7 @@ impl WorkerSpec {
             rpc: RpcConfig::default(),
             native: true,
             zygote: None,
+            clean_env: false,
         }
     }
 
@@ -150,7 +153,9 @@ impl WorkerSpec {
     /// started on the first worker and shared by every clone of this spec. Each request
     /// carries the spec's arguments, and the zygote's fork serves them as the exec'd
     /// program would. The zygote is trusted code and gets the spec's environment and
-    /// directory, never its sandbox: a sandboxed spec's workers are exec'd. A zygote that
+    /// directory, never its sandbox; a sandboxed spec's zygote starts with the
+    /// allow-listed environment only, and each worker it forks is contained as an exec'd
+    /// one is (keeper, namespaces, landlock, then the system-call policy). A zygote that
     /// cannot give a worker (it died while starting, answered wrongly) is ended, the
     /// worker is exec'd (said on stderr), and the next start starts a fresh zygote.
     pub fn zygote<I: IntoIterator<Item = S>, S: Into<OsString>>(mut self, zygote_args: I) -> Self {

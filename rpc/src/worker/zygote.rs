@@ -1,7 +1,11 @@
 //! Workers forked from a zygote (`docs/DESIGN.md`, "The zygote", "Starting fast"): a
 //! process of the spec's program, started once per spec through the ordinary launch (its
 //! end of a socketpair inherited as its control socket; never sandboxed: it runs trusted
-//! code only), that has done a worker's imports and forks a worker per request.
+//! code only — for a sandboxed spec with the allow-listed environment only), that has
+//! done a worker's imports and forks a worker per request. A sandboxed spec's request
+//! carries the sandbox prepared as for an exec'd worker (the landlock ruleset by fd), and
+//! the zygote's child makes the keeper's and the worker's set-up
+//! (`worker::confine_forked_worker`) before the worker's Python runs.
 //!
 //! A request (one `sendmsg`) carries a JSON header and, by `SCM_RIGHTS`, the new worker's
 //! end of its connection and, when the spec takes its output, the write ends of its
@@ -13,10 +17,13 @@
 //!
 //! Wire (both ways a little-endian `u32` length, then that many bytes of JSON):
 //! request `{"argv": [...], "parent": pid, "limits": [as|null, nofile|null, cpu|null],
-//! "output": bool}` with fds `[connection, (stdout, stderr)]`; answer `{"pid": n}` or
+//! "output": bool, "sandbox": null | {"uid_map", "gid_map", "namespaces", "own_proc",
+//! "policy": the worker's SANDBOX_ENV}}` with fds `[connection, (stdout, stderr),
+//! (landlock ruleset)]`; answer `{"pid": n}` (the keeper's pid for a sandboxed one) or
 //! `{"error": "...", "pid": n|null}` (a pid there is a child that failed its set-up and
 //! exited: ours to reap).
 
+use super::contain;
 use super::launch::{launch, Launched};
 use super::output;
 use super::process::Process;
@@ -90,6 +97,9 @@ impl Zygote {
         let mut z = WorkerSpec::new(&spec.program).args(self.args.iter().cloned()).output(Output::Inherit);
         z.env = spec.env.clone();
         z.cwd = spec.cwd.clone();
+        // A sandboxed spec's workers inherit the zygote's memory, its environment block
+        // included: the zygote starts with only what they may see.
+        z.clean_env = spec.sandbox.is_some();
         let Launched { child, pid, pidfd, conn, .. } = launch(&z)?;
         Ok(Running { process: child, pid, pidfd, control: UnixStream::from(conn) })
     }
@@ -125,11 +135,25 @@ fn request(z: &mut Running, spec: &WorkerSpec, by: Instant) -> Result<Launched> 
     let pipes = output::pipes(&spec.output).map_err(|e| RpcError::io("pipes for a worker's output", e))?;
     let Limits { address_space, open_files, cpu_seconds } = spec.limits;
     let argv: Vec<String> = spec.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    // A sandboxed worker: the same preparation as an exec'd one; the ruleset goes with
+    // the request, and the zygote's child makes the keeper's and the worker's set-up.
+    let prepared = spec.sandbox.as_ref().map(|s| contain::prepare(s, &spec.program).map(|p| (p, s.to_json()))).transpose()?;
+    let sandbox = prepared.as_ref().map(|(p, json)| {
+        let (_, uid_map, gid_map, namespaces, own_proc) = p.for_zygote();
+        json!({
+            "uid_map": String::from_utf8_lossy(uid_map),
+            "gid_map": String::from_utf8_lossy(gid_map),
+            "namespaces": namespaces,
+            "own_proc": own_proc,
+            "policy": json,
+        })
+    });
     let header = json!({
         "argv": argv,
         "parent": std::process::id(),
         "limits": [address_space, open_files, cpu_seconds],
         "output": pipes.is_some(),
+        "sandbox": sandbox,
     })
     .to_string();
     let mut msg = (header.len() as u32).to_le_bytes().to_vec();
@@ -137,6 +161,9 @@ fn request(z: &mut Running, spec: &WorkerSpec, by: Instant) -> Result<Launched> 
     let mut fds = vec![theirs.as_fd()];
     if let Some((_, w)) = &pipes {
         fds.extend(w.iter().map(|f| f.as_fd()));
+    }
+    if let Some((p, _)) = &prepared {
+        fds.push(p.for_zygote().0);
     }
     tensorwire::os::send_msg(z.control.as_fd(), &msg, &fds, false, tensorwire::Wait::Forever)
         .map_err(|e| bad(z.pid, &format!("sending a request: {e}")))?;
@@ -155,7 +182,8 @@ fn request(z: &mut Running, spec: &WorkerSpec, by: Instant) -> Result<Launched> 
     let pid = pid.filter(|p| *p > 0).ok_or_else(|| bad(z.pid, &format!("answered {answer} without a pid")))?;
     let pidfd = tensorwire::os::pidfd_open(pid as libc::pid_t);
     let captured = output::attach_fds(read, &spec.output, pid);
-    Ok(Launched { child: Process::Forked { pid, ended: None }, pid, pidfd, conn: ours, captured, keeper: false })
+    let keeper = prepared.as_ref().is_some_and(|(p, _)| p.for_zygote().3);
+    Ok(Launched { child: Process::Forked { pid, ended: None }, pid, pidfd, conn: ours, captured, keeper })
 }
 
 /// One answer, by `by` (the zygote's imports count against it on its first request).

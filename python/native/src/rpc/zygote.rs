@@ -19,6 +19,10 @@ pub fn zygote_pid(spec: &PySpec) -> Option<u32> {
     spec.spec.zygote_pid()
 }
 
+/// A sandboxed worker's set-up as the supervisor's request carries it: `(ruleset fd,
+/// connection fd, uid_map, gid_map, namespaces, own_proc)`.
+type ForkedSandbox = (i32, i32, Vec<u8>, Vec<u8>, bool, bool);
+
 /// Set-up of a forked worker before it runs Python again: what the exec path's
 /// `pre_exec` does (own process group, SIGKILL when the supervisor's spawner thread ends,
 /// limits), plus its output on fds 1 and 2.
@@ -64,8 +68,15 @@ unsafe fn child_setup(parent: libc::pid_t, output: Option<(i32, i32)>, limits: &
 /// The zygote has one thread of its own running (this one; `import torch` starts one
 /// more, idle), so the raw `clone` — which runs no `pthread_atfork` handlers — finds no
 /// lock held by a thread that would not exist in the child.
+///
+/// With `sandbox` — `(ruleset fd, connection fd, uid_map, gid_map, namespaces, own_proc)`
+/// from the supervisor's request — the child then makes the sandboxed worker's set-up
+/// (`tensorwire_rpc::worker::confine_forked_worker`): with namespaces it becomes the
+/// worker's keeper and the 0 returned is in the worker, pid 1 of its namespaces, and the
+/// pid returned in the zygote is the keeper's; every fd but 0-2 and the connection is
+/// closed in the worker.
 #[pyfunction]
-#[pyo3(signature = (parent, output=None, address_space=None, open_files=None, cpu_seconds=None))]
+#[pyo3(signature = (parent, output=None, address_space=None, open_files=None, cpu_seconds=None, sandbox=None))]
 pub fn zygote_fork(
     py: Python<'_>,
     parent: i32,
@@ -73,6 +84,7 @@ pub fn zygote_fork(
     address_space: Option<u64>,
     open_files: Option<u64>,
     cpu_seconds: Option<u64>,
+    sandbox: Option<ForkedSandbox>,
 ) -> PyResult<i32> {
     let limits = [(libc::RLIMIT_AS, address_space), (libc::RLIMIT_NOFILE, open_files), (libc::RLIMIT_CPU, cpu_seconds)];
     let mut sync = [0; 2];
@@ -87,10 +99,24 @@ pub fn zygote_fork(
     // a copy of this stack. No other flag shares anything with the child.
     let pid = unsafe { libc::syscall(libc::SYS_clone, (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
     if pid == 0 {
-        // SAFETY: in the child, before Python runs again: system calls only.
+        // SAFETY: in the single-threaded child, before Python runs again: system calls
+        // only (`confine_forked_worker` is async-signal-safe and allocates nothing; the
+        // maps were made before the fork).
         unsafe {
             libc::close(sync[0]);
-            let e = child_setup(parent, output, &limits);
+            let mut e = child_setup(parent, output, &limits);
+            if e == 0 {
+                if let Some((ruleset, conn, uid_map, gid_map, namespaces, own_proc)) = &sandbox {
+                    // Returns in the worker (the keeper never does), its fds but 0-2 and
+                    // the connection closed: `sync[1]` too, which ends the zygote's read.
+                    if let Err(err) = tensorwire_rpc::worker::confine_forked_worker(*ruleset, uid_map, gid_map, *namespaces, *own_proc, *conn) {
+                        e = err.raw_os_error().unwrap_or(libc::EPERM);
+                    } else {
+                        pyo3::ffi::PyOS_AfterFork_Child();
+                        return Ok(0);
+                    }
+                }
+            }
             if e != 0 {
                 libc::write(sync[1], (&e as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>());
                 libc::_exit(127);

@@ -60,59 +60,104 @@ fn keeper_signals() -> libc::sigset_t {
     set
 }
 
+/// What the keeper and the worker's set-up use, as plain data read after the fork.
+pub(crate) struct Confine<'a> {
+    /// The landlock ruleset's fd (enforced by the worker).
+    pub ruleset: i32,
+    pub uid_map: &'a [u8],
+    pub gid_map: &'a [u8],
+    pub namespaces: bool,
+    pub own_proc: bool,
+}
+
 /// Register the keeper and the worker's set-up on `cmd`; `keep_fd` is the worker's
 /// connection (inherited across exec).
 pub(super) fn install(cmd: &mut Command, prepared: Prepared, keep_fd: i32) {
     let Prepared { ruleset, uid_map, gid_map, namespaces, own_proc } = prepared;
-    // SAFETY: the closure runs in the forked child before exec. It makes only
-    // async-signal-safe system calls (unshare, open/write/close, pipe2, sigprocmask,
-    // fork, prctl, poll, close_range, capset, landlock_add_rule, landlock_restrict_self, sigwaitinfo,
-    // waitpid, kill, sigaction, setrlimit, _exit) and allocates nothing: the maps and the
-    // ruleset were made before the fork and are only read here.
+    // SAFETY: the closure runs in the forked child before exec; `confine` is
+    // async-signal-safe and allocates nothing: the maps and the ruleset were made before
+    // the fork and are only read here.
     unsafe {
         cmd.pre_exec(move || {
-            if namespaces {
-                check(libc::unshare(NAMESPACES) as libc::c_long)?;
-                // The kernel takes a mapping of the caller's own ids only with
-                // setgroups denied first.
-                write_proc(c"/proc/self/setgroups", b"deny")?;
-                write_proc(c"/proc/self/uid_map", &uid_map)?;
-                write_proc(c"/proc/self/gid_map", &gid_map)?;
-                let mut hangup = [0; 2];
-                check(libc::pipe2(hangup.as_mut_ptr(), libc::O_CLOEXEC) as libc::c_long)?;
-                let waited = keeper_signals();
-                let mut before: libc::sigset_t = std::mem::zeroed();
-                libc::sigprocmask(libc::SIG_BLOCK, &waited, &mut before);
-                let worker = libc::fork();
-                check(worker as libc::c_long)?;
-                if worker > 0 {
-                    libc::close(hangup[0]);
-                    keep(worker, hangup[1], &waited);
-                }
-                // The worker: pid 1 of the new namespace.
-                libc::close(hangup[1]);
-                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) as libc::c_long)?;
-                let mut pfd = libc::pollfd { fd: hangup[0], events: libc::POLLIN, revents: 0 };
-                if libc::poll(&mut pfd, 1, 0) != 0 {
-                    // The keeper is gone (its end hung up): nobody would end this worker.
-                    libc::_exit(127);
-                }
-                libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-                // A session of its own, as bubblewrap's `--new-session`: no controlling
-                // terminal, so `TIOCSTI` cannot type into the host's terminal, and no
-                // process group shared with anything outside.
-                check(libc::setsid() as libc::c_long)?;
-            }
-            close_inherited(keep_fd)?;
-            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as libc::c_long)?;
-            drop_capabilities(namespaces)?;
-            if own_proc {
-                allow_own_proc(ruleset.as_raw_fd())?;
-            }
-            // The ruleset fd is close-on-exec (the kernel makes it so).
-            check(libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0))?;
-            Ok(())
+            let c = Confine { ruleset: ruleset.as_raw_fd(), uid_map: &uid_map, gid_map: &gid_map, namespaces, own_proc };
+            confine(&c, keep_fd)
         });
+    }
+}
+
+/// In a freshly forked, single-threaded process: become the keeper of a worker in new
+/// namespaces (never returns), and in that worker (or in this process, without
+/// namespaces) make the worker's set-up and return. `keep_fd` is the worker's connection.
+///
+/// # Safety
+/// Only in a single-threaded child of a fork, before anything else runs in it: it makes
+/// only async-signal-safe system calls (unshare, open/write/close, pipe2, sigprocmask,
+/// fork, prctl, poll, close_range, capset, landlock_add_rule, landlock_restrict_self,
+/// sigwaitinfo, waitpid, kill, sigaction, setrlimit, _exit) and allocates nothing.
+pub(crate) unsafe fn confine(c: &Confine<'_>, keep_fd: i32) -> std::io::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        if c.namespaces {
+            check(libc::unshare(NAMESPACES) as libc::c_long)?;
+            // The kernel takes a mapping of the caller's own ids only with
+            // setgroups denied first.
+            write_proc(c"/proc/self/setgroups", b"deny")?;
+            write_proc(c"/proc/self/uid_map", c.uid_map)?;
+            write_proc(c"/proc/self/gid_map", c.gid_map)?;
+            let mut hangup = [0; 2];
+            check(libc::pipe2(hangup.as_mut_ptr(), libc::O_CLOEXEC) as libc::c_long)?;
+            let waited = keeper_signals();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigprocmask(libc::SIG_BLOCK, &waited, &mut before);
+            // The raw system call, not libc's fork: that runs the atfork handlers, which
+            // take locks another thread of the process we were forked from (a zygote's)
+            // may have held at that fork, and which nobody would release here.
+            let worker = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) as libc::pid_t;
+            check(worker as libc::c_long)?;
+            if worker > 0 {
+                libc::close(hangup[0]);
+                keep(worker, hangup[1], &waited);
+            }
+            // The worker: pid 1 of the new namespace.
+            libc::close(hangup[1]);
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) as libc::c_long)?;
+            let mut pfd = libc::pollfd { fd: hangup[0], events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut pfd, 1, 0) != 0 {
+                // The keeper is gone (its end hung up): nobody would end this worker.
+                libc::_exit(127);
+            }
+            libc::close(hangup[0]);
+            libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+            // A session of its own, as bubblewrap's `--new-session`: no controlling
+            // terminal, so `TIOCSTI` cannot type into the host's terminal, and no
+            // process group shared with anything outside.
+            check(libc::setsid() as libc::c_long)?;
+        }
+        close_inherited(keep_fd)?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as libc::c_long)?;
+        drop_capabilities(c.namespaces)?;
+        if c.own_proc {
+            allow_own_proc(c.ruleset)?;
+        }
+        // The ruleset fd is close-on-exec (the kernel makes it so).
+        check(libc::syscall(libc::SYS_landlock_restrict_self, c.ruleset, 0))?;
+        Ok(())
+    }
+}
+
+/// Close every fd but 0-2 and `keep` (a worker forked from a zygote, which never execs:
+/// close-on-exec would not close them).
+///
+/// # Safety
+/// Async-signal-safe (close_range); nothing in this process may use the closed fds again.
+pub(crate) unsafe fn close_all_but(keep: i32) {
+    let keep = keep as libc::c_uint;
+    // SAFETY: close_range on this process's own fds, per the caller's contract.
+    unsafe {
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, keep - 1, 0 as libc::c_uint);
+        }
+        libc::syscall(libc::SYS_close_range, keep.max(2) + 1, libc::c_uint::MAX, 0 as libc::c_uint);
     }
 }
 
@@ -171,6 +216,23 @@ unsafe fn close_inherited(keep: i32) -> std::io::Result<()> {
 /// # Safety
 /// Async-signal-safe (prctl, capget/capset).
 unsafe fn drop_capabilities(in_user_namespace: bool) -> std::io::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe { drop_capability_sets(in_user_namespace, false) }
+}
+
+/// [`drop_capabilities`], and the effective and permitted sets emptied too: for a worker
+/// that will not exec (forked from a zygote), where nothing else would empty them.
+///
+/// # Safety
+/// Async-signal-safe (prctl, capget/capset).
+pub(crate) unsafe fn drop_all_capabilities(in_user_namespace: bool) -> std::io::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe { drop_capability_sets(in_user_namespace, true) }
+}
+
+/// # Safety
+/// Async-signal-safe (prctl, capget/capset).
+unsafe fn drop_capability_sets(in_user_namespace: bool, held_too: bool) -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments.
     unsafe {
         check(libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) as libc::c_long)?;
@@ -202,8 +264,13 @@ unsafe fn drop_capabilities(in_user_namespace: bool) -> std::io::Result<()> {
     // SAFETY: header and two data words, as capget's version 3 takes them.
     unsafe {
         check(libc::syscall(libc::SYS_capget, &mut header as *mut Header, data.as_mut_ptr()))?;
-        data[0].inheritable = 0;
-        data[1].inheritable = 0;
+        for d in &mut data {
+            d.inheritable = 0;
+            if held_too {
+                d.effective = 0;
+                d.permitted = 0;
+            }
+        }
         check(libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()))
     }
 }

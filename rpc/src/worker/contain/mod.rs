@@ -65,6 +65,38 @@ pub(crate) fn prepare(sandbox: &Sandbox, program: &std::path::Path) -> Result<Pr
     })
 }
 
+impl Prepared {
+    /// What a zygote's child needs to make the same set-up (`zygote::request` sends it).
+    pub(crate) fn for_zygote(&self) -> (std::os::fd::BorrowedFd<'_>, &[u8], &[u8], bool, bool) {
+        use std::os::fd::AsFd;
+        (self.ruleset.as_fd(), &self.uid_map, &self.gid_map, self.namespaces, self.own_proc)
+    }
+}
+
+/// Clear `cmd`'s environment but the allow-listed variables (a sandboxed spec's zygote
+/// starts with what its workers may see).
+pub(crate) fn restrict_environment(cmd: &mut Command) {
+    environment::restrict(cmd);
+}
+
+/// In the single-threaded child a zygote just forked for a sandboxed worker: the keeper
+/// and the worker's set-up of the exec path (`keeper::confine`), then every fd but 0-2
+/// and `conn` closed (nothing execs to close them). Returns in the worker.
+///
+/// # Safety
+/// As `keeper::confine`; nothing in the process may use the closed fds again.
+pub(crate) unsafe fn confine_forked(ruleset: i32, uid_map: &[u8], gid_map: &[u8], namespaces: bool, own_proc: bool, conn: i32) -> std::io::Result<()> {
+    let c = keeper::Confine { ruleset, uid_map, gid_map, namespaces, own_proc };
+    // SAFETY: per this function's contract.
+    unsafe {
+        keeper::confine(&c, conn)?;
+        // No exec follows to take the worker's capabilities (in its user namespace).
+        keeper::drop_all_capabilities(namespaces)?;
+        keeper::close_all_but(conn);
+    }
+    Ok(())
+}
+
 /// Set `cmd` up to start contained: only allow-listed variables of this environment,
 /// then the keeper and the worker's own set-up before exec (see `keeper`). Register this
 /// after every other `pre_exec` closure that must run in the keeper too: the closures
