@@ -164,8 +164,9 @@ def _expandable_segments() -> Check:
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
     on = "expandable_segments:true" in conf.replace(" ", "").lower()
     return Check("expandable segments", True,
-                 "on: CUDA tensors are shared by VMM fd" if on else
-                 "off (PYTORCH_CUDA_ALLOC_CONF): CUDA tensors are shared by IPC handle", required=False)
+                 "on: CUDA tensors are shared by VMM fd, also with a sandboxed GPU worker" if on else
+                 "off (PYTORCH_CUDA_ALLOC_CONF): CUDA tensors are shared by IPC handle; a sandboxed GPU worker "
+                 "(its own pid namespace, which IPC handles do not cross) gets a device copy", required=False)
 
 
 def check_torch_version() -> Check:
