@@ -58,6 +58,23 @@ fn legacy_ipc(answer: Result<bool>) -> Result<bool> {
     }
 }
 
+/// cudaMalloc memory for a peer in another pid namespace (a sandboxed worker, or its
+/// supervisor seen from inside), which cannot open a legacy IPC handle: a copy of the
+/// `nbytes` at `dptr` in a VMM allocation made for it, enqueued on `stream` after the work
+/// the export follows, and the fd to send it by. The consumer sees the copy: its writes do
+/// not reach `dptr` (VMM memory with the POSIX-fd handle type, e.g. PyTorch's expandable
+/// segments, is shared without one).
+fn copy_for_another_pid_namespace(dptr: DevicePtr, nbytes: u64, stream: CudaStream) -> Result<(crate::cuda::vmm::VmmAllocation, std::os::fd::OwnedFd)> {
+    let device = crate::cuda::driver::pointer_device(dptr)?;
+    let copy = crate::cuda::vmm::VmmAllocation::create(device, nbytes)?;
+    {
+        let _ctx = crate::cuda::driver::ensure_context(device)?;
+        crate::cuda::driver::memcpy_dtod_async(copy.ptr(), dptr, nbytes, stream)?;
+    }
+    let fd = copy.export_fd()?;
+    Ok((copy, fd))
+}
+
 /// What this side exports to the peer: the lease table it grants from, what the peer
 /// keeps in its fd slots, and how our CUDA exports signal it.
 pub(super) struct Exports {
@@ -196,7 +213,10 @@ impl Peer {
         self.check_cuda_export(layout, nbytes)?;
         let legacy = legacy_ipc(crate::cuda::driver::is_legacy_ipc_capable(dptr))?;
         if legacy && !self.inner.conn.shares_pid_namespace() {
-            return self.export_cuda_staged(dptr, nbytes, layout, stream, owner, opts);
+            let (copy, fd) = copy_for_another_pid_namespace(dptr, nbytes, stream)?;
+            let storage = CudaStorage { device: copy.device(), handle: CudaHandle::Vmm(fd.as_fd()), alloc_size: copy.size(), offset: 0, nbytes };
+            // The copy reads `owner`'s memory until the stream has run it: the lease holds both.
+            return self.send_cuda_leased(storage, layout, stream, Box::new((owner, copy)), opts);
         }
         let vmm_export = if legacy { None } else { Some(vmm::export_pointer(dptr, nbytes)?) };
         let storage = match &vmm_export {
@@ -207,34 +227,6 @@ impl Peer {
             Some(v) => CudaStorage { device: v.device, handle: CudaHandle::Vmm(v.fd.as_fd()), alloc_size: v.alloc_size, offset: v.offset, nbytes },
         };
         self.send_cuda_leased(storage, layout, stream, owner, opts)
-    }
-
-    /// Export cudaMalloc memory to a peer in another pid namespace (a sandboxed worker,
-    /// or its supervisor seen from inside), which cannot open a legacy IPC handle: a copy
-    /// of the storage in a VMM allocation, made on `stream` after the work the export
-    /// follows and sent by fd. The lease holds both the copy and `owner` (the copy reads
-    /// `owner`'s memory until the stream has run it). The consumer sees the copy: its
-    /// writes do not reach `dptr` (memory allocated as VMM with the POSIX-fd handle type,
-    /// e.g. PyTorch's expandable segments, is shared without one).
-    fn export_cuda_staged(
-        &self,
-        dptr: DevicePtr,
-        nbytes: u64,
-        layout: &Layout,
-        stream: CudaStream,
-        owner: Owner,
-        opts: ExportOptions,
-    ) -> Result<LeaseId> {
-        use crate::cuda::vmm::VmmAllocation;
-        let device = crate::cuda::driver::pointer_device(dptr)?;
-        let copy = VmmAllocation::create(device, nbytes)?;
-        {
-            let _ctx = crate::cuda::driver::ensure_context(device)?;
-            crate::cuda::driver::memcpy_dtod_async(copy.ptr(), dptr, nbytes, stream)?;
-        }
-        let fd = copy.export_fd()?;
-        let storage = CudaStorage { device, handle: CudaHandle::Vmm(fd.as_fd()), alloc_size: copy.size(), offset: 0, nbytes };
-        self.send_cuda_leased(storage, layout, stream, Box::new((owner, copy)), opts)
     }
 
     /// What every CUDA export checks before touching the driver: the peer is there, and
