@@ -46,7 +46,7 @@ const SYSTEM_WRITE: &[&str] = &["/dev/null"];
 
 /// Read for a GPU worker: what the NVIDIA driver reads as it starts (its parameters and
 /// the devices' PCI description). No user data.
-const GPU_READ: &[&str] = &["/proc/driver/nvidia", "/sys/bus/pci", "/sys/devices", "/sys/module/nvidia"];
+const GPU_READ: &[&str] = &["/proc/driver/nvidia", "/proc/devices", "/sys/bus/pci", "/sys/devices", "/sys/module/nvidia"];
 
 /// A GPU worker's device files (read, write and their ioctls): the control and UVM
 /// devices, every GPU (`/dev/nvidiaN`) and the capability devices (MIG). The worker still
