@@ -209,6 +209,13 @@ def _peer_pid(sock: socket.socket) -> int:
     return struct.unpack("3i", creds)[0]
 
 
+def _pid_of(transport: Any) -> Any:
+    try:
+        return _peer_pid(transport._sock)
+    except (AttributeError, OSError):
+        return "?"
+
+
 def _start_time(pid: int) -> Optional[int]:
     """The process's start time (clock ticks after boot), or None if it is gone or a
     zombie: with the pid, it names one process (pids are reused, start times are not)."""
@@ -491,6 +498,14 @@ def _child_will_connect(bootstrap: dict) -> bool:
 
 
 def _on_control(transport: Any, msg: dict) -> None:
+    """A pairing message, in pyisolate's receive thread: nothing may escape from here."""
+    try:
+        _handle_control(transport, msg)
+    except Exception as e:  # e.g. the socket closed under the ack: pyisolate's recv sees that next
+        logger.error("tensorwire.pyisolate: pairing message %r failed: %s", msg.get("op"), e)
+
+
+def _handle_control(transport: Any, msg: dict) -> None:
     side, op = _side, msg.get("op")
     if msg.get("version") != PROTOCOL:
         logger.warning("tensorwire.pyisolate: ignoring a pairing message of version %r (this side speaks %d)",
@@ -512,7 +527,10 @@ def _fail_message(transport: Any, item: Any, failures: list[str]) -> Any:
     if kind == "response":
         return {**item, "result": None, "error": msg}
     if kind in ("call", "callback") and "call_id" in item:
-        _orig_send(transport, {"kind": "response", "call_id": item["call_id"], "result": None, "error": msg})
+        try:
+            _orig_send(transport, {"kind": "response", "call_id": item["call_id"], "result": None, "error": msg})
+        except Exception as e:  # the socket closed: pyisolate's recv sees that next
+            logger.error("tensorwire.pyisolate: cannot answer call %r: %s", item["call_id"], e)
     return None
 
 
@@ -545,7 +563,10 @@ def _wrap_transport() -> None:
     def recv(self: Any) -> Any:
         side = _side
         if isinstance(side, _Child):
-            side.announce(self)
+            try:
+                side.announce(self)
+            except OSError as e:  # the socket closed: pyisolate's recv below says so
+                logger.debug("tensorwire.pyisolate: cannot say hello: %s", e)
         while True:
             prev, _local.transport = getattr(_local, "transport", None), self
             prev_failures, _local.failures = getattr(_local, "failures", None), []
@@ -564,7 +585,7 @@ def _wrap_transport() -> None:
                     if p.expect and p.link is None:
                         logger.warning("tensorwire.pyisolate: child %s did not pair its tensorwire connection "
                                        "(its log says why); its tensors travel by pyisolate's own path",
-                                       _peer_pid(self._sock) if getattr(self, "_sock", None) else "?")
+                                       _pid_of(self))
             if failures:
                 item = _fail_message(self, item, failures)
                 if item is None:
