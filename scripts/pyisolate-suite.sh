@@ -12,7 +12,8 @@
 # runs. $TW_PYTHON (default .venv/bin/python) needs torch, pyisolate 0.10.2, pytest and
 # what pyisolate's tests import (pytest-asyncio, pyyaml, psutil, tabulate; on PYTHONPATH
 # will do). tensorwire is taken from python/ (build the binding into it first).
-# Exits 1 if any test's outcome differs.
+# $TW_SUITE_MODES (default "plain adapter") picks the runs; the comparison reads both
+# XML files in OUTDIR, whichever run made them. Exits 1 if any test's outcome differs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 src=$(cd "$1" && pwd)
@@ -24,7 +25,7 @@ if [ -n "$delay" ]; then
   path="$root/tests/python/pyisolate_delay:$path"
   export TW_PYISOLATE_CHILD_DELAY_S=$delay
 fi
-for mode in plain adapter; do
+for mode in ${TW_SUITE_MODES:-plain adapter}; do
   flag=0
   [ "$mode" = adapter ] && flag=1
   echo "== pyisolate suite, $mode${delay:+, children delayed ${delay} s}"

@@ -635,6 +635,11 @@ class TensorwireAdapter:
 
     # --- IsolationAdapter ----------------------------------------------------------
 
+    def _hook(self, name: str) -> Optional[Callable[..., Any]]:
+        """The host adapter's hook ``name``, if it has one (pyisolate treats several as
+        optional, and so does the composite)."""
+        return getattr(self._inner, name, None) if self._inner is not None else None
+
     @property
     def identifier(self) -> str:
         """``tensorwire``, or the composed host adapter's."""
@@ -642,14 +647,16 @@ class TensorwireAdapter:
 
     def get_path_config(self, module_path: str) -> Optional[dict[str, Any]]:
         """The host adapter's; no path changes of its own."""
-        return self._inner.get_path_config(module_path) if self._inner is not None else None
+        hook = self._hook("get_path_config")
+        return hook(module_path) if hook is not None else None
 
     def setup_child_environment(self, snapshot: dict[str, Any]) -> None:
         """In the child: the host adapter's set-up, then connect to the host's listener
         (once; not in a child pyisolate tells not to import torch)."""
         global _side
-        if self._inner is not None:
-            self._inner.setup_child_environment(snapshot)
+        hook = self._hook("setup_child_environment")
+        if hook is not None:
+            hook(snapshot)
         if os.environ.get("PYISOLATE_IMPORT_TORCH") == "0":
             return
         path = os.environ.get(SOCKET_ENV)
@@ -665,9 +672,10 @@ class TensorwireAdapter:
         ``TensorwireTensor`` references in. A ``Tensor`` serializer of the host
         adapter's is what a tensor becomes where tensorwire is not agreed."""
         fallback = None
-        if self._inner is not None:
+        hook = self._hook("register_serializers")
+        if hook is not None:
             recorder = _Recorder(registry)
-            self._inner.register_serializers(recorder)
+            hook(recorder)
             fallback = recorder.tensor_serializer
         registry.register("Tensor", lambda t: PendingExport(t, fallback), None, data_type=True)
         registry.register(PendingExport.__name__, _export_pending, None)
@@ -675,35 +683,42 @@ class TensorwireAdapter:
 
     def setup_web_directory(self, module: Any) -> None:
         """The host adapter's."""
-        if self._inner is not None:
-            self._inner.setup_web_directory(module)
+        hook = self._hook("setup_web_directory")
+        if hook is not None:
+            hook(module)
 
     def provide_rpc_services(self) -> list[Any]:
         """The host adapter's; none of its own."""
-        return list(self._inner.provide_rpc_services() or []) if self._inner is not None else []
+        hook = self._hook("provide_rpc_services")
+        return list(hook() or []) if hook is not None else []
 
     def handle_api_registration(self, api: Any, rpc: Any) -> None:
         """The host adapter's."""
-        if self._inner is not None:
-            self._inner.handle_api_registration(api, rpc)
+        hook = self._hook("handle_api_registration")
+        if hook is not None:
+            hook(api, rpc)
 
     def setup_child_event_hooks(self, extension: Any) -> None:
         """The host adapter's."""
-        hook = getattr(self._inner, "setup_child_event_hooks", None)
+        hook = self._hook("setup_child_event_hooks")
         if hook is not None:
             hook(extension)
 
     def get_sandbox_system_paths(self) -> Optional[list[str]]:
-        """The host adapter's, and the listener's directory (a sandboxed child must
-        reach it)."""
-        inner = self._inner.get_sandbox_system_paths() if self._inner is not None else None
+        """The host adapter's, the listener's directory and this package's (a sandboxed
+        child must reach the one and import the other, read-only both)."""
+        hook = self._hook("get_sandbox_system_paths")
+        paths = list((hook() if hook is not None else None) or [])
         path = os.environ.get(SOCKET_ENV)
-        own = [os.path.dirname(path)] if path else []
-        return list(inner or []) + own if (inner or own) else None
+        if path:
+            paths.append(os.path.dirname(path))
+        paths.append(os.path.dirname(os.path.abspath(_tw.__file__)))
+        return paths
 
     def get_sandbox_gpu_patterns(self) -> Optional[list[str]]:
         """The host adapter's (None: pyisolate's defaults)."""
-        return self._inner.get_sandbox_gpu_patterns() if self._inner is not None else None
+        hook = self._hook("get_sandbox_gpu_patterns")
+        return hook() if hook is not None else None
 
     # --- introspection -------------------------------------------------------------
 
