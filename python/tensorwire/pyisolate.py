@@ -799,7 +799,12 @@ def compose(host_adapter: Any) -> ComposedAdapter:
         raise ValueError("tensorwire.pyisolate.compose: the adapter is tensorwire's already; register it as is")
     cls = type(host_adapter)
     ref = f"{cls.__module__}:{cls.__qualname__}"
-    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__ or _COMPOSED_RE.match(f"Composed[{ref}]") is None:
+    try:
+        importable = cls.__module__ != "__main__" and _COMPOSED_RE.match(f"Composed[{ref}]") is not None \
+            and _import_ref(ref) is cls
+    except (ImportError, AttributeError):
+        importable = False
+    if not importable:
         raise ValueError(f"tensorwire.pyisolate.compose: {ref} cannot be rehydrated in a child (pyisolate imports "
                          "the adapter's class by module and name there); define it in an importable module")
     return _composed_class(ref)(host_adapter)

@@ -271,6 +271,11 @@ async def main_async(args) -> dict:
     else:
         manager = ExtensionManager(TensorExtension, {"venv_root_path": args.venv_root})
         config = _config("tw_test_ext")
+        if args.sandbox:
+            # In bubblewrap: the child sees what is bound; it imports the extension's
+            # class from here (tensorwire's own directory the adapter binds itself).
+            config["sandbox_mode"] = SandboxMode.REQUIRED
+            config["sandbox"] = {"readonly_paths": [str(HERE)]}
         if args.scenario == "compose":
             del config["apis"]  # pyisolate takes them from the adapter: the host adapter's services
         if args.scenario == "unpaired":
@@ -293,6 +298,7 @@ def main() -> int:
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--adapter", action="store_true")
     ap.add_argument("--compose", choices=("reference", "mock"))
+    ap.add_argument("--sandbox", action="store_true", help="run the child in bubblewrap (pyisolate's default)")
     ap.add_argument("--venv-root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tensorwire-pyisolate-venvs"))
     args = ap.parse_args()
     result = asyncio.run(main_async(args))

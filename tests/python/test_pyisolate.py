@@ -53,6 +53,7 @@ JOBS = {
     "sealed": ("sealed", ["--adapter"], {}),
     "compose_reference": ("compose", ["--compose", "reference"], {}),
     "compose_mock": ("compose", ["--compose", "mock"], {}),
+    "sandboxed": ("roundtrip", ["--adapter", "--sandbox"], {}),
 }
 #: Which host run each test reads.
 TEST_JOB = {
@@ -64,7 +65,15 @@ TEST_JOB = {
     "test_a_sealed_worker_is_known_without_waiting_or_warning": "sealed",
     "test_composed_with_pyisolates_reference_harness_adapter": "compose_reference",
     "test_composed_adapter_serves_the_host_adapters_types_and_services": "compose_mock",
+    "test_a_sandboxed_child_pairs_and_imports_the_adapter": "sandboxed",
 }
+
+
+def _bubblewrap() -> tuple[bool, str]:
+    from pyisolate._internal.sandbox_detect import detect_sandbox_capability
+
+    cap = detect_sandbox_capability()
+    return cap.available, f"{cap.restriction_model}: {cap.raw_error}"
 
 
 def _host_cmd(env, scenario, *flags, venv_root=None):
@@ -88,7 +97,8 @@ def hosts(host_env, request):
     ``hosts(test_name)`` waits for that test's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    wanted = [k for k in JOBS if k in {TEST_JOB.get(item.name) for item in request.session.items}]
+    wanted = [k for k in JOBS if k in {TEST_JOB.get(item.name) for item in request.session.items}
+              and (k != "sandboxed" or _bubblewrap()[0])]
     pool = ThreadPoolExecutor(max_workers=PARALLEL_HOSTS)
     futures = {k: pool.submit(_run_job, host_env, k) for k in wanted}
 
@@ -226,6 +236,21 @@ def test_composed_adapter_serves_the_host_adapters_types_and_services(hosts, req
     assert stats["granted"] == 1, stats
 
 
+def test_a_sandboxed_child_pairs_and_imports_the_adapter(hosts, request):
+    """In bubblewrap (pyisolate's default sandbox: its own /tmp, pid and network
+    namespaces) the child imports the adapter from the directory the adapter binds, reaches
+    the listener's directory, and pairs by the pid the kernel reports in the host's
+    namespace."""
+    available, why = _bubblewrap()
+    if not available:
+        pytest.skip(f"bubblewrap cannot sandbox here ({why}): SKIPPED")
+    out = run_host(hosts, request)
+    assert out["plain"]["pid"] not in [int(p) for p in out["host_stats"]]  # another pid namespace
+    assert out["made"] == [0.0, 1.0, 2.0, 3.0, 4.0] and out["made_is_shared"] and out["echo_equal"]
+    (stats,) = out["host_stats"].values()
+    assert stats["granted"] == 5, stats
+
+
 def _listener_dirs(tmp):
     return sorted(n for n in os.listdir(tmp) if n.startswith("tensorwire-pyisolate-"))
 
@@ -315,3 +340,23 @@ def test_a_reference_that_cannot_be_taken_does_not_end_the_receive_loop():
         registry._serializers.pop(twp.TYPE_NAME, None)
         mine.close()
         peer.close()
+
+
+def test_a_composed_adapter_keeps_pyisolates_optional_hooks_optional(monkeypatch):
+    """pyisolate's reference harness adapter has no sandbox, web or event hooks (pyisolate
+    calls them only where they exist): the composite answers them itself, and a sandboxed
+    child still gets the listener's directory and this package's bound."""
+    import tensorwire
+    import tensorwire.pyisolate as twp
+    from pyisolate_reference_adapters import ReferenceAdapter
+
+    monkeypatch.setenv("PYISOLATE_CHILD", "1")  # as in a child: no listener started here
+    monkeypatch.setenv(twp.SOCKET_ENV, "/run/tw-test/tw.sock")
+    adapter = twp.compose(ReferenceAdapter())
+    assert adapter.get_sandbox_system_paths() == ["/run/tw-test", os.path.dirname(tensorwire.__file__)]
+    assert adapter.get_sandbox_gpu_patterns() is None
+    adapter.setup_web_directory(object())
+    adapter.setup_child_event_hooks(object())
+    assert adapter.provide_rpc_services() == [] and adapter.identifier == "reference_harness"
+    with pytest.raises(ValueError, match="cannot be rehydrated"):
+        twp.compose(type("Local", (), {})())  # defined in a function: no child could import it
