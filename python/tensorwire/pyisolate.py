@@ -232,10 +232,6 @@ def _start_time(pid: int) -> Optional[int]:
         return None
 
 
-def _alive(pid: int) -> bool:
-    return _start_time(pid) is not None
-
-
 def _remove_stale_dirs(tmp: str) -> None:
     """Remove the listener directories of hosts that are gone (a host killed by a signal
     or ``os._exit`` cannot remove its own). Only this user's directories holding nothing
