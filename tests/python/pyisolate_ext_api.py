@@ -46,3 +46,28 @@ class TensorExtension(ExtensionBase):
         return os.getpid()
 
 
+
+    async def adapter_info(self):
+        """The adapter pyisolate rehydrated here, and the host adapter inside it."""
+        from pyisolate._internal.adapter_registry import AdapterRegistry
+
+        adapter = AdapterRegistry.get()
+        inner = getattr(adapter, "inner", None)
+        return {"type": type(adapter).__name__, "identifier": adapter.identifier if adapter else None,
+                "inner": type(inner).__name__ if inner is not None else None}
+
+    async def mock_double(self, data):
+        """A host adapter's own type (MockTestData): what arrived (its serializer's form:
+        its deserializer is keyed by a ``__type__`` the form does not carry, so pyisolate
+        hands the dict on), and one made here, which this child's registry serializes."""
+        from pyisolate_reference_adapters import MockTestData
+
+        value = data.value if isinstance(data, MockTestData) else data["value"]
+        return [data if isinstance(data, dict) else repr(data), MockTestData(value * 2)]
+
+    async def registry_kind(self):
+        """What MockRegistry is here: pyisolate's remote caller (a ``CallWrapper``) when
+        the host adapter's RPC services reached this child, else a local instance."""
+        from pyisolate_reference_adapters import MockRegistry
+
+        return type(MockRegistry()).__name__
