@@ -26,7 +26,7 @@ fn unhex(s: &str) -> Vec<u8> {
 
 fn serve() {
     let exporter = Exporter::new().unwrap();
-    let scope = exporter.scope();
+    let scope = exporter.scope().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", listener.local_addr().unwrap().port()).unwrap();
@@ -82,14 +82,14 @@ fn main() {
         for (i, (&size, blob)) in SIZES.iter().zip(&blobs).enumerate() {
             let mut buf = vec![0u8; size];
             let n = iterations(size);
-            importer
-                .import(blob, &mut buf, Duration::from_secs(60))
+            buf = importer
+                .import(blob, buf, Duration::from_secs(60))
                 .unwrap(); // warm-up
             assert!(buf.iter().enumerate().all(|(j, &b)| b == j as u8));
             let t = Instant::now();
             for _ in 0..n {
-                importer
-                    .import(blob, &mut buf, Duration::from_secs(60))
+                buf = importer
+                    .import(blob, buf, Duration::from_secs(60))
                     .unwrap();
             }
             let ucx = t.elapsed() / n as u32;

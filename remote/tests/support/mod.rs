@@ -89,3 +89,32 @@ pub fn hear() -> Option<String> {
     }
     Some(s.trim_end().to_string())
 }
+
+/// Waits up to 10 s for the exporter's held exports to come down to `n` (a send completes
+/// on the exporter's progress thread a moment after the importer has the bytes).
+pub fn live_settles_to(exporter: &tensorwire_remote::ucx::Exporter, n: usize) -> usize {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let live = exporter.live_exports();
+        if live <= n || std::time::Instant::now() > until {
+            return live;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Waits until every thread of `pid` is stopped: `kill` returns before a group stop has
+/// reached each thread.
+pub fn wait_stopped(pid: u32) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    };
+    while !stopped() {
+        assert!(std::time::Instant::now() < until, "{pid} did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
