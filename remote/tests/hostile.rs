@@ -201,3 +201,193 @@ fn a_stalled_exporter_delays_no_other_import() {
     stalled.kill();
     assert_eq!(slow.parked(), 0);
 }
+
+/// A peer that speaks UCX one-sided RMA at the exporter, as an attacker with a stock UCX
+/// would: a context with `UCP_FEATURE_RMA`, an endpoint to the exporter's worker address,
+/// and `ucp_get_nbx` of the export's own address and of an unmapped one, with a key packed
+/// from a registration of its own (UCX's software get over tcp does not check keys). The
+/// exporter's context has no RMA feature, so UCX never installs the get handler: nothing
+/// is read, no reply comes, and the exporter serves on. With the handler installed the
+/// first get returned the export's bytes and the second killed the exporter (SIGSEGV).
+mod raw_rma {
+    use std::ffi::c_void;
+    use std::mem::MaybeUninit;
+    use std::ptr;
+    use std::time::{Duration, Instant};
+    use ucx_rs::sys;
+
+    pub struct Attacker {
+        context: sys::ucp_context_h,
+        worker: sys::ucp_worker_h,
+        ep: sys::ucp_ep_h,
+        rkey: sys::ucp_rkey_h,
+        memh: sys::ucp_mem_h,
+        _region: Vec<u8>,
+    }
+
+    fn zeroed<T>() -> T {
+        // SAFETY: only used for UCX parameter structs, whose all-zero value means "no field".
+        unsafe { MaybeUninit::zeroed().assume_init() }
+    }
+
+    impl Attacker {
+        /// Connects to `address` (a worker address, padded with zeros as UCX reads it).
+        pub fn connect(address: &[u8]) -> Attacker {
+            let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+            // SAFETY: null prefix and file read the environment; `config` is an out-pointer.
+            assert_eq!(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) }, 0);
+            let mut params: sys::ucp_params_t = zeroed();
+            params.field_mask = sys::ucp_params_field_UCP_PARAM_FIELD_FEATURES as u64;
+            params.features = sys::ucp_feature_UCP_FEATURE_RMA as u64;
+            let mut context = ptr::null_mut();
+            // SAFETY: valid params, config and out-pointer.
+            let s = unsafe {
+                sys::ucp_init_version(sys::UCP_API_MAJOR, sys::UCP_API_MINOR, &params, config, &mut context)
+            };
+            // SAFETY: released once, after the context copied it.
+            unsafe { sys::ucp_config_release(config) };
+            assert_eq!(s, 0);
+            let wparams: sys::ucp_worker_params_t = zeroed();
+            let mut worker = ptr::null_mut();
+            // SAFETY: a live context; valid params and out-pointer.
+            assert_eq!(unsafe { sys::ucp_worker_create(context, &wparams, &mut worker) }, 0);
+            let mut padded = vec![0u8; address.len() + 16 * 1024];
+            padded[..address.len()].copy_from_slice(address);
+            let mut ep_params: sys::ucp_ep_params_t = zeroed();
+            ep_params.field_mask = (sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE)
+                as u64;
+            ep_params.address = padded.as_ptr() as *const sys::ucp_address_t;
+            ep_params.err_mode = sys::ucp_err_handling_mode_t_UCP_ERR_HANDLING_MODE_PEER;
+            let mut ep = ptr::null_mut();
+            // SAFETY: a live worker; the address is padded with zeros; valid out-pointer.
+            assert_eq!(unsafe { sys::ucp_ep_create(worker, &ep_params, &mut ep) }, 0);
+            // A key of our own: over tcp the software get does not look into it.
+            let mut region = vec![0u8; 4096];
+            let mut mp: sys::ucp_mem_map_params_t = zeroed();
+            mp.field_mask = (sys::ucp_mem_map_params_field_UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                | sys::ucp_mem_map_params_field_UCP_MEM_MAP_PARAM_FIELD_LENGTH)
+                as u64;
+            mp.address = region.as_mut_ptr() as *mut c_void;
+            mp.length = region.len();
+            let mut memh = ptr::null_mut();
+            // SAFETY: `region` outlives the mapping (unmapped in drop before it goes).
+            assert_eq!(unsafe { sys::ucp_mem_map(context, &mp, &mut memh) }, 0);
+            let (mut buf, mut len) = (ptr::null_mut(), 0usize);
+            // SAFETY: a live context and mapping; valid out-pointers.
+            assert_eq!(unsafe { sys::ucp_rkey_pack(context, memh, &mut buf, &mut len) }, 0);
+            let mut key = vec![0u8; len + 4096];
+            // SAFETY: UCX returned `len` readable bytes at `buf`.
+            key[..len].copy_from_slice(unsafe { std::slice::from_raw_parts(buf as *const u8, len) });
+            // SAFETY: released once.
+            unsafe { sys::ucp_rkey_buffer_release(buf) };
+            let mut rkey = ptr::null_mut();
+            // SAFETY: a live endpoint; the key is UCX's own packing, padded.
+            assert_eq!(unsafe { sys::ucp_ep_rkey_unpack(ep, key.as_ptr() as *const c_void, &mut rkey) }, 0);
+            Attacker { context, worker, ep, rkey, memh, _region: region }
+        }
+
+        /// `ucp_get_nbx` of `len` bytes at `address` in the peer: the bytes, or `None` when
+        /// no reply came within `wait`.
+        pub fn get(&mut self, address: u64, len: usize, wait: Duration) -> Option<Vec<u8>> {
+            let mut dst = vec![0u8; len];
+            let param: sys::ucp_request_param_t = zeroed();
+            // SAFETY: `dst` outlives the request: we return only after it completed, or
+            // after the endpoint was force-closed (which completes it) below.
+            let sp = unsafe {
+                sys::ucp_get_nbx(self.ep, dst.as_mut_ptr() as *mut c_void, len, address, self.rkey, &param)
+            };
+            let req = match ucx_rs::decode_status_ptr(sp) {
+                Ok(None) => return Some(dst),
+                Ok(Some(r)) => r,
+                Err(_) => return None,
+            };
+            let until = Instant::now() + wait;
+            loop {
+                // SAFETY: a live worker of ours, progressed by this thread only.
+                unsafe { sys::ucp_worker_progress(self.worker) };
+                // SAFETY: a live request, not yet freed.
+                let s = unsafe { sys::ucp_request_check_status(req) };
+                if s != sys::ucs_status_t_UCS_INPROGRESS {
+                    // SAFETY: completed; freed once.
+                    unsafe { sys::ucp_request_free(req) };
+                    return (s == 0).then_some(dst);
+                }
+                if Instant::now() > until {
+                    self.close();
+                    loop {
+                        // SAFETY: as above.
+                        unsafe { sys::ucp_worker_progress(self.worker) };
+                        // SAFETY: as above.
+                        if unsafe { sys::ucp_request_check_status(req) } != sys::ucs_status_t_UCS_INPROGRESS {
+                            break;
+                        }
+                    }
+                    // SAFETY: completed (cancelled by the close); freed once.
+                    unsafe { sys::ucp_request_free(req) };
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        fn close(&mut self) {
+            if self.ep.is_null() {
+                return;
+            }
+            // SAFETY: the key belongs to this endpoint; destroyed once, before the close.
+            unsafe { sys::ucp_rkey_destroy(self.rkey) };
+            let mut p: sys::ucp_request_param_t = zeroed();
+            p.op_attr_mask = sys::ucp_op_attr_t_UCP_OP_ATTR_FIELD_FLAGS;
+            p.flags = sys::ucp_ep_close_flags_t_UCP_EP_CLOSE_FLAG_FORCE;
+            // SAFETY: a live endpoint, closed once.
+            let sp = unsafe { sys::ucp_ep_close_nbx(self.ep, &p) };
+            self.ep = ptr::null_mut();
+            if let Ok(Some(r)) = ucx_rs::decode_status_ptr(sp) {
+                // SAFETY: progressing our worker until the close completes; freed once.
+                unsafe {
+                    while sys::ucp_request_check_status(r) == sys::ucs_status_t_UCS_INPROGRESS {
+                        sys::ucp_worker_progress(self.worker);
+                    }
+                    sys::ucp_request_free(r);
+                }
+            }
+        }
+    }
+
+    impl Drop for Attacker {
+        fn drop(&mut self) {
+            self.close();
+            // SAFETY: the mapping, worker and context are ours, released once, in order.
+            unsafe {
+                sys::ucp_mem_unmap(self.context, self.memh);
+                sys::ucp_worker_destroy(self.worker);
+                sys::ucp_cleanup(self.context);
+            }
+        }
+    }
+}
+
+#[test]
+fn one_sided_gets_at_the_exporter_read_nothing() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
+    let scope = exporter.scope().unwrap();
+    let secret = pattern(9, 4096);
+    let at = secret.as_ptr() as u64;
+    let blob = scope.export(secret).unwrap();
+    // The export's own address (this test shares the exporter's address space), then an
+    // unmapped one.
+    let mut attacker = raw_rma::Attacker::connect(exporter.worker_address());
+    let got = attacker.get(at, 4096, Duration::from_secs(2));
+    assert!(got.is_none(), "a one-sided get read {} bytes of the exporter", got.map_or(0, |g| g.len()));
+    drop(attacker);
+    let mut attacker = raw_rma::Attacker::connect(exporter.worker_address());
+    assert!(attacker.get(0x10, 64, Duration::from_secs(2)).is_none());
+    drop(attacker);
+    // Alive, and serving the two-sided way.
+    let importer = Importer::with_options(&[("TLS", "tcp")]).unwrap();
+    assert_eq!(import(&importer, &blob).unwrap(), pattern(9, 4096));
+}

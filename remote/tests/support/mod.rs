@@ -7,6 +7,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+pub mod netns;
+
 pub const ROLE: &str = "TW_REMOTE_ROLE";
 
 /// The deterministic byte at `i` of a storage seeded with `seed`.
@@ -35,7 +37,22 @@ pub struct Peer {
 impl Peer {
     /// Re-runs this test binary's `test_name` as `role`, with `UCX_TLS=tls`.
     pub fn spawn(test_name: &str, role: &str, tls: &str) -> Peer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Peer::spawn_with(Command::new(std::env::current_exe().unwrap()), test_name, role, tls, &[])
+    }
+
+    /// As `spawn`, from a prepared command (e.g. `ip netns exec <ns> <this binary>`), with
+    /// more environment.
+    pub fn spawn_with(
+        mut cmd: Command,
+        test_name: &str,
+        role: &str,
+        tls: &str,
+        env: &[(&str, &str)],
+    ) -> Peer {
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
             .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
             .env(ROLE, role)
             .env("UCX_TLS", tls)
