@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use ucx_rs::sys;
@@ -28,6 +28,9 @@ use crate::storage::Storage;
 
 /// How long the progress thread sleeps on the wakeup fd before looking at its stop flag.
 const IDLE_POLL: Duration = Duration::from_millis(100);
+/// How long the progress thread keeps progressing, yielding, after the last event before
+/// it arms the wakeup fd and sleeps.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// One export: its storage, shared with the sends reading it.
 struct Export {
@@ -329,12 +332,23 @@ impl Drop for Exporter {
 }
 
 fn progress_loop(shared: &Shared) {
+    let mut active = Instant::now();
     // Acquire: pairs with the Release store in `Exporter::drop`.
     while !shared.stop.load(Ordering::Acquire) {
         let efd = {
             let mut w = shared.state.lock();
-            w.progress();
+            if w.progress() {
+                active = Instant::now();
+            }
             shared.table.reap();
+            // A short spin after the last event before sleeping: the next request of a
+            // busy importer usually comes within it, and a wake-up per request costs more
+            // than a small transfer. Yielding, so a peer on this CPU runs meanwhile.
+            if active.elapsed() < SPIN {
+                drop(w);
+                std::thread::yield_now();
+                continue;
+            }
             if !w.arm() {
                 continue;
             }

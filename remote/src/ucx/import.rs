@@ -35,6 +35,9 @@ const ADDRESS_PAD: usize = MAX_WORKER_ADDRESS_LEN + 16 * 1024;
 /// How long a timed-out import waits for UCX to complete a receive it force-cancelled
 /// before the destination is parked (kept until UCX is done with it).
 const CANCEL_WAIT: Duration = Duration::from_secs(2);
+/// How long an import keeps progressing, yielding, after progress found nothing, before it
+/// arms the wakeup fd and sleeps.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// One cached endpoint; boxed so its address (the error callback's argument) is stable.
 struct Endpoint {
@@ -456,6 +459,7 @@ impl Importer {
         address: &[u8],
         deadline: Instant,
     ) -> Result<(), ImportError> {
+        let mut idle_since: Option<Instant> = None;
         loop {
             let progressed = st.worker.progress();
             {
@@ -512,12 +516,21 @@ impl Importer {
                     return Err(ImportError::PeerLost(status_text(f)));
                 }
             }
+            let now = Instant::now();
             if progressed {
+                idle_since = None;
                 continue;
             }
-            let now = Instant::now();
             if now >= deadline {
                 return Err(ImportError::Timeout);
+            }
+            // A short spin before sleeping: the next fragment of a transfer usually arrives
+            // within it, and a sleep and wake-up per fragment costs more than the bytes.
+            // Yielding, so a peer on this CPU runs meanwhile.
+            let idle = *idle_since.get_or_insert(now);
+            if now - idle < SPIN {
+                std::thread::yield_now();
+                continue;
             }
             if st.worker.arm() {
                 poll_fd(st.worker.efd(), (deadline - now).min(Duration::from_millis(100)));

@@ -41,7 +41,16 @@ impl Worker {
         if status != sys::ucs_status_t_UCS_OK {
             return Err(ucx("ucp_config_read", status));
         }
-        for (name, value) in options {
+        // Larger tcp segments than UCX's 8 KiB send / 64 KiB receive defaults: fewer
+        // fragments, sends and receives per transfer (measured: the difference between
+        // falling short of and matching a plain socket copy at 1 MiB over loopback). The
+        // environment (`UCX_TCP_TX_SEG_SIZE`, `UCX_TCP_RX_SEG_SIZE`) and `options` win.
+        let defaults = [("TCP_TX_SEG_SIZE", "64k"), ("TCP_RX_SEG_SIZE", "64k")];
+        let defaults = defaults
+            .iter()
+            .filter(|(n, _)| std::env::var_os(format!("UCX_{n}")).is_none())
+            .filter(|(n, _)| !options.iter().any(|(o, _)| o == n));
+        for (name, value) in defaults.chain(options.iter()) {
             let (Ok(n), Ok(v)) = (CString::new(*name), CString::new(*value)) else {
                 // SAFETY: `config` came from `ucp_config_read` and is released once.
                 unsafe { sys::ucp_config_release(config) };
