@@ -1,9 +1,17 @@
-//! UCX import vs a plain socket copy of the same bytes, two processes over loopback.
+//! Two-sided UCX import vs a plain socket copy of the same bytes, two processes, same run.
 //!
-//! `cargo bench -p tensorwire-remote --features ucx --bench ucx` — for each of
-//! `UCX_TLS=tcp` and `UCX_TLS=sm,self`, a child process exports 4 KiB, 1 MiB and 64 MiB
-//! and also serves the same bytes over a loopback TCP socket; the parent times
-//! `Importer::import` and a socket read of each size into a buffer it allocated once.
+//! `cargo bench -p tensorwire-remote --features ucx --bench ucx` — over loopback TCP, and
+//! (as root, where two network namespaces can be made) across a veth pair between two
+//! namespaces, shaped with netem delay 1 ms and rate 1 Gbit/s (a tbf rate limit alone where
+//! the kernel has no netem). A server process exports 4 KiB, 1 MiB and 64 MiB (and 1 GiB
+//! with `TW_BENCH_1G=1`) and serves the same bytes on a TCP socket; a client process times
+//! `Importer::import` into a buffer it allocated once and a socket read of the same size
+//! into another, interleaved rep by rep. One table row per link and size: p50 per
+//! transfer, GB/s at p50, and UCX / socket throughput. `TW_BENCH_LOOPBACK_ONLY=1` skips
+//! the veth pair.
+
+#[path = "../tests/support/netns.rs"]
+mod netns;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,7 +21,15 @@ use std::time::{Duration, Instant};
 use tensorwire_remote::ExportBlob;
 use tensorwire_remote::ucx::{Exporter, Importer};
 
-const SIZES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
+const ROLE: &str = "TW_REMOTE_BENCH_ROLE";
+
+fn sizes() -> Vec<usize> {
+    let mut s = vec![4 << 10, 1 << 20, 64 << 20];
+    if std::env::var("TW_BENCH_1G").as_deref() == Ok("1") {
+        s.push(1 << 30);
+    }
+    s
+}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -24,16 +40,18 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn serve() {
+/// Exports every size, serves the same bytes on a socket (one index byte in, that many
+/// bytes out), until the client hangs up.
+fn server() {
     let exporter = Exporter::new().unwrap();
-    let scope = exporter.scope();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", listener.local_addr().unwrap().port()).unwrap();
-    let data: Vec<Vec<u8>> = SIZES
+    let scope = exporter.scope().unwrap();
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let data: Vec<Vec<u8>> = sizes()
         .iter()
         .map(|&n| (0..n).map(|i| i as u8).collect())
         .collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", listener.local_addr().unwrap().port()).unwrap();
     for d in &data {
         writeln!(out, "{}", hex(&scope.export(d.clone()).unwrap().encode())).unwrap();
     }
@@ -46,73 +64,124 @@ fn serve() {
     }
 }
 
-fn iterations(size: usize) -> usize {
-    ((512 << 20) / size).clamp(5, 2000)
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Reads the port and blobs on stdin, times both ways for each size, prints rows.
+fn client() {
+    let link = std::env::var("TW_BENCH_LINK").unwrap();
+    let host = std::env::var("TW_BENCH_HOST").unwrap();
+    let budget: usize = std::env::var("TW_BENCH_BYTES").unwrap().parse().unwrap();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let port: u16 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let blobs: Vec<ExportBlob> = sizes()
+        .iter()
+        .map(|_| ExportBlob::decode(&unhex(lines.next().unwrap().unwrap().trim())).unwrap())
+        .collect();
+    let importer = Importer::new().unwrap();
+    let mut sock = TcpStream::connect((host.as_str(), port)).unwrap();
+    sock.set_nodelay(true).unwrap();
+    for (i, (&size, blob)) in sizes().iter().zip(&blobs).enumerate() {
+        let reps = (budget / size).clamp(3, 1000);
+        let mut dst = vec![0u8; size];
+        let mut buf = vec![0u8; size];
+        // Warm-up, and the bytes checked once each way.
+        dst = importer.import(blob, dst, Duration::from_secs(120)).unwrap();
+        sock.write_all(&[i as u8]).unwrap();
+        sock.read_exact(&mut buf).unwrap();
+        assert!(dst.iter().enumerate().all(|(j, &b)| b == j as u8));
+        assert!(buf.iter().enumerate().all(|(j, &b)| b == j as u8));
+        let (mut ucx, mut copy) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let t = Instant::now();
+            dst = importer.import(blob, dst, Duration::from_secs(120)).unwrap();
+            ucx.push(t.elapsed());
+            let t = Instant::now();
+            sock.write_all(&[i as u8]).unwrap();
+            sock.read_exact(&mut buf).unwrap();
+            copy.push(t.elapsed());
+        }
+        let (u, c) = (p50(ucx), p50(copy));
+        let gbs = |d: Duration| size as f64 / d.as_secs_f64() / 1e9;
+        let t = |d: Duration| {
+            if d < Duration::from_millis(1) {
+                format!("{:.0} µs", d.as_secs_f64() * 1e6)
+            } else {
+                format!("{:.1} ms", d.as_secs_f64() * 1e3)
+            }
+        };
+        let size_s = if size >= 1 << 20 { format!("{} MiB", size >> 20) } else { format!("{} KiB", size >> 10) };
+        println!(
+            "| {link} | {size_s} | {reps} | {} ({:.2} GB/s) | {} ({:.2} GB/s) | {:.2}× |",
+            t(u),
+            gbs(u),
+            t(c),
+            gbs(c),
+            c.as_secs_f64() / u.as_secs_f64()
+        );
+    }
+}
+
+/// Runs a server and a client (each optionally inside a namespace) and relays the server's
+/// port and blobs to the client.
+fn run(link: &str, pair: Option<&netns::Pair>, budget: usize) {
+    let exe = std::env::current_exe().unwrap();
+    let cmd = |side: usize| match pair {
+        Some(p) => p.command(side, &exe),
+        None => Command::new(&exe),
+    };
+    let dev = |side: usize| pair.map_or("lo".to_string(), |p| p.dev[side].clone());
+    let mut srv = cmd(0)
+        .env(ROLE, "server")
+        .env("UCX_TLS", "tcp")
+        .env("UCX_NET_DEVICES", dev(0))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut cli = cmd(1)
+        .env(ROLE, "client")
+        .env("UCX_TLS", "tcp")
+        .env("UCX_NET_DEVICES", dev(1))
+        .env("TW_BENCH_LINK", link)
+        .env("TW_BENCH_HOST", pair.map_or("127.0.0.1", |p| p.ip[0]))
+        .env("TW_BENCH_BYTES", budget.to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut rx = BufReader::new(srv.stdout.take().unwrap());
+    let mut tx = cli.stdin.take().unwrap();
+    for _ in 0..1 + sizes().len() {
+        let mut l = String::new();
+        rx.read_line(&mut l).unwrap();
+        tx.write_all(l.as_bytes()).unwrap();
+    }
+    drop(tx);
+    assert!(cli.wait().unwrap().success(), "{link}: the client failed");
+    let _ = srv.kill();
+    let _ = srv.wait();
 }
 
 fn main() {
-    if std::env::var("TW_REMOTE_BENCH_ROLE").is_ok() {
-        serve();
+    match std::env::var(ROLE).as_deref() {
+        Ok("server") => return server(),
+        Ok("client") => return client(),
+        _ => {}
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average before: {}", load.split(' ').take(3).collect::<Vec<_>>().join(" "));
+    println!("| link | size | reps | UCX import p50 | socket copy p50 | UCX / socket throughput |");
+    println!("|---|---|---|---|---|---|");
+    run("loopback", None, 2 << 30);
+    if std::env::var("TW_BENCH_LOOPBACK_ONLY").as_deref() == Ok("1") {
         return;
     }
-    println!("| transport | size | UCX import GB/s (µs) | socket copy GB/s (µs) |");
-    println!("|---|---|---|---|");
-    for tls in ["tcp", "sm,self"] {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .env("TW_REMOTE_BENCH_ROLE", "1")
-            .env("UCX_TLS", tls)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut rx = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        rx.read_line(&mut line).unwrap();
-        let port: u16 = line.trim().parse().unwrap();
-        let blobs: Vec<ExportBlob> = SIZES
-            .iter()
-            .map(|_| {
-                let mut l = String::new();
-                rx.read_line(&mut l).unwrap();
-                ExportBlob::decode(&unhex(l.trim())).unwrap()
-            })
-            .collect();
-        let importer = Importer::with_options(&[("TLS", tls)]).unwrap();
-        let mut sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        sock.set_nodelay(true).unwrap();
-        for (i, (&size, blob)) in SIZES.iter().zip(&blobs).enumerate() {
-            let mut buf = vec![0u8; size];
-            let n = iterations(size);
-            importer
-                .import(blob, &mut buf, Duration::from_secs(60))
-                .unwrap(); // warm-up
-            assert!(buf.iter().enumerate().all(|(j, &b)| b == j as u8));
-            let t = Instant::now();
-            for _ in 0..n {
-                importer
-                    .import(blob, &mut buf, Duration::from_secs(60))
-                    .unwrap();
-            }
-            let ucx = t.elapsed() / n as u32;
-            sock.write_all(&[i as u8]).unwrap();
-            sock.read_exact(&mut buf).unwrap();
-            let t = Instant::now();
-            for _ in 0..n {
-                sock.write_all(&[i as u8]).unwrap();
-                sock.read_exact(&mut buf).unwrap();
-            }
-            let copy = t.elapsed() / n as u32;
-            let gbs = |d: Duration| size as f64 / d.as_secs_f64() / 1e9;
-            println!(
-                "| {tls} | {} KiB | {:.2} ({:.0}) | {:.2} ({:.0}) |",
-                size >> 10,
-                gbs(ucx),
-                ucx.as_secs_f64() * 1e6,
-                gbs(copy),
-                copy.as_secs_f64() * 1e6
-            );
-        }
-        drop(sock);
-        let _ = child.kill();
-        let _ = child.wait();
+    match netns::Pair::make("b", true) {
+        Ok(p) => run(&format!("veth ({})", p.shaping), Some(&p), 512 << 20),
+        Err(why) => println!("| veth | - | - | not run: cannot make two network namespaces here: {why} | | |"),
     }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average after: {}", load.split(' ').take(3).collect::<Vec<_>>().join(" "));
 }

@@ -1,44 +1,45 @@
-//! The export blob: what an importer needs to read one registered storage.
+//! The export blob: what an importer needs to ask for one export.
 //!
-//! Version 1, little-endian, 36-byte header then two variable fields:
+//! Version 2, little-endian, 42-byte header then the worker address:
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `TWXB` |
-//! | 4 | 2 | version (1) |
+//! | 4 | 2 | version (2) |
 //! | 6 | 1 | engine (1 = UCX) |
 //! | 7 | 1 | flags (0; no bit defined) |
-//! | 8 | 8 | export id (the exporter's name for the release) |
-//! | 16 | 8 | address of the storage in the exporter |
-//! | 24 | 8 | length in bytes (1 ..= [`MAX_EXPORT_LEN`]) |
-//! | 32 | 2 | worker address length *w* (1 ..= [`MAX_WORKER_ADDRESS_LEN`]) |
-//! | 34 | 2 | remote key length *r* (1 ..= [`MAX_RKEY_LEN`]) |
-//! | 36 | *w* | the exporter's worker address |
-//! | 36 + *w* | *r* | the packed remote key |
+//! | 8 | 8 | export id (the exporter's name for the export) |
+//! | 16 | 8 | length in bytes (1 ..= [`MAX_EXPORT_LEN`]) |
+//! | 24 | 16 | the key of the exporter's scope the export lives in |
+//! | 40 | 2 | worker address length *w* (1 ..= [`MAX_WORKER_ADDRESS_LEN`]) |
+//! | 42 | *w* | the exporter's worker address |
 //!
-//! The blob must end exactly there. [`ExportBlob::decode`] copies the bytes it is given
-//! first, then validates the copy, so a peer that still holds the source cannot change a
-//! field between check and use.
+//! The blob must end exactly there. It names no address in the exporter: the importer asks
+//! for the export by id and key, and the exporter sends that export's bytes (two-sided).
+//! The key is random per scope (one scope per importer connection) and travels only on
+//! that connection, so an importer cannot name another connection's exports.
+//! [`ExportBlob::decode`] copies the bytes it is given first, then validates the copy, so
+//! a peer that still holds the source cannot change a field between check and use.
 
 use crate::error::BlobError;
 
 /// Blob format version written and accepted by this build.
-pub const BLOB_VERSION: u16 = 1;
+pub const BLOB_VERSION: u16 = 2;
 /// Largest storage a blob may describe (1 TiB): a guard against absurd lengths, far above
 /// any tensor a host can hold.
 pub const MAX_EXPORT_LEN: u64 = 1 << 40;
 /// Largest worker address accepted (UCX's are 77–180 bytes over tcp/sm here).
 pub const MAX_WORKER_ADDRESS_LEN: usize = 1024;
-/// Largest packed remote key accepted (UCX's are 9–11 bytes over tcp/sm here).
-pub const MAX_RKEY_LEN: usize = 256;
+/// Length of a scope key.
+pub const KEY_LEN: usize = 16;
 
 const MAGIC: [u8; 4] = *b"TWXB";
-const HEADER_LEN: usize = 36;
+const HEADER_LEN: usize = 42;
 
 /// The bulk-transfer engine a blob was made by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// UCX (`ucp_get_nbx` against a `ucp_mem_map` registration).
+    /// UCX (an active-message request answered by an active-message send of the export).
     Ucx,
 }
 
@@ -62,10 +63,9 @@ impl Engine {
 pub struct ExportBlob {
     engine: Engine,
     export_id: u64,
-    address: u64,
     length: u64,
+    key: [u8; KEY_LEN],
     worker_address: Vec<u8>,
-    rkey: Vec<u8>,
 }
 
 impl ExportBlob {
@@ -73,18 +73,16 @@ impl ExportBlob {
     pub(crate) fn new(
         engine: Engine,
         export_id: u64,
-        address: u64,
         length: u64,
+        key: [u8; KEY_LEN],
         worker_address: Vec<u8>,
-        rkey: Vec<u8>,
     ) -> Result<Self, BlobError> {
         let blob = ExportBlob {
             engine,
             export_id,
-            address,
             length,
+            key,
             worker_address,
-            rkey,
         };
         blob.validate()?;
         Ok(blob)
@@ -96,68 +94,52 @@ impl ExportBlob {
     pub fn from_parts(
         engine: Engine,
         export_id: u64,
-        address: u64,
         length: u64,
+        key: &[u8],
         worker_address: &[u8],
-        rkey: &[u8],
     ) -> Result<Self, BlobError> {
         let w = worker_address.len();
         if w == 0 || w > MAX_WORKER_ADDRESS_LEN {
             return Err(BlobError::BadWorkerAddress(w));
         }
-        if rkey.is_empty() || rkey.len() > MAX_RKEY_LEN {
-            return Err(BlobError::BadRkey("length out of range"));
-        }
-        ExportBlob::new(
-            engine,
-            export_id,
-            address,
-            length,
-            worker_address.to_vec(),
-            rkey.to_vec(),
-        )
+        let key: [u8; KEY_LEN] = key.try_into().map_err(|_| BlobError::BadKey(key.len()))?;
+        ExportBlob::new(engine, export_id, length, key, worker_address.to_vec())
     }
 
     /// The engine that made the export.
     pub fn engine(&self) -> Engine {
         self.engine
     }
-    /// The exporter's id for this export: what the importer sends back to release it.
+    /// The exporter's id for this export: what the importer asks for and releases.
     pub fn export_id(&self) -> u64 {
         self.export_id
-    }
-    /// Address of the storage in the exporter's address space.
-    pub fn address(&self) -> u64 {
-        self.address
     }
     /// Length of the storage in bytes.
     pub fn length(&self) -> u64 {
         self.length
     }
+    /// The key of the exporter's scope the export lives in.
+    pub fn key(&self) -> &[u8; KEY_LEN] {
+        &self.key
+    }
     /// The exporter's worker address (engine-specific bytes).
     pub fn worker_address(&self) -> &[u8] {
         &self.worker_address
     }
-    /// The packed remote key (engine-specific bytes).
-    pub fn rkey(&self) -> &[u8] {
-        &self.rkey
-    }
 
     /// Serialises the blob (see the module documentation for the layout).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER_LEN + self.worker_address.len() + self.rkey.len());
+        let mut out = Vec::with_capacity(HEADER_LEN + self.worker_address.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&BLOB_VERSION.to_le_bytes());
         out.push(self.engine.to_byte());
         out.push(0);
         out.extend_from_slice(&self.export_id.to_le_bytes());
-        out.extend_from_slice(&self.address.to_le_bytes());
         out.extend_from_slice(&self.length.to_le_bytes());
-        // Lengths fit: `validate` bounds both far below u16::MAX.
+        out.extend_from_slice(&self.key);
+        // Fits: `validate` bounds it far below u16::MAX.
         out.extend_from_slice(&(self.worker_address.len() as u16).to_le_bytes());
-        out.extend_from_slice(&(self.rkey.len() as u16).to_le_bytes());
         out.extend_from_slice(&self.worker_address);
-        out.extend_from_slice(&self.rkey);
         out
     }
 
@@ -189,11 +171,11 @@ impl ExportBlob {
             u64::from_le_bytes(a)
         };
         let export_id = u64_at(8);
-        let address = u64_at(16);
-        let length = u64_at(24);
-        let w = u16::from_le_bytes([b[32], b[33]]) as usize;
-        let r = u16::from_le_bytes([b[34], b[35]]) as usize;
-        let needed = HEADER_LEN + w + r;
+        let length = u64_at(16);
+        let mut key = [0u8; KEY_LEN];
+        key.copy_from_slice(&b[24..40]);
+        let w = u16::from_le_bytes([b[40], b[41]]) as usize;
+        let needed = HEADER_LEN + w;
         if b.len() < needed {
             return Err(BlobError::Truncated {
                 needed,
@@ -205,21 +187,11 @@ impl ExportBlob {
                 extra: b.len() - needed,
             });
         }
-        ExportBlob::new(
-            engine,
-            export_id,
-            address,
-            length,
-            b[HEADER_LEN..HEADER_LEN + w].to_vec(),
-            b[HEADER_LEN + w..needed].to_vec(),
-        )
+        ExportBlob::new(engine, export_id, length, key, b[HEADER_LEN..needed].to_vec())
     }
 
     fn validate(&self) -> Result<(), BlobError> {
-        if self.length == 0
-            || self.length > MAX_EXPORT_LEN
-            || self.address.checked_add(self.length).is_none()
-        {
+        if self.length == 0 || self.length > MAX_EXPORT_LEN {
             return Err(BlobError::BadLength(self.length));
         }
         let w = self.worker_address.len();
@@ -233,47 +205,10 @@ impl ExportBlob {
                 if self.worker_address[0] & 0x0f > 1 {
                     return Err(BlobError::BadWorkerAddress(w));
                 }
-                check_ucx_rkey(&self.rkey)
+                Ok(())
             }
         }
     }
-}
-
-/// Structural check of a UCX 1.22 packed remote key (`ucp_rkey_pack`'s output, parsed by
-/// `ucp_ep_rkey_unpack_internal` without a length): a little-endian `u64` map of memory
-/// domain indices, a memory-type byte, then per set bit a size byte and that many bytes;
-/// UCX may append a trailer (system device and distances) which is left to UCX, read from
-/// a zero-padded copy (see `ucx::rkey`).
-///
-/// Host memory only in this version (memory type 0), and at most 16 memory domains (UCX's
-/// `UCP_MAX_MDS`): a forged map cannot make UCX index past its tables.
-pub(crate) fn check_ucx_rkey(rkey: &[u8]) -> Result<(), BlobError> {
-    if rkey.is_empty() || rkey.len() > MAX_RKEY_LEN {
-        return Err(BlobError::BadRkey("length out of range"));
-    }
-    if rkey.len() < 9 {
-        return Err(BlobError::BadRkey("shorter than its header"));
-    }
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&rkey[0..8]);
-    let md_map = u64::from_le_bytes(a);
-    if md_map >> 16 != 0 {
-        return Err(BlobError::BadRkey("memory domain index above 15"));
-    }
-    if rkey[8] != 0 {
-        return Err(BlobError::BadRkey("memory type is not host"));
-    }
-    let mut p = 9usize;
-    for _ in 0..md_map.count_ones() {
-        let Some(&size) = rkey.get(p) else {
-            return Err(BlobError::BadRkey("memory domain entry truncated"));
-        };
-        p += 1 + size as usize;
-        if p > rkey.len() {
-            return Err(BlobError::BadRkey("memory domain entry truncated"));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -281,10 +216,7 @@ mod tests {
     use super::*;
 
     fn sample() -> ExportBlob {
-        let mut rkey = vec![0u8; 9];
-        rkey[0] = 0b11;
-        rkey.extend_from_slice(&[2, 0xaa, 0xbb, 0]);
-        ExportBlob::new(Engine::Ucx, 7, 0x1000, 4096, vec![0x11; 100], rkey).unwrap()
+        ExportBlob::new(Engine::Ucx, 7, 4096, [0x5a; KEY_LEN], vec![0x11; 100]).unwrap()
     }
 
     #[test]
@@ -296,25 +228,24 @@ mod tests {
     #[test]
     fn from_parts_checks_as_decode_does() {
         let b = sample();
-        let parts = |wa: &[u8], rkey: &[u8], len: u64| {
-            ExportBlob::from_parts(Engine::Ucx, 7, 0x1000, len, wa, rkey)
-        };
-        assert_eq!(parts(b.worker_address(), b.rkey(), 4096), Ok(b.clone()));
-        assert_eq!(parts(&[], b.rkey(), 4096), Err(BlobError::BadWorkerAddress(0)));
+        let parts =
+            |wa: &[u8], key: &[u8], len: u64| ExportBlob::from_parts(Engine::Ucx, 7, len, key, wa);
+        assert_eq!(parts(b.worker_address(), b.key(), 4096), Ok(b.clone()));
+        assert_eq!(parts(&[], b.key(), 4096), Err(BlobError::BadWorkerAddress(0)));
         assert_eq!(
-            parts(&[0x11; 2000], b.rkey(), 4096),
+            parts(&[0x11; 2000], b.key(), 4096),
             Err(BlobError::BadWorkerAddress(2000))
         );
         assert_eq!(
-            parts(&[0x1f; 100], b.rkey(), 4096),
+            parts(&[0x1f; 100], b.key(), 4096),
             Err(BlobError::BadWorkerAddress(100))
         );
-        assert!(matches!(parts(b.worker_address(), &[0; 300], 4096), Err(BlobError::BadRkey(_))));
-        assert!(matches!(parts(b.worker_address(), &[0xff; 12], 4096), Err(BlobError::BadRkey(_))));
-        assert_eq!(parts(b.worker_address(), b.rkey(), 0), Err(BlobError::BadLength(0)));
+        assert_eq!(parts(b.worker_address(), &[0; 15], 4096), Err(BlobError::BadKey(15)));
+        assert_eq!(parts(b.worker_address(), &[0; 300], 4096), Err(BlobError::BadKey(300)));
+        assert_eq!(parts(b.worker_address(), b.key(), 0), Err(BlobError::BadLength(0)));
         assert_eq!(
-            ExportBlob::from_parts(Engine::Ucx, 7, u64::MAX, 2, b.worker_address(), b.rkey()),
-            Err(BlobError::BadLength(2))
+            parts(b.worker_address(), b.key(), MAX_EXPORT_LEN + 1),
+            Err(BlobError::BadLength(MAX_EXPORT_LEN + 1))
         );
     }
 
@@ -342,20 +273,15 @@ mod tests {
         };
         assert_eq!(with(0, b"XXXX"), Err(BlobError::BadMagic));
         assert_eq!(
-            with(4, &2u16.to_le_bytes()),
-            Err(BlobError::UnsupportedVersion(2))
+            with(4, &1u16.to_le_bytes()),
+            Err(BlobError::UnsupportedVersion(1))
         );
         assert_eq!(with(6, &[9]), Err(BlobError::UnknownEngine(9)));
         assert_eq!(with(7, &[1]), Err(BlobError::UnknownFlags(1)));
-        assert_eq!(with(24, &0u64.to_le_bytes()), Err(BlobError::BadLength(0)));
-        assert_eq!(
-            with(24, &u64::MAX.to_le_bytes()),
-            Err(BlobError::BadLength(u64::MAX))
-        );
+        assert_eq!(with(16, &0u64.to_le_bytes()), Err(BlobError::BadLength(0)));
         assert_eq!(
             with(16, &u64::MAX.to_le_bytes()),
-            Err(BlobError::BadLength(4096)),
-            "address + length overflows"
+            Err(BlobError::BadLength(u64::MAX))
         );
         let mut long = good.clone();
         long.push(0);
@@ -363,27 +289,5 @@ mod tests {
             ExportBlob::decode(&long),
             Err(BlobError::TrailingBytes { extra: 1 })
         );
-    }
-
-    #[test]
-    fn forged_rkeys_are_named() {
-        let good = sample();
-        let forge = |rkey: Vec<u8>| {
-            ExportBlob::new(Engine::Ucx, 1, 0, 1, good.worker_address().to_vec(), rkey)
-        };
-        let mut map_high = good.rkey().to_vec();
-        map_high[7] = 0x80;
-        assert!(matches!(forge(map_high), Err(BlobError::BadRkey(_))));
-        let mut cuda = good.rkey().to_vec();
-        cuda[8] = 2;
-        assert!(matches!(forge(cuda), Err(BlobError::BadRkey(_))));
-        let mut oversize = good.rkey().to_vec();
-        oversize[9] = 200;
-        assert!(matches!(forge(oversize), Err(BlobError::BadRkey(_))));
-        assert!(matches!(forge(vec![]), Err(BlobError::BadRkey(_))));
-        assert!(matches!(
-            forge(vec![0; MAX_RKEY_LEN + 1]),
-            Err(BlobError::BadRkey(_))
-        ));
     }
 }

@@ -17,12 +17,13 @@ pub enum BlobError {
     UnknownEngine(u8),
     /// Flag bits this version does not define.
     UnknownFlags(u8),
-    /// Length zero, above [`crate::MAX_EXPORT_LEN`], or `address + length` overflows.
+    /// Length zero or above [`crate::MAX_EXPORT_LEN`].
     BadLength(u64),
-    /// Worker address empty or longer than [`crate::MAX_WORKER_ADDRESS_LEN`].
+    /// Worker address empty, longer than [`crate::MAX_WORKER_ADDRESS_LEN`], or of an address
+    /// version UCX does not know.
     BadWorkerAddress(usize),
-    /// Remote key empty, longer than [`crate::MAX_RKEY_LEN`], or not a well-formed packed key.
-    BadRkey(&'static str),
+    /// A scope key of this many bytes; it must be [`crate::KEY_LEN`].
+    BadKey(usize),
 }
 
 /// Why an engine (context + worker) could not be started.
@@ -32,6 +33,8 @@ pub enum EngineError {
     Ucx { call: &'static str, status: String },
     /// The progress thread could not be spawned.
     Thread(String),
+    /// The system's random source failed (a scope's key).
+    Random(String),
 }
 
 /// Why a storage could not be exported.
@@ -41,8 +44,8 @@ pub enum ExportError {
     Empty,
     /// Longer than [`crate::MAX_EXPORT_LEN`].
     TooLong(usize),
-    /// Registration (`ucp_mem_map`) or key packing failed.
-    Register { call: &'static str, status: String },
+    /// The blob could not be built (the exporter's worker address is one UCX would refuse).
+    Blob(BlobError),
 }
 
 /// Why an import failed. The destination buffer's contents are unspecified after an error.
@@ -52,9 +55,14 @@ pub enum ImportError {
     LengthMismatch { export: u64, buffer: usize },
     /// The worker address in the blob could not be connected to.
     Connect(String),
-    /// The remote key could not be unpacked for this endpoint.
-    Rkey(String),
-    /// The transfer failed (`ucp_get_nbx` or its completion).
+    /// The exporter has no live export with this id under the blob's key: never made,
+    /// released already, or another connection's.
+    UnknownExport(u64),
+    /// The exporter's export has a different length than the blob says.
+    ExporterLengthMismatch { export: u64, requested: u64 },
+    /// The exporter's answer was not a well-formed answer to our request.
+    BadReply(String),
+    /// The transfer failed (the request's send, the receive, or their completion).
     Transfer(String),
     /// The exporter went away (its endpoint reported an error) during the transfer.
     PeerLost(String),

@@ -4,15 +4,16 @@
 //!     cargo bench -p tensorwire-rpc --features ucx --bench remote_ucx [-- REPS]
 //!
 //! Over loopback TCP (one server and one client process, both `UCX_TLS=tcp`):
-//! - *UCX get*: the server's tensor as a remote tensor (`RpcConfig::remote_tensors`), read
-//!   by the client with one get into a fresh memfd segment of its own, then released;
+//! - *UCX*: the server's tensor as a remote tensor (`RpcConfig::remote_tensors`): the
+//!   client asks the server's exporter for it and receives its bytes into a fresh memfd
+//!   segment of its own, then releases it;
 //! - *inline*: the same call on a connection without remote tensors, the tensor copied
 //!   into the JSON as a `TensorValue` (what TCP peers got before remote tensors);
 //! - *socket copy*: the same bytes written raw on a plain `TcpStream` and read into a
 //!   buffer allocated once — the floor for moving them over loopback TCP.
 //!
 //! Over shared memory (another server/client pair, both `UCX_TLS=sm,self`):
-//! - *UCX get*: as above, UCX over its shared-memory transports;
+//! - *UCX*: as above, UCX over its shared-memory transports;
 //! - *memfd*: the same call over a Unix socket with native tensors — the server's memfd
 //!   segment passed by fd and mapped by the client. This is the real alternative: it is
 //!   what tensorwire-rpc does for a co-located peer today (the engine follows the
@@ -40,7 +41,7 @@ const DEFAULT_REPS: [usize; 4] = [200, 50, 8, 3];
 /// raised: by default 1 MiB of uint8 is already refused).
 const INLINE_MAX: usize = 1 << 20;
 const ROLE: &str = "TW_BENCH_ROLE";
-const COLUMNS: [&str; 5] = ["tcp: UCX get", "tcp: inline TensorValue", "tcp: socket copy", "sm: UCX get", "sm: memfd (Unix socket)"];
+const COLUMNS: [&str; 5] = ["tcp: UCX", "tcp: inline TensorValue", "tcp: socket copy", "sm: UCX", "sm: memfd (Unix socket)"];
 
 fn size_name(n: usize) -> String {
     match n {
@@ -140,7 +141,15 @@ fn client(group: &str, server: &str, reps: [usize; 4]) {
     let (tcp, unix, raw_port) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
     // `max_tensor_copy` raised so the client may allocate a 1 GiB tensor; `max_values`
     // raised so that 1 MiB inline can be measured at all.
-    let cfg = |remote| RpcConfig { remote_tensors: remote, max_frame: 256 << 20, max_values: 1 << 26, max_tensor_copy: 1 << 31, ..RpcConfig::default() };
+    let cfg = |remote| RpcConfig {
+        remote_tensors: remote,
+        max_frame: 256 << 20,
+        max_values: 1 << 26,
+        max_tensor_copy: 1 << 31,
+        max_remote_message_bytes: 2 << 30,
+        max_remote_connection_bytes: 4 << 30,
+        ..RpcConfig::default()
+    };
     let remote = Endpoint::connect(tcp, Registry::new(), cfg(true)).unwrap();
     assert!(remote.negotiate_native(Duration::from_secs(10)).unwrap() && remote.remote_enabled(), "the server agreed to remote tensors");
     let out = |i: usize, col: usize, text: String| println!("#{i} {col} {text}");

@@ -19,6 +19,10 @@ pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
 pub const DEFAULT_REMOTE_IMPORT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default [`RpcConfig::max_remote_exports`].
 pub const DEFAULT_MAX_REMOTE_EXPORTS: usize = 1024;
+/// Default [`RpcConfig::max_remote_message_bytes`]: 512 MiB.
+pub const DEFAULT_MAX_REMOTE_MESSAGE_BYTES: u64 = 512 << 20;
+/// Default [`RpcConfig::max_remote_connection_bytes`]: 2 GiB.
+pub const DEFAULT_MAX_REMOTE_CONNECTION_BYTES: u64 = 2 << 30;
 
 /// Limits and behaviour of one endpoint.
 #[derive(Debug, Clone)]
@@ -104,13 +108,14 @@ pub struct RpcConfig {
     pub native_tensors: bool,
     /// Transport limits for the native-tensor channel.
     pub peer_config: tensorwire::PeerConfig,
-    /// Offer and accept remote tensors on a TCP connection (default `false`; takes effect
-    /// only with the crate's `ucx` feature, and only when both sides set it): CPU tensors
-    /// then travel as `TensorwireRemote` values the receiver reads with a UCX get, instead
-    /// of being copied into the JSON. **Trusted peers only**: over tcp and shared memory
-    /// UCX serves a get from any address the importer names (the registration is not
-    /// checked), so a peer we export to can read all of this process's memory, and a peer
-    /// we import from chooses the address UCX connects to. See DESIGN.md, "Remote peers".
+    /// Offer and accept remote tensors on a TCP connection (default on in a build with the
+    /// crate's `ucx` feature, off without it; used only when both sides set it): CPU
+    /// tensors then travel as `TensorwireRemote` values — the receiver asks the sender's
+    /// UCX exporter for the export by id and key, and the exporter sends exactly that
+    /// tensor's storage — instead of being copied into the JSON. A peer can read only what
+    /// was sent to it on its own connection; a peer we import from chooses the address UCX
+    /// connects to and, within the budgets below, how much we allocate. See DESIGN.md,
+    /// "Remote peers".
     pub remote_tensors: bool,
     /// Longest one remote tensor's import may take before it is cancelled and the value
     /// fails with `RpcError::RemoteTransfer` (default 60 s).
@@ -119,6 +124,14 @@ pub struct RpcConfig {
     /// 1024); a send beyond it fails with `RpcError::RemoteTransfer`. Each holds the
     /// storage of one sent tensor until the peer releases it or the connection ends.
     pub max_remote_exports: usize,
+    /// Most bytes the remote tensors of one received message may make us allocate
+    /// (default 512 MiB); a message naming more is refused whole, before any import, with
+    /// `RpcError::RemoteTransfer` (its exports are released).
+    pub max_remote_message_bytes: u64,
+    /// Most bytes of remote tensors received on this connection that may be alive at once
+    /// (default 2 GiB): imports in progress plus imported tensors still held by this
+    /// process. A message that would go past it is refused whole, as above.
+    pub max_remote_connection_bytes: u64,
 }
 
 impl Default for RpcConfig {
@@ -141,9 +154,11 @@ impl Default for RpcConfig {
             fs_keep: Duration::from_secs(10),
             native_tensors: true,
             peer_config: tensorwire::PeerConfig::default(),
-            remote_tensors: false,
+            remote_tensors: cfg!(feature = "ucx"),
             remote_import_timeout: DEFAULT_REMOTE_IMPORT_TIMEOUT,
             max_remote_exports: DEFAULT_MAX_REMOTE_EXPORTS,
+            max_remote_message_bytes: DEFAULT_MAX_REMOTE_MESSAGE_BYTES,
+            max_remote_connection_bytes: DEFAULT_MAX_REMOTE_CONNECTION_BYTES,
         }
     }
 }

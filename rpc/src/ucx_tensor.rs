@@ -3,21 +3,24 @@
 //!
 //! ```json
 //! {"__type__": "TensorwireRemote", "engine": "ucx",
-//!  "worker_address": "<base64>", "rkey": "<base64>",
-//!  "address": 140123456, "length": 4096, "export_id": 7,
+//!  "worker_address": "<base64>", "key": "<base64 of 16 bytes>",
+//!  "length": 4096, "export_id": 7,
 //!  "dtype": "torch.float32", "tensor_size": [32, 32], "tensor_stride": [32, 1],
 //!  "tensor_offset": 0}
 //! ```
 //!
-//! `worker_address`, `rkey`, `address` and `length` are what UCX needs to read the
-//! exporter's storage (the fields of a `tensorwire-remote` [`ExportBlob`]); `export_id` is
-//! the exporter's name for the export, sent back in `__tensorwire__.remote_release` once
-//! the receiver has read it; the layout fields are those of every other tensor form and
-//! describe the view over the storage.
+//! `worker_address`, `key`, `export_id` and `length` are what the receiver needs to ask the
+//! exporter for the storage (the fields of a `tensorwire-remote` [`ExportBlob`]): it
+//! connects to the worker address and asks for export `export_id` under `key` (the random
+//! key of the sender's scope for this connection), and the exporter sends exactly that
+//! export's `length` bytes. `export_id` is also what goes back in
+//! `__tensorwire__.remote_release` once the receiver has read it; the layout fields are
+//! those of every other tensor form and describe the view over the storage. No field names
+//! an address in the exporter.
 //!
-//! `parse` (crate-private) validates everything a peer could forge before anything is allocated or
-//! connected to: each field's presence and type, the engine, the export blob's own checks
-//! (lengths, the UCX address version, the packed key's structure: see
+//! `parse` (crate-private) validates everything a peer could forge before anything is
+//! allocated or connected to: each field's presence and type, the engine, the export
+//! blob's own checks (lengths, the UCX address version: see
 //! `tensorwire_remote::ExportBlob::decode`), and that the view fits in `length` bytes.
 //! Every rejection is an [`RpcError::Decode`] naming the field.
 
@@ -34,8 +37,8 @@ pub const ENGINE_UCX: &str = "ucx";
 
 /// The value naming `blob`'s export viewed as `layout`.
 pub(crate) fn to_value(blob: &ExportBlob, layout: &Layout) -> Result<Value> {
-    // JSON integers here are i64: a user-space address or a length above i64::MAX is not
-    // something this process can have registered.
+    // JSON integers here are i64: a length or an id above i64::MAX is not something this
+    // process can have exported.
     let int = |what: &str, v: u64| {
         i64::try_from(v)
             .map(Value::Int)
@@ -45,12 +48,17 @@ pub(crate) fn to_value(blob: &ExportBlob, layout: &Layout) -> Result<Value> {
     m.insert("__type__".into(), REMOTE_TENSOR_TYPE.into());
     m.insert("engine".into(), ENGINE_UCX.into());
     m.insert("worker_address".into(), Value::Str(base64::encode(blob.worker_address())));
-    m.insert("rkey".into(), Value::Str(base64::encode(blob.rkey())));
-    m.insert("address".into(), int("address", blob.address())?);
+    m.insert("key".into(), Value::Str(base64::encode(blob.key())));
     m.insert("length".into(), int("length", blob.length())?);
     m.insert("export_id".into(), int("export id", blob.export_id())?);
     crate::tensor::layout_fields(&mut m, layout);
     Ok(Value::Object(m))
+}
+
+/// The `length` alone, for the message budget (`None` if the field is missing or not a
+/// non-negative integer: `parse` names that).
+pub(crate) fn length(m: &Map) -> Option<u64> {
+    unsigned(m, "length").ok()
 }
 
 /// A validated remote tensor value.
@@ -99,11 +107,10 @@ pub(crate) fn parse(m: &Map) -> Result<RemoteRef> {
         v => return Err(RpcError::Decode(format!("{REMOTE_TENSOR_TYPE} field \"engine\" is a {}, expected a string", v.type_name()))),
     }
     let export_id = unsigned(m, "export_id")?;
-    let address = unsigned(m, "address")?;
     let length = unsigned(m, "length")?;
     let worker_address = bytes(m, "worker_address", tensorwire_remote::MAX_WORKER_ADDRESS_LEN)?;
-    let rkey = bytes(m, "rkey", tensorwire_remote::MAX_RKEY_LEN)?;
-    let blob = ExportBlob::from_parts(Engine::Ucx, export_id, address, length, &worker_address, &rkey)
+    let key = bytes(m, "key", tensorwire_remote::KEY_LEN)?;
+    let blob = ExportBlob::from_parts(Engine::Ucx, export_id, length, &key, &worker_address)
         .map_err(|e| RpcError::Decode(format!("{REMOTE_TENSOR_TYPE} export {export_id} is malformed: {e}")))?;
     let layout = crate::tensor::layout_from_ref(m)?;
     let need = layout
@@ -122,15 +129,8 @@ mod tests {
     use super::*;
     use tensorwire::DType;
 
-    fn rkey() -> Vec<u8> {
-        let mut k = vec![0u8; 9];
-        k[0] = 0b11;
-        k.extend_from_slice(&[2, 0xaa, 0xbb, 0]);
-        k
-    }
-
     fn good() -> Map {
-        let blob = ExportBlob::from_parts(Engine::Ucx, 7, 0x1000, 64, &[0x10; 90], &rkey()).unwrap();
+        let blob = ExportBlob::from_parts(Engine::Ucx, 7, 64, &[0x33; 16], &[0x10; 90]).unwrap();
         let l = Layout::contiguous(DType::Float32, &[4, 4]).unwrap();
         match to_value(&blob, &l).unwrap() {
             Value::Object(m) => m,
@@ -157,14 +157,14 @@ mod tests {
     #[test]
     fn round_trip() {
         let r = parse(&good()).unwrap();
-        assert_eq!((r.blob.export_id(), r.blob.address(), r.blob.length()), (7, 0x1000, 64));
+        assert_eq!((r.blob.export_id(), r.blob.length(), *r.blob.key()), (7, 64, [0x33; 16]));
         assert_eq!(r.layout, Layout::contiguous(DType::Float32, &[4, 4]).unwrap());
         assert_eq!(export_id(&good()), Some(7));
     }
 
     #[test]
     fn every_field_is_checked_and_named() {
-        for k in ["engine", "export_id", "address", "length", "worker_address", "rkey", "dtype", "tensor_size"] {
+        for k in ["engine", "export_id", "length", "worker_address", "key", "dtype", "tensor_size"] {
             let e = match parse(&with(k, None)) {
                 Err(RpcError::Decode(s)) => s,
                 other => panic!("{k} missing gave {other:?}"),
@@ -173,12 +173,12 @@ mod tests {
         }
         assert!(decode_err(&with("engine", Some("nixl".into()))).contains("nixl"));
         assert!(decode_err(&with("length", Some(Value::Int(-1)))).contains("negative"));
-        assert!(decode_err(&with("address", Some("0x10".into()))).contains("address"));
+        assert!(decode_err(&with("export_id", Some("0x10".into()))).contains("export_id"));
         assert!(decode_err(&with("length", Some(Value::Int(0)))).contains("BadLength"));
         assert!(decode_err(&with("length", Some(Value::Int(1 << 50)))).contains("BadLength"));
-        assert!(decode_err(&with("rkey", Some("!!!!".into()))).contains("rkey"));
-        assert!(decode_err(&with("rkey", Some(Value::Str(base64::encode(&[0xff; 12]))))).contains("BadRkey"));
-        assert!(decode_err(&with("rkey", Some(Value::Str("A".repeat(10_000))))).contains("rkey"));
+        assert!(decode_err(&with("key", Some("!!!!".into()))).contains("key"));
+        assert!(decode_err(&with("key", Some(Value::Str(base64::encode(&[0xff; 12]))))).contains("BadKey(12)"));
+        assert!(decode_err(&with("key", Some(Value::Str("A".repeat(10_000))))).contains("key"));
         assert!(decode_err(&with("worker_address", Some(Value::Str(base64::encode(&[0x0f; 90]))))).contains("BadWorkerAddress"));
         assert!(decode_err(&with("worker_address", Some(Value::Str(String::new())))).contains("BadWorkerAddress"));
         // A view larger than the storage.

@@ -9,7 +9,12 @@
 //!   importer's connection closes, and after the importer is SIGKILLed;
 //! - a peer without the capability (pyisolate's raw protocol, a tensorwire-rpc peer with
 //!   `remote_tensors` off) gets inline `TensorValue` bytes;
-//! - hostile remote values are named errors and the server serves on.
+//! - hostile remote values are named errors and the server serves on;
+//! - what a hostile importer can ask the server's exporter for (forged ids, another
+//!   connection's ids, a replay after release): named errors, the server serves on;
+//! - the per-message and per-connection budgets on what a peer can make us allocate;
+//! - a stalled exporter delays only its own connection's imports;
+//! - an importer SIGKILLed mid-transfer leaves no export behind.
 #![cfg(feature = "ucx")]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -43,7 +48,19 @@ fn int(a: &Args, i: usize) -> Result<i64> {
 /// bytes are the pattern), `t.live()` (remote exports unreleased over all its connections).
 fn serve() -> ! {
     let remote = std::env::var("TW_REMOTE_ON").as_deref() == Ok("1");
-    let cfg = RpcConfig { remote_tensors: remote, ..small_frames() };
+    let env_u64 = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let mut cfg = RpcConfig { remote_tensors: remote, ..small_frames() };
+    if let Some(b) = env_u64("TW_MSG_BUDGET") {
+        cfg.max_remote_message_bytes = b;
+    }
+    if let Some(b) = env_u64("TW_CONN_BUDGET") {
+        cfg.max_remote_connection_bytes = b;
+    }
+    if let Some(s) = env_u64("TW_IMPORT_TIMEOUT_S") {
+        cfg.remote_import_timeout = Duration::from_secs(s);
+    }
+    let kept: std::sync::Arc<std::sync::Mutex<Vec<Value>>> = Default::default();
+    let (k1, k2) = (kept.clone(), kept);
     let reg = Registry::new();
     reg.register(
         "t",
@@ -64,7 +81,16 @@ fn serve() -> ! {
                 let t = a.req(0, "tensor")?.as_tensor().ok_or_else(|| RpcError::InvalidArgument("not a tensor".into()))?;
                 Ok(Value::Bool(t.to_vec()? == pattern(int(&a, 1)? as u8, t.layout().numel() as usize)))
             })
-            .method("live", |_, _| Ok(Value::from(Endpoint::process_remote_exports() as i64))),
+            .method("live", |_, _| Ok(Value::from(Endpoint::process_remote_exports() as i64)))
+            // Keeps its argument (a received tensor stays alive), or drops all kept.
+            .method("keep", move |_, a| {
+                k1.lock().unwrap().push(a.req(0, "tensor")?.clone());
+                Ok(Value::Null)
+            })
+            .method("forget", move |_, _| {
+                k2.lock().unwrap().clear();
+                Ok(Value::Null)
+            }),
     )
     .unwrap();
     let server = Server::bind("tcp://127.0.0.1:0", reg, cfg).unwrap();
@@ -87,11 +113,40 @@ fn hold() -> ! {
     std::process::exit(1);
 }
 
+/// A client that imports a 256 MiB tensor from the server over and over, until killed.
+fn pull() -> ! {
+    let ep = client(&std::env::var("TW_SERVER").unwrap(), true);
+    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    ep.call("t", "make", vec![Value::Int(1), Value::Int(4096)]).unwrap();
+    println!("@pulling");
+    loop {
+        ep.call("t", "make", vec![Value::Int(3), Value::Int(256 << 20)]).unwrap();
+    }
+}
+
+/// An exporter on its own (the UCX side of a peer): exports 1 MiB and prints the value
+/// fields a `TensorwireRemote` needs, then serves until stdin closes.
+fn lone_exporter() -> ! {
+    let exporter = tensorwire_remote::ucx::Exporter::new().unwrap();
+    let scope = exporter.scope().unwrap();
+    let blob = scope.export(pattern(4, 1 << 20)).unwrap();
+    println!(
+        "@{} {} {}",
+        blob.export_id(),
+        base64::encode(blob.key()),
+        base64::encode(blob.worker_address())
+    );
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0);
+}
+
 #[test]
 fn child_role() {
     match std::env::var(ROLE).as_deref() {
         Ok("server") => serve(),
         Ok("holder") => hold(),
+        Ok("puller") => pull(),
+        Ok("lone_exporter") => lone_exporter(),
         _ => {}
     }
 }
@@ -262,7 +317,7 @@ fn tensor_arg(seed: u8, n: usize) -> Value {
 // ---------------------------------------------------------------- tests
 
 #[test]
-fn tensors_travel_by_ucx_get_both_ways_and_are_released() {
+fn tensors_travel_by_ucx_both_ways_and_are_released() {
     if std::env::var(ROLE).is_ok() {
         return;
     }
@@ -387,22 +442,22 @@ fn hostile_remote_values_are_named_errors() {
         let mut m = genuine.clone();
         match v {
             Some(v) => m.insert(k.into(), v),
-            None => m.remove(k),
+            None => m.shift_remove(k),
         };
         Value::Object(m)
     };
     let b64 = |b: &[u8]| Value::Str(base64::encode(b));
     let cases: Vec<(Value, &str)> = vec![
-        (with("rkey", None), "no \"rkey\" field"),
+        (with("key", None), "no \"key\" field"),
         (with("engine", Some("nixl".into())), "names engine \"nixl\""),
         (with("length", Some(Value::Int(-5))), "\"length\" is negative"),
-        (with("length", Some(Value::Int(1 << 45))), "BadLength"),
-        (with("length", Some(Value::Int(1 << 30))), "max_tensor_copy"),
-        (with("address", Some("0x1000".into())), "\"address\" is a str"),
+        (with("length", Some(Value::Int(1 << 45))), "max_remote_message_bytes"),
+        (with("length", Some(Value::Int(300 << 20))), "max_tensor_copy"),
+        (with("export_id", Some("0x1000".into())), "\"export_id\" is a str"),
         (with("worker_address", Some(b64(&[0x0f; 100]))), "BadWorkerAddress"),
         (with("worker_address", Some("not base64!".into())), "\"worker_address\""),
         (with("worker_address", Some(Value::Str("A".repeat(100_000)))), "\"worker_address\" is 100000 characters"),
-        (with("rkey", Some(b64(&[0xff; 40]))), "BadRkey"),
+        (with("key", Some(b64(&[0xff; 12]))), "BadKey(12)"),
         (with("tensor_size", Some(Value::Array(vec![Value::Int(8192)]))), "needs 8192 bytes"),
         (with("tensor_stride", Some(Value::Array(vec![Value::Int(-1)]))), "geometry"),
         (with("dtype", Some("torch.nope".into())), "dtype"),
@@ -411,9 +466,12 @@ fn hostile_remote_values_are_named_errors() {
         let (r, e) = raw.call("t", "check", vec![v.clone(), Value::Int(4)]);
         let e = e.unwrap_or_else(|| panic!("{v:?} was accepted: {r:?}"));
         assert!(e.contains(want), "{e:?} should name {want:?}");
-        // Refused while validating, before any allocation or transfer (except the copy
-        // limit's own error).
-        assert!(e.starts_with("cannot decode value") || want == "max_tensor_copy", "{e:?} is not a decode error");
+        // Refused while validating, before any allocation or transfer (the copy limit and
+        // the message budget have errors of their own).
+        assert!(
+            e.starts_with("cannot decode value") || want == "max_tensor_copy" || want == "max_remote_message_bytes",
+            "{e:?} is not a decode error"
+        );
     }
     // A value whose id was readable is released even though it was refused.
     let id = genuine.get("export_id").unwrap().as_i64().unwrap();
@@ -433,4 +491,206 @@ fn hostile_remote_values_are_named_errors() {
     // The server serves on, and reads a genuine value correctly.
     let (ok, e) = raw.call("t", "check", vec![Value::Object(genuine), Value::Int(4)]);
     assert_eq!((ok, e), (Value::Bool(true), None));
+}
+
+/// The fields of a remote value: (export id, key, worker address).
+fn remote_fields(v: &Value) -> (u64, Vec<u8>, Vec<u8>) {
+    let m = v.as_object().unwrap();
+    let b = |k: &str| base64::decode(m.get(k).unwrap().as_str().unwrap()).unwrap();
+    (m.get("export_id").unwrap().as_i64().unwrap() as u64, b("key"), b("worker_address"))
+}
+
+fn import_as(importer: &tensorwire_remote::ucx::Importer, id: u64, len: u64, key: &[u8], wa: &[u8]) -> std::result::Result<Vec<u8>, tensorwire_remote::ImportError> {
+    let blob = tensorwire_remote::ExportBlob::from_parts(tensorwire_remote::Engine::Ucx, id, len, key, wa).unwrap();
+    importer.import(&blob, vec![0u8; len as usize], Duration::from_secs(5))
+}
+
+/// A peer that asks the server's exporter for what it likes, with its own UCX importer:
+/// its own export works; an id never handed out, another connection's id, and its own id
+/// replayed after the release are named errors (the replay killed the exporter with
+/// SIGSEGV when it was a one-sided get); the server serves on.
+#[test]
+fn a_hostile_importer_reads_only_its_own_exports() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    use tensorwire_remote::ImportError;
+    let server = Proc::server(true);
+    let (mut a, mut b) = (Raw::connect(&server.line), Raw::connect(&server.line));
+    a.hello();
+    b.hello();
+    let (va, _) = a.call("t", "make", vec![Value::Int(11), Value::Int(1 << 20)]);
+    let (vb, _) = b.call("t", "make", vec![Value::Int(12), Value::Int(1 << 20)]);
+    let (ida, key, wa) = remote_fields(&va);
+    let (idb, _, _) = remote_fields(&vb);
+    let importer = tensorwire_remote::ucx::Importer::new().unwrap();
+    same(&import_as(&importer, ida, 1 << 20, &key, &wa).unwrap(), &pattern(11, 1 << 20), "own export");
+    assert_eq!(
+        import_as(&importer, ida + 1000, 1 << 20, &key, &wa).map(|v| v.len()),
+        Err(ImportError::UnknownExport(ida + 1000))
+    );
+    assert_eq!(
+        import_as(&importer, idb, 1 << 20, &key, &wa).map(|v| v.len()),
+        Err(ImportError::UnknownExport(idb)),
+        "another connection's export"
+    );
+    assert!(matches!(import_as(&importer, ida, 64 << 20, &key, &wa), Err(ImportError::ExporterLengthMismatch { .. })));
+    let (_, e) = a.call("__tensorwire__", "remote_release", vec![Value::Int(ida as i64)]);
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(
+        import_as(&importer, ida, 1 << 20, &key, &wa).map(|v| v.len()),
+        Err(ImportError::UnknownExport(ida)),
+        "replayed after release"
+    );
+    // The server is alive and serves both connections on.
+    let (v, e) = a.call("t", "make", vec![Value::Int(13), Value::Int(4096)]);
+    assert!(e.is_none() && is_remote(&v), "{e:?}");
+    let (id, key, wa) = remote_fields(&v);
+    same(&import_as(&importer, id, 4096, &key, &wa).unwrap(), &pattern(13, 4096), "after the attacks");
+    same(&import_as(&importer, idb, 1 << 20, &remote_fields(&vb).1, &wa).unwrap(), &pattern(12, 1 << 20), "b's own");
+}
+
+/// A frame naming one 4 MiB export 16 times is refused whole by the per-message budget,
+/// before any import, with its exports released; the per-connection budget counts what
+/// this connection's received tensors still hold, and frees as they drop.
+#[test]
+fn budgets_bound_what_a_peer_makes_us_allocate() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::spawn(
+        "server",
+        &[("TW_REMOTE_ON", "1"), ("TW_MSG_BUDGET", &(16u64 << 20).to_string()), ("TW_CONN_BUDGET", &(10u64 << 20).to_string())],
+    );
+    // The per-message budget, against a raw peer with an exporter of its own.
+    let exporter = tensorwire_remote::ucx::Exporter::new().unwrap();
+    let scope = exporter.scope().unwrap();
+    let blob = scope.export(pattern(2, 4 << 20)).unwrap();
+    let value = Value::object([
+        ("__type__", "TensorwireRemote".into()),
+        ("engine", "ucx".into()),
+        ("worker_address", Value::Str(base64::encode(blob.worker_address()))),
+        ("key", Value::Str(base64::encode(blob.key()))),
+        ("length", Value::Int(4 << 20)),
+        ("export_id", Value::Int(blob.export_id() as i64)),
+        ("dtype", "torch.uint8".into()),
+        ("tensor_size", Value::Array(vec![Value::Int(4 << 20)])),
+        ("tensor_stride", Value::Array(vec![Value::Int(1)])),
+        ("tensor_offset", Value::Int(0)),
+    ]);
+    let mut raw = Raw::connect(&server.line);
+    raw.hello();
+    let (r, e) = raw.call("t", "check", vec![value.clone(), Value::Int(2)]);
+    assert_eq!((r, e), (Value::Bool(true), None), "one 4 MiB tensor is within both budgets");
+    let (_, e) = raw.call("t", "keep", vec![Value::Array(vec![value.clone(); 16])]);
+    let e = e.expect("16 × 4 MiB in one message accepted");
+    assert!(e.contains("max_remote_message_bytes") && e.contains("67108864 bytes"), "{e}");
+    // Its exports were released, each time it was named.
+    let released = raw.released().iter().filter(|&&i| i == blob.export_id() as i64).count();
+    assert_eq!(released, 1 + 16, "releases: {:?}", raw.released());
+    // The per-connection budget (10 MiB): two kept 4 MiB tensors fit, a third does not;
+    // once the server drops them it fits again.
+    let ep = client(&server.line, true);
+    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    for i in 0..2 {
+        ep.call("t", "keep", vec![tensor_arg(i, 4 << 20)]).unwrap();
+    }
+    let e = ep.call("t", "keep", vec![tensor_arg(3, 4 << 20)]).unwrap_err().to_string();
+    assert!(e.contains("max_remote_connection_bytes"), "{e}");
+    ep.call("t", "forget", vec![]).unwrap();
+    ep.call("t", "keep", vec![tensor_arg(4, 4 << 20)]).unwrap();
+    assert_eq!(eventually(0, || ep.remote_exports_live()), 0, "every export released, refused or not");
+}
+
+/// Waits until every thread of `pid` is stopped: `kill` returns before a group stop has
+/// reached each thread.
+fn wait_stopped(pid: u32) {
+    let until = Instant::now() + Duration::from_secs(5);
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    };
+    while !stopped() {
+        assert!(Instant::now() < until, "{pid} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// An exporter that stops (SIGSTOP) while the server imports from it holds that import to
+/// its own deadline; an import on another connection of the server, at the same time,
+/// completes at once.
+#[test]
+fn a_stalled_exporter_delays_no_other_connection() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::spawn("server", &[("TW_REMOTE_ON", "1"), ("TW_IMPORT_TIMEOUT_S", "4")]);
+    let stalled = Proc::spawn("lone_exporter", &[]);
+    let f: Vec<&str> = stalled.line.split(' ').collect();
+    let value = Value::object([
+        ("__type__", "TensorwireRemote".into()),
+        ("engine", "ucx".into()),
+        ("worker_address", f[2].into()),
+        ("key", f[1].into()),
+        ("length", Value::Int(1 << 20)),
+        ("export_id", Value::Int(f[0].parse().unwrap())),
+        ("dtype", "torch.uint8".into()),
+        ("tensor_size", Value::Array(vec![Value::Int(1 << 20)])),
+        ("tensor_stride", Value::Array(vec![Value::Int(1)])),
+        ("tensor_offset", Value::Int(0)),
+    ]);
+    let mut raw = Raw::connect(&server.line);
+    raw.hello();
+    // First while it runs: the server's importer for this connection is connected.
+    let (r, e) = raw.call("t", "check", vec![value.clone(), Value::Int(4)]);
+    assert_eq!((r, e), (Value::Bool(true), None));
+    let healthy = client(&server.line, true);
+    assert!(healthy.negotiate_native(Duration::from_secs(10)).unwrap());
+    healthy.call("t", "check", vec![tensor_arg(1, 1 << 20), Value::Int(1)]).unwrap();
+
+    // SAFETY: stopping our own child by pid; it is killed and reaped by its `Proc`.
+    unsafe { libc::kill(stalled.child.id() as i32, libc::SIGSTOP) };
+    wait_stopped(stalled.child.id());
+    let t = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let (_, e) = raw.call("t", "check", vec![value, Value::Int(4)]);
+        (e, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    for i in 0..5u8 {
+        let ok = healthy.call("t", "check", vec![tensor_arg(i, 1 << 20), Value::Int(i.into())]).unwrap();
+        assert_eq!(ok, Value::Bool(true));
+    }
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(2), "5 imports on a healthy connection took {took:?} beside a stalled one");
+    let (e, stalled_took) = t.join().unwrap();
+    let e = e.unwrap_or_else(|| panic!("an import from a stopped exporter completed in {stalled_took:?}"));
+    assert!(e.contains("Timeout"), "{e}");
+    assert!(stalled_took < Duration::from_secs(8), "{stalled_took:?}");
+    // SAFETY: as above.
+    unsafe { libc::kill(stalled.child.id() as i32, libc::SIGCONT) };
+}
+
+/// An importer SIGKILLed while it receives a 256 MiB tensor: the server's export goes (its
+/// connection ends, the send to the dead peer fails), and the server serves on.
+#[test]
+fn an_importer_killed_mid_transfer_leaves_no_export() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let server = Proc::server(true);
+    let observer = client(&server.line, false);
+    let mut puller = Proc::spawn("puller", &[("TW_SERVER", &server.line)]);
+    assert_eq!(puller.line, "pulling");
+    std::thread::sleep(Duration::from_millis(300));
+    puller.child.kill().unwrap();
+    puller.child.wait().unwrap();
+    assert_eq!(eventually(0, || server_live(&observer)), 0, "exports left after the importer died");
+    let ep = client(&server.line, true);
+    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    let v = ep.call("t", "make", vec![Value::Int(5), Value::Int(1 << 20)]).unwrap();
+    same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(5, 1 << 20), "after the death");
 }

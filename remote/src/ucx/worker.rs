@@ -14,7 +14,7 @@ pub(crate) fn status_text(status: sys::ucs_status_t) -> String {
     ucx_rs::status_string(status).to_string()
 }
 
-/// A context with one worker (RMA + wakeup features, serialized thread mode: the owner
+/// A context with one worker (active messages + wakeup, serialized thread mode: the owner
 /// guards every call with a lock).
 pub(crate) struct Worker {
     context: sys::ucp_context_h,
@@ -41,7 +41,15 @@ impl Worker {
         if status != sys::ucs_status_t_UCS_OK {
             return Err(ucx("ucp_config_read", status));
         }
-        for (name, value) in options {
+        // Larger tcp send segments than UCX's 8 KiB default: fewer fragments, sends and
+        // receives per transfer. The environment (`UCX_TCP_TX_SEG_SIZE`,
+        // `UCX_TCP_RX_SEG_SIZE`) and `options` win.
+        let defaults = [("TCP_TX_SEG_SIZE", "64k"), ("TCP_RX_SEG_SIZE", "64k")];
+        let defaults = defaults
+            .iter()
+            .filter(|(n, _)| std::env::var_os(format!("UCX_{n}")).is_none())
+            .filter(|(n, _)| !options.iter().any(|(o, _)| o == n));
+        for (name, value) in defaults.chain(options.iter()) {
             let (Ok(n), Ok(v)) = (CString::new(*name), CString::new(*value)) else {
                 // SAFETY: `config` came from `ucp_config_read` and is released once.
                 unsafe { sys::ucp_config_release(config) };
@@ -64,7 +72,7 @@ impl Worker {
         let mut params: sys::ucp_params_t = unsafe { MaybeUninit::zeroed().assume_init() };
         params.field_mask = sys::ucp_params_field_UCP_PARAM_FIELD_FEATURES as u64;
         params.features =
-            (sys::ucp_feature_UCP_FEATURE_RMA | sys::ucp_feature_UCP_FEATURE_WAKEUP) as u64;
+            (sys::ucp_feature_UCP_FEATURE_AM | sys::ucp_feature_UCP_FEATURE_WAKEUP) as u64;
         let mut context: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: `params` is initialised as above; a null config makes UCX read its
         // environment; `context` is a valid out-pointer.
@@ -112,10 +120,6 @@ impl Worker {
         })
     }
 
-    pub(crate) fn context(&self) -> sys::ucp_context_h {
-        self.context
-    }
-
     pub(crate) fn raw(&self) -> sys::ucp_worker_h {
         self.worker
     }
@@ -137,6 +141,37 @@ impl Worker {
         // SAFETY: `addr` came from `ucp_worker_get_address` on this worker, released once.
         unsafe { sys::ucp_worker_release_address(self.worker, addr) };
         Ok(bytes)
+    }
+
+    /// Installs `cb` as the handler of active messages `id`, called with `arg` from this
+    /// worker's progress.
+    ///
+    /// # Safety
+    /// `arg` must be valid for what `cb` does with it until the worker is destroyed.
+    pub(crate) unsafe fn set_am_handler(
+        &mut self,
+        id: u32,
+        cb: sys::ucp_am_recv_callback_t,
+        arg: *mut c_void,
+    ) -> Result<(), EngineError> {
+        // SAFETY: zeroed handler params mean "no optional field"; we set the ones named.
+        let mut p: sys::ucp_am_handler_param_t = unsafe { MaybeUninit::zeroed().assume_init() };
+        p.field_mask = (sys::ucp_am_handler_param_field_UCP_AM_HANDLER_PARAM_FIELD_ID
+            | sys::ucp_am_handler_param_field_UCP_AM_HANDLER_PARAM_FIELD_CB
+            | sys::ucp_am_handler_param_field_UCP_AM_HANDLER_PARAM_FIELD_ARG)
+            as u64;
+        p.id = id;
+        p.cb = cb;
+        p.arg = arg;
+        // SAFETY: the worker is live and ours; `arg` outlives it (the caller's contract).
+        let status = unsafe { sys::ucp_worker_set_am_recv_handler(self.worker, &p) };
+        if status != sys::ucs_status_t_UCS_OK {
+            return Err(EngineError::Ucx {
+                call: "ucp_worker_set_am_recv_handler",
+                status: status_text(status),
+            });
+        }
+        Ok(())
     }
 
     /// Progresses until nothing more happens; returns whether anything did.
@@ -187,6 +222,18 @@ impl Worker {
             }
         }
     }
+}
+
+/// Request parameters with only `flags` set (no callback: UCX returns a request to poll).
+pub(crate) fn request_param(flags: u32) -> sys::ucp_request_param_t {
+    // SAFETY: an all-zero `ucp_request_param_t` is the "no optional field" value (integers,
+    // pointers and nullable function pointers only).
+    let mut p: sys::ucp_request_param_t = unsafe { MaybeUninit::zeroed().assume_init() };
+    if flags != 0 {
+        p.op_attr_mask = sys::ucp_op_attr_t_UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = flags;
+    }
+    p
 }
 
 /// Waits up to `timeout` for `fd` to be readable.

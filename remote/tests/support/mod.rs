@@ -7,6 +7,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
+pub mod netns;
+
 pub const ROLE: &str = "TW_REMOTE_ROLE";
 
 /// The deterministic byte at `i` of a storage seeded with `seed`.
@@ -35,7 +37,22 @@ pub struct Peer {
 impl Peer {
     /// Re-runs this test binary's `test_name` as `role`, with `UCX_TLS=tls`.
     pub fn spawn(test_name: &str, role: &str, tls: &str) -> Peer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Peer::spawn_with(Command::new(std::env::current_exe().unwrap()), test_name, role, tls, &[])
+    }
+
+    /// As `spawn`, from a prepared command (e.g. `ip netns exec <ns> <this binary>`), with
+    /// more environment.
+    pub fn spawn_with(
+        mut cmd: Command,
+        test_name: &str,
+        role: &str,
+        tls: &str,
+        env: &[(&str, &str)],
+    ) -> Peer {
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
             .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
             .env(ROLE, role)
             .env("UCX_TLS", tls)
@@ -88,4 +105,33 @@ pub fn hear() -> Option<String> {
         return None;
     }
     Some(s.trim_end().to_string())
+}
+
+/// Waits up to 10 s for the exporter's held exports to come down to `n` (a send completes
+/// on the exporter's progress thread a moment after the importer has the bytes).
+pub fn live_settles_to(exporter: &tensorwire_remote::ucx::Exporter, n: usize) -> usize {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let live = exporter.live_exports();
+        if live <= n || std::time::Instant::now() > until {
+            return live;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Waits until every thread of `pid` is stopped: `kill` returns before a group stop has
+/// reached each thread.
+pub fn wait_stopped(pid: u32) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    };
+    while !stopped() {
+        assert!(std::time::Instant::now() < until, "{pid} did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -97,6 +97,7 @@ impl Inner {
         };
         // Decode tensors in the arguments (file_system refs, native tags).
         let decoded = (|| -> Result<Args> {
+            self.check_remote_budget(&args.iter().chain(kwargs.values()).collect::<Vec<_>>())?;
             let by = super::claim_deadline(None);
             let args = args.into_iter().map(|v| self.decode_tensors(v, by)).collect::<Result<Vec<_>>>()?;
             let kwargs = kwargs.into_iter().map(|(k, v)| Ok((k, self.decode_tensors(v, by)?))).collect::<Result<Map>>()?;

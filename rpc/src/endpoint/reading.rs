@@ -364,7 +364,9 @@ impl Inner {
                     Some(s) => {
                         let r = match error {
                             Some(e) => Err(RpcError::Remote(e)),
-                            None => self.decode_tensors(result, super::claim_deadline(s.deadline())),
+                            None => self
+                                .check_remote_budget(&[&result])
+                                .and_then(|()| self.decode_tensors(result, super::claim_deadline(s.deadline()))),
                         };
                         s.complete(r);
                     }

@@ -8,22 +8,31 @@
 //! refuses) leaves the connection on inline `TensorValue`s. One negotiation per
 //! connection, as on a Unix socket.
 //!
-//! Sending: a CPU tensor's storage is registered with the process's UCX exporter in this
+//! Sending: a CPU tensor's storage is exported by the process's UCX exporter in this
 //! connection's [`PeerScope`] (a `Tensor::Shared`'s memfd in place; any other tensor as a
-//! private copy) and goes as a `TensorwireRemote` value ([`crate::ucx_tensor`]). The
-//! export is held — the storage kept alive and registered — until the peer sends
-//! `__tensorwire__.remote_release(export_id)` or the connection ends (the scope is dropped
-//! with the connection's state), at most `RpcConfig::max_remote_exports` at a time.
+//! private copy) and goes as a `TensorwireRemote` value ([`crate::ucx_tensor`]) carrying
+//! the export's id and the scope's random key. The export is held — the storage kept
+//! alive — until the peer sends `__tensorwire__.remote_release(export_id)` or the
+//! connection ends (the scope is dropped with the connection's state), at most
+//! `RpcConfig::max_remote_exports` at a time. The peer can ask for nothing but these
+//! exports, whole: the exporter sends an export's own bytes, never an address the peer
+//! names.
 //!
-//! Receiving: the value is validated ([`crate::ucx_tensor::parse`]), a fresh memfd segment
-//! of the export's length is allocated (within `RpcConfig::max_tensor_copy`), the bytes
-//! are read into it with one UCX get (within `RpcConfig::remote_import_timeout`), and the
-//! release is sent — also when the read failed, so the exporter never holds an export for
-//! a value we refused. The tensor is an ordinary `Tensor::Shared` of ours.
+//! Receiving: before a message's values are decoded, its remote tensors' lengths are
+//! summed and checked against `RpcConfig::max_remote_message_bytes` and, with what this
+//! connection's imports already hold, `RpcConfig::max_remote_connection_bytes`; a message
+//! past either is refused whole and its exports released. Each value is then validated
+//! ([`crate::ucx_tensor::parse`]), a fresh memfd segment of the export's length is
+//! allocated (within `RpcConfig::max_tensor_copy` and the connection budget), the bytes
+//! are received into it (within `RpcConfig::remote_import_timeout`) by this connection's
+//! own importer, and the release is sent — also when the read failed, so the exporter
+//! never holds an export for a value we refused. The tensor is an ordinary
+//! `Tensor::Shared` of ours.
 //!
-//! Engines: one UCX exporter (context, worker and progress thread) and one importer per
-//! process, made on the first negotiation, configured from the environment (`UCX_TLS`,
-//! `UCX_NET_DEVICES`, ...). Imports are serialised on the importer.
+//! Engines: one UCX exporter (context, worker and progress thread) per process, made on
+//! the first negotiation, and one importer (context and worker) per connection, made on
+//! its first remote tensor, so a stalled peer delays only its own connection's imports.
+//! Both are configured from the environment (`UCX_TLS`, `UCX_NET_DEVICES`, ...).
 
 use super::{CONTROL_OBJECT_ID, CallOptions, Endpoint, Inner};
 use crate::error::{Result, RpcError};
@@ -32,12 +41,13 @@ use crate::message::Message;
 use crate::tensor::Tensor;
 use crate::ucx_tensor::{self, ENGINE_UCX};
 use crate::value::{Map, Value};
-use std::sync::{Arc, OnceLock};
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use tensorwire::{SharedTensor, Wait};
-use tensorwire_remote::Storage;
+use tensorwire::{Segment, SharedTensor, Wait};
 use tensorwire_remote::ucx::{Exporter, Importer, PeerScope};
+use tensorwire_remote::{Destination, Storage};
 
 /// The kwarg of `native_hello` that announces the engines we can use.
 const REMOTE_ENGINES: &str = "remote_engines";
@@ -46,29 +56,74 @@ const REMOTE_ENGINE: &str = "remote_engine";
 /// How long a received remote tensor waits for a negotiation still in progress.
 const NEGOTIATION_WAIT: Duration = Duration::from_secs(10);
 
-struct Engines {
-    exporter: Exporter,
-    importer: Importer,
-}
+static EXPORTER: OnceLock<std::result::Result<Exporter, String>> = OnceLock::new();
 
-static ENGINES: OnceLock<std::result::Result<Engines, String>> = OnceLock::new();
-
-/// The process's UCX engines, started on first use.
-fn engines() -> Result<&'static Engines> {
-    ENGINES
-        .get_or_init(|| {
-            let exporter = Exporter::new().map_err(|e| format!("starting the UCX exporter: {e}"))?;
-            let importer = Importer::new().map_err(|e| format!("starting the UCX importer: {e}"))?;
-            Ok(Engines { exporter, importer })
-        })
+/// The process's UCX exporter, started on first use.
+fn exporter() -> Result<&'static Exporter> {
+    EXPORTER
+        .get_or_init(|| Exporter::new().map_err(|e| format!("starting the UCX exporter: {e}")))
         .as_ref()
         .map_err(|e| RpcError::RemoteTransfer(e.clone()))
 }
 
-/// A connection's remote-tensor state: the exports the peer may read.
+/// A connection's remote-tensor state: the exports the peer may ask for, and what we
+/// import from it.
 pub(super) struct RemoteState {
-    /// Dropped with the connection's state: every export still held is unregistered.
+    /// Dropped with the connection's state: every export still held is dropped.
     scope: PeerScope,
+    /// This connection's importer, made on the first remote tensor received.
+    importer: OnceLock<std::result::Result<Importer, String>>,
+    /// Segments imported on this connection, for the connection budget: a segment counts
+    /// while anything (an import in progress, a tensor of the application) holds it.
+    imported: Mutex<Vec<(Weak<Segment>, u64)>>,
+}
+
+impl RemoteState {
+    fn importer(&self) -> Result<&Importer> {
+        self.importer
+            .get_or_init(|| Importer::new().map_err(|e| format!("starting this connection's UCX importer: {e}")))
+            .as_ref()
+            .map_err(|e| RpcError::RemoteTransfer(e.clone()))
+    }
+
+    /// Bytes of imported segments still alive.
+    fn held_bytes(&self) -> u64 {
+        let mut v = self.imported.lock();
+        v.retain(|(w, _)| w.strong_count() > 0);
+        v.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// A segment an import writes into; given back when the bytes are in.
+struct SegmentDest(Arc<Segment>, usize);
+
+// SAFETY: the segment was just created for this import, is mapped read-write for at least
+// `self.1` bytes, and its fd has not been passed to anyone: until the importer gives the
+// value back, nothing else reads or writes the memory (the `Weak` kept for the budget never
+// upgrades). The mapping stays in place while the `Arc` lives; both methods return the same
+// values on every call.
+unsafe impl Destination for SegmentDest {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.1
+    }
+}
+
+/// The remote tensors of one message: (total length, export ids).
+fn remote_values(v: &Value, total: &mut u64, ids: &mut Vec<u64>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| remote_values(x, total, ids)),
+        Value::Object(m) => match m.get("__type__").and_then(Value::as_str) {
+            Some(ucx_tensor::REMOTE_TENSOR_TYPE) => {
+                *total = total.saturating_add(ucx_tensor::length(m).unwrap_or(0));
+                ids.extend(ucx_tensor::export_id(m));
+            }
+            _ => m.values().for_each(|x| remote_values(x, total, ids)),
+        },
+        _ => {}
+    }
 }
 
 /// A `Tensor::Shared`'s storage, registered in place.
@@ -102,10 +157,16 @@ impl Endpoint {
     /// Remote exports not released yet over every connection of this process (0 before
     /// the first negotiation).
     pub fn process_remote_exports() -> usize {
-        match ENGINES.get() {
-            Some(Ok(e)) => e.exporter.live_exports(),
+        match EXPORTER.get() {
+            Some(Ok(e)) => e.live_exports(),
             _ => 0,
         }
+    }
+
+    /// Bytes of remote tensors received on this connection that are still alive (what
+    /// `RpcConfig::max_remote_connection_bytes` bounds).
+    pub fn remote_imported_bytes(&self) -> u64 {
+        self.inner().remote.lock().as_ref().map_or(0, |r| r.held_bytes())
     }
 }
 
@@ -130,8 +191,8 @@ impl Inner {
     }
 
     fn negotiate_remote_as_initiator(self: &Arc<Self>, wait: Wait) -> Result<bool> {
-        // Our own engines first: announce only what we can do.
-        engines()?;
+        // Our own exporter first: announce only what we can do.
+        exporter()?;
         let mut kwargs = Map::new();
         kwargs.insert(REMOTE_ENGINES.into(), Value::Array(vec![ENGINE_UCX.into()]));
         let opts = CallOptions { timeout: Some(wait), parent_call_id: None };
@@ -164,7 +225,7 @@ impl Inner {
         if self.native_claimed.swap(true, Ordering::AcqRel) {
             return Err(RpcError::Remote(super::native::REFUSED_REPEAT.into()));
         }
-        if let Err(e) = engines().and_then(|_| self.install_remote()) {
+        if let Err(e) = exporter().and_then(|_| self.install_remote()) {
             self.native_claimed.store(false, Ordering::Release);
             return Err(RpcError::Remote(format!("remote tensors unavailable here: {e}")));
         }
@@ -174,12 +235,14 @@ impl Inner {
     }
 
     fn install_remote(&self) -> Result<()> {
-        let scope = engines()?.exporter.scope();
+        let scope = exporter()?
+            .scope()
+            .map_err(|e| RpcError::RemoteTransfer(format!("making this connection's export scope: {e}")))?;
         let mut g = self.remote.lock();
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        *g = Some(Arc::new(RemoteState { scope }));
+        *g = Some(Arc::new(RemoteState { scope, importer: OnceLock::new(), imported: Mutex::new(Vec::new()) }));
         self.remote_ready.notify_all();
         Ok(())
     }
@@ -215,7 +278,7 @@ impl Inner {
                 (st.scope.export(bytes), layout)
             }
         };
-        let blob = exported.map_err(|e| RpcError::RemoteTransfer(format!("registering the storage of a {layout:?} tensor: {e}")))?;
+        let blob = exported.map_err(|e| RpcError::RemoteTransfer(format!("exporting the storage of a {layout:?} tensor: {e}")))?;
         ucx_tensor::to_value(&blob, &layout).inspect_err(|_| {
             let _ = st.scope.release(blob.export_id());
         })
@@ -226,35 +289,80 @@ impl Inner {
     pub(super) fn claim_remote(self: &Arc<Self>, m: &Map) -> Result<Value> {
         let negotiating = !self.is_unix && self.native_claimed.load(Ordering::Acquire);
         let st = if negotiating { self.wait_remote(Some(Instant::now() + NEGOTIATION_WAIT)) } else { self.remote_state() };
-        if st.is_none() {
+        let Some(st) = st else {
             return Err(RpcError::Protocol(format!(
                 "a remote tensor ({}) arrived but remote tensors were never negotiated on this connection",
                 ucx_tensor::REMOTE_TENSOR_TYPE
             )));
-        }
+        };
         let id = ucx_tensor::export_id(m);
-        let r = self.read_remote(m);
+        let r = self.read_remote(&st, m);
         if let Some(id) = id {
             self.send_release(id);
         }
         r.map(|t| Value::from(Tensor::Shared(t)))
     }
 
-    fn read_remote(&self, m: &Map) -> Result<SharedTensor> {
+    /// The budgets on a received message, checked before any of its values is decoded:
+    /// the sum of its remote tensors' lengths against `max_remote_message_bytes`, and with
+    /// what this connection's imports hold, against `max_remote_connection_bytes`. A
+    /// message past either is refused whole, and every export it names released.
+    pub(super) fn check_remote_budget(self: &Arc<Self>, values: &[&Value]) -> Result<()> {
+        let Some(st) = self.remote_state() else {
+            return Ok(());
+        };
+        let (mut total, mut ids) = (0u64, Vec::new());
+        for v in values {
+            remote_values(v, &mut total, &mut ids);
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let held = st.held_bytes();
+        let refusal = if total > self.cfg.max_remote_message_bytes {
+            format!(
+                "a message names {} remote tensors totalling {total} bytes, over the per-message budget of {} \
+                 (RpcConfig::max_remote_message_bytes); none was read",
+                ids.len(),
+                self.cfg.max_remote_message_bytes
+            )
+        } else if held.saturating_add(total) > self.cfg.max_remote_connection_bytes {
+            format!(
+                "a message names remote tensors totalling {total} bytes while this connection's imports hold {held}, \
+                 over the per-connection budget of {} (RpcConfig::max_remote_connection_bytes); none was read",
+                self.cfg.max_remote_connection_bytes
+            )
+        } else {
+            return Ok(());
+        };
+        for id in ids {
+            self.send_release(id);
+        }
+        Err(RpcError::RemoteTransfer(refusal))
+    }
+
+    fn read_remote(&self, st: &RemoteState, m: &Map) -> Result<SharedTensor> {
         let r = ucx_tensor::parse(m)?;
         let (id, length, layout) = (r.blob.export_id(), r.blob.length(), r.layout);
         let what = || format!("the storage of remote {layout:?} tensor {id}");
         let n = check_tensor_copy(what, length, self.cfg.max_tensor_copy)?;
-        let seg = tensorwire::Segment::create(n)?;
-        // SAFETY: the segment was just created and mapped read-write for `n` bytes (its
-        // length is at least `n`); its fd has not been passed to anyone, so this slice is
-        // the only access to the memory until it ends below.
-        let dst = unsafe { std::slice::from_raw_parts_mut(seg.as_ptr(), n) };
-        engines()?
-            .importer
-            .import(&r.blob, dst, self.cfg.remote_import_timeout)
+        // The connection budget again, per tensor: messages decoded at the same time were
+        // each checked alone.
+        let held = st.held_bytes();
+        if held.saturating_add(n as u64) > self.cfg.max_remote_connection_bytes {
+            return Err(RpcError::RemoteTransfer(format!(
+                "remote tensor {id} ({n} bytes) would take this connection's imports from {held} bytes past its budget of {} \
+                 (RpcConfig::max_remote_connection_bytes)",
+                self.cfg.max_remote_connection_bytes
+            )));
+        }
+        let importer = st.importer()?;
+        let seg = Arc::new(Segment::create(n)?);
+        st.imported.lock().push((Arc::downgrade(&seg), n as u64));
+        let dst = importer
+            .import(&r.blob, SegmentDest(seg, n), self.cfg.remote_import_timeout)
             .map_err(|e| RpcError::RemoteTransfer(format!("reading remote tensor {id} ({length} bytes) from the peer: {e}")))?;
-        Ok(SharedTensor::new(Arc::new(seg), 0, n, layout)?)
+        Ok(SharedTensor::new(dst.0, 0, n, layout)?)
     }
 
     /// Tell the peer we are done with its export `id` (the response is not waited for).

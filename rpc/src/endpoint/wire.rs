@@ -97,6 +97,12 @@ impl Inner {
         }
     }
 
+    /// Without remote tensors a message has no remote-tensor budget to check.
+    #[cfg(not(feature = "ucx"))]
+    pub(super) fn check_remote_budget(self: &Arc<Self>, _values: &[&Value]) -> Result<()> {
+        Ok(())
+    }
+
     /// How a tensor goes on the wire.
     fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
         let native = self.native.lock().clone();
