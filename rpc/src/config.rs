@@ -119,6 +119,15 @@ pub struct RpcConfig {
     /// 1024); a send beyond it fails with `RpcError::RemoteTransfer`. Each holds the
     /// storage of one sent tensor until the peer releases it or the connection ends.
     pub max_remote_exports: usize,
+    /// Hand received values that hold no tagged object (no tensor, no pyisolate form) to
+    /// their consumer as [`Value::Json`](crate::Value::Json) text, checked but not
+    /// parsed into a tree (default `false`): for a consumer that builds its own objects
+    /// from the text, as the Python binding does. Only where the consumer says it reads
+    /// text: a service built with [`Service::json_text`](crate::Service::json_text), and
+    /// [`PendingCall::wait_slice`](crate::PendingCall::wait_slice) (and so
+    /// [`Worker::wait_call`](crate::Worker::wait_call)); every other request
+    /// handler, and every other wait for a response, gets the tree as before.
+    pub json_text: bool,
 }
 
 impl Default for RpcConfig {
@@ -142,6 +151,7 @@ impl Default for RpcConfig {
             native_tensors: true,
             peer_config: tensorwire::PeerConfig::default(),
             remote_tensors: false,
+            json_text: false,
             remote_import_timeout: DEFAULT_REMOTE_IMPORT_TIMEOUT,
             max_remote_exports: DEFAULT_MAX_REMOTE_EXPORTS,
         }

@@ -17,7 +17,7 @@
 //! The value type itself is [`crate::value`] (re-exported here as `json::Value`/`json::Map`).
 
 use crate::error::{Result, RpcError};
-pub use crate::value::{Map, Value};
+pub use crate::value::{JsonText, Map, Value};
 use crate::value::TensorEncoder;
 use std::io::Write as _;
 
@@ -29,7 +29,7 @@ pub const MAX_INT_DIGITS: usize = 4300;
 pub const DEFAULT_MAX_VALUES: usize = 1 << 20;
 
 mod parser;
-pub use parser::{Limits, parse, parse_limited};
+pub use parser::{Limits, parse, parse_limited, parse_message_text};
 
 impl Value {
     /// Parse Python-compatible JSON text (see the module docs) within the default
@@ -59,7 +59,7 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value, tensor: &mut TensorEncoder<'_>)
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Int(i) => out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
+        Value::Int(i) => write_int(out, *i),
         Value::BigInt(s) => {
             let digits = s.strip_prefix('-').unwrap_or(s);
             if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
@@ -98,8 +98,27 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value, tensor: &mut TensorEncoder<'_>)
             }
             write_value(out, &repl, tensor)?;
         }
+        Value::Json(j) => {
+            let text = j.text().as_bytes();
+            let mut at = 0;
+            for (off, t) in j.tensors() {
+                out.extend_from_slice(&text[at..*off]);
+                let repl = tensor(t)?;
+                if matches!(repl, Value::Tensor(_) | Value::Json(_)) {
+                    return Err(RpcError::InvalidArgument("tensor encoder returned a tensor".into()));
+                }
+                write_value(out, &repl, tensor)?;
+                at = *off;
+            }
+            out.extend_from_slice(&text[at..]);
+        }
     }
     Ok(())
+}
+
+/// An integer as Python's `json.dumps` writes it.
+pub fn write_int(out: &mut Vec<u8>, i: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
 }
 
 /// A float as Python's `json.dumps` writes it.
@@ -108,6 +127,11 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
         out.extend_from_slice(b"NaN");
     } else if f.is_infinite() {
         out.extend_from_slice(if f > 0.0 { b"Infinity" } else { b"-Infinity" });
+    } else if f != 0.0 && f.abs() < 1e15 && f.fract() == 0.0 {
+        // A whole number: the same text as Debug's ("3.0"), without the formatting
+        // machinery.
+        write_int(out, f as i64);
+        out.extend_from_slice(b".0");
     } else {
         // Debug is the shortest round-trip form and always has '.' or 'e' ("1.0", "1e100").
         // Written straight into `out`: writing to a Vec cannot fail.
@@ -162,6 +186,37 @@ mod tests {
         assert_eq!(rt("1.0"), "1.0");
         assert_eq!(rt("1E2"), "100.0");
         assert_eq!(rt("2"), "2");
+    }
+
+    #[test]
+    fn floats_as_debug_writes_them() {
+        // Whole numbers (written without Debug), their edges and any other float: the
+        // text is Debug's throughout.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let check = |f: f64| {
+            let mut out = Vec::new();
+            write_float(&mut out, f);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{f:?}"), "{f:e}");
+        };
+        for f in [0.0, -0.0, 1.0, 0.5, 1e-4, 1e15, 999999999999999.0, 999999999999999.9, 1e16, 0.1, 1.0 / 3.0, 123456.789, 4503599627370497.0] {
+            check(f);
+            check(-f);
+        }
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f64::from_bits(x);
+            if f.is_finite() {
+                check(f);
+            }
+            // And numbers in the fast range with few or many digits.
+            let m = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let e = (x % 20) as i32 - 5;
+            check(m * 10f64.powi(e));
+            check((m * 1e6).round() / 1e3);
+            check((m * 10f64.powi(e + 5)).round());
+        }
     }
 
     #[test]
