@@ -104,7 +104,7 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value, tensor: &mut TensorEncoder<'_>)
             for (off, t) in j.tensors() {
                 out.extend_from_slice(&text[at..*off]);
                 let repl = tensor(t)?;
-                if matches!(repl, Value::Tensor(_) | Value::Json(_)) {
+                if matches!(repl, Value::Tensor(_)) {
                     return Err(RpcError::InvalidArgument("tensor encoder returned a tensor".into()));
                 }
                 write_value(out, &repl, tensor)?;
@@ -139,10 +139,45 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
     }
 }
 
+/// Bytes from `i` on in `b` that a string copies as they are: the index of the first
+/// byte at or after `i` that is a `"`, a `\\`, a control character (below 0x20) or, with
+/// `del`, 0x7f — or `b.len()`. Eight bytes at a time.
+pub fn plain_run(b: &[u8], mut i: usize, del: bool) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let x = u64::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7]]);
+        // A byte below 0x20: (x - 0x20 per byte) borrows into its high bit, unless the byte
+        // had its own high bit set (UTF-8's multi-byte sequences).
+        let special = (x.wrapping_sub(0x20 * ONES) & !x & HIGH)
+            | zero_in(x ^ (b'"' as u64 * ONES))
+            | zero_in(x ^ (b'\\' as u64 * ONES))
+            | if del { zero_in(x ^ (0x7f * ONES)) } else { 0 };
+        if special != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 || (del && c == 0x7f) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
 /// A JSON string literal: UTF-8 copied, quotes/backslashes/control characters escaped.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let b = s.as_bytes();
+    let run = plain_run(b, 0, true);
+    if run == b.len() {
+        out.extend_from_slice(b);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (i, &c) in b.iter().enumerate() {
         let esc: &[u8] = match c {
@@ -237,6 +272,23 @@ mod tests {
         assert_eq!(v.as_str().unwrap(), "a\u{e9}\u{1F600}\n\"\\/\u{FFFD}x");
         assert_eq!(v.to_json().unwrap(), "\"a\u{e9}\u{1F600}\\n\\\"\\\\/\u{FFFD}x\"");
         assert_eq!(Value::from("\u{1}\u{7f}").to_json().unwrap(), "\"\\u0001\\u007f\"");
+    }
+
+    #[test]
+    fn plain_runs_stop_at_every_special_byte() {
+        // Each special byte at each position of a 20-byte run, with multi-byte UTF-8 around.
+        for special in [b'"', b'\\', 0x00, 0x1f, 0x7f] {
+            for at in 0..20 {
+                let mut b: Vec<u8> = "aé😀 bcdefghijklmnop".bytes().take(20).collect();
+                b[at] = special;
+                let want = b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20 || c == 0x7f).unwrap();
+                assert_eq!(plain_run(&b, 0, true), want, "{special:#x} at {at}");
+                let want = b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).unwrap_or(b.len());
+                assert_eq!(plain_run(&b, 0, false), want, "{special:#x} at {at}, no del");
+            }
+        }
+        let b = "plain text, é and 😀, then more plain text".as_bytes();
+        assert_eq!(plain_run(b, 3, true), b.len());
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl JsonText {
         }
         Ok(JsonText { text, tensors })
     }
-    /// Received text, checked by the parser.
+    /// Text without tensors: received (checked by the parser), or written here.
     pub(crate) fn received(text: String) -> JsonText {
         JsonText { text, tensors: Vec::new() }
     }

@@ -276,12 +276,7 @@ impl Parser<'_> {
         self.i += 1; // opening quote
         let mut escaped = false;
         loop {
-            while let Some(&c) = self.b.get(self.i) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            self.i = super::plain_run(self.b, self.i, false);
             let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
             self.i += 1;
             match c {
@@ -331,12 +326,7 @@ impl Parser<'_> {
         let mut out = String::new();
         loop {
             let start = self.i;
-            while let Some(&c) = self.b.get(self.i) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            self.i = super::plain_run(self.b, self.i, false);
             let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
             if c == b'"' && out.is_empty() {
                 // No escape: the common case, one allocation of the exact size.

@@ -290,12 +290,7 @@ impl<'a, 'py> Reader<'a, 'py> {
         let mut out = String::new();
         loop {
             let start = self.i;
-            while let Some(&c) = self.b.get(self.i) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            self.i = json::plain_run(self.b, self.i, false);
             let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
             let part = self.slice(start)?;
             self.i += 1;
