@@ -74,7 +74,7 @@ def test_values_arrive_as_they_were_sent_both_ways(worker):
         "floats": [0.0, -0.0, 1.0, 0.1, -2.5e-300, 1e300, 5e-324, 1e16, 123456.789, 1 / 3],
         "strs": ["", "plain", 'q"uote', "back\\slash", "tab\tnl\ncr\r", "\x00\x01\x1f\x7f", "é ✓ 😀 \u2028", "/"],
         "nested": {"a": [[], {}, [[{"b": None}]]], "t": (1, (2, 3))},
-        "ünï ✓": {"\n key\"": 1, "k" * 64: 2},
+        "ünï ✓": {"ké ✓": 1, "k" * 64: 2},
     }
     want = {**value, "nested": {"a": [[], {}, [[{"b": None}]]], "t": [1, [2, 3]]}}
     back = worker.call("echo", value)
@@ -84,8 +84,10 @@ def test_values_arrive_as_they_were_sent_both_ways(worker):
     assert str(back["floats"][1]) == "-0.0"
     special = worker.call("echo", [float("inf"), float("-inf"), float("nan")])
     assert special[:2] == [float("inf"), float("-inf")] and special[2] != special[2]
-    # Keyword arguments, and a value the worker builds: the same both ways.
+    # Keyword arguments: the same both ways.
     assert worker.call("echo_kw", x=value) == {"x": want}
+    # A key written with an escape (read through the tree, as one could spell "__type__").
+    assert worker.call("echo", {"\n key\"": [2**70, -0.0], "__typ": 1}) == {"\n key\"": [2**70, -0.0], "__typ": 1}
     deep = []
     for _ in range(200):
         deep = [deep]
