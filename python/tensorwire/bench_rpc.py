@@ -750,7 +750,7 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
                  f"kill the worker, then the next add(1, 2) answered by a worker forked from spawn(zygote=True)'s zygote, "
                  f"p50 of {len(cells.zygote_start)}")
     lines.append("randn echoes: every system sends a torch.randn tensor and the worker returns it (tensorwire.rpc: "
-                 "4 KiB copied inside the frame, 64 MiB moved into a segment in place by its first send; "
+                 "4 KiB packed into a recycled segment, 64 MiB moved into a segment in place by its first send; "
                  "Pipe bytes: the tensor's bytes pickled both ways)")
     lines.append("tensors: tensorwire.rpc sends rpc.empty tensors (shared segment, no copy); pyisolate, ProcessPool "
                  "and mp.Pipe send a plain tensor, moved into shared memory by its first send (in the warm-up) and "

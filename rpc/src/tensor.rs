@@ -40,7 +40,7 @@ use tensorwire::SharedTensor;
 
 pub use crate::cuda_tensor::CudaTensor;
 pub use crate::fs_tensor::{FS_DATA_OFFSET, FsTensor};
-pub use crate::tensor_handle::{CudaImportedTensor, FromPeer, ImportedTensor, PackedTensor, Tensor};
+pub use crate::tensor_handle::{CudaImportedTensor, FromPeer, ImportedTensor, Tensor};
 
 /// Which `TensorRef` strategy we emit for file_system tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -174,46 +174,6 @@ pub fn from_tensor_value(m: &Map) -> Result<Tensor> {
         }
     }
     Tensor::from_bytes(dtype, &sizes, &bytes)
-}
-
-/// The tag of a tensor whose bytes travel inside the frame.
-pub const INLINE_TYPE: &str = "TensorwireInline";
-
-/// The JSON of a small tensor sent inline (to a tensorwire peer that said it reads it):
-/// its dtype, shape and packed bytes in base64 — written as text at once (base64 needs
-/// no escaping).
-pub fn inline_ref(t: &PackedTensor) -> Value {
-    let l = t.layout();
-    let mut text = Vec::with_capacity(t.bytes().len().div_ceil(3) * 4 + 96);
-    text.extend_from_slice(b"{\"__type__\": \"");
-    text.extend_from_slice(INLINE_TYPE.as_bytes());
-    text.extend_from_slice(b"\", \"dtype\": \"torch.");
-    text.extend_from_slice(l.dtype.name().as_bytes());
-    text.extend_from_slice(b"\", \"tensor_size\": [");
-    for (i, &s) in l.sizes().iter().enumerate() {
-        if i > 0 {
-            text.extend_from_slice(b", ");
-        }
-        crate::json::write_int(&mut text, s);
-    }
-    text.extend_from_slice(b"], \"data\": \"");
-    crate::base64::encode_into(&mut text, t.bytes());
-    text.extend_from_slice(b"\"}");
-    // ASCII throughout: dtype names, digits, base64.
-    Value::Json(Box::new(crate::value::JsonText::received(String::from_utf8(text).unwrap_or_default())))
-}
-
-/// A tensor that came inline, at most `max_bytes` (`RpcConfig::max_tensor_copy`).
-pub fn from_inline(m: &Map, max_bytes: usize) -> Result<Tensor> {
-    let dtype = dtype_from_torch(m.get("dtype").and_then(Value::as_str).unwrap_or(""))?;
-    let sizes = int_list(m, "tensor_size")?;
-    let layout = Layout::contiguous(dtype, &sizes).map_err(|e| RpcError::Decode(format!("{INLINE_TYPE}: {e}")))?;
-    check_tensor_copy(|| format!("an inline {layout:?} tensor"), layout.packed_bytes(), max_bytes)?;
-    let data = m.get("data").and_then(Value::as_str).ok_or_else(|| RpcError::Decode(format!("{INLINE_TYPE} has no base64 \"data\" string")))?;
-    let t = PackedTensor::new(dtype, &sizes, |out| {
-        crate::base64::decode_exact(data.as_bytes(), out).map_err(|e| RpcError::Decode(format!("{INLINE_TYPE} of {layout:?}: {e}")))
-    })?;
-    Ok(Tensor::Packed(std::sync::Arc::new(t)))
 }
 
 /// The JSON for a natively sent tensor (the descriptor travels over the transport).

@@ -30,64 +30,6 @@ pub enum Tensor {
     File(Arc<FsTensor>),
     Cuda(Arc<CudaTensor>),
     CudaImported(Arc<CudaImportedTensor>),
-    /// A small CPU tensor held as its packed bytes in private memory: sent to a peer that
-    /// reads them, its bytes go inside the frame (`TensorwireInline`); to any other, as a
-    /// copy in a segment or file. Received inline, it arrives as one.
-    Packed(Arc<PackedTensor>),
-}
-
-/// A contiguous CPU tensor's bytes, in memory aligned for any dtype. The memory is
-/// handed out by address ([`PackedTensor::as_mut_ptr`]) to a framework that may write it
-/// (a tensor received inline is the receiver's own), so it lives behind a raw pointer.
-pub struct PackedTensor {
-    layout: Layout,
-    /// `Box<[u128]>` of `len.div_ceil(16)` words, taken apart (see `Drop`).
-    words: std::ptr::NonNull<u128>,
-    len: usize,
-}
-
-// SAFETY: the memory is owned (freed once, in `Drop`) and only reached through this
-// value's methods or the address it hands out; as with a segment's memory, whoever
-// writes it while others read it (a framework's tensor) orders that themselves.
-unsafe impl Send for PackedTensor {}
-// SAFETY: as above; `&self` methods only read.
-unsafe impl Sync for PackedTensor {}
-
-impl PackedTensor {
-    /// A contiguous `dtype` tensor of `sizes` whose bytes `fill` writes (given exactly
-    /// the packed size, zeroed).
-    pub fn new(dtype: DType, sizes: &[i64], fill: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<PackedTensor> {
-        let layout = Layout::contiguous(dtype, sizes)?;
-        let len = usize::try_from(layout.packed_bytes()).map_err(|_| RpcError::InvalidArgument(format!("a {layout:?} tensor does not fit memory")))?;
-        let mut words: Vec<u128> = try_with_capacity(len.div_ceil(16), || format!("a packed {layout:?} tensor"))?;
-        words.resize(len.div_ceil(16), 0);
-        // SAFETY: `words` holds `len.div_ceil(16) * 16 >= len` zeroed bytes, borrowed
-        // uniquely here; u8 has no alignment or validity requirement.
-        fill(unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) })?;
-        let words = std::ptr::NonNull::from(Box::leak(words.into_boxed_slice())).cast::<u128>();
-        Ok(PackedTensor { layout, words, len })
-    }
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `words` points at `len.div_ceil(16)` initialized words, alive until
-        // `Drop`, so at least `len` bytes.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
-    }
-    /// Where the bytes start (16-byte aligned), for a framework that keeps this tensor
-    /// alive while it reads or writes them.
-    pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.words.as_ptr().cast::<u8>()
-    }
-}
-
-impl Drop for PackedTensor {
-    fn drop(&mut self) {
-        let words = std::ptr::slice_from_raw_parts_mut(self.words.as_ptr(), self.len.div_ceil(16));
-        // SAFETY: made from `Box<[u128]>` of exactly this length in `new`, freed only here.
-        drop(unsafe { Box::from_raw(words) });
-    }
 }
 
 /// A tensor the peer exported to us natively — `T` is the transport's import, CPU
@@ -143,7 +85,6 @@ impl std::fmt::Debug for Tensor {
             Tensor::File(_) => "File",
             Tensor::Cuda(_) => "Cuda",
             Tensor::CudaImported(_) => "CudaImported",
-            Tensor::Packed(_) => "Packed",
         };
         write!(f, "Tensor::{kind}({:?})", self.layout())
     }
@@ -194,7 +135,6 @@ impl Tensor {
             Tensor::File(t) => t.layout(),
             Tensor::Cuda(t) => t.layout(),
             Tensor::CudaImported(t) => t.layout(),
-            Tensor::Packed(t) => t.layout(),
         }
     }
 
@@ -202,7 +142,7 @@ impl Tensor {
     /// of the connection a peer's tensor arrived on; unlimited for tensors made here.
     pub fn max_copy(&self) -> usize {
         match self {
-            Tensor::Shared(_) | Tensor::Cuda(_) | Tensor::Packed(_) => usize::MAX,
+            Tensor::Shared(_) | Tensor::Cuda(_) => usize::MAX,
             Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.max_copy(),
             Tensor::File(t) => t.max_copy(),
             Tensor::CudaImported(t) => t.max_copy(),
@@ -231,7 +171,6 @@ impl Tensor {
             Tensor::Shared(t) => t.storage_nbytes(),
             Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.storage_nbytes(),
             Tensor::File(t) => t.storage_size(),
-            Tensor::Packed(t) => t.bytes().len(),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(no_host_copy(&layout, "a host copy of the storage")),
         };
         let what = || format!("a copy of the storage of a {layout:?} tensor");
@@ -241,7 +180,6 @@ impl Tensor {
             Tensor::Shared(t) => t.read_storage(0, &mut v)?,
             Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.read_storage(0, &mut v)?,
             Tensor::File(t) => v.copy_from_slice(t.storage()),
-            Tensor::Packed(t) => v.copy_from_slice(t.bytes()),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(no_host_copy(&layout, "a host copy of the storage")),
         }
         Ok((v, layout))
@@ -271,7 +209,6 @@ impl Tensor {
                 unsafe { layout.gather(t.data_ptr(), &mut v) }?;
                 Ok(v)
             }
-            Tensor::Packed(t) => Ok(t.bytes().to_vec()),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => Err(no_host_copy(&layout, "a packed host copy")),
         }
     }
@@ -333,7 +270,6 @@ impl Tensor {
             (Tensor::File(a), Tensor::File(b)) => Arc::ptr_eq(a, b),
             (Tensor::Cuda(a), Tensor::Cuda(b)) => Arc::ptr_eq(a, b),
             (Tensor::CudaImported(a), Tensor::CudaImported(b)) => Arc::ptr_eq(a, b),
-            (Tensor::Packed(a), Tensor::Packed(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }

@@ -69,7 +69,7 @@ impl JsonText {
         }
         Ok(JsonText { text, tensors })
     }
-    /// Text without tensors: received (checked by the parser), or written here.
+    /// Received text, checked by the parser.
     pub(crate) fn received(text: String) -> JsonText {
         JsonText { text, tensors: Vec::new() }
     }

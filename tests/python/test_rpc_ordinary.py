@@ -1,9 +1,8 @@
 """Ordinary CPU tensors (``torch.randn``, a model's output: memory tensorwire did not
-make) through ``tensorwire.rpc``: a view of up to 16 KiB travels inside the frame (no
-segment, fd or lease; a private copy each way), one of up to 1 MiB is packed into a
-recycled segment of the binding's pool (never a fresh memfd per call), a larger one's
-storage moves into a segment in place on its first trip, and a received tensor of a
-segment sent back travels as the sender's own memory."""
+make) through ``tensorwire.rpc``: a view of up to 1 MiB is packed into a recycled segment
+of the binding's pool (never a fresh memfd per call), a larger one's storage moves into a
+segment in place on its first trip, and a received tensor sent back travels as the
+sender's own memory."""
 from __future__ import annotations
 
 import gc
@@ -24,8 +23,6 @@ from tensorwire import _native
 HERE = str(Path(__file__).resolve().parent)
 ENV = {"PYTHONPATH": HERE}
 MIB = 1 << 20
-SMALL = 1024  # float32 elements: 4 KiB, inside the frame
-MEDIUM = 8192  # 32 KiB: a pooled segment
 
 
 def spawn(**kw):
@@ -60,9 +57,9 @@ def _memfds() -> int:
     return n
 
 
-# Packed bytes inside the frame, at its 16 KiB limit and past it, at each size class's
-# edges (one page up to the 1 MiB pool limit), and past the limit (moved in place).
-SIZES = [4, 1000, 4096, 4100, 16 << 10, (16 << 10) + 4, 64 << 10, (256 << 10) + 8, MIB, MIB + 64, 3 * MIB]
+# Packed bytes at each size class's edges (one page up to the 1 MiB pool limit), and past
+# the limit (moved in place).
+SIZES = [4, 1000, 4096, 4100, 64 << 10, (256 << 10) + 8, MIB, MIB + 64, 3 * MIB]
 
 
 @pytest.mark.parametrize("nbytes", SIZES)
@@ -83,33 +80,8 @@ def test_ordinary_tensors_and_their_views_arrive_bit_exact_both_ways(worker, nby
         assert echoed.shape == view.shape and _bytes_of(echoed) == _bytes_of(view)
 
 
-def test_small_tensors_travel_inside_the_frame_both_ways(worker):
-    x = torch.randn(SMALL)
-    for _ in range(5):
-        worker.call("echo", x)
-    before, fds = _native.pool_stats(), _memfds()
-    for _ in range(500):
-        y = worker.call("echo", x)
-    assert torch.equal(y, x)
-    after = _native.pool_stats()
-    assert after["copies"] == before["copies"] and after["created"] == before["created"], \
-        "a small tensor went through the pool"
-    assert after["unpooled"] == before["unpooled"] and _memfds() <= fds, "a small tensor took a segment"
-    s = y.untyped_storage()
-    assert not _native.is_segment(s.data_ptr(), s.nbytes()), "the echo came back in a segment"
-    # Views, dtypes and a worker's own small tensor: bit-exact, and private each side (the
-    # worker's later write through what it kept does not show here).
-    for v in (torch.randn(64, 16).t(), torch.arange(100, dtype=torch.int64)[::3], torch.randn(8, 2, dtype=torch.complex64)):
-        assert _bytes_of(worker.call("echo", v)) == _bytes_of(v)
-    assert tuple(worker.call("make", SMALL).shape) == (SMALL,)
-    y = worker.call("keep_and_return", x)
-    assert worker.call("poke", 12.5) == 12.5
-    assert float(y[0]) == float(x[0]), "a small tensor came back as shared memory"
-    worker.call("drop")
-
-
-def test_a_loop_of_medium_echoes_recycles_a_bounded_number_of_segments(worker):
-    x = torch.randn(MEDIUM)
+def test_a_loop_of_small_echoes_recycles_a_bounded_number_of_segments(worker):
+    x = torch.randn(1024)  # 4 KiB
     for _ in range(5):
         worker.call("echo", x)
     before, fds = _native.pool_stats(), _memfds()
@@ -125,9 +97,9 @@ def test_a_loop_of_medium_echoes_recycles_a_bounded_number_of_segments(worker):
 
 
 def test_a_tensor_the_worker_returns_is_the_memory_it_received(worker):
-    # Medium (pooled copy) and large (moved in place): what comes back maps the same pages
+    # Small (pooled copy) and large (moved in place): what comes back maps the same pages
     # the worker received, so the worker's later write through its kept view shows here.
-    for n in (MEDIUM, 2 * MIB // 4):
+    for n in (1024, 2 * MIB // 4):
         x = torch.randn(n)
         y = worker.call("keep_and_return", x)
         assert torch.equal(y, x)
@@ -141,10 +113,10 @@ def test_our_own_memory_sent_back_is_our_own_storage_again(worker):
     x = torch.randn(2 * MIB // 4)
     y = worker.call("echo", x)
     assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
-    # Medium: packed into a pooled segment; what comes back is that segment (ours, sent as
+    # Small: packed into a pooled segment; what comes back is that segment (ours, sent as
     # it is when sent again), and a value sent back and forth keeps its storage: no
     # chain of forwards grows behind it.
-    y = worker.call("echo", torch.randn(MEDIUM))
+    y = worker.call("echo", torch.randn(1024))
     s = y.untyped_storage()
     assert _native.is_segment(s.data_ptr(), s.nbytes()), "the echo came back as an import of our memory"
     ptr, copies = y.data_ptr(), _native.pool_stats()["copies"]
@@ -154,7 +126,7 @@ def test_our_own_memory_sent_back_is_our_own_storage_again(worker):
 
 
 def test_a_received_tensor_sent_again_by_the_host_is_forwarded(worker):
-    y = worker.call("make", MEDIUM)  # the worker's memory, in its pool
+    y = worker.call("make", 1024)  # the worker's memory
     v = y[3:]  # any view of a received storage
     assert worker.call("write_first", v, -7.0)
     assert float(y[3]) == -7.0, "the host's re-send was a copy"
@@ -188,7 +160,7 @@ def test_the_pool_is_bounded_and_a_dead_workers_segments_come_back():
         pid = w.call("pid")
         # The worker keeps every tensor: each holds a pooled segment until it dies.
         for _ in range(40):
-            w.call("keep", torch.randn(MEDIUM))
+            w.call("keep", torch.randn(1024))
         st = _native.pool_stats()
         assert st["pooled"] <= st["max_per_class"] * 9 and st["pooled_bytes"] <= st["max_pool_bytes"]
         assert _native.pool_busy() >= min(40, st["max_per_class"])
@@ -196,7 +168,7 @@ def test_the_pool_is_bounded_and_a_dead_workers_segments_come_back():
         killer.start()
         with pytest.raises(tensorwire.PeerGone):
             while True:  # killed mid-loop
-                w.call("echo", torch.randn(MEDIUM))
+                w.call("echo", torch.randn(1024))
         killer.join()
         wait_for("the dead worker's leases to end", lambda: _native.pool_busy() == 0)
     gc.collect()

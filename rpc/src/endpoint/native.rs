@@ -40,9 +40,6 @@ pub(super) struct NativeState {
     /// JSON that names them.
     arrived: Mutex<Arrivals>,
     cv: Condvar,
-    /// The peer reads small tensors inside the frame (`TensorwireInline`): it said so
-    /// when native tensors were set up.
-    pub(super) inline: bool,
 }
 
 /// Refusals kept for the calls naming their tags, per connection; past this the oldest
@@ -202,10 +199,6 @@ impl Arrival {
 pub(super) const REFUSED_REPEAT: &str =
     "native_hello refused: native tensors were already negotiated on this connection (one native_hello per connection)";
 
-/// The native_hello keyword (and answer field) by which both sides say they read small
-/// tensors inside the frame (`TensorwireInline`).
-const INLINE_KWARG: &str = "inline_tensors";
-
 impl Endpoint {
     /// Set up native tensors with the peer: a fresh SEQPACKET socketpair, one end passed
     /// over this Unix socket, becomes a tensorwire [`tensorwire::Peer`]; from then on
@@ -306,9 +299,7 @@ impl Inner {
             parent_call_id: None,
             method: "native_hello".into(),
             args: vec![Value::Int(1)],
-            // We read small tensors inline; a peer that does too says so in its answer
-            // (one that does not answers `true`, as before).
-            kwargs: Map::from_iter([(INLINE_KWARG.to_owned(), Value::Bool(true))]),
+            kwargs: Map::new(),
         };
         let sent = (|| {
             let mut payload = Vec::new();
@@ -322,14 +313,13 @@ impl Inner {
             self.pending.lock().remove(&call.id);
             return Err(e);
         }
-        let inline = match call.wait() {
-            Ok(Value::Bool(true)) => false,
-            Ok(Value::Object(m)) if m.get("native") == Some(&Value::Bool(true)) => m.get(INLINE_KWARG) == Some(&Value::Bool(true)),
+        match call.wait() {
+            Ok(Value::Bool(true)) => {}
             Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
             Err(e) => return Err(e),
-        };
+        }
         let peer = tensorwire::Peer::from_fd(mine, self.cfg.peer_config.clone())?;
-        self.install_native(peer, inline)?;
+        self.install_native(peer)?;
         Ok(true)
     }
 
@@ -353,7 +343,6 @@ impl Inner {
                 if self.native_claimed.swap(true, Ordering::AcqRel) {
                     return Err(RpcError::Remote(REFUSED_REPEAT.into()));
                 }
-                let inline = kwargs.get(INLINE_KWARG) == Some(&Value::Bool(true));
                 // The peer sets up its side after our answer; do ours in the background
                 // (bounded by the transport's handshake timeout).
                 let me = Arc::downgrade(self);
@@ -361,31 +350,22 @@ impl Inner {
                 std::thread::Builder::new()
                     .name("tensorwire-rpc-native-setup".into())
                     .spawn(move || {
-                        let installed = tensorwire::Peer::from_fd(fd, cfg).is_ok_and(|peer| {
-                            me.upgrade().is_some_and(|i| i.install_native(peer, inline).is_ok())
-                        });
-                        if !installed {
-                            // Release: pairs with the Acquire load in `encode_tensor`, which
-                            // then stops waiting for a setup that will not come.
+                        if let Ok(peer) = tensorwire::Peer::from_fd(fd, cfg) {
                             if let Some(i) = me.upgrade() {
-                                i.native_claimed.store(false, Ordering::Release);
+                                let _ = i.install_native(peer);
                             }
                         }
                     })
                     .map_err(|e| RpcError::io("spawning native setup", e))?;
-                if inline {
-                    return Ok(Value::object([("native", Value::Bool(true)), (INLINE_KWARG, Value::Bool(true))]));
-                }
                 Ok(Value::Bool(true))
             }
             m => Err(RpcError::NotFound(format!("'{CONTROL_OBJECT_ID}' has no method '{m}'"))),
         }
     }
 
-    /// Make `peer` this connection's native channel (`inline`: the peer reads small
-    /// tensors inside the frame), and start its sweeper.
-    pub(super) fn install_native(self: &Arc<Self>, peer: tensorwire::Peer, inline: bool) -> Result<()> {
-        let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(Arrivals::default()), cv: Condvar::new(), inline });
+    /// Make `peer` this connection's native channel, and start its sweeper.
+    pub(super) fn install_native(self: &Arc<Self>, peer: tensorwire::Peer) -> Result<()> {
+        let st = Arc::new(NativeState { peer: Arc::new(peer), arrived: Mutex::new(Arrivals::default()), cv: Condvar::new() });
         let (st2, me) = (st.clone(), Arc::downgrade(self));
         std::thread::Builder::new()
             .name("tw-native-sweep".into())
@@ -398,7 +378,7 @@ impl Inner {
 
     /// The native state once negotiated, waiting until `deadline` (`None`: no limit) or
     /// the end for a negotiation in progress.
-    pub(super) fn wait_native(&self, deadline: Option<Instant>) -> Option<Arc<NativeState>> {
+    fn wait_native(&self, deadline: Option<Instant>) -> Option<Arc<NativeState>> {
         self.wait_set(&self.native, &self.native_ready, deadline)
     }
 

@@ -11,10 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// Longest a tensor sent while our side of native tensors is being set up waits for it
-/// (the setup is a handshake over a socket pair between the two processes).
-const NATIVE_SETUP_WAIT: Duration = Duration::from_secs(5);
-
 impl Inner {
     pub(super) fn write_frame(&self, payload: &[u8]) -> Result<()> {
         if payload.len() > self.cfg.max_frame {
@@ -83,7 +79,6 @@ impl Inner {
                 }
                 Some("TensorwireTensor") => self.claim_native(&m, claim_by),
                 Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
-                Some(crate::tensor::INLINE_TYPE) => Ok(Value::from(crate::tensor::from_inline(&m, self.cfg.max_tensor_copy)?)),
                 #[cfg(feature = "ucx")]
                 Some(crate::ucx_tensor::REMOTE_TENSOR_TYPE) => self.claim_remote(&m),
                 #[cfg(not(feature = "ucx"))]
@@ -105,16 +100,6 @@ impl Inner {
     /// How a tensor goes on the wire.
     fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
         let native = self.native.lock().clone();
-        // The peer negotiated native tensors and our side is still being set up (see
-        // `control`): a tensor sent meanwhile — a reply to the first call, which may carry
-        // no native tensor to wait for — waits for it rather than taking the file path.
-        // Acquire: pairs with the Release store of a setup that failed.
-        let native = match native {
-            None if self.is_unix && self.native_claimed.load(Ordering::Acquire) => {
-                self.wait_native(Some(Instant::now() + NATIVE_SETUP_WAIT))
-            }
-            n => n,
-        };
         if let Some(device) = t.cuda_device() {
             let Some(n) = native else {
                 return Err(RpcError::CudaNotNative(format!(
@@ -132,11 +117,6 @@ impl Inner {
             return Ok(crate::tensor::native_ref(tag, &c.layout(), Some(device)));
         }
         if let Some(n) = native {
-            // A small tensor in private memory: its bytes inside the frame, to a peer that
-            // reads them (no segment, no transport message, no lease).
-            if let (Tensor::Packed(p), true) = (t, n.inline) {
-                return Ok(crate::tensor::inline_ref(p));
-            }
             // A tensor the peer (or another peer) exported to us goes on as the same
             // memory: the transport forwards the producer's memfd under a lease that
             // holds the import, never a copy.

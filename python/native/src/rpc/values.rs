@@ -1,15 +1,12 @@
 //! Python objects to RPC values and back: JSON data (None, bool, int of any size, float,
-//! str, list, tuple, dict with str keys) and CPU and CUDA torch tensors; containers as
-//! their JSON text (`json_text`). Nothing else is
+//! str, list, tuple, dict with str keys) and CPU and CUDA torch tensors. Nothing else is
 //! sent: no pickle, and an object of another type is refused with its type named.
 //!
 //! Tensors: one whose storage is a live tensorwire segment (`tensorwire.rpc.empty`, or a
 //! segment storage made by `_native.segment_storage`) travels as that segment under a
 //! lease, no copy; one received over the RPC (any view of its storage) is forwarded as the
-//! producer's memory. Any other CPU tensor is packed into private memory whose bytes go
-//! inside the frame (`Tensor::Packed`, to a peer that reads them) when its view is at most
-//! [`INLINE_MAX`] bytes, into a recycled segment (`crate::pool`) when it is at most
-//! `pool::MAX_POOLED` bytes, else its storage moves into a segment
+//! producer's memory. Any other CPU tensor is packed into a recycled segment (`crate::pool`)
+//! when its view is at most `pool::MAX_POOLED` bytes, else its storage moves into a segment
 //! in place (`tensorwire._ops.share_for_send`; copied once into a fresh segment where it
 //! cannot move). A tensor that arrives reaches torch by DLPack over the imported storage;
 //! its lease ends when torch's last view of it dies — or, when it is our own segment sent
@@ -31,15 +28,11 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use std::sync::Arc;
 use tensorwire::{DType, Layout, SharedTensor};
-use tensorwire_rpc::{PackedTensor, Tensor, Value};
+use tensorwire_rpc::{Tensor, Value};
 
 /// Deeper values are refused: a cyclic list would otherwise recurse without end, and the
 /// peer's decoder refuses deeper JSON anyway (`RpcConfig::max_depth`).
 pub(super) const MAX_DEPTH: usize = 256;
-
-/// The largest packed view of an ordinary CPU tensor sent inside the frame (base64) to a
-/// peer that reads that; larger ones go through segments.
-pub const INLINE_MAX: usize = 16 << 10;
 
 fn torch_tensor_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -261,27 +254,7 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
         }
         return Ok(Value::Tensor(Box::new(Tensor::Shared(fresh))));
     }
-    // Small: packed into private memory; its bytes go inside the frame to a tensorwire
-    // peer (`Tensor::Packed`), with no segment, transport message or lease.
-    if layout.packed_bytes() <= INLINE_MAX as u64 {
-        let extent = layout.extent_bytes().map_err(|e| crate::errors::to_py(py, &e))?;
-        if extent > snbytes as u64 {
-            return Err(refused(py, format!("tensorwire.rpc: the view {layout:?} passes the end of its storage of {snbytes} bytes")));
-        }
-        let packed = PackedTensor::new(dtype, &sizes, |out| {
-            if !out.is_empty() {
-                // SAFETY: the storage is `snbytes` bytes at `sptr`, kept alive by `t`
-                // (referenced across the call) and not resized meanwhile (the GIL is held
-                // throughout); the view's extent lies inside it (checked above), and
-                // `out` is exactly the packed size.
-                unsafe { tensorwire::desc::PackCursor::new(&layout).fill(sptr as *const u8, out) };
-            }
-            Ok(())
-        })
-        .map_err(|e| rpc_err(py, e))?;
-        return Ok(Value::Tensor(Box::new(Tensor::Packed(Arc::new(packed)))));
-    }
-    // Medium: packed into a recycled segment of this process's pool.
+    // Small and medium: packed into a recycled segment of this process's pool.
     // SAFETY: the storage is `snbytes` bytes at `sptr`, kept alive by `t` (referenced
     // across the call) and not resized meanwhile: the GIL is held throughout.
     let shared = unsafe { crate::pool::packed_copy(sptr as *const u8, snbytes, &layout) }
@@ -459,18 +432,6 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
         Tensor::Shared(shared) => {
             let (ptr, nbytes) = (shared.storage_ptr(), shared.storage_nbytes());
             dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(shared))?
-        }
-        Tensor::Packed(p) => {
-            // Private memory the tensor owns (it came inside the frame): sent on, it is an
-            // ordinary tensor again.
-            let (ptr, nbytes) = (p.as_mut_ptr(), p.bytes().len());
-            if let Some((data, dtype, sizes, strides)) = typed_view(&layout, ptr, nbytes) {
-                // SAFETY: `typed_view` kept the view inside the bytes, which the packed
-                // tensor (the owner) keeps alive; torch only reads and writes within them.
-                let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), Box::new(p))? };
-                return Ok(from_dlpack(py)?.call1((cap,))?.unbind());
-            }
-            dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), Box::new(p))?
         }
         Tensor::File(_) => {
             // A pyisolate peer's file_system tensor: copied (within the connection's copy
