@@ -59,7 +59,8 @@ import torch
 
 TARGET = "tensorwire.bench_rpc:Target"
 SYSTEMS = ["tensorwire.rpc", "pyisolate", "ProcessPool", "mp.Pipe", "Pipe bytes"]
-PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "4 KiB randn echo", "64 MiB randn echo"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "JSON dict 333 keys", "4 KiB randn echo",
+            "64 MiB randn echo"]
 # Payloads the "Pipe bytes" row measures: the tensor's bytes pickled each way (the 64 MiB
 # echo takes about a second a call that way: its baseline is mp.Pipe's shared memory).
 ECHOES = ["4 KiB randn echo"]
@@ -100,6 +101,11 @@ def json_payload() -> list:
     return out
 
 
+def dict_payload() -> dict:
+    """One dict of 333 keys, each a small list (an int, a float, a string): 999 leaves."""
+    return {f"key{i}": [i, i * 0.5, f"s{i}"] for i in range(333)}
+
+
 def _leaves(x) -> int:
     if isinstance(x, dict):
         return sum(_leaves(v) for v in x.values())
@@ -116,6 +122,7 @@ def payloads(make_tensor: Callable[[int], torch.Tensor]) -> list[tuple[str, str,
         ("4 KiB tensor", "tensor", (small,), [1024, 1.0]),
         ("64 MiB tensor", "tensor", (big,), [16 << 20, 1.0]),
         ("JSON 1,000 leaves", "json", (json_payload(),), 100),
+        ("JSON dict 333 keys", "json", (dict_payload(),), 333),
     ] + randn_echoes()
 
 
@@ -715,6 +722,9 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
         if pb.get("4 KiB randn echo"):
             fact += f", {small / p50(pb['4 KiB randn echo']):.2f}x Pipe bytes (goal <= 1x)"
         facts.append(fact)
+    for p in ("JSON 1,000 leaves", "JSON dict 333 keys"):
+        if tw.get(p) and mp_.get(p):
+            facts.append(f"{p}: {p50(tw[p]) / p50(mp_[p]):.2f}x mp.Pipe (goal <= 1x)")
     if tw.get("64 MiB randn echo") and mp_.get("64 MiB randn echo"):
         facts.append(f"64 MiB randn echo: {p50(tw['64 MiB randn echo']) / p50(mp_['64 MiB randn echo']):.2f}x mp.Pipe "
                      f"(goal <= 1x)")

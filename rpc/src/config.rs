@@ -132,6 +132,15 @@ pub struct RpcConfig {
     /// (default 2 GiB): imports in progress plus imported tensors still held by this
     /// process. A message that would go past it is refused whole, as above.
     pub max_remote_connection_bytes: u64,
+    /// Hand received values that hold no tagged object (no tensor, no pyisolate form) to
+    /// their consumer as [`Value::Json`](crate::Value::Json) text, checked but not
+    /// parsed into a tree (default `false`): for a consumer that builds its own objects
+    /// from the text, as the Python binding does. Only where the consumer says it reads
+    /// text: a service built with [`Service::json_text`](crate::Service::json_text), and
+    /// [`PendingCall::wait_slice`](crate::PendingCall::wait_slice) (and so
+    /// [`Worker::wait_call`](crate::Worker::wait_call)); every other request
+    /// handler, and every other wait for a response, gets the tree as before.
+    pub json_text: bool,
 }
 
 impl Default for RpcConfig {
@@ -155,6 +164,7 @@ impl Default for RpcConfig {
             native_tensors: true,
             peer_config: tensorwire::PeerConfig::default(),
             remote_tensors: cfg!(feature = "ucx"),
+            json_text: false,
             remote_import_timeout: DEFAULT_REMOTE_IMPORT_TIMEOUT,
             max_remote_exports: DEFAULT_MAX_REMOTE_EXPORTS,
             max_remote_message_bytes: DEFAULT_MAX_REMOTE_MESSAGE_BYTES,

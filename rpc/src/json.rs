@@ -17,7 +17,7 @@
 //! The value type itself is [`crate::value`] (re-exported here as `json::Value`/`json::Map`).
 
 use crate::error::{Result, RpcError};
-pub use crate::value::{Map, Value};
+pub use crate::value::{JsonText, Map, Value};
 use crate::value::TensorEncoder;
 use std::io::Write as _;
 
@@ -29,7 +29,7 @@ pub const MAX_INT_DIGITS: usize = 4300;
 pub const DEFAULT_MAX_VALUES: usize = 1 << 20;
 
 mod parser;
-pub use parser::{Limits, parse, parse_limited};
+pub use parser::{Limits, parse, parse_limited, parse_message_text};
 
 impl Value {
     /// Parse Python-compatible JSON text (see the module docs) within the default
@@ -59,7 +59,7 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value, tensor: &mut TensorEncoder<'_>)
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Int(i) => out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
+        Value::Int(i) => write_int(out, *i),
         Value::BigInt(s) => {
             let digits = s.strip_prefix('-').unwrap_or(s);
             if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
@@ -98,8 +98,27 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value, tensor: &mut TensorEncoder<'_>)
             }
             write_value(out, &repl, tensor)?;
         }
+        Value::Json(j) => {
+            let text = j.text().as_bytes();
+            let mut at = 0;
+            for (off, t) in j.tensors() {
+                out.extend_from_slice(&text[at..*off]);
+                let repl = tensor(t)?;
+                if matches!(repl, Value::Tensor(_)) {
+                    return Err(RpcError::InvalidArgument("tensor encoder returned a tensor".into()));
+                }
+                write_value(out, &repl, tensor)?;
+                at = *off;
+            }
+            out.extend_from_slice(&text[at..]);
+        }
     }
     Ok(())
+}
+
+/// An integer as Python's `json.dumps` writes it.
+pub fn write_int(out: &mut Vec<u8>, i: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
 }
 
 /// A float as Python's `json.dumps` writes it.
@@ -108,6 +127,11 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
         out.extend_from_slice(b"NaN");
     } else if f.is_infinite() {
         out.extend_from_slice(if f > 0.0 { b"Infinity" } else { b"-Infinity" });
+    } else if f != 0.0 && f.abs() < 1e15 && f.fract() == 0.0 {
+        // A whole number: the same text as Debug's ("3.0"), without the formatting
+        // machinery.
+        write_int(out, f as i64);
+        out.extend_from_slice(b".0");
     } else {
         // Debug is the shortest round-trip form and always has '.' or 'e' ("1.0", "1e100").
         // Written straight into `out`: writing to a Vec cannot fail.
@@ -115,10 +139,45 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
     }
 }
 
+/// Bytes from `i` on in `b` that a string copies as they are: the index of the first
+/// byte at or after `i` that is a `"`, a `\\`, a control character (below 0x20) or, with
+/// `del`, 0x7f — or `b.len()`. Eight bytes at a time.
+pub fn plain_run(b: &[u8], mut i: usize, del: bool) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let x = u64::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7]]);
+        // A byte below 0x20: (x - 0x20 per byte) borrows into its high bit, unless the byte
+        // had its own high bit set (UTF-8's multi-byte sequences).
+        let special = (x.wrapping_sub(0x20 * ONES) & !x & HIGH)
+            | zero_in(x ^ (b'"' as u64 * ONES))
+            | zero_in(x ^ (b'\\' as u64 * ONES))
+            | if del { zero_in(x ^ (0x7f * ONES)) } else { 0 };
+        if special != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 || (del && c == 0x7f) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
 /// A JSON string literal: UTF-8 copied, quotes/backslashes/control characters escaped.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let b = s.as_bytes();
+    let run = plain_run(b, 0, true);
+    if run == b.len() {
+        out.extend_from_slice(b);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (i, &c) in b.iter().enumerate() {
         let esc: &[u8] = match c {
@@ -165,6 +224,37 @@ mod tests {
     }
 
     #[test]
+    fn floats_as_debug_writes_them() {
+        // Whole numbers (written without Debug), their edges and any other float: the
+        // text is Debug's throughout.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let check = |f: f64| {
+            let mut out = Vec::new();
+            write_float(&mut out, f);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{f:?}"), "{f:e}");
+        };
+        for f in [0.0, -0.0, 1.0, 0.5, 1e-4, 1e15, 999999999999999.0, 999999999999999.9, 1e16, 0.1, 1.0 / 3.0, 123456.789, 4503599627370497.0] {
+            check(f);
+            check(-f);
+        }
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f64::from_bits(x);
+            if f.is_finite() {
+                check(f);
+            }
+            // And numbers in the fast range with few or many digits.
+            let m = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let e = (x % 20) as i32 - 5;
+            check(m * 10f64.powi(e));
+            check((m * 1e6).round() / 1e3);
+            check((m * 10f64.powi(e + 5)).round());
+        }
+    }
+
+    #[test]
     fn objects_keep_insertion_order_and_the_last_duplicate() {
         // As json.loads: keys in the order written; a repeated key's last value, in the
         // place of its first occurrence.
@@ -182,6 +272,23 @@ mod tests {
         assert_eq!(v.as_str().unwrap(), "a\u{e9}\u{1F600}\n\"\\/\u{FFFD}x");
         assert_eq!(v.to_json().unwrap(), "\"a\u{e9}\u{1F600}\\n\\\"\\\\/\u{FFFD}x\"");
         assert_eq!(Value::from("\u{1}\u{7f}").to_json().unwrap(), "\"\\u0001\\u007f\"");
+    }
+
+    #[test]
+    fn plain_runs_stop_at_every_special_byte() {
+        // Each special byte at each position of a 20-byte run, with multi-byte UTF-8 around.
+        for special in [b'"', b'\\', 0x00, 0x1f, 0x7f] {
+            for at in 0..20 {
+                let mut b: Vec<u8> = "aé😀 bcdefghijklmnop".bytes().take(20).collect();
+                b[at] = special;
+                let want = b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20 || c == 0x7f).unwrap();
+                assert_eq!(plain_run(&b, 0, true), want, "{special:#x} at {at}");
+                let want = b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).unwrap_or(b.len());
+                assert_eq!(plain_run(&b, 0, false), want, "{special:#x} at {at}, no del");
+            }
+        }
+        let b = "plain text, é and 😀, then more plain text".as_bytes();
+        assert_eq!(plain_run(b, 3, true), b.len());
     }
 
     #[test]

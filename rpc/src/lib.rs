@@ -63,5 +63,5 @@ pub use server::Server;
 pub use stream::Stream;
 pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};
 pub use tensorwire::Wait;
-pub use value::{Map, Value};
+pub use value::{JsonText, Map, Value};
 pub use worker::{Limits, OnInterrupt, Output, PooledWorker, Sandbox, Worker, WorkerCall, WorkerPool, WorkerSpec, WorkerState};

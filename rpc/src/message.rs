@@ -72,6 +72,17 @@ impl Message {
         Message::from_value(v)
     }
 
+    /// As [`decode_limited`](Self::decode_limited), with the values the message carries
+    /// (result, args, kwargs values) as [`Value::Json`] text where they hold no tagged
+    /// object (see [`json::parse_message_text`]).
+    pub fn decode_text(payload: &[u8], limits: json::Limits) -> Result<Message> {
+        let v = json::parse_message_text(payload, limits).map_err(|e| match e {
+            RpcError::DecodeLimit { .. } => e,
+            e => RpcError::Protocol(e.to_string()),
+        })?;
+        Message::from_value(v)
+    }
+
     /// Interpret a parsed frame.
     pub fn from_value(v: Value) -> Result<Message> {
         let mut m = match v {

@@ -36,6 +36,51 @@ pub enum Value {
     /// A tensor: encoded per connection as a native descriptor, a file_system
     /// `TensorRef` or a `TensorValue` (see [`crate::tensor`]).
     Tensor(Box<Tensor>),
+    /// A value held as its JSON text rather than as a tree (see [`JsonText`]).
+    Json(Box<JsonText>),
+}
+
+/// One value as JSON text, with no tree built for it: what the Python binding sends
+/// (written straight from Python objects, its tensors kept aside and encoded in place
+/// when the text is written) and — on an endpoint with `RpcConfig::json_text` — what a
+/// received value holding no tagged object (no `"__type__"` key) arrives as, validated
+/// within the connection's decode limits. [`Value::into_tree`] parses it.
+#[derive(Clone, Debug, Default)]
+pub struct JsonText {
+    text: String,
+    tensors: Vec<(usize, Tensor)>,
+}
+
+impl JsonText {
+    /// `text` is one JSON value as [`crate::json`] writes it, with each tensor's encoding
+    /// to be written at its byte offset in `text`, where a value goes (offsets in
+    /// ascending order, each at most `text.len()` and on a char boundary). The caller
+    /// vouches for the text; it is written as it is.
+    pub fn new(text: String, tensors: Vec<(usize, Tensor)>) -> Result<JsonText> {
+        let mut last = 0;
+        for (at, _) in &tensors {
+            if *at < last || !text.is_char_boundary(*at) {
+                return Err(RpcError::InvalidArgument(format!(
+                    "a tensor's offset {at} in a {}-byte JSON text is out of order or inside a character",
+                    text.len()
+                )));
+            }
+            last = *at;
+        }
+        Ok(JsonText { text, tensors })
+    }
+    /// Received text, checked by the parser.
+    pub(crate) fn received(text: String) -> JsonText {
+        JsonText { text, tensors: Vec::new() }
+    }
+    /// The text (tensors not included).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+    /// The tensors with the offsets where their encodings go.
+    pub fn tensors(&self) -> &[(usize, Tensor)] {
+        &self.tensors
+    }
 }
 
 impl PartialEq for Value {
@@ -53,6 +98,10 @@ impl PartialEq for Value {
             (Array(a), Array(b)) => a == b,
             (Object(a), Object(b)) => a == b,
             (Tensor(a), Tensor(b)) => a.same_as(b),
+            (Json(_), _) | (_, Json(_)) => match (self.clone().into_tree(crate::json::Limits::default()), other.clone().into_tree(crate::json::Limits::default())) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            },
             _ => false,
         }
     }
@@ -121,6 +170,26 @@ impl Value {
             Value::Array(_) => "list",
             Value::Object(_) => "dict",
             Value::Tensor(_) => "Tensor",
+            Value::Json(j) => match j.text.trim_start().as_bytes().first() {
+                Some(b'{') => "dict",
+                Some(b'[') => "list",
+                Some(b'"') => "str",
+                Some(b'n') => "None",
+                Some(b't' | b'f') => "bool",
+                Some(_) if j.text.contains(['.', 'e', 'E', 'N', 'I']) => "float",
+                _ => "int",
+            },
+        }
+    }
+
+    /// The tree of a [`Value::Json`] (parsed within `limits`); any other value as it is.
+    /// Text written with tensors has no tree form here (the tensors' encodings are
+    /// chosen per connection): an error.
+    pub fn into_tree(self, limits: crate::json::Limits) -> Result<Value> {
+        match self {
+            Value::Json(j) if j.tensors.is_empty() => crate::json::parse_limited(j.text.as_bytes(), limits),
+            Value::Json(_) => Err(RpcError::InvalidArgument("a value written as JSON text with tensors in it has no tree form".into())),
+            v => Ok(v),
         }
     }
     /// Build an object from pairs.
@@ -242,6 +311,7 @@ impl TryFrom<&Value> for serde_json::Value {
                 m.iter().map(|(k, v)| Ok((k.clone(), serde_json::Value::try_from(v)?))).collect::<Result<_>>()?,
             ),
             Value::Tensor(_) => return Err(RpcError::Decode("a tensor has no plain-JSON form".into())),
+            Value::Json(_) => return serde_json::Value::try_from(&v.clone().into_tree(crate::json::Limits::default())?),
         })
     }
 }

@@ -22,6 +22,9 @@ class Plugin:
     def echo(self, x):
         return x
 
+    def echo_kw(self, **kw):
+        return kw
+
     def keys(self, d):
         """The dict's keys in the order this process sees them."""
         return list(d)
@@ -122,6 +125,13 @@ class Plugin:
             frame = b"\xff\xff\xff\xff"
         elif kind == "deep":
             body = b"[" * 1_000_000
+            frame = struct.pack(">I", len(body)) + body
+        elif kind == "deep_result":
+            # Inside a response's result, which the host checks without building it.
+            body = b'{"kind": "response", "call_id": 0, "result": ' + b"[" * 1_000_000
+            frame = struct.pack(">I", len(body)) + body
+        elif kind == "bad_result":
+            body = b'{"kind": "response", "call_id": 0, "result": {"a": [1, 2,]}, "error": null}'
             frame = struct.pack(">I", len(body)) + body
         else:
             body = b"\x00\x01garbage, not JSON"

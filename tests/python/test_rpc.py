@@ -66,6 +66,47 @@ def test_json_values_round_trip(worker):
     assert worker.call("echo", "ünïcode ✓") == "ünïcode ✓"
 
 
+def test_values_arrive_as_they_were_sent_both_ways(worker):
+    # Written straight from the objects to the wire's text and read straight back (no
+    # tree between): every kind of JSON value, in the forms that are easy to get wrong.
+    value = {
+        "ints": [0, -1, 2**63 - 1, -2**63, 2**63, -2**64 - 5, 10**80, True, False],
+        "floats": [0.0, -0.0, 1.0, 0.1, -2.5e-300, 1e300, 5e-324, 1e16, 123456.789, 1 / 3],
+        "strs": ["", "plain", 'q"uote', "back\\slash", "tab\tnl\ncr\r", "\x00\x01\x1f\x7f", "é ✓ 😀 \u2028", "/"],
+        "nested": {"a": [[], {}, [[{"b": None}]]], "t": (1, (2, 3))},
+        "ünï ✓": {"ké ✓": 1, "k" * 64: 2},
+    }
+    want = {**value, "nested": {"a": [[], {}, [[{"b": None}]]], "t": [1, [2, 3]]}}
+    back = worker.call("echo", value)
+    assert back == want
+    assert [type(x) for x in back["ints"]] == [int] * 7 + [bool] * 2
+    assert [type(x) for x in back["floats"]] == [float] * 10
+    assert str(back["floats"][1]) == "-0.0"
+    special = worker.call("echo", [float("inf"), float("-inf"), float("nan")])
+    assert special[:2] == [float("inf"), float("-inf")] and special[2] != special[2]
+    # Keyword arguments: the same both ways.
+    assert worker.call("echo_kw", x=value) == {"x": want}
+    # A key written with an escape (read through the tree, as one could spell "__type__").
+    assert worker.call("echo", {"\n key\"": [2**70, -0.0], "__typ": 1}) == {"\n key\"": [2**70, -0.0], "__typ": 1}
+    deep = []
+    for _ in range(200):
+        deep = [deep]
+    assert worker.call("echo", deep) == deep
+    # A tensor inside: the value travels as before, tagged, the rest as it was.
+    t = torch.arange(6.0)
+    back = worker.call("echo", {"t": t, "rest": value["strs"]})
+    assert torch.equal(back["t"], t) and back["rest"] == value["strs"]
+
+
+def test_bench_sized_values_round_trip(worker):
+    from tensorwire.bench_rpc import json_payload
+    records = json_payload()
+    assert worker.call("echo", records) == records
+    table = {f"key{i}": [i, i * 0.5, f"s{i}"] for i in range(333)}
+    assert worker.call("echo", table) == table
+    assert worker.call("keys", table) == list(table)
+
+
 def test_a_dict_keeps_its_key_order_both_ways(worker):
     # Not sorted, not reverse-sorted: an order only insertion can explain.
     order = ["zeta", "alpha", "mid", "10", "2", "Beta", "_"]
@@ -445,6 +486,8 @@ def test_a_sandboxed_worker_is_denied_files_network_and_exec_and_tensors_still_f
     ("length", "frame of 4294967295 bytes"),  # a frame declaring 2^32 - 1 bytes
     ("deep", "max_depth"),  # a million nested arrays
     ("garbage", "decode"),  # bytes that are not JSON
+    ("deep_result", "max_depth"),  # a response whose result nests a million arrays
+    ("bad_result", r"invalid JSON at byte 57: expected a value"),  # a result that is not JSON
 ])
 def test_a_hostile_worker_is_a_typed_error_and_the_host_serves_its_other_workers(worker, kind, says):
     with spawn() as w:

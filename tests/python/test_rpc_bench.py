@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "4 KiB randn echo",
-            "64 MiB randn echo"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "JSON dict 333 keys",
+            "4 KiB randn echo", "64 MiB randn echo"]
 
 
 def _importable(name: str) -> bool:

@@ -89,14 +89,17 @@ impl PendingCall {
     /// `Wait::Never` (the response if it is in, else `Timeout` at once).
     pub fn wait_timeout(self, wait: impl Into<Wait>) -> Result<Value> {
         let (deadline, asked) = deadline_of(wait.into());
+        let limits = self.inner.cfg.json_limits();
         if let Some(r) = self.inner.wait_reply(&self.reply, deadline) {
-            return r;
+            return r.and_then(|v| v.into_tree(limits));
         }
         self.expire(asked)
     }
     /// Wait at most `slice` and keep the call when its answer has not come (`None`): for
     /// a caller that must do something between waits — a Python caller checks its
     /// signals — and then waits again, cancels, or gives up with [`expire`](Self::expire).
+    /// On an endpoint with `RpcConfig::json_text` the result may be [`Value::Json`] text
+    /// (every other wait parses it into the tree).
     pub fn wait_slice(&self, slice: Duration) -> Option<Result<Value>> {
         self.inner.wait_reply(&self.reply, Instant::now().checked_add(slice))
     }
@@ -109,7 +112,8 @@ impl PendingCall {
     pub fn expire(self, after: Duration) -> Result<Value> {
         // Unless it was completed between the caller's deadline and this removal.
         self.inner.pending.lock().remove(&self.id);
-        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after }))
+        let limits = self.inner.cfg.json_limits();
+        self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after })).and_then(|v| v.into_tree(limits))
     }
 }
 

@@ -71,14 +71,22 @@ impl Inner {
     pub(super) fn dispatch(self: &Arc<Self>, req: Request, on_reader_thread: bool, may_hold: bool) {
         self.handled.fetch_add(1, Ordering::Relaxed);
         let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len } = req;
+        // Arguments that came as JSON text (`RpcConfig::json_text`) are parsed into the
+        // tree here unless the handler reads text.
+        let limits = self.cfg.json_limits();
+        let tree = |args: Vec<Value>, kwargs: Map| -> Result<(Vec<Value>, Map)> {
+            let args = args.into_iter().map(|v| v.into_tree(limits)).collect::<Result<Vec<_>>>()?;
+            let kwargs = kwargs.into_iter().map(|(k, v)| Ok((k, v.into_tree(limits)?))).collect::<Result<Map>>()?;
+            Ok((args, kwargs))
+        };
         if !callback && target == CONTROL_OBJECT_ID {
-            let r = self.control(&method, &args, &kwargs);
+            let r = tree(args, kwargs).and_then(|(args, kwargs)| self.control(&method, &args, &kwargs));
             self.respond(call_id, r);
             return;
         }
-        let handler = if callback {
+        let (handler, text) = if callback {
             match self.callbacks.lock().get(&target) {
-                Some(h) => Handler::Sync(h.clone()),
+                Some(h) => (Handler::Sync(h.clone()), false),
                 None => return self.respond(call_id, Err(RpcError::NotFound(format!("Callback ID {target} not found")))),
             }
         } else {
@@ -86,13 +94,21 @@ impl Inner {
                 return self.respond(call_id, Err(RpcError::NotFound(format!("Object ID {target} not registered"))));
             };
             match svc.handler(&method) {
-                Some(h) => h.clone(),
+                Some(h) => (h.clone(), svc.takes_json_text()),
                 None => {
                     return self.respond(
                         call_id,
                         Err(RpcError::NotFound(format!("'{}' object has no attribute '{method}'", svc.type_name()))),
                     );
                 }
+            }
+        };
+        let (args, kwargs) = if text || !self.cfg.json_text {
+            (args, kwargs)
+        } else {
+            match tree(args, kwargs) {
+                Ok(a) => a,
+                Err(e) => return self.respond(call_id, Err(e)),
             }
         };
         // Decode tensors in the arguments (file_system refs, native tags).

@@ -339,7 +339,11 @@ impl Inner {
         if !self.got_message.load(Ordering::Relaxed) {
             self.got_message.store(true, Ordering::Relaxed);
         }
-        let msg = Message::decode_limited(&payload, self.cfg.json_limits());
+        let msg = if self.cfg.json_text {
+            Message::decode_text(&payload, self.cfg.json_limits())
+        } else {
+            Message::decode_limited(&payload, self.cfg.json_limits())
+        };
         drop(payload); // the frame's text is not needed past decoding
         let msg = match msg {
             Ok(m) => m,

@@ -87,11 +87,22 @@ pub struct Service {
     methods: HashMap<String, Handler>,
     type_name: String,
     fallback: Option<Handler>,
+    json_text: bool,
 }
 
 impl Service {
     pub fn new(type_name: &str) -> Service {
-        Service { methods: HashMap::new(), type_name: type_name.to_owned(), fallback: None }
+        Service { methods: HashMap::new(), type_name: type_name.to_owned(), fallback: None, json_text: false }
+    }
+    /// Its handlers read arguments as [`Value::Json`] text where they hold no tagged
+    /// object, on an endpoint with `RpcConfig::json_text` (elsewhere, and by default, a
+    /// handler gets the tree).
+    pub fn json_text(mut self) -> Self {
+        self.json_text = true;
+        self
+    }
+    pub(crate) fn takes_json_text(&self) -> bool {
+        self.json_text
     }
     /// A blocking method, run on the worker pool (or on the reader thread while a
     /// standby reads: see `RpcConfig::inline_sync`).

@@ -5,7 +5,7 @@
 //! [`Limits::max_depth`] as it goes, and stops with [`RpcError::DecodeLimit`] at the first
 //! value over either — before allocating for it.
 
-use super::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_VALUES, MAX_INT_DIGITS, Map, Value};
+use super::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_VALUES, JsonText, MAX_INT_DIGITS, Map, Value};
 use crate::error::{Result, RpcError};
 
 /// What one parse may build.
@@ -31,10 +31,24 @@ pub fn parse(bytes: &[u8], max_depth: usize) -> Result<Value> {
 
 /// Parse `bytes` (must be UTF-8) within `limits`.
 pub fn parse_limited(bytes: &[u8], limits: Limits) -> Result<Value> {
+    parse_with(bytes, limits, false)
+}
+
+/// Parse a message's payload as [`parse_limited`] does — the same checks, limits and
+/// errors — except that the values a message carries (its `"result"`, each of its
+/// `"args"` and each value of its `"kwargs"`) come out as [`Value::Json`] text, no tree
+/// built, when they hold no object with a `"__type__"` key (a tagged value: a tensor, a
+/// pyisolate form; a key written with an escape counts as one). Those are parsed into
+/// the tree as before, for the endpoint to read their tensors.
+pub fn parse_message_text(bytes: &[u8], limits: Limits) -> Result<Value> {
+    parse_with(bytes, limits, true)
+}
+
+fn parse_with(bytes: &[u8], limits: Limits, text_fields: bool) -> Result<Value> {
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(RpcError::Decode(format!("frame is not valid UTF-8 (at byte {})", e.valid_up_to())));
     }
-    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits, entries: Vec::new(), items: Vec::new() };
+    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits, text_fields, entries: Vec::new(), items: Vec::new() };
     p.ws();
     let v = p.value()?;
     p.ws();
@@ -59,6 +73,8 @@ struct Parser<'a> {
     /// Values (and keys) parsed so far.
     values: usize,
     limits: Limits,
+    /// Keep the message's values as text (see [`parse_message_text`]).
+    text_fields: bool,
     /// The entries of the objects being parsed, innermost last: an object's map is built
     /// once its entries are known, at its final size (growing a hash map entry by entry
     /// costs more than the entries' own parse).
@@ -98,8 +114,8 @@ impl Parser<'_> {
         let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end of input")) };
         self.count()?;
         match c {
-            b'{' => self.object(),
-            b'[' => self.array(),
+            b'{' => self.object(false),
+            b'[' => self.array(false),
             b'"' => Ok(Value::Str(self.string()?)),
             b'n' if self.eat(b"null") => Ok(Value::Null),
             b't' if self.eat(b"true") => Ok(Value::Bool(true)),
@@ -139,10 +155,11 @@ impl Parser<'_> {
         self.depth -= 1;
         Ok(())
     }
-    fn array(&mut self) -> Result<Value> {
+    /// A list; `text`: each item as [`Parser::text_value`] reads it.
+    fn array(&mut self, text: bool) -> Result<Value> {
         let first = self.items.len();
         let parsed = self.items(b"]", "expected ',' or ']'", |p| {
-            let v = p.value()?;
+            let v = if text { p.text_value()? } else { p.value()? };
             p.items.push(v);
             Ok(())
         });
@@ -150,7 +167,8 @@ impl Parser<'_> {
         parsed?;
         Ok(Value::Array(items.collect()))
     }
-    fn object(&mut self) -> Result<Value> {
+    /// A dict; `text`: each value as [`Parser::text_value`] reads it.
+    fn object(&mut self, text: bool) -> Result<Value> {
         let first = self.entries.len();
         let parsed = self.items(b"}", "expected ',' or '}'", |p| {
             if p.b.get(p.i) != Some(&b'"') {
@@ -163,7 +181,25 @@ impl Parser<'_> {
                 return Err(p.err("expected ':'"));
             }
             p.ws();
-            let v = p.value()?;
+            let v = if text {
+                p.text_value()?
+            } else if p.text_fields && p.depth == 1 {
+                // A field of the message itself.
+                match (k.as_str(), p.b.get(p.i)) {
+                    ("result", _) => p.text_value()?,
+                    ("args", Some(b'[')) => {
+                        p.count()?;
+                        p.array(true)?
+                    }
+                    ("kwargs", Some(b'{')) => {
+                        p.count()?;
+                        p.object(true)?
+                    }
+                    _ => p.value()?,
+                }
+            } else {
+                p.value()?
+            };
             p.entries.push((k, v));
             Ok(())
         });
@@ -174,6 +210,92 @@ impl Parser<'_> {
             out.insert(k, v); // duplicate keys: the last value wins, in the first one's place, as in Python
         }
         Ok(Value::Object(out))
+    }
+    /// The value here as [`Value::Json`] when it holds no tagged object, checked as
+    /// [`Parser::value`] checks it; else its tree.
+    fn text_value(&mut self) -> Result<Value> {
+        let (start, values, depth) = (self.i, self.values, self.depth);
+        if self.skim()? {
+            return Ok(Value::Json(Box::new(JsonText::received(self.text_from(start).to_owned()))));
+        }
+        self.i = start;
+        self.values = values;
+        self.depth = depth;
+        self.value()
+    }
+    /// Check the value here as [`Parser::value`] does (grammar, limits, the same errors)
+    /// without building it; `true` when it holds no object with a `"__type__"` key (nor
+    /// a key with an escape, which could spell one).
+    fn skim(&mut self) -> Result<bool> {
+        let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end of input")) };
+        self.count()?;
+        match c {
+            b'{' => {
+                let mut plain = true;
+                self.items(b"}", "expected ',' or '}'", |p| {
+                    if p.b.get(p.i) != Some(&b'"') {
+                        return Err(p.err("expected a string key"));
+                    }
+                    p.count()?;
+                    let key = p.i;
+                    if p.skim_string()? || &p.b[key..p.i] == b"\"__type__\"" {
+                        plain = false;
+                    }
+                    p.ws();
+                    if !p.eat(b":") {
+                        return Err(p.err("expected ':'"));
+                    }
+                    p.ws();
+                    plain &= p.skim()?;
+                    Ok(())
+                })?;
+                Ok(plain)
+            }
+            b'[' => {
+                let mut plain = true;
+                self.items(b"]", "expected ',' or ']'", |p| {
+                    plain &= p.skim()?;
+                    Ok(())
+                })?;
+                Ok(plain)
+            }
+            b'"' => self.skim_string().map(|_| true),
+            b'n' if self.eat(b"null") => Ok(true),
+            b't' if self.eat(b"true") => Ok(true),
+            b'f' if self.eat(b"false") => Ok(true),
+            b'N' if self.eat(b"NaN") => Ok(true),
+            b'I' if self.eat(b"Infinity") => Ok(true),
+            b'-' if self.eat(b"-Infinity") => Ok(true),
+            b'-' | b'0'..=b'9' => self.skim_number().map(|_| true),
+            _ => Err(self.err("expected a value")),
+        }
+    }
+    /// Check the string here as [`Parser::string`] does, without building it; `true`
+    /// when it has an escape.
+    fn skim_string(&mut self) -> Result<bool> {
+        self.i += 1; // opening quote
+        let mut escaped = false;
+        loop {
+            self.i = super::plain_run(self.b, self.i, false);
+            let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
+            self.i += 1;
+            match c {
+                b'"' => return Ok(escaped),
+                b'\\' => {
+                    escaped = true;
+                    let Some(&e) = self.b.get(self.i) else { return Err(self.err("unterminated escape")) };
+                    self.i += 1;
+                    match e {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                        b'u' => {
+                            self.hex4()?;
+                        }
+                        _ => return Err(self.err("invalid escape")),
+                    }
+                }
+                _ => return Err(self.err("control character in string")),
+            }
+        }
     }
     fn hex4(&mut self) -> Result<u32> {
         let h = self.b.get(self.i..self.i + 4).ok_or_else(|| self.err("truncated \\u escape"))?;
@@ -204,12 +326,7 @@ impl Parser<'_> {
         let mut out = String::new();
         loop {
             let start = self.i;
-            while let Some(&c) = self.b.get(self.i) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            self.i = super::plain_run(self.b, self.i, false);
             let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
             if c == b'"' && out.is_empty() {
                 // No escape: the common case, one allocation of the exact size.
@@ -269,8 +386,18 @@ impl Parser<'_> {
         }
         self.i - s
     }
-    fn number(&mut self) -> Result<Value> {
+    /// Check the number here as [`Parser::number`] does, without converting it.
+    fn skim_number(&mut self) -> Result<()> {
         let start = self.i;
+        let float = self.number_text()?;
+        let digits = self.i - start - usize::from(self.b[start] == b'-');
+        if !float && digits > MAX_INT_DIGITS {
+            return Err(self.err(&format!("integer longer than {MAX_INT_DIGITS} digits")));
+        }
+        Ok(())
+    }
+    /// Step over a number's text; whether it is a float (has a fraction or exponent).
+    fn number_text(&mut self) -> Result<bool> {
         if self.b[self.i] == b'-' {
             self.i += 1;
         }
@@ -299,6 +426,11 @@ impl Parser<'_> {
                 float = true;
             }
         }
+        Ok(float)
+    }
+    fn number(&mut self) -> Result<Value> {
+        let start = self.i;
+        let float = self.number_text()?;
         // Only ASCII digits, signs, '.' and 'e' were consumed.
         let text = self.text_from(start);
         if float {
@@ -313,5 +445,75 @@ impl Parser<'_> {
                 Ok(Value::BigInt(text.to_owned()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(v: &Value) -> Option<&str> {
+        match v {
+            Value::Json(j) => Some(j.text()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn message_values_stay_text_unless_tagged() {
+        let msg = br#"{"kind": "call", "object_id": "o", "call_id": 1, "method": "m", "args": [[1, 2.5, "x"], {"__type__": "TensorRef", "a": 1}, {"k": {"\u005f_type__": 1}}, null], "kwargs": {"p": {"a": [Infinity]}, "q": {"b": {"__type__": "X"}}}, "parent_call_id": null}"#;
+        let v = parse_message_text(msg, Limits::default()).unwrap();
+        let args = v.get("args").and_then(Value::as_array).unwrap();
+        assert_eq!(text(&args[0]), Some("[1, 2.5, \"x\"]"));
+        assert!(matches!(&args[1], Value::Object(m) if m.get("__type__").and_then(Value::as_str) == Some("TensorRef")), "a tagged value is a tree");
+        assert!(matches!(&args[2], Value::Object(_)), "a key spelt with an escape is a tree: {:?}", args[2]);
+        assert_eq!(text(&args[3]), Some("null"));
+        let kwargs = v.get("kwargs").and_then(Value::as_object).unwrap();
+        assert_eq!(text(&kwargs["p"]), Some("{\"a\": [Infinity]}"));
+        assert!(matches!(&kwargs["q"], Value::Object(_)));
+        // The envelope's own fields are never text; the same value as the tree parse.
+        assert_eq!(v.get("object_id").and_then(Value::as_str), Some("o"));
+        assert_eq!(v, parse_limited(msg, Limits::default()).unwrap());
+        let r = parse_message_text(br#"{"kind": "response", "call_id": 3, "result": {"a": [1, {"b": -0.0}]}, "error": null}"#, Limits::default()).unwrap();
+        assert_eq!(text(r.get("result").unwrap()), Some(r#"{"a": [1, {"b": -0.0}]}"#));
+        // Nested deeper, a "result" key is only data.
+        let n = parse_message_text(br#"{"kind": "response", "call_id": 3, "result": null, "error": {"result": [1]}}"#, Limits::default()).unwrap();
+        assert!(matches!(n.get("error").and_then(|e| e.get("result")), Some(Value::Array(_))));
+    }
+
+    #[test]
+    fn text_values_are_checked_as_the_tree_parse_checks_them() {
+        let wrap = |inner: &str| format!(r#"{{"kind": "response", "call_id": 1, "result": {inner}, "error": null}}"#);
+        for bad in ["[1,]", "{\"a\" 1}", "\"abc", "\"a\u{1}\"", "01", "[1] x", "nul", "-", "\"\\x\"", "\"\\u12\"", "{1: 2}", "1.", ".5", "[", "{\"a\": }"] {
+            let frame = wrap(bad);
+            let tree = parse_limited(frame.as_bytes(), Limits::default()).unwrap_err().to_string();
+            let text = parse_message_text(frame.as_bytes(), Limits::default()).unwrap_err().to_string();
+            assert_eq!(text, tree, "{bad:?}");
+        }
+        let long = "9".repeat(MAX_INT_DIGITS + 1);
+        let e = parse_message_text(wrap(&format!("[{long}]")).as_bytes(), Limits::default()).unwrap_err().to_string();
+        assert!(e.contains("integer longer than"), "{e}");
+        assert!(parse_message_text(wrap(&format!("[{long}.5]")).as_bytes(), Limits::default()).is_ok(), "a long float is a float");
+        // The limits count the text's values and depth as the tree's.
+        let limits = Limits { max_depth: 4, max_values: 12 };
+        let deep = wrap("[[[[1]]]]");
+        let e = parse_message_text(deep.as_bytes(), limits).unwrap_err();
+        assert!(matches!(&e, RpcError::DecodeLimit { field: "max_depth", .. }), "{e}");
+        assert_eq!(e.to_string(), parse_limited(deep.as_bytes(), limits).unwrap_err().to_string());
+        let many = wrap("[1, 2, 3, 4, 5, 6]");
+        let e = parse_message_text(many.as_bytes(), limits).unwrap_err();
+        assert!(matches!(&e, RpcError::DecodeLimit { field: "max_values", .. }), "{e}");
+        assert!(parse_message_text(wrap("[[[1]]]").as_bytes(), limits).is_ok());
+    }
+
+    #[test]
+    fn text_parses_into_the_same_tree() {
+        let frame = r#"{"kind": "response", "call_id": 1, "result": {"a": [1, 2.5, "\u00e9\ud83d\ude00", 123456789012345678901234567890, Infinity, {"x": null, "x": true}]}, "error": null}"#;
+        let v = parse_message_text(frame.as_bytes(), Limits::default()).unwrap();
+        let t = v.get("result").cloned().unwrap();
+        assert!(matches!(t, Value::Json(_)));
+        let tree = t.into_tree(Limits::default()).unwrap();
+        assert_eq!(Some(&tree), parse_limited(frame.as_bytes(), Limits::default()).unwrap().get("result"));
+        assert_eq!(tree.get("a").and_then(Value::as_array).map(Vec::len), Some(6));
     }
 }

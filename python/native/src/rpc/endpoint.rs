@@ -109,6 +109,7 @@ impl PyEndpoint {
         );
         let cfg = RpcConfig {
             accept_fs_tensors: fs_tensors,
+            json_text: true,
             ..RpcConfig::default()
         };
         let (a, b) = py
@@ -144,6 +145,7 @@ impl PyEndpoint {
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         let cfg = RpcConfig {
             accept_fs_tensors: fs_tensors,
+            json_text: true,
             ..RpcConfig::default()
         };
         let ep = py

@@ -25,6 +25,8 @@ pub fn config(py: Python<'_>, remote_tensors: bool, fs_tensors: bool) -> PyResul
     Ok(RpcConfig {
         remote_tensors,
         accept_fs_tensors: fs_tensors,
+        // Values are read into Python objects from their text (`json_text`).
+        json_text: true,
         ..RpcConfig::default()
     })
 }

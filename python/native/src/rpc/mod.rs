@@ -1,6 +1,7 @@
 //! `tensorwire.rpc`'s native half: the `tensorwire-rpc` crate (pyisolate's wire, no
 //! pickle) for Python hosts and children. One file a job: `values` (Python objects and
-//! tensors to RPC values and back), `errors` (RPC errors as `tensorwire.errors` classes,
+//! tensors to RPC values and back), `json_text` (Python objects to the wire's JSON text and
+//! back, no tree between), `errors` (RPC errors as `tensorwire.errors` classes,
 //! a handler's exception as a response), `service` (Python objects served), `endpoint`
 //! (a connection), `listener` (accepting connections on a TCP or Unix address), `worker`
 //! (supervised workers, the pool, the child's side), `wait` (blocking waits Ctrl-C
@@ -8,6 +9,7 @@
 
 mod endpoint;
 mod errors;
+mod json_text;
 mod listener;
 mod service;
 mod values;

@@ -30,7 +30,9 @@ pub fn registry_of(objects: Option<&Bound<'_, PyDict>>) -> PyResult<Registry> {
 pub fn register(reg: &Registry, object_id: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     let py = obj.py();
     let type_name = obj.get_type().name()?.to_string();
-    let mut service = Service::new(&type_name);
+    // Arguments without tagged objects come as JSON text, read straight into Python
+    // objects (`json_text`).
+    let mut service = Service::new(&type_name).json_text();
     let shared = Arc::new(obj.clone().unbind());
     let mut names = Vec::new();
     for name in obj.dir()?.iter() {

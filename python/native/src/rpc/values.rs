@@ -28,11 +28,11 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use std::sync::Arc;
 use tensorwire::{DType, Layout, SharedTensor};
-use tensorwire_rpc::{Map, Tensor, Value};
+use tensorwire_rpc::{Tensor, Value};
 
 /// Deeper values are refused: a cyclic list would otherwise recurse without end, and the
 /// peer's decoder refuses deeper JSON anyway (`RpcConfig::max_depth`).
-const MAX_DEPTH: usize = 256;
+pub(super) const MAX_DEPTH: usize = 256;
 
 fn torch_tensor_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -84,39 +84,12 @@ fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
     if let Ok(s) = obj.cast::<PyString>() {
         return Ok(Value::Str(s.to_str()?.to_owned()));
     }
-    // Sized up front: collecting through `PyResult` would grow the Vec from empty.
-    if let Ok(l) = obj.cast::<PyList>() {
-        let mut items = Vec::with_capacity(l.len());
-        for x in l.iter() {
-            items.push(to_value_at(&x, depth + 1)?);
-        }
-        return Ok(Value::Array(items));
+    // Containers go straight to the wire's text, with no tree (see `json_text`).
+    if obj.cast::<PyList>().is_ok() || obj.cast::<PyTuple>().is_ok() || obj.cast::<PyDict>().is_ok() {
+        return super::json_text::write(obj);
     }
-    if let Ok(t) = obj.cast::<PyTuple>() {
-        let mut items = Vec::with_capacity(t.len());
-        for x in t.iter() {
-            items.push(to_value_at(&x, depth + 1)?);
-        }
-        return Ok(Value::Array(items));
-    }
-    if let Ok(d) = obj.cast::<PyDict>() {
-        let mut m = Map::with_capacity(d.len());
-        for (k, v) in d.iter() {
-            let key = k.cast::<PyString>().map_err(|_| {
-                refused(
-                    py,
-                    format!(
-                        "tensorwire.rpc: dict keys must be str (JSON objects), not {}",
-                        type_name(&k)
-                    ),
-                )
-            })?;
-            m.insert(key.to_str()?.to_owned(), to_value_at(&v, depth + 1)?);
-        }
-        return Ok(Value::Object(m));
-    }
-    if obj.is_instance(torch_tensor_type(py)?)? {
-        return tensor_to_value(obj);
+    if let Some(v) = tensor_value(obj)? {
+        return Ok(v);
     }
     Err(refused(
         py,
@@ -127,7 +100,15 @@ fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
     ))
 }
 
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+/// `obj` as a tensor value when it is a torch tensor (`None` when it is not).
+pub(super) fn tensor_value(obj: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
+    if obj.is_instance(torch_tensor_type(obj.py())?)? {
+        return tensor_to_value(obj).map(Some);
+    }
+    Ok(None)
+}
+
+pub(super) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map(|n| n.to_string())
@@ -380,6 +361,15 @@ fn to_py_keys(py: Python<'_>, v: Value, memo: &mut KeyMemo) -> PyResult<Py<PyAny
             d.into_any().unbind()
         }
         Value::Tensor(t) => tensor_to_py(py, *t)?,
+        Value::Json(j) => {
+            if !j.tensors().is_empty() {
+                return Err(refused(
+                    py,
+                    "tensorwire.rpc: a value written to be sent (with tensors in it) arrived as a received one".into(),
+                ));
+            }
+            super::json_text::read(py, j.text())?
+        }
     })
 }
 

@@ -98,6 +98,8 @@ impl PySpec {
             })
             .handshake_timeout(seconds(handshake_timeout))
             .registry(service::registry_of(serve)?)
+            // Results are read into Python objects from their text (`json_text`).
+            .rpc_config(RpcConfig { json_text: true, ..RpcConfig::default() })
             .native_tensors(native);
         for (k, v) in env {
             spec = spec.env(k, v);
@@ -617,7 +619,7 @@ static HOST: Mutex<Option<Endpoint>> = Mutex::new(None);
 pub fn serve_worker(py: Python<'_>, objects: &Bound<'_, PyDict>) -> PyResult<()> {
     let reg = service::registry_of(Some(objects))?;
     let ep = py
-        .detach(|| worker::connect(reg, RpcConfig::default()))
+        .detach(|| worker::connect(reg, RpcConfig { json_text: true, ..RpcConfig::default() }))
         .map_err(|e| to_py(py, &e))?;
     *HOST.lock().unwrap_or_else(PoisonError::into_inner) = Some(ep.clone());
     let why = py.detach(|| ep.wait_closed());

@@ -1,0 +1,411 @@
+//! Python objects as the wire's JSON text and back, with no `Value` tree between them.
+//!
+//! Sending, [`write`] turns a list, tuple or dict straight into the text `json.dumps`
+//! writes (`", "` and `": "` separators, floats as `repr` writes them, non-finite ones as
+//! `NaN`/`Infinity`), each tensor in it kept aside at its offset and encoded in place when
+//! the endpoint writes the frame (`JsonText`). Receiving, [`read`] builds Python objects
+//! from a value's text, which the connection's parser checked within its decode limits
+//! (`RpcConfig::json_text`): a value holding a tagged object (a tensor, a pyisolate form)
+//! comes as the tree instead, and `values` reads that. The reader still checks what it
+//! reads, and answers anything malformed with an error, never a panic.
+
+use super::values::{MAX_DEPTH, tensor_value, type_name};
+use crate::errors::refused;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use tensorwire_rpc::{JsonText, Tensor, Value, json};
+
+/// `obj` (a list, tuple or dict) as JSON text.
+pub fn write(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let mut w = Writer { out: Vec::with_capacity(256), tensors: Vec::new() };
+    w.value(obj, 0)?;
+    let py = obj.py();
+    let text = String::from_utf8(w.out)
+        .map_err(|e| refused(py, format!("tensorwire.rpc: the JSON writer produced invalid UTF-8: {e}")))?;
+    let text = JsonText::new(text, w.tensors).map_err(|e| super::errors::to_py(py, &e))?;
+    Ok(Value::Json(Box::new(text)))
+}
+
+struct Writer {
+    out: Vec<u8>,
+    tensors: Vec<(usize, Tensor)>,
+}
+
+impl Writer {
+    fn value(&mut self, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
+        let py = obj.py();
+        if depth > MAX_DEPTH {
+            return Err(refused(
+                py,
+                format!(
+                    "tensorwire.rpc: a value nested deeper than {MAX_DEPTH} levels (or a cyclic one) cannot be sent"
+                ),
+            ));
+        }
+        let out = &mut self.out;
+        if obj.is_none() {
+            out.extend_from_slice(b"null");
+        } else if let Ok(b) = obj.cast::<PyBool>() {
+            // Before int: Python's bool is an int.
+            out.extend_from_slice(if b.is_true() { b"true" } else { b"false" });
+        } else if let Ok(i) = obj.cast::<PyInt>() {
+            match i.extract::<i64>() {
+                Ok(v) => json::write_int(out, v),
+                Err(_) => {
+                    let s = i.str()?;
+                    let s = s.to_str()?;
+                    let digits = s.strip_prefix('-').unwrap_or(s);
+                    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+                        return Err(refused(py, format!("tensorwire.rpc: the int {s:?} does not print as decimal digits")));
+                    }
+                    out.extend_from_slice(s.as_bytes());
+                }
+            }
+        } else if let Ok(f) = obj.cast::<PyFloat>() {
+            json::write_float(out, f.value());
+        } else if let Ok(s) = obj.cast::<PyString>() {
+            json::write_str(out, s.to_str()?);
+        } else if let Ok(l) = obj.cast::<PyList>() {
+            out.push(b'[');
+            for (n, x) in l.iter().enumerate() {
+                if n > 0 {
+                    self.out.extend_from_slice(b", ");
+                }
+                self.value(&x, depth + 1)?;
+            }
+            self.out.push(b']');
+        } else if let Ok(t) = obj.cast::<PyTuple>() {
+            out.push(b'[');
+            for (n, x) in t.iter().enumerate() {
+                if n > 0 {
+                    self.out.extend_from_slice(b", ");
+                }
+                self.value(&x, depth + 1)?;
+            }
+            self.out.push(b']');
+        } else if let Ok(d) = obj.cast::<PyDict>() {
+            out.push(b'{');
+            for (n, (k, v)) in d.iter().enumerate() {
+                let key = k.cast::<PyString>().map_err(|_| {
+                    refused(
+                        py,
+                        format!("tensorwire.rpc: dict keys must be str (JSON objects), not {}", type_name(&k)),
+                    )
+                })?;
+                if n > 0 {
+                    self.out.extend_from_slice(b", ");
+                }
+                json::write_str(&mut self.out, key.to_str()?);
+                self.out.extend_from_slice(b": ");
+                self.value(&v, depth + 1)?;
+            }
+            self.out.push(b'}');
+        } else {
+            match tensor_value(obj)? {
+                Some(Value::Tensor(t)) => self.tensors.push((self.out.len(), *t)),
+                Some(_) => return Err(refused(py, "tensorwire.rpc: a tensor did not become a tensor value".into())),
+                None => {
+                    return Err(refused(
+                        py,
+                        format!(
+                            "tensorwire.rpc cannot send a {}: values are JSON data (None, bool, int, float, str, list, tuple, dict with str keys) and torch tensors, never pickled",
+                            type_name(obj)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The Python object of one received value's text.
+pub fn read(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
+    let keys = KEYS.with(|k| k.take());
+    let mut r = Reader { py, text, b: text.as_bytes(), i: 0, keys, items: Vec::new() };
+    let v = (|| {
+        r.ws();
+        let v = r.value(0)?;
+        r.ws();
+        if r.i != r.b.len() {
+            return Err(r.err("extra data after the value"));
+        }
+        Ok(v.unbind())
+    })();
+    KEYS.with(|k| k.replace(r.keys));
+    v
+}
+
+/// Dict keys made on this thread, by text: a key met again — in the next record of a
+/// list, or in the next call's value of the same shape — is the same `str`, made and
+/// hashed once (`json.loads` shares keys within one value the same way). Direct-mapped
+/// and bounded: a key only replaces the one in its slot, so keys a peer chooses cost
+/// at most a miss each.
+#[derive(Default)]
+struct KeyCache {
+    slots: Vec<Option<(Box<str>, Py<PyString>)>>,
+}
+
+impl KeyCache {
+    const SLOTS: usize = 1024;
+    /// Keys this long or longer are made each time (rarely repeated, costly to compare).
+    const MAX_KEY_BYTES: usize = 64;
+
+    fn key<'py>(&mut self, py: Python<'py>, k: &str) -> Bound<'py, PyString> {
+        if k.len() >= Self::MAX_KEY_BYTES {
+            return PyString::new(py, k);
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(Self::SLOTS, || None);
+        }
+        // FNV-1a: cheap for short keys, and a collision only costs a miss.
+        let h = k.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let slot = &mut self.slots[(h as usize) % Self::SLOTS];
+        if let Some((text, s)) = slot {
+            if **text == *k {
+                return s.bind(py).clone();
+            }
+        }
+        let s = PyString::new(py, k);
+        *slot = Some((k.into(), s.clone().unbind()));
+        s
+    }
+}
+
+thread_local! {
+    static KEYS: RefCell<KeyCache> = RefCell::new(KeyCache::default());
+}
+
+struct Reader<'a, 'py> {
+    py: Python<'py>,
+    text: &'a str,
+    b: &'a [u8],
+    i: usize,
+    keys: KeyCache,
+    /// The items of the lists being read, innermost last: each list is made once, at
+    /// its final length.
+    items: Vec<Bound<'py, PyAny>>,
+}
+
+impl<'a, 'py> Reader<'a, 'py> {
+    fn err(&self, what: &str) -> PyErr {
+        refused(self.py, format!("tensorwire.rpc: invalid JSON text at byte {}: {what}", self.i))
+    }
+    fn ws(&mut self) {
+        while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+    fn eat(&mut self, lit: &[u8]) -> bool {
+        if self.b[self.i..].starts_with(lit) {
+            self.i += lit.len();
+            true
+        } else {
+            false
+        }
+    }
+    fn value(&mut self, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        if depth > READ_DEPTH {
+            return Err(self.err(&format!("nested deeper than {READ_DEPTH} levels")));
+        }
+        let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end")) };
+        Ok(match c {
+            b'{' => {
+                self.i += 1;
+                let d = PyDict::new(py);
+                self.ws();
+                if !self.eat(b"}") {
+                    loop {
+                        self.ws();
+                        if self.b.get(self.i) != Some(&b'"') {
+                            return Err(self.err("expected a string key"));
+                        }
+                        let k = self.string()?;
+                        let key = self.keys.key(py, &k);
+                        self.ws();
+                        if !self.eat(b":") {
+                            return Err(self.err("expected ':'"));
+                        }
+                        self.ws();
+                        let v = self.value(depth + 1)?;
+                        // A repeated key: the last value, in the first one's place, as
+                        // `json.loads` has it.
+                        d.set_item(key, v)?;
+                        self.ws();
+                        if self.eat(b",") {
+                            continue;
+                        }
+                        if self.eat(b"}") {
+                            break;
+                        }
+                        return Err(self.err("expected ',' or '}'"));
+                    }
+                }
+                d.into_any()
+            }
+            b'[' => {
+                self.i += 1;
+                let first = self.items.len();
+                self.ws();
+                if !self.eat(b"]") {
+                    loop {
+                        self.ws();
+                        let v = self.value(depth + 1)?;
+                        self.items.push(v);
+                        self.ws();
+                        if self.eat(b",") {
+                            continue;
+                        }
+                        if self.eat(b"]") {
+                            break;
+                        }
+                        return Err(self.err("expected ',' or ']'"));
+                    }
+                }
+                PyList::new(py, self.items.drain(first..))?.into_any()
+            }
+            b'"' => {
+                let s = self.string()?;
+                PyString::new(py, &s).into_any()
+            }
+            b'n' if self.eat(b"null") => py.None().into_bound(py),
+            b't' if self.eat(b"true") => PyBool::new(py, true).to_owned().into_any(),
+            b'f' if self.eat(b"false") => PyBool::new(py, false).to_owned().into_any(),
+            b'N' if self.eat(b"NaN") => PyFloat::new(py, f64::NAN).into_any(),
+            b'I' if self.eat(b"Infinity") => PyFloat::new(py, f64::INFINITY).into_any(),
+            b'-' if self.eat(b"-Infinity") => PyFloat::new(py, f64::NEG_INFINITY).into_any(),
+            b'-' | b'0'..=b'9' => self.number()?,
+            _ => return Err(self.err("expected a value")),
+        })
+    }
+    /// The text from `start` to here (both ends next to ASCII bytes, so char boundaries).
+    fn slice(&self, start: usize) -> PyResult<&'a str> {
+        self.text.get(start..self.i).ok_or_else(|| self.err("a value that splits a character"))
+    }
+    fn string(&mut self) -> PyResult<Cow<'a, str>> {
+        self.i += 1; // opening quote
+        let mut out = String::new();
+        loop {
+            let start = self.i;
+            self.i = json::plain_run(self.b, self.i, false);
+            let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
+            let part = self.slice(start)?;
+            self.i += 1;
+            match c {
+                b'"' if out.is_empty() => return Ok(Cow::Borrowed(part)),
+                b'"' => {
+                    out.push_str(part);
+                    return Ok(Cow::Owned(out));
+                }
+                b'\\' => {
+                    out.push_str(part);
+                    let Some(&e) = self.b.get(self.i) else { return Err(self.err("unterminated escape")) };
+                    self.i += 1;
+                    match e {
+                        b'"' => out.push('"'),
+                        b'\\' => out.push('\\'),
+                        b'/' => out.push('/'),
+                        b'b' => out.push('\u{8}'),
+                        b'f' => out.push('\u{c}'),
+                        b'n' => out.push('\n'),
+                        b'r' => out.push('\r'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let u = self.hex4()?;
+                            // A surrogate pair makes one char; a lone surrogate (which a
+                            // Rust string cannot hold) is U+FFFD, as the tree parser has it.
+                            let ch = if (0xD800..0xDC00).contains(&u) && self.b[self.i..].starts_with(b"\\u") {
+                                let save = self.i;
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if (0xDC00..0xE000).contains(&lo) {
+                                    char::from_u32(0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00))
+                                } else {
+                                    self.i = save;
+                                    None
+                                }
+                            } else {
+                                char::from_u32(u)
+                            };
+                            out.push(ch.unwrap_or('\u{FFFD}'));
+                        }
+                        _ => return Err(self.err("invalid escape")),
+                    }
+                }
+                _ => return Err(self.err("control character in string")),
+            }
+        }
+    }
+    fn hex4(&mut self) -> PyResult<u32> {
+        let h = self.b.get(self.i..self.i + 4).ok_or_else(|| self.err("truncated \\u escape"))?;
+        let mut v = 0u32;
+        for &c in h {
+            let d = (c as char).to_digit(16).ok_or_else(|| self.err("bad hex digit in \\u escape"))?;
+            v = v * 16 + d;
+        }
+        self.i += 4;
+        Ok(v)
+    }
+    fn digits(&mut self) -> usize {
+        let s = self.i;
+        while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+        }
+        self.i - s
+    }
+    /// A number as the tree parser reads it: an int when it has no fraction or exponent
+    /// (of any length up to Python's digit limit), else a float.
+    fn number(&mut self) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let start = self.i;
+        if self.b[self.i] == b'-' {
+            self.i += 1;
+        }
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("expected digits")),
+        }
+        let mut float = false;
+        if self.b.get(self.i) == Some(&b'.') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+            self.digits();
+            float = true;
+        }
+        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
+            let save = self.i;
+            self.i += 1;
+            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                self.i = save;
+            } else {
+                float = true;
+            }
+        }
+        let text = self.slice(start)?;
+        if float {
+            let f: f64 = text.parse().map_err(|_| self.err("bad float"))?;
+            return Ok(PyFloat::new(py, f).into_any());
+        }
+        match text.parse::<i64>() {
+            Ok(i) => Ok(i.into_pyobject(py)?.into_any()),
+            Err(_) => {
+                if text.trim_start_matches('-').len() > json::MAX_INT_DIGITS {
+                    return Err(self.err(&format!("integer longer than {} digits", json::MAX_INT_DIGITS)));
+                }
+                py.get_type::<PyInt>().call1((text,))
+            }
+        }
+    }
+}
+
+/// Deepest nesting the reader follows. The text was checked within the connection's
+/// `max_depth` already; this bounds the reader's own recursion whatever that is set to.
+const READ_DEPTH: usize = 1024;
