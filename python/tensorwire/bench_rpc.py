@@ -219,6 +219,7 @@ class Cells:
         self.pool_get: list[float] = []
         self.pool_first: list[float] = []
         self.zygote_start: list[float] = []
+        self.zygote_sandboxed_start: list[float] = []
         self.progress = progress
 
     def fail(self, system: str, what: str, e: BaseException) -> None:
@@ -318,6 +319,16 @@ def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_ge
             w.call("add", 1, 2)  # a worker forked from the zygote, then its first answer
             cells.zygote_start.append(time.perf_counter() - t0)
             cells.progress.step()
+    if rpc._native.containment()["user_namespaces"]:
+        cells.progress.start("tensorwire.rpc: a sandboxed worker's start from the zygote")
+        with rpc.spawn(TARGET, zygote=True, sandbox=rpc.Sandbox()) as w:
+            w.call("add", 1, 2)
+            for _ in range(max(cold, 5)):
+                w.kill()
+                t0 = time.perf_counter()
+                w.call("add", 1, 2)  # forked, contained (namespaces, landlock, seccomp), first answer
+                cells.zygote_sandboxed_start.append(time.perf_counter() - t0)
+                cells.progress.step()
     cells.progress.start("tensorwire.rpc: warm pool")
     with rpc.WorkerPool(TARGET, 2) as pool:
         if not pool.wait_idle(2, 300.0):
@@ -743,12 +754,15 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
         than = (f", {p50(cells.cold['pyisolate']) / z:,.0f}x faster than pyisolate's cold start"
                 if cells.cold["pyisolate"] else "")
         facts.append(f"worker start from the zygote (torch imported): {z * 1e3:.1f} ms p50 (goal <= 50 ms){than}")
+    if cells.zygote_sandboxed_start:
+        facts.append(f"sandboxed worker start from the zygote: {p50(cells.zygote_sandboxed_start) * 1e3:.1f} ms p50")
     if facts:
         lines.append("goals: " + "; ".join(facts))
     lines.append(f"cold start: start the worker -> first add(1, 2) answered, p50 of {args.cold} (each worker imports "
                  f"torch); warm pool: WorkerPool(size=2).get(), p50 of {len(cells.pool_get)}; start from the zygote: "
                  f"kill the worker, then the next add(1, 2) answered by a worker forked from spawn(zygote=True)'s zygote, "
-                 f"p50 of {len(cells.zygote_start)}")
+                 f"p50 of {len(cells.zygote_start)}; a sandboxed worker's start from the zygote: the same, contained as it is "
+                 f"forked, and importing the target's module itself (the zygote never imports a sandboxed target)")
     lines.append("randn echoes: every system sends a torch.randn tensor and the worker returns it (tensorwire.rpc: "
                  "4 KiB packed into a recycled segment, 64 MiB moved into a segment in place by its first send; "
                  "Pipe bytes: the tensor's bytes pickled both ways)")

@@ -83,6 +83,9 @@ def test_tensorwire_warm_pool_hand_out(bench):
 
 def test_tensorwire_start_from_the_zygote(bench):
     assert re.search(r"worker start from the zygote \(torch imported\): [0-9.]+ ms p50", bench.stdout), bench.stdout
+    import tensorwire.rpc as rpc
+    if rpc._native.containment()["user_namespaces"]:
+        assert re.search(r"sandboxed worker start from the zygote: [0-9.]+ ms p50", bench.stdout), bench.stdout
 
 
 def test_pyisolate_row_and_ratios(bench):
