@@ -83,30 +83,6 @@ impl JsonText {
     }
 }
 
-impl PartialEq for Value {
-    fn eq(&self, other: &Value) -> bool {
-        use Value::*;
-        match (self, other) {
-            (Null, Null) => true,
-            (Bool(a), Bool(b)) => a == b,
-            (Int(a), Int(b)) => a == b,
-            (BigInt(a), BigInt(b)) => a == b,
-            // Python: 1 == 1.0
-            (Float(a), Float(b)) => a == b,
-            (Int(a), Float(b)) | (Float(b), Int(a)) => (*a as f64) == *b && (*b as i64) == *a,
-            (Str(a), Str(b)) => a == b,
-            (Array(a), Array(b)) => a == b,
-            (Object(a), Object(b)) => a == b,
-            (Tensor(a), Tensor(b)) => a.same_as(b),
-            (Json(_), _) | (_, Json(_)) => match (self.clone().into_tree(crate::json::Limits::default()), other.clone().into_tree(crate::json::Limits::default())) {
-                (Ok(a), Ok(b)) => a == b,
-                _ => false,
-            },
-            _ => false,
-        }
-    }
-}
-
 impl Value {
     pub fn as_str(&self) -> Option<&str> {
         match self {
@@ -182,16 +158,6 @@ impl Value {
         }
     }
 
-    /// The tree of a [`Value::Json`] (parsed within `limits`); any other value as it is.
-    /// Text written with tensors has no tree form here (the tensors' encodings are
-    /// chosen per connection): an error.
-    pub fn into_tree(self, limits: crate::json::Limits) -> Result<Value> {
-        match self {
-            Value::Json(j) if j.tensors.is_empty() => crate::json::parse_limited(j.text.as_bytes(), limits),
-            Value::Json(_) => Err(RpcError::InvalidArgument("a value written as JSON text with tensors in it has no tree form".into())),
-            v => Ok(v),
-        }
-    }
     /// Build an object from pairs.
     pub fn object<K: Into<String>>(pairs: impl IntoIterator<Item = (K, Value)>) -> Value {
         Value::Object(pairs.into_iter().map(|(k, v)| (k.into(), v)).collect())
@@ -291,27 +257,3 @@ impl From<serde_json::Value> for Value {
     }
 }
 
-impl TryFrom<&Value> for serde_json::Value {
-    type Error = RpcError;
-    fn try_from(v: &Value) -> Result<serde_json::Value> {
-        Ok(match v {
-            Value::Null => serde_json::Value::Null,
-            Value::Bool(b) => serde_json::Value::Bool(*b),
-            Value::Int(i) => serde_json::Value::from(*i),
-            Value::BigInt(s) => match s.parse::<u64>() {
-                Ok(u) => serde_json::Value::from(u),
-                Err(_) => {
-                    return Err(RpcError::Decode(format!("integer {s} does not fit 64 bits")));
-                }
-            },
-            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(serde_json::Value::Null, serde_json::Value::Number),
-            Value::Str(s) => serde_json::Value::String(s.clone()),
-            Value::Array(a) => serde_json::Value::Array(a.iter().map(serde_json::Value::try_from).collect::<Result<_>>()?),
-            Value::Object(m) => serde_json::Value::Object(
-                m.iter().map(|(k, v)| Ok((k.clone(), serde_json::Value::try_from(v)?))).collect::<Result<_>>()?,
-            ),
-            Value::Tensor(_) => return Err(RpcError::Decode("a tensor has no plain-JSON form".into())),
-            Value::Json(_) => return serde_json::Value::try_from(&v.clone().into_tree(crate::json::Limits::default())?),
-        })
-    }
-}
