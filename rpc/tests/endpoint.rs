@@ -327,7 +327,7 @@ fn close_frame_is_answered_and_closes() {
 #[test]
 fn tensors_as_file_system_refs_and_natively() {
     // Both sides accept file_system TensorRefs (off by default: see tests/fs_tensors.rs).
-    let (s, c) = {
+    let (_s, c) = {
         let (sr, cr) = (Registry::new(), Registry::new());
         sr.register("calc", calc()).unwrap();
         cr.register("peer", peer_service()).unwrap();
@@ -346,15 +346,27 @@ fn tensors_as_file_system_refs_and_natively() {
     assert!(c.native_enabled());
     let r = c.call("calc", "describe", vec![Value::from(t)]).unwrap();
     assert_eq!(r, Value::Array(vec!["float32".into(), Value::Float(10.5)]));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !s.native_enabled() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
     let got = c.call("calc", "make_tensor", vec![]).unwrap();
     let gt = got.as_tensor().unwrap();
     assert!(matches!(gt, Tensor::Imported(_)), "{gt:?}");
     assert_eq!(gt.shape(), vec![2, 3]);
     assert_eq!(gt.to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+}
+
+/// The side that accepted a negotiation sets its native channel up in the background,
+/// after its answer: a tensor it sends right away (the answer to the very first call)
+/// waits for that set-up and goes natively, never as a file-system reference the
+/// initiator refuses or would map. On fresh connections, many times, to meet the window.
+#[test]
+fn the_first_answer_after_a_negotiation_is_native() {
+    for round in 0..30 {
+        let (_s, c) = pair();
+        assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+        let got = c.call("calc", "make_tensor", vec![]).unwrap();
+        let gt = got.as_tensor().unwrap();
+        assert!(matches!(gt, Tensor::Imported(_)), "round {round}: the first answer came as {gt:?}");
+        assert_eq!(gt.to_f64_vec().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
+    }
 }
 
 /// A tensor received natively and sent back (as it came, or another view of its storage)

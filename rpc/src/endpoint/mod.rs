@@ -144,6 +144,9 @@ pub(crate) struct Inner {
     native: Mutex<Option<Arc<NativeState>>>,
     /// Set by the first native negotiation (ours or the peer's): one per connection.
     native_claimed: AtomicBool,
+    /// The peer's `native_hello` was accepted and our side is being set up in the
+    /// background: a tensor sent meanwhile waits for it (`native_for_send`).
+    native_setting_up: AtomicBool,
     native_ready: Condvar,
     /// Remote tensors (TCP, feature `ucx`), once negotiated; dropped (every export to the
     /// peer released) when the connection ends.
@@ -226,6 +229,7 @@ impl Endpoint {
             keeper: Mutex::new(VecDeque::new()),
             native: Mutex::new(None),
             native_claimed: AtomicBool::new(false),
+            native_setting_up: AtomicBool::new(false),
             native_ready: Condvar::new(),
             #[cfg(feature = "ucx")]
             remote: Mutex::new(None),

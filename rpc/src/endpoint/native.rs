@@ -347,16 +347,24 @@ impl Inner {
                 // (bounded by the transport's handshake timeout).
                 let me = Arc::downgrade(self);
                 let cfg = self.cfg.peer_config.clone();
+                // Release: pairs with the Acquire load in `native_for_send`; set before our
+                // answer goes out, so no tensor of ours can be sent before the peer's
+                // native side exists and still miss the wait.
+                self.native_setting_up.store(true, Ordering::Release);
                 std::thread::Builder::new()
                     .name("tensorwire-rpc-native-setup".into())
                     .spawn(move || {
-                        if let Ok(peer) = tensorwire::Peer::from_fd(fd, cfg) {
-                            if let Some(i) = me.upgrade() {
-                                let _ = i.install_native(peer);
+                        let installed = tensorwire::Peer::from_fd(fd, cfg).map_err(RpcError::from);
+                        if let Some(i) = me.upgrade() {
+                            if installed.and_then(|peer| i.install_native(peer)).is_err() {
+                                i.end_native_setup();
                             }
                         }
                     })
-                    .map_err(|e| RpcError::io("spawning native setup", e))?;
+                    .map_err(|e| {
+                        self.end_native_setup();
+                        RpcError::io("spawning native setup", e)
+                    })?;
                 Ok(Value::Bool(true))
             }
             m => Err(RpcError::NotFound(format!("'{CONTROL_OBJECT_ID}' has no method '{m}'"))),
@@ -371,9 +379,41 @@ impl Inner {
             .name("tw-native-sweep".into())
             .spawn(move || st2.sweep(me))
             .map_err(|e| RpcError::io("spawning the native sweeper", e))?;
-        *self.native.lock() = Some(st);
+        let mut native = self.native.lock();
+        *native = Some(st);
+        // Release: pairs with the Acquire load in `native_for_send` (under the same lock).
+        self.native_setting_up.store(false, Ordering::Release);
+        drop(native);
         self.native_ready.notify_all();
         Ok(())
+    }
+
+    /// The background set-up of our native side failed: senders stop waiting for it.
+    fn end_native_setup(&self) {
+        let native = self.native.lock();
+        // Release: pairs with the Acquire load in `native_for_send` (under the same lock,
+        // so a sender cannot miss the notification between its check and its wait).
+        self.native_setting_up.store(false, Ordering::Release);
+        drop(native);
+        self.native_ready.notify_all();
+    }
+
+    /// The native state a tensor is sent by: the one negotiated, or — while our side of a
+    /// negotiation the peer started is still being set up — the one that set-up makes,
+    /// waited for up to the send timeout. Without the wait, a handler answering the
+    /// peer's first call could send its tensor another way in that window (a file-system
+    /// reference, which the peer refuses).
+    pub(super) fn native_for_send(&self) -> Option<Arc<NativeState>> {
+        let by = Instant::now() + self.cfg.send_timeout;
+        let mut native = self.native.lock();
+        // Acquire: pairs with the Release stores in `control`, `install_native` and
+        // `end_native_setup`.
+        while native.is_none() && self.native_setting_up.load(Ordering::Acquire) && !self.is_closed() {
+            if self.native_ready.wait_until(&mut native, by).timed_out() {
+                break;
+            }
+        }
+        native.clone()
     }
 
     /// The native state once negotiated, waiting until `deadline` (`None`: no limit) or

@@ -105,7 +105,7 @@ impl Inner {
 
     /// How a tensor goes on the wire.
     fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
-        let native = self.native.lock().clone();
+        let native = self.native_for_send();
         if let Some(device) = t.cuda_device() {
             let Some(n) = native else {
                 return Err(RpcError::CudaNotNative(format!(
