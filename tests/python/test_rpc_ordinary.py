@@ -91,8 +91,11 @@ def test_a_loop_of_small_echoes_recycles_a_bounded_number_of_segments(worker):
     after = _native.pool_stats()
     assert after["copies"] - before["copies"] == 1000, "each send packs the tensor into the pool"
     made = (after["created"] - before["created"]) + (after["unpooled"] - before["unpooled"])
-    assert made <= 4, f"1,000 echoes made {made} segments"
-    assert _memfds() <= fds + 4
+    # As many as are in flight at once (a release comes back asynchronously, later on a
+    # loaded machine), never more than a class holds: past that, segments per call.
+    cap = after["max_per_class"]
+    assert made <= cap, f"1,000 echoes made {made} segments (a size class holds {cap})"
+    assert _memfds() <= fds + cap
     assert after["pooled"] <= after["max_per_class"] * 9 and after["pooled_bytes"] <= after["max_pool_bytes"]
 
 
