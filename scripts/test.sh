@@ -168,7 +168,7 @@ stage_python() {
   elsewhere=$(mktemp -d)
   (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$pip_py" -m tensorwire doctor)
   (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
-    "$pip_py" -m pytest -q -p no:cacheprovider "${PYTEST_PAR[@]}" "$root/tests/python" 2>&1) | tee -a "$log"
+    "$pip_py" -m pytest -q -p no:cacheprovider --durations=12 "${PYTEST_PAR[@]}" "$root/tests/python" 2>&1) | tee -a "$log"
   rm -rf "$elsewhere"
 }
 
