@@ -28,6 +28,7 @@ pub const MAX_INT_DIGITS: usize = 4300;
 /// JSON values decoded from one frame by default (see `RpcConfig::max_values`).
 pub const DEFAULT_MAX_VALUES: usize = 1 << 20;
 
+pub mod lex;
 mod parser;
 pub use parser::{Limits, parse, parse_limited, parse_message_text};
 

@@ -5,8 +5,10 @@
 //! [`Limits::max_depth`] as it goes, and stops with [`RpcError::DecodeLimit`] at the first
 //! value over either — before allocating for it.
 
-use super::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_VALUES, JsonText, MAX_INT_DIGITS, Map, Value};
+use super::lex::{self, Number};
+use super::{DEFAULT_MAX_DEPTH, DEFAULT_MAX_VALUES, JsonText, Map, Value};
 use crate::error::{Result, RpcError};
+use std::borrow::Cow;
 
 /// What one parse may build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,10 +47,11 @@ pub fn parse_message_text(bytes: &[u8], limits: Limits) -> Result<Value> {
 }
 
 fn parse_with(bytes: &[u8], limits: Limits, text_fields: bool) -> Result<Value> {
-    if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(RpcError::Decode(format!("frame is not valid UTF-8 (at byte {})", e.valid_up_to())));
-    }
-    let mut p = Parser { b: bytes, i: 0, depth: 0, values: 0, limits, text_fields, entries: Vec::new(), items: Vec::new() };
+    let text = match std::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => return Err(RpcError::Decode(format!("frame is not valid UTF-8 (at byte {})", e.valid_up_to()))),
+    };
+    let mut p = Parser { text, b: bytes, i: 0, depth: 0, values: 0, limits, text_fields, entries: Vec::new(), items: Vec::new() };
     p.ws();
     let v = p.value()?;
     p.ws();
@@ -67,6 +70,8 @@ fn within(used: usize, max: usize, field: &'static str, what: impl FnOnce() -> S
 }
 
 struct Parser<'a> {
+    text: &'a str,
+    /// `text`'s bytes.
     b: &'a [u8],
     i: usize,
     depth: usize,
@@ -89,21 +94,10 @@ impl Parser<'_> {
         RpcError::Decode(format!("invalid JSON at byte {}: {what}", self.i))
     }
     fn ws(&mut self) {
-        while let Some(c) = self.b.get(self.i) {
-            if matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
-                self.i += 1;
-            } else {
-                break;
-            }
-        }
+        lex::ws(self.b, &mut self.i);
     }
     fn eat(&mut self, lit: &[u8]) -> bool {
-        if self.b[self.i..].starts_with(lit) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
+        lex::eat(self.b, &mut self.i, lit)
     }
     /// Count one more value (or key) against the budget.
     fn count(&mut self) -> Result<()> {
@@ -216,7 +210,7 @@ impl Parser<'_> {
     fn text_value(&mut self) -> Result<Value> {
         let (start, values, depth) = (self.i, self.values, self.depth);
         if self.skim()? {
-            return Ok(Value::Json(Box::new(JsonText::received(self.text_from(start).to_owned()))));
+            return Ok(Value::Json(Box::new(JsonText::received(self.text_from(start)?.to_owned()))));
         }
         self.i = start;
         self.values = values;
@@ -273,184 +267,33 @@ impl Parser<'_> {
     /// Check the string here as [`Parser::string`] does, without building it; `true`
     /// when it has an escape.
     fn skim_string(&mut self) -> Result<bool> {
-        self.i += 1; // opening quote
-        let mut escaped = false;
-        loop {
-            self.i = super::plain_run(self.b, self.i, false);
-            let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
-            self.i += 1;
-            match c {
-                b'"' => return Ok(escaped),
-                b'\\' => {
-                    escaped = true;
-                    let Some(&e) = self.b.get(self.i) else { return Err(self.err("unterminated escape")) };
-                    self.i += 1;
-                    match e {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
-                        b'u' => {
-                            self.hex4()?;
-                        }
-                        _ => return Err(self.err("invalid escape")),
-                    }
-                }
-                _ => return Err(self.err("control character in string")),
-            }
-        }
+        lex::skim_string(self.b, &mut self.i).map_err(|what| self.err(what))
     }
-    fn hex4(&mut self) -> Result<u32> {
-        let h = self.b.get(self.i..self.i + 4).ok_or_else(|| self.err("truncated \\u escape"))?;
-        let mut v = 0u32;
-        for &c in h {
-            let d = (c as char).to_digit(16).ok_or_else(|| self.err("bad hex digit in \\u escape"))?;
-            v = v * 16 + d;
-        }
-        self.i += 4;
-        Ok(v)
-    }
-    /// The text from `start` to the current position (see the SAFETY note for why both
-    /// are char boundaries).
-    fn text_from(&self, start: usize) -> &str {
-        let bytes = &self.b[start..self.i];
-        debug_assert!(std::str::from_utf8(bytes).is_ok());
-        // SAFETY: `parse_limited` checked that all of `self.b` is UTF-8, and both ends of
-        // this range are char boundaries, so the slice is UTF-8. Every ASCII byte has a
-        // boundary before and after it. A range starts just after an ASCII byte (an
-        // opening quote, an escape sequence's last byte) or at one (a number's '-' or
-        // first digit); it ends just before one (a string's text stops at '"', '\\' or
-        // a control character), just after one (a number's last digit), or where it
-        // started.
-        unsafe { std::str::from_utf8_unchecked(bytes) }
+    /// The text from `start` to the current position: both are next to ASCII bytes (a
+    /// value starts at one and ends after one), so char boundaries of the checked text.
+    fn text_from(&self, start: usize) -> Result<&str> {
+        self.text.get(start..self.i).ok_or_else(|| self.err("a value that splits a character"))
     }
     fn string(&mut self) -> Result<String> {
-        self.i += 1; // opening quote
-        let mut out = String::new();
-        loop {
-            let start = self.i;
-            self.i = super::plain_run(self.b, self.i, false);
-            let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
-            if c == b'"' && out.is_empty() {
-                // No escape: the common case, one allocation of the exact size.
-                let s = self.text_from(start).to_owned();
-                self.i += 1;
-                return Ok(s);
-            }
-            out.push_str(self.text_from(start));
-            self.i += 1;
-            match c {
-                b'"' => return Ok(out),
-                b'\\' => {
-                    let Some(&e) = self.b.get(self.i) else { return Err(self.err("unterminated escape")) };
-                    self.i += 1;
-                    match e {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
-                        b'b' => out.push('\u{8}'),
-                        b'f' => out.push('\u{c}'),
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let u = self.hex4()?;
-                            let ch = if (0xD800..0xDC00).contains(&u) {
-                                // High surrogate: a low one must follow to make a char.
-                                if self.b[self.i..].starts_with(b"\\u") {
-                                    let save = self.i;
-                                    self.i += 2;
-                                    let lo = self.hex4()?;
-                                    if (0xDC00..0xE000).contains(&lo) {
-                                        char::from_u32(0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00))
-                                    } else {
-                                        self.i = save;
-                                        None
-                                    }
-                                } else {
-                                    None
-                                }
-                            } else {
-                                char::from_u32(u)
-                            };
-                            out.push(ch.unwrap_or('\u{FFFD}'));
-                        }
-                        _ => return Err(self.err("invalid escape")),
-                    }
-                }
-                _ => return Err(self.err("control character in string")),
-            }
-        }
-    }
-    fn digits(&mut self) -> usize {
-        let s = self.i;
-        while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
-            self.i += 1;
-        }
-        self.i - s
+        lex::string(self.text, &mut self.i).map(Cow::into_owned).map_err(|what| self.err(what))
     }
     /// Check the number here as [`Parser::number`] does, without converting it.
     fn skim_number(&mut self) -> Result<()> {
-        let start = self.i;
-        let float = self.number_text()?;
-        let digits = self.i - start - usize::from(self.b[start] == b'-');
-        if !float && digits > MAX_INT_DIGITS {
-            return Err(self.err(&format!("integer longer than {MAX_INT_DIGITS} digits")));
-        }
-        Ok(())
-    }
-    /// Step over a number's text; whether it is a float (has a fraction or exponent).
-    fn number_text(&mut self) -> Result<bool> {
-        if self.b[self.i] == b'-' {
-            self.i += 1;
-        }
-        match self.b.get(self.i) {
-            Some(b'0') => self.i += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return Err(self.err("expected digits")),
-        }
-        let mut float = false;
-        if self.b.get(self.i) == Some(&b'.') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
-            self.i += 1;
-            self.digits();
-            float = true;
-        }
-        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
-            let save = self.i;
-            self.i += 1;
-            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            if self.digits() == 0 {
-                self.i = save; // Python stops the number here; the next token will fail
-            } else {
-                float = true;
-            }
-        }
-        Ok(float)
+        lex::skim_number(self.b, &mut self.i).map_err(|what| self.err(what))
     }
     fn number(&mut self) -> Result<Value> {
-        let start = self.i;
-        let float = self.number_text()?;
-        // Only ASCII digits, signs, '.' and 'e' were consumed.
-        let text = self.text_from(start);
-        if float {
-            return text.parse::<f64>().map(Value::Float).map_err(|_| self.err("bad float"));
-        }
-        match text.parse::<i64>() {
-            Ok(i) => Ok(Value::Int(i)),
-            Err(_) => {
-                if text.trim_start_matches('-').len() > MAX_INT_DIGITS {
-                    return Err(self.err(&format!("integer longer than {MAX_INT_DIGITS} digits")));
-                }
-                Ok(Value::BigInt(text.to_owned()))
-            }
-        }
+        Ok(match lex::number(self.text, &mut self.i).map_err(|what| self.err(what))? {
+            Number::Int(i) => Value::Int(i),
+            Number::BigInt(digits) => Value::BigInt(digits.to_owned()),
+            Number::Float(f) => Value::Float(f),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json::MAX_INT_DIGITS;
 
     fn text(v: &Value) -> Option<&str> {
         match v {

@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::borrow::Cow;
 use std::cell::RefCell;
+use tensorwire_rpc::json::lex::{self, Number};
 use tensorwire_rpc::{JsonText, Tensor, Value, json};
 
 /// `obj` (a list, tuple or dict) as JSON text.
@@ -194,17 +195,10 @@ impl<'a, 'py> Reader<'a, 'py> {
         refused(self.py, format!("tensorwire.rpc: invalid JSON text at byte {}: {what}", self.i))
     }
     fn ws(&mut self) {
-        while matches!(self.b.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
+        lex::ws(self.b, &mut self.i);
     }
     fn eat(&mut self, lit: &[u8]) -> bool {
-        if self.b[self.i..].starts_with(lit) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
+        lex::eat(self.b, &mut self.i, lit)
     }
     fn value(&mut self, depth: usize) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
@@ -281,128 +275,18 @@ impl<'a, 'py> Reader<'a, 'py> {
             _ => return Err(self.err("expected a value")),
         })
     }
-    /// The text from `start` to here (both ends next to ASCII bytes, so char boundaries).
-    fn slice(&self, start: usize) -> PyResult<&'a str> {
-        self.text.get(start..self.i).ok_or_else(|| self.err("a value that splits a character"))
-    }
     fn string(&mut self) -> PyResult<Cow<'a, str>> {
-        self.i += 1; // opening quote
-        let mut out = String::new();
-        loop {
-            let start = self.i;
-            self.i = json::plain_run(self.b, self.i, false);
-            let Some(&c) = self.b.get(self.i) else { return Err(self.err("unterminated string")) };
-            let part = self.slice(start)?;
-            self.i += 1;
-            match c {
-                b'"' if out.is_empty() => return Ok(Cow::Borrowed(part)),
-                b'"' => {
-                    out.push_str(part);
-                    return Ok(Cow::Owned(out));
-                }
-                b'\\' => {
-                    out.push_str(part);
-                    let Some(&e) = self.b.get(self.i) else { return Err(self.err("unterminated escape")) };
-                    self.i += 1;
-                    match e {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
-                        b'b' => out.push('\u{8}'),
-                        b'f' => out.push('\u{c}'),
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let u = self.hex4()?;
-                            // A surrogate pair makes one char; a lone surrogate (which a
-                            // Rust string cannot hold) is U+FFFD, as the tree parser has it.
-                            let ch = if (0xD800..0xDC00).contains(&u) && self.b[self.i..].starts_with(b"\\u") {
-                                let save = self.i;
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                if (0xDC00..0xE000).contains(&lo) {
-                                    char::from_u32(0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00))
-                                } else {
-                                    self.i = save;
-                                    None
-                                }
-                            } else {
-                                char::from_u32(u)
-                            };
-                            out.push(ch.unwrap_or('\u{FFFD}'));
-                        }
-                        _ => return Err(self.err("invalid escape")),
-                    }
-                }
-                _ => return Err(self.err("control character in string")),
-            }
-        }
-    }
-    fn hex4(&mut self) -> PyResult<u32> {
-        let h = self.b.get(self.i..self.i + 4).ok_or_else(|| self.err("truncated \\u escape"))?;
-        let mut v = 0u32;
-        for &c in h {
-            let d = (c as char).to_digit(16).ok_or_else(|| self.err("bad hex digit in \\u escape"))?;
-            v = v * 16 + d;
-        }
-        self.i += 4;
-        Ok(v)
-    }
-    fn digits(&mut self) -> usize {
-        let s = self.i;
-        while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
-            self.i += 1;
-        }
-        self.i - s
+        lex::string(self.text, &mut self.i).map_err(|what| self.err(what))
     }
     /// A number as the tree parser reads it: an int when it has no fraction or exponent
     /// (of any length up to Python's digit limit), else a float.
     fn number(&mut self) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
-        let start = self.i;
-        if self.b[self.i] == b'-' {
-            self.i += 1;
-        }
-        match self.b.get(self.i) {
-            Some(b'0') => self.i += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return Err(self.err("expected digits")),
-        }
-        let mut float = false;
-        if self.b.get(self.i) == Some(&b'.') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
-            self.i += 1;
-            self.digits();
-            float = true;
-        }
-        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
-            let save = self.i;
-            self.i += 1;
-            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            if self.digits() == 0 {
-                self.i = save;
-            } else {
-                float = true;
-            }
-        }
-        let text = self.slice(start)?;
-        if float {
-            let f: f64 = text.parse().map_err(|_| self.err("bad float"))?;
-            return Ok(PyFloat::new(py, f).into_any());
-        }
-        match text.parse::<i64>() {
-            Ok(i) => Ok(i.into_pyobject(py)?.into_any()),
-            Err(_) => {
-                if text.trim_start_matches('-').len() > json::MAX_INT_DIGITS {
-                    return Err(self.err(&format!("integer longer than {} digits", json::MAX_INT_DIGITS)));
-                }
-                py.get_type::<PyInt>().call1((text,))
-            }
-        }
+        Ok(match lex::number(self.text, &mut self.i).map_err(|what| self.err(what))? {
+            Number::Int(i) => i.into_pyobject(py)?.into_any(),
+            Number::BigInt(digits) => py.get_type::<PyInt>().call1((digits,))?,
+            Number::Float(f) => PyFloat::new(py, f).into_any(),
+        })
     }
 }
 
