@@ -15,15 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import tensorwire.rpc as rpc  # noqa: E402
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:
-        return ") Z " in f.read()
+from support import gone  # noqa: E402
 
 
 class Slow:

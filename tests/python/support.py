@@ -1,7 +1,8 @@
-"""What the Python round-trip tests share (tests/python and tests/gpu/gpu_tests.py): the
-views every one sends, a connected pair in one process, and a bounded wait on a
-connection's lease counters."""
+"""What the Python tests share (tests/python and tests/gpu/gpu_tests.py): the views every
+round trip sends, a connected pair in one process, bounded waits (on a condition, on a
+connection's lease counters) and whether a process is gone."""
 
+import os
 import threading
 import time
 
@@ -22,6 +23,24 @@ def views_of(base, empty=True):
     if empty:
         views["empty"] = base[:, 8:]
     return views
+
+
+def wait_for(what: str, cond, within: float = 10.0) -> None:
+    """Poll `cond` until it holds; fail naming `what` after `within` seconds."""
+    by = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < by, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has exited (reaped, or a zombie its parent has not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return ") Z " in f.read()
 
 
 def wait_stats(conn, pred, timeout=10.0):

@@ -19,6 +19,7 @@ import pytest
 
 import tensorwire
 import tensorwire.rpc as rpc
+from support import gone, wait_for
 
 HERE = str(Path(__file__).resolve().parent)
 ENV = {"PYTHONPATH": HERE}
@@ -28,22 +29,6 @@ PYTHONPATH = os.pathsep.join([str(Path(rpc.__file__).resolve().parent.parent), H
 def spawn(target: str = "interrupt_targets:Sleeper", **kw):
     kw.setdefault("timeout", 120.0)  # no call in these tests may hang the run
     return rpc.spawn(target, env=ENV, **kw)
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:
-        return ") Z " in f.read()
-
-
-def wait_for(what: str, cond, within: float = 10.0) -> None:
-    by = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < by, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # ---- Ctrl-C during a blocking call -------------------------------------------------------

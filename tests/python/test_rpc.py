@@ -22,6 +22,7 @@ import torch
 
 import tensorwire
 import tensorwire.rpc as rpc
+from support import gone, wait_for
 
 HERE = str(Path(__file__).resolve().parent)
 sys.path.insert(0, HERE)  # rpc_targets, for the pyisolate peer's script
@@ -37,22 +38,6 @@ def spawn(target: str = "rpc_targets:Plugin", **kw):
 def worker():
     with spawn(output="capture") as w:
         yield w
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:
-        return ") Z " in f.read()
-
-
-def wait_for(what: str, cond, within: float = 10.0) -> None:
-    by = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < by, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 # ---- values ----------------------------------------------------------------------------

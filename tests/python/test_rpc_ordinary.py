@@ -18,6 +18,7 @@ import torch
 
 import tensorwire
 import tensorwire.rpc as rpc
+from support import wait_for
 from tensorwire import _native
 
 HERE = str(Path(__file__).resolve().parent)
@@ -34,13 +35,6 @@ def spawn(**kw):
 def worker():
     with spawn(output="capture") as w:
         yield w
-
-
-def wait_for(what: str, cond, within: float = 10.0) -> None:
-    by = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < by, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _bytes_of(t: torch.Tensor) -> list[int]:
