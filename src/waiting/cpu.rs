@@ -46,7 +46,7 @@ impl CpuMoves {
     /// scheduler puts a woken process next to the one that woke it, and two processes
     /// that never sleep (they poll, or yield to each other) are only split by the load
     /// balancer, which leaves tasks that ran within the last half millisecond where they
-    /// are (`docs/DESIGN.md`, "Two processes on one core", has the measurements).
+    /// are (`docs/measurements.md`, "Two processes on one core", has the measurements).
     ///
     /// So a wait that could move but may not yet (the rate limit) keeps its spin policy:
     /// sleeping at once there would hold the two together, each wake-up placing the woken

@@ -29,7 +29,7 @@
 //! long sleep (the other side was busy or idle), or whose reply came while a busy task
 //! held our core for a time slice, says nothing about where the other side runs and
 //! changes nothing. The configured spin stays a cap: the policy only ever spins less (and
-//! a configured spin of 0 still sleeps at once, without the yields). `docs/DESIGN.md`
+//! a configured spin of 0 still sleeps at once, without the yields). `docs/measurements.md`
 //! ("Spinning, and not while the other side shares our core") has what was measured, and
 //! where the thresholds below come from.
 //!

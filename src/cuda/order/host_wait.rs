@@ -7,7 +7,7 @@ use crate::wait::Deadline;
 use std::time::{Duration, Instant};
 
 /// How long a host wait polls without sleeping: the producer's work is usually done, or
-/// nearly, when its message arrives (`docs/DESIGN.md` has what a host wait costs).
+/// nearly, when its message arrives (`docs/measurements.md` has what a host wait costs).
 const SPIN: Duration = Duration::from_micros(50);
 /// Longest sleep between two looks once the spin ran out (each sleep doubles, from 8 µs).
 const MAX_SLEEP: Duration = Duration::from_micros(500);

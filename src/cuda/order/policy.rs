@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 /// Without MPS two processes' contexts time-slice on the GPU, and a GPU-side wait on
 /// another process's IPC event (`cuStreamWaitEvent`) costs a time-slice switch, an order
 /// of magnitude more than a host wait on the same event or a stream-memory-op wait on a
-/// shared word (`docs/DESIGN.md`, "CUDA events and stream order", has the measurements).
+/// shared word (`docs/DESIGN.md`, "CUDA events and stream order"; `docs/measurements.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
 pub enum CudaWait {
