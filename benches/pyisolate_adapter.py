@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-call latency of a pyisolate call carrying one CPU tensor (1 MiB and 64 MiB), with
 and without tensorwire's pyisolate adapter, same run: each variant is a real pyisolate
-host (tests/python/pyisolate_host.py, scenario `bench`) calling a child method that
+host (python/tests/pyisolate_host.py, scenario `bench`) calling a child method that
 receives the tensor and drops it. Not part of the tests. Usage:
 
   .venv/bin/python benches/pyisolate_adapter.py [--rounds N]
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST = ROOT / "tests" / "python" / "pyisolate_host.py"
+HOST = ROOT / "python" / "tests" / "pyisolate_host.py"
 
 
 def run(adapter: bool, venv_root: str, env: dict) -> dict:

@@ -42,7 +42,7 @@
 #              GPU_TEST_LOG_DIR/simcuda-calibration.log (simcuda-only tests say SKIPPED)
 #   build      cpp/build.sh with TENSORWIRE_PREFIX (no cargo) against python3's torch; the
 #              configure log must say "CUDA toolkit: ON"; tensorwire.cuda_available()
-#   pytest     (tests) tests/python (CPU suite + the CUDA smoke tests) if pytest is installed
+#   pytest     (tests) python/tests (CPU suite + the CUDA smoke tests) if pytest is installed
 #   gpu tests  (tests) tests/gpu/gpu_tests.py: every dtype and non-contiguous views of CUDA
 #              tensors round trip; zero-copy (the consumer's in-place write is seen by the
 #              producer); ordering (GPU sleep + fill_ right before send, no synchronize:
@@ -54,7 +54,7 @@
 #              IPC handle opened). A test that reports SKIPPED is noted on this row.
 #   wheel      the package's wheel from `prepare` (build/gpu-prefix/wheel) installed into a venv
 #              over this machine's torch (--system-site-packages; pip --no-index --no-deps:
-#              nothing built, torch untouched), then tests/python and tests/gpu/gpu_tests.py
+#              nothing built, torch untouched), then python/tests and tests/gpu/gpu_tests.py
 #              from another directory through it (the wheel's torch-free binding
 #              tensorwire._native, CUDA by DLPack; no TENSORWIRE_TORCH_LIB)
 #   bench      (bench) benches/torch_cuda_transfer.py: round trip per message at 4 KiB and
@@ -231,10 +231,10 @@ fi
 export PYTHONPATH=$wsite
 wpy=$py
 echo "=== installed $(basename "$whl") into $wsite (PYTHONPATH)"
-# GPU_TEST_PYTESTS: test files of tests/python to run (default: all of them).
+# GPU_TEST_PYTESTS: test files of python/tests to run (default: all of them).
 pytests=()
-for f in ${GPU_TEST_PYTESTS:-}; do pytests+=("$root/tests/python/$f"); done
-((${#pytests[@]})) || pytests=("$root/tests/python")
+for f in ${GPU_TEST_PYTESTS:-}; do pytests+=("$root/python/tests/$f"); done
+((${#pytests[@]})) || pytests=("$root/python/tests")
 export PYTHONDONTWRITEBYTECODE=1
 
 build_note=
@@ -301,7 +301,7 @@ if [[ "$stage" == rust || "$stage" == all ]]; then
 fi
 
 if [[ "$stage" == tests || "$stage" == all ]]; then
-  echo "=== pytest tests/python"
+  echo "=== pytest python/tests"
   if "$wpy" -c "import pytest" 2>/dev/null; then
     if (cd "$(mktemp -d)" && "$wpy" -m pytest -q -p no:cacheprovider "${pytests[@]}") 2>&1 | tee "$logs/pytest.log"; then
       record pytest PASS
@@ -325,7 +325,7 @@ if [[ "$stage" == tests || "$stage" == all ]]; then
 fi
 
 if [[ "$stage" == wheel || "$stage" == all ]]; then
-  echo "=== the wheel's own binding (no TENSORWIRE_TORCH_LIB): tests/python and tests/gpu/gpu_tests.py"
+  echo "=== the wheel's own binding (no TENSORWIRE_TORCH_LIB): python/tests and tests/gpu/gpu_tests.py"
   wlog=$logs/wheel.log
   : >"$wlog"
   elsewhere=$(mktemp -d)

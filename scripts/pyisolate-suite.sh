@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pyisolate 0.10.2's own test suite, run as it is and then with tensorwire's adapter in
-# every host it creates (tests/python/pyisolate_suite_plugin.py wraps its child launch;
+# every host it creates (python/tests/pyisolate_suite_plugin.py wraps its child launch;
 # nothing of pyisolate is edited), compared test by test. Not part of scripts/test.sh:
 # it needs pyisolate's source tree (its tests are not in the wheel) and takes minutes.
 #
@@ -8,7 +8,7 @@
 #
 # PYISOLATE_SRC: a checkout of github.com/Comfy-Org/pyisolate at v0.10.2; OUTDIR gets
 # plain.xml/adapter.xml (JUnit) and the logs. With DELAY_S, every child pyisolate starts
-# sleeps that long after receiving its bootstrap (tests/python/pyisolate_delay), in both
+# sleeps that long after receiving its bootstrap (python/tests/pyisolate_delay), in both
 # runs. $TW_PYTHON (default .venv/bin/python) needs torch, pyisolate 0.10.2, pytest and
 # what pyisolate's tests import (pytest-asyncio, pyyaml, psutil, tabulate; on PYTHONPATH
 # will do). tensorwire is taken from python/ (build the binding into it first).
@@ -20,9 +20,9 @@ src=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 delay=${3:-}
 py=${TW_PYTHON:-$root/.venv/bin/python}
-path="$root/python:$root/tests/python${PYTHONPATH:+:$PYTHONPATH}"
+path="$root/python:$root/python/tests${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "$delay" ]; then
-  path="$root/tests/python/pyisolate_delay:$path"
+  path="$root/python/tests/pyisolate_delay:$path"
   export TW_PYISOLATE_CHILD_DELAY_S=$delay
 fi
 for mode in ${TW_SUITE_MODES:-plain adapter}; do

@@ -44,7 +44,7 @@ need_wheel() {   # the package's one wheel (the wheel stage, with its checks)
   [ -n "${wheel:-}" ] || run_stage wheel
 }
 need_bwrap() {
-  # The escape suite (tests/python/test_containment.py) runs the same probe inside
+  # The escape suite (python/tests/test_containment.py) runs the same probe inside
   # bubblewrap, the reference sandbox, and checks that ours lets nothing through that it
   # does not.
   if ! command -v bwrap >/dev/null; then
@@ -160,7 +160,7 @@ stage_wheel() {
   "$py" scripts/check_wheel.py "$wheel"
 }
 
-stage python "Python package under torch 2.15.0 (pip venv): the wheel installed with no compiler on PATH and without touching torch, then pytest tests/python from another directory (the installed package, no env vars)"
+stage python "Python package under torch 2.15.0 (pip venv): the wheel installed with no compiler on PATH and without touching torch, then pytest python/tests from another directory (the installed package, no env vars)"
 stage_python() {
   need_pip_venv
   need_bwrap
@@ -168,7 +168,7 @@ stage_python() {
   elsewhere=$(mktemp -d)
   (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$pip_py" -m tensorwire doctor)
   (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
-    "$pip_py" -m pytest -q -p no:cacheprovider --durations=12 "${PYTEST_PAR[@]}" "$root/tests/python" 2>&1) | tee -a "$log"
+    "$pip_py" -m pytest -q -p no:cacheprovider --durations=12 "${PYTEST_PAR[@]}" "$root/python/tests" 2>&1) | tee -a "$log"
   rm -rf "$elsewhere"
 }
 
@@ -200,7 +200,7 @@ stage_torch_2_11() {
   (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH "$uv_venv/bin/python" -c \
     "import tensorwire, torch; print('torch', torch.__version__, '| tensorwire', tensorwire.__version__, tensorwire.build_info())")
   (cd "$elsewhere" && env -u TENSORWIRE_TORCH_LIB -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 \
-    "$uv_venv/bin/python" -m pytest -q -p no:cacheprovider "${PYTEST_PAR[@]}" $(printf "$root/tests/python/%s " $PY_SUITE_OTHER_TORCH) 2>&1) | tee -a "$log"
+    "$uv_venv/bin/python" -m pytest -q -p no:cacheprovider "${PYTEST_PAR[@]}" $(printf "$root/python/tests/%s " $PY_SUITE_OTHER_TORCH) 2>&1) | tee -a "$log"
   rm -rf "$elsewhere"
 }
 
@@ -210,7 +210,7 @@ stage_torch_ext() {
   torch_ext=$(bash cpp/build.sh "$pip_py" | tail -1)
   elsewhere=$(mktemp -d)
   (cd "$elsewhere" && TENSORWIRE_TORCH_LIB="$torch_ext" PYTHONDONTWRITEBYTECODE=1 \
-    "$pip_py" -m pytest -q -p no:cacheprovider "${PYTEST_PAR[@]}" $(printf "$root/tests/python/%s " $PY_SUITE_TORCH_EXT) 2>&1) | tee -a "$log"
+    "$pip_py" -m pytest -q -p no:cacheprovider "${PYTEST_PAR[@]}" $(printf "$root/python/tests/%s " $PY_SUITE_TORCH_EXT) 2>&1) | tee -a "$log"
   rm -rf "$elsewhere"
 }
 
@@ -291,7 +291,7 @@ stage_remote() {
   # The rest of tensorwire-rpc's tests run (without the feature) in their own step above;
   # here its unit tests (the remote value's checks) and the remote-tensor binary.
   UCX_TLS=tcp cargo test -p tensorwire-rpc --features ucx --locked --lib --test remote_ucx 2>&1 | tee -a "$log"
-  # The package's remote tensors (tests/python/test_rpc_remote.py): the binding with the
+  # The package's remote tensors (python/tests/test_rpc_remote.py): the binding with the
   # feature, in the debug profile so the UCX build above is reused, run from a temporary copy
   # of the package put first on PYTHONPATH. The checkout's own _native.abi3.so is never
   # written (a process may have it mapped); the copy is moved into place under a new name.
@@ -304,7 +304,7 @@ stage_remote() {
   # The file skips without the feature: here that would be a build gone wrong, so say so.
   PYTHONPATH="$py_ucx" "$py" -c "import tensorwire, sys; sys.exit(0 if tensorwire.build_info().get('ucx_built') else 'the binding built with feature ucx says ucx_built is false')"
   (env -u TENSORWIRE_TORCH_LIB UCX_TLS=tcp PYTHONPATH="$py_ucx" PYTHONDONTWRITEBYTECODE=1 \
-    "$py" -m pytest -q -p no:cacheprovider tests/python/test_rpc_remote.py 2>&1) | tee -a "$log"
+    "$py" -m pytest -q -p no:cacheprovider python/tests/test_rpc_remote.py 2>&1) | tee -a "$log"
   rm -rf "$py_ucx"
 }
 

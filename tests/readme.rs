@@ -2,7 +2,7 @@
 //! build them; its layout table names every source file of `src/`, `cpp/src/` and
 //! `rpc/src/` (by path, or in its directory's row) and no file that does not exist. (Its
 //! Rust examples are doctests: `ReadmeExamples` in src/lib.rs; its Python examples are
-//! compiled by tests/python/test_readme.py.)
+//! compiled by python/tests/test_readme.py.)
 
 use std::path::Path;
 use std::process::Command;

@@ -60,7 +60,7 @@ import torch  # noqa: E402
 
 import tensorwire  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "tests" / "python"))
+sys.path.insert(0, str(ROOT / "python" / "tests"))
 from support import views_of, wait_stats  # noqa: E402
 
 STOP = 999_999

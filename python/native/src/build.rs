@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// The torch versions the wheel supports: `>= MIN, < BELOW` (pyproject's `Requires-Dist`
-/// says the same; `tests/python/test_native.py` checks the two agree).
+/// says the same; `python/tests/test_native.py` checks the two agree).
 pub const TORCH_MIN: &str = "2.11";
 pub const TORCH_BELOW: &str = "2.16";
 /// The torch versions the test command runs the suite against.

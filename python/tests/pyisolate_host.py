@@ -1,4 +1,4 @@
-"""A real pyisolate host with one isolated child (tests/python/pyisolate_ext), used by
+"""A real pyisolate host with one isolated child (python/tests/pyisolate_ext), used by
 test_pyisolate.py and benches/pyisolate_adapter.py:
 
     python pyisolate_host.py SCENARIO [--adapter | --compose reference|mock] [--venv-root DIR]

@@ -1,4 +1,4 @@
-"""Test support for tests/python/test_pyisolate.py and scripts/pyisolate-suite.sh: on
+"""Test support for python/tests/test_pyisolate.py and scripts/pyisolate-suite.sh: on
 PYTHONPATH, it makes a pyisolate child slow to start. In a process pyisolate started
 (``$PYISOLATE_CHILD``) with ``$TW_PYISOLATE_CHILD_DELAY_S`` set, the first import of
 ``pyisolate._internal.bootstrap`` sleeps that long: the child has connected to the host's

@@ -3,7 +3,7 @@ tensors, start far faster than an exec'd worker, are the supervisor's children, 
 replaced from the zygote after a kill or a crash, and neither the zygote nor a worker
 outlives the supervisor. A sandboxed worker is forked from the zygote too, contained
 before its Python runs again, and imports its target itself (the zygote never does);
-``tests/python/test_containment.py`` runs the escape suite in one."""
+``python/tests/test_containment.py`` runs the escape suite in one."""
 from __future__ import annotations
 
 import os

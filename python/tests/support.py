@@ -1,4 +1,4 @@
-"""What the Python tests share (tests/python and tests/gpu/gpu_tests.py): the views every
+"""What the Python tests share (python/tests and tests/gpu/gpu_tests.py): the views every
 round trip sends, a connected pair in one process, bounded waits (on a condition, on a
 connection's lease counters) and whether a process is gone."""
 

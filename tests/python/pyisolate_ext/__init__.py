@@ -1,2 +1,0 @@
-"""The extension module pyisolate loads in the child for tests/python/pyisolate_host.py
-(its behaviour lives in pyisolate_host.TensorExtension)."""
