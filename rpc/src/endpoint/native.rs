@@ -113,16 +113,16 @@ struct Arrivals {
 impl Arrivals {
     /// File the transport's refusal of the tensor tagged `tag` (its lease already given
     /// back), for the call that names it.
-    fn refuse(&mut self, tag: u64, why: String) {
+    fn refuse(&mut self, tag: u64, kind: tensorwire::ErrorKind, why: String) {
         if self.refused.len() >= MAX_REFUSALS {
             if let Some(old) = self.refused.pop_front() {
-                if matches!(self.by_tag.get(&old), Some(Arrival::Refused(_))) {
+                if matches!(self.by_tag.get(&old), Some(Arrival::Refused(..))) {
                     self.by_tag.remove(&old);
                 }
             }
         }
         self.refused.push_back(tag);
-        self.by_tag.insert(tag, Arrival::Refused(why));
+        self.by_tag.insert(tag, Arrival::Refused(kind, why));
     }
 }
 
@@ -177,7 +177,7 @@ impl NativeState {
             // the call naming its tag gets the refusal at once.
             Err(e) => {
                 if let Some(tag) = self.peer.refused_tag() {
-                    arrived.refuse(tag, e.to_string());
+                    arrived.refuse(tag, e.kind(), e.to_string());
                 }
                 if matches!(e, tensorwire::Error::Resource { .. }) { Received::Starved } else { Received::Filed }
             }
@@ -232,8 +232,8 @@ impl NativeState {
 enum Arrival {
     Cpu(tensorwire::Imported),
     Cuda(tensorwire::CudaImported),
-    /// The tensor message with this tag was refused (the error's text).
-    Refused(String),
+    /// The tensor message with this tag was refused (the error's kind and text).
+    Refused(tensorwire::ErrorKind, String),
 }
 
 impl Arrival {
@@ -241,7 +241,7 @@ impl Arrival {
         match self {
             Arrival::Cpu(_) => "a CPU tensor".into(),
             Arrival::Cuda(t) => format!("a CUDA tensor of device {}", t.device()),
-            Arrival::Refused(_) => "a refusal".into(),
+            Arrival::Refused(..) => "a refusal".into(),
         }
     }
 }
@@ -490,8 +490,8 @@ impl Inner {
                 let layout = match &t {
                     Arrival::Cpu(t) => t.layout(),
                     Arrival::Cuda(t) => t.layout(),
-                    Arrival::Refused(why) => {
-                        return Err(RpcError::Transport(format!("native tensor {tag} was refused: {why}")));
+                    Arrival::Refused(kind, why) => {
+                        return Err(RpcError::Transport { kind: *kind, message: format!("native tensor {tag} was refused: {why}") });
                     }
                 };
                 // A mismatch drops (releases) the import: the peer gets its lease back.
@@ -548,18 +548,18 @@ mod tests {
     fn refusals_kept_are_bounded_oldest_first() {
         let mut a = Arrivals::default();
         for tag in 0..(3 * MAX_REFUSALS) as u64 {
-            a.refuse(tag, format!("no {tag}"));
+            a.refuse(tag, tensorwire::ErrorKind::StaleLease, format!("no {tag}"));
         }
         assert_eq!(a.by_tag.len(), MAX_REFUSALS);
         assert!(a.refused.len() <= MAX_REFUSALS);
         let first_kept = (2 * MAX_REFUSALS) as u64;
-        assert!(matches!(a.by_tag.get(&first_kept), Some(Arrival::Refused(m)) if *m == format!("no {first_kept}")));
+        assert!(matches!(a.by_tag.get(&first_kept), Some(Arrival::Refused(tensorwire::ErrorKind::StaleLease, m)) if *m == format!("no {first_kept}")));
         assert!(!a.by_tag.contains_key(&(first_kept - 1)));
         // A tag claimed meanwhile: its refusal is gone; evicting its old entry later
         // removes nothing else.
         a.by_tag.remove(&first_kept);
         for tag in 0..MAX_REFUSALS as u64 {
-            a.refuse(1_000_000 + tag, String::new());
+            a.refuse(1_000_000 + tag, tensorwire::ErrorKind::Protocol, String::new());
         }
         assert_eq!(a.by_tag.len(), MAX_REFUSALS);
     }
