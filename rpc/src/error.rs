@@ -30,8 +30,9 @@ pub enum RpcError {
     InvalidArgument(String),
     /// A socket or file operation failed.
     Io(String),
-    /// The tensorwire transport reported an error (native tensors).
-    Transport(String),
+    /// The tensorwire transport reported an error (native tensors): `kind` is the
+    /// transport's kind of it ([`RpcError::kind`]), `message` its text.
+    Transport { kind: tensorwire::ErrorKind, message: String },
     /// A server already serves `RpcConfig::max_connections` connections; the new one was
     /// refused (told so, then closed).
     ConnectionLimit { open: usize, cap: usize },
@@ -66,6 +67,14 @@ impl RpcError {
     pub fn is_peer_gone(&self) -> bool {
         matches!(self, RpcError::PeerGone(_))
     }
+    /// The transport's kind of a [`RpcError::Transport`] error (match on it rather than
+    /// its text); `None` for every other variant.
+    pub fn kind(&self) -> Option<tensorwire::ErrorKind> {
+        match self {
+            RpcError::Transport { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
     pub(crate) fn io(what: &str, e: std::io::Error) -> RpcError {
         match e.kind() {
             std::io::ErrorKind::BrokenPipe
@@ -93,7 +102,7 @@ impl fmt::Display for RpcError {
             RpcError::NotFound(m) => write!(f, "{m}"),
             RpcError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             RpcError::Io(m) => write!(f, "I/O error: {m}"),
-            RpcError::Transport(m) => write!(f, "transport: {m}"),
+            RpcError::Transport { message, .. } => write!(f, "transport: {message}"),
             RpcError::ConnectionLimit { open, cap } => write!(
                 f,
                 "server busy: {open} connections are open, the cap is {cap} (RpcConfig::max_connections); try again later"
@@ -127,7 +136,43 @@ impl From<tensorwire::Error> for RpcError {
             tensorwire::Error::CudaUnavailable(m) => RpcError::CudaUnavailable(m),
             e @ tensorwire::Error::Cuda { .. } => RpcError::Cuda(e.to_string()),
             e if e.is_peer_gone() => RpcError::PeerGone(e.to_string()),
-            e => RpcError::Transport(e.to_string()),
+            e => RpcError::Transport { kind: e.kind(), message: e.to_string() },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RpcError;
+    use tensorwire::ErrorKind;
+
+    #[test]
+    fn a_transport_error_keeps_its_kind_and_its_text() {
+        let cases = [
+            (tensorwire::Error::QuotaExceeded("too many leases".into()), ErrorKind::QuotaExceeded),
+            (tensorwire::Error::StaleLease("slot 3 generation 2".into()), ErrorKind::StaleLease),
+            (tensorwire::Error::InvalidDescriptor("bad dtype".into()), ErrorKind::InvalidDescriptor),
+            (tensorwire::Error::Protocol("bad message".into()), ErrorKind::Protocol),
+        ];
+        for (e, kind) in cases {
+            let text = format!("transport: {e}");
+            let r = RpcError::from(e);
+            assert!(matches!(&r, RpcError::Transport { kind: k, .. } if *k == kind), "{r:?}");
+            assert_eq!(r.kind(), Some(kind));
+            assert_eq!(r.to_string(), text, "the text is the transport's, as before the kind was kept");
+        }
+    }
+
+    #[test]
+    fn only_transport_errors_have_a_kind() {
+        let not_transport = [
+            RpcError::from(tensorwire::Error::CudaUnavailable("no driver".into())),
+            RpcError::from(tensorwire::Error::PeerGone { detail: "hung up".into() }),
+            RpcError::Protocol("bad frame".into()),
+            RpcError::Remote("ValueError: x".into()),
+        ];
+        for e in not_transport {
+            assert_eq!(e.kind(), None, "{e:?}");
         }
     }
 }

@@ -375,7 +375,7 @@ fn cuda_through_a_sandboxed_worker() {
             // No signal words here, and IPC events do not cross the namespace: refused
             // before anything is sent, saying why.
             match r {
-                Err(RpcError::Transport(m)) | Err(RpcError::CudaUnavailable(m)) => assert!(m.contains("another pid namespace"), "{m}"),
+                Err(RpcError::Transport { message: m, .. }) | Err(RpcError::CudaUnavailable(m)) => assert!(m.contains("another pid namespace"), "{m}"),
                 other => panic!("a CUDA tensor to a sandboxed worker without signal words gave {other:?}"),
             }
             wait_until("the host's lease back after the refusal", Duration::from_secs(10), || alive.load(Ordering::SeqCst) == 0);

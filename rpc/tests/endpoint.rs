@@ -586,3 +586,30 @@ fn inline_sync_off_runs_every_sync_handler_on_the_pool() {
     client.call("x", "where", vec![]).unwrap();
     assert_eq!(seen.lock().unwrap().as_deref(), Some("tensorwire-rpc-worker"));
 }
+
+/// A transport error keeps the transport's kind (`RpcError::kind`), and its text as
+/// before: a native tensor over the sender's lease byte limit fails its call with
+/// `QuotaExceeded`, and a response naming a native tensor the receiver refuses (over its
+/// mapped-bytes limit) fails the call with the refusal's kind.
+#[test]
+fn a_transport_error_keeps_the_transports_kind() {
+    let (sr, cr) = (Registry::new(), Registry::new());
+    sr.register("calc", calc()).unwrap();
+    let (x, y) = Stream::pair().unwrap();
+    let _s = Endpoint::new(x, sr, RpcConfig::default()).unwrap();
+    let mut cfg = RpcConfig::default();
+    cfg.peer_config.max_lease_bytes = 64;
+    cfg.peer_config.max_import_mapped_bytes = 16;
+    let c = Endpoint::new(y, cr, cfg).unwrap();
+    assert!(c.negotiate_native(Duration::from_secs(5)).unwrap());
+    let big = Tensor::from_f32(&[1024], &[1.0; 1024]).unwrap();
+    let e = c.call("calc", "describe", vec![Value::from(big)]).unwrap_err();
+    assert_eq!(e.kind(), Some(tensorwire::ErrorKind::QuotaExceeded), "{e:?}");
+    assert!(matches!(&e, RpcError::Transport { kind: tensorwire::ErrorKind::QuotaExceeded, .. }), "{e:?}");
+    assert!(e.to_string().starts_with("transport: "), "{e}");
+    let e = c.call("calc", "make_tensor", vec![]).unwrap_err();
+    assert_eq!(e.kind(), Some(tensorwire::ErrorKind::QuotaExceeded), "{e:?}");
+    assert!(e.to_string().starts_with("transport: native tensor ") && e.to_string().contains("was refused"), "{e}");
+    // Neither ended the connection.
+    assert_eq!(c.call("calc", "add", vec![1.into(), 2.into()]).unwrap(), Value::Int(3));
+}

@@ -7,7 +7,7 @@ use tensorwire::{Error, ErrorKind};
 
 /// The `tensorwire.errors` class name and the C ABI result name for a kind; the same
 /// table as `CODES`/`BASE_CODES` there, so `e.code` reads as it did from the extension.
-fn class_and_code(kind: ErrorKind) -> (&'static str, &'static str) {
+pub(crate) fn class_and_code(kind: ErrorKind) -> (&'static str, &'static str) {
     match kind {
         ErrorKind::PeerGone => ("PeerGone", "TW_ERR_PEER_GONE"),
         ErrorKind::Timeout => ("Timeout", "TW_ERR_TIMEOUT"),

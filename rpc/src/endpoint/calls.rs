@@ -7,8 +7,10 @@ use crate::error::{Result, RpcError};
 use crate::value::Value;
 use crate::message::Message;
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tensorwire::Wait;
 
@@ -29,6 +31,55 @@ impl ReplyTx {
     /// waits no longer than that.
     pub(super) fn deadline(&self) -> Option<Instant> {
         self.1
+    }
+}
+
+/// Our calls waiting for a response, by id, and the counters of our calls.
+pub(super) struct Calls {
+    pending: Mutex<HashMap<i64, ReplyTx>>,
+    /// The next call id (ids count from 0; never reused on a connection).
+    next_id: AtomicI64,
+    /// Calls sent (`Stats::calls_sent`).
+    sent: AtomicU64,
+    /// Responses that came after their call stopped waiting (`Stats::late_responses`).
+    late: AtomicU64,
+}
+
+impl Calls {
+    pub(super) fn new() -> Calls {
+        Calls { pending: Mutex::new(HashMap::new()), next_id: AtomicI64::new(0), sent: AtomicU64::new(0), late: AtomicU64::new(0) }
+    }
+
+    /// The pending call `id`, no longer pending (`None`: it was not, or is no longer).
+    pub(super) fn take(&self, id: i64) -> Option<ReplyTx> {
+        self.pending.lock().remove(&id)
+    }
+
+    /// Whether `id` is one of ours: a response to any other breaks the protocol.
+    pub(super) fn was_sent(&self, id: i64) -> bool {
+        id >= 0 && id < self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// A response came for a call that no longer waits.
+    pub(super) fn count_late(&self) {
+        self.late.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every pending call, no longer pending (the connection ended).
+    pub(super) fn drain(&self) -> Vec<ReplyTx> {
+        self.pending.lock().drain().map(|(_, s)| s).collect()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    pub(super) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn late(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
     }
 }
 
@@ -58,7 +109,7 @@ pub struct Canceller {
 impl Canceller {
     pub fn cancel(&self) {
         if let Some(i) = self.inner.upgrade() {
-            i.pending.lock().remove(&self.id);
+            i.calls.take(self.id);
         }
         self.complete.complete(Err(RpcError::Cancelled));
     }
@@ -111,7 +162,7 @@ impl PendingCall {
     /// the answer is in. A later answer is dropped and counted.
     pub fn expire(self, after: Duration) -> Result<Value> {
         // Unless it was completed between the caller's deadline and this removal.
-        self.inner.pending.lock().remove(&self.id);
+        self.inner.calls.take(self.id);
         let limits = self.inner.cfg.json_limits();
         self.reply.try_recv().unwrap_or_else(|_| Err(RpcError::Timeout { what: self.what.clone(), after })).and_then(|v| v.into_tree(limits))
     }
@@ -132,10 +183,10 @@ pub(super) fn deadline_of(wait: Wait) -> (Option<Instant>, Duration) {
 impl Inner {
     /// A new call id with its reply channel, registered as pending.
     pub(super) fn register_call(self: &Arc<Self>, what: String, timeout: Wait) -> PendingCall {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.calls.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, reply) = crossbeam_channel::bounded(1);
         let complete = ReplyTx(tx, deadline_of(timeout).0);
-        self.pending.lock().insert(id, complete.clone());
+        self.calls.pending.lock().insert(id, complete.clone());
         PendingCall { inner: self.clone(), id, reply, complete, timeout, what }
     }
 
@@ -150,19 +201,19 @@ impl Inner {
         let payload = match self.encode(&build(call.id, parent)) {
             Ok(p) => p,
             Err(e) => {
-                self.pending.lock().remove(&call.id);
+                self.calls.take(call.id);
                 return Err(e);
             }
         };
-        self.calls_sent.fetch_add(1, Ordering::Relaxed);
+        self.calls.sent.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.write_frame(&payload) {
-            self.pending.lock().remove(&call.id);
+            self.calls.take(call.id);
             return Err(e);
         }
         // The connection may have closed between the check and the insert: make sure
         // nobody waits on a reply that no one will complete.
         if self.is_closed() {
-            if let Some(s) = self.pending.lock().remove(&call.id) {
+            if let Some(s) = self.calls.take(call.id) {
                 s.complete(Err(self.closed_error()));
             }
         }
@@ -171,6 +222,6 @@ impl Inner {
 
     /// Why calls fail now that the connection is closed.
     pub(super) fn closed_error(&self) -> RpcError {
-        self.close_reason.lock().clone().unwrap_or(RpcError::PeerGone("connection closed".into()))
+        self.closing.error()
     }
 }

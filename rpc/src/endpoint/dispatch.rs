@@ -3,14 +3,53 @@
 //! responses.
 
 use super::pool::Job;
-use super::service::{Args, CallCtx, Handler, Responder, SyncHandler};
+use super::service::{Args, CallCtx, Handler, Registry, Responder, SyncHandler};
 use super::{CONTROL_OBJECT_ID, Endpoint, Inner};
 use crate::error::{Result, RpcError};
 use crate::message::Message;
 use crate::value::{Map, Value};
+use parking_lot::Mutex;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What this endpoint serves: its registry, the callbacks it registered for the peer,
+/// and the count of requests handled.
+pub(super) struct Handlers {
+    registry: Registry,
+    callbacks: Mutex<HashMap<String, SyncHandler>>,
+    /// Requests dispatched (`Stats::requests_handled`).
+    handled: AtomicU64,
+}
+
+impl Handlers {
+    pub(super) fn new(registry: Registry) -> Handlers {
+        Handlers { registry, callbacks: Mutex::new(HashMap::new()), handled: AtomicU64::new(0) }
+    }
+
+    pub(super) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub(super) fn add_callback(&self, id: String, f: SyncHandler) {
+        self.callbacks.lock().insert(id, f);
+    }
+
+    /// Whether `id` was registered.
+    pub(super) fn remove_callback(&self, id: &str) -> bool {
+        self.callbacks.lock().remove(id).is_some()
+    }
+
+    /// At the connection's end: drop every callback (and what it holds).
+    pub(super) fn clear_callbacks(&self) {
+        self.callbacks.lock().clear();
+    }
+
+    pub(super) fn handled(&self) -> u64 {
+        self.handled.load(Ordering::Relaxed)
+    }
+}
 
 thread_local! {
     /// (endpoint id, call id) of the requests this thread is handling, innermost last.
@@ -69,7 +108,7 @@ impl Inner {
     /// too when `may_hold` (the reader thread, nothing read after it) and the standby
     /// takes the socket meanwhile (see `standby`).
     pub(super) fn dispatch(self: &Arc<Self>, req: Request, on_reader_thread: bool, may_hold: bool) {
-        self.handled.fetch_add(1, Ordering::Relaxed);
+        self.handlers.handled.fetch_add(1, Ordering::Relaxed);
         let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len } = req;
         // Arguments that came as JSON text (`RpcConfig::json_text`) are parsed into the
         // tree here unless the handler reads text.
@@ -85,12 +124,12 @@ impl Inner {
             return;
         }
         let (handler, text) = if callback {
-            match self.callbacks.lock().get(&target) {
+            match self.handlers.callbacks.lock().get(&target) {
                 Some(h) => (Handler::Sync(h.clone()), false),
                 None => return self.respond(call_id, Err(RpcError::NotFound(format!("Callback ID {target} not found")))),
             }
         } else {
-            let Some(svc) = self.registry.get(&target) else {
+            let Some(svc) = self.handlers.registry.get(&target) else {
                 return self.respond(call_id, Err(RpcError::NotFound(format!("Object ID {target} not registered"))));
             };
             match svc.handler(&method) {

@@ -37,7 +37,7 @@ type Waiting = (usize, Job);
 pub(super) struct Lane {
     /// `None` once the connection closed (idle lane thread: it exits).
     tx: Mutex<Option<Sender<Waiting>>>,
-    pub(super) rx: Receiver<Waiting>,
+    rx: Receiver<Waiting>,
     /// Frame bytes of the requests waiting (at most `max_frame`, or one request).
     bytes: Arc<AtomicUsize>,
     started: AtomicBool,
@@ -47,6 +47,16 @@ impl Lane {
     pub(super) fn new() -> Lane {
         let (tx, rx) = crossbeam_channel::bounded(LANE_REQUESTS);
         Lane { tx: Mutex::new(Some(tx)), rx, bytes: Arc::new(AtomicUsize::new(0)), started: AtomicBool::new(false) }
+    }
+
+    /// Whether requests wait (a waiting caller on the lane thread runs them).
+    pub(super) fn has_waiting(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    /// Where requests arrive, for a wait that also wakes for them.
+    pub(super) fn arrivals(&self) -> &Receiver<Waiting> {
+        &self.rx
     }
 
     /// No more requests; those waiting are dropped unanswered (the connection is gone),

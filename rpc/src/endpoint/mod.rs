@@ -33,15 +33,19 @@
 //! Cancellation and timeouts are local (the protocol has no cancel message): the caller
 //! stops waiting and a late response is dropped (counted in [`Stats::late_responses`]).
 //!
-//! Files: this one holds `Endpoint`, its shared state, constructors and shutdown;
-//! `calls` (pending calls, starting a call), `reading` (reader thread, leader/follower
-//! waits, frame reads), `dispatch` (incoming requests, responses), `pool` (worker pool),
-//! `lane` (inline requests the pool had no worker for), `standby` (sync handlers on the
-//! reader thread, and who reads meanwhile), `service` (what an endpoint
-//! serves, and a handler's context), `wire` (frame writes, message and tensor encoding),
-//! `native` (native tensors), `ucx` (remote tensors over TCP, feature `ucx`).
+//! Files: this one holds `Endpoint`, its shared state (`Inner`: the connection and one
+//! part per concern, each part defined in the file that changes it and reached by others
+//! through its methods), constructors and shutdown; `calls` (`Calls`: pending calls,
+//! starting a call), `reading` (`Reading`: reader thread, leader/follower waits, frame
+//! reads), `dispatch` (`Handlers`: incoming requests, responses), `closing` (`Closing`:
+//! open or closed, and why), `pool` (worker pool), `lane` (inline requests the pool had
+//! no worker for), `standby` (sync handlers on the reader thread, and who reads
+//! meanwhile), `service` (what an endpoint serves, and a handler's context), `wire`
+//! (`Writer`: frame writes, message and tensor encoding), `native` (`Native`: native
+//! tensors), `ucx` (`Remote`: remote tensors over TCP, feature `ucx`).
 
 mod calls;
+mod closing;
 mod dispatch;
 mod lane;
 mod native;
@@ -56,24 +60,19 @@ mod wire;
 
 pub use calls::{Canceller, PendingCall};
 pub use service::{Args, AsyncHandler, CallCtx, Handler, Registry, Responder, Service, SyncHandler};
-use calls::ReplyTx;
 use lane::Lane;
-use native::NativeState;
 use pool::Pool;
 use standby::Standby;
-use reading::{ReaderState, Token, reader_loop};
+use reading::reader_loop;
 pub use crate::config::RpcConfig;
 use crate::error::{Result, RpcError};
-use crate::frame::FrameDecoder;
 use crate::value::{Map, Value};
 use crate::message::Message;
 use crate::stream::Stream;
-use crate::tensor::FsTensor;
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tensorwire::Wait;
 
@@ -98,67 +97,36 @@ pub struct Stats {
     pub late_responses: u64,
 }
 
+/// State shared by an endpoint's handles, its reader thread, workers and pending calls:
+/// the connection, and one part per concern, each defined and changed in its own file.
 pub(crate) struct Inner {
     cfg: RpcConfig,
     id: u64,
-    registry: Registry,
-    /// The connection's one socket (one fd): written under `writer`, read by whoever
-    /// holds `reader`, polled by the reader thread holding neither.
+    /// The connection's one socket (one fd): written by `wire`, read by whoever leads in
+    /// `reading`, polled by the reader thread and the standby.
     sock: Stream,
-    /// Serializes frame writes.
-    writer: Mutex<()>,
-    /// The read side of the socket: whoever holds this lock reads (the leader).
-    reader: Mutex<ReaderState>,
-    /// Bumped each time a waiting caller takes the lead.
-    lead_epoch: AtomicU64,
-    /// When a connection a server accepted must have brought its first complete message
-    /// (`RpcConfig::first_message_timeout`); the reader thread enforces it.
-    first_message_by: Option<Instant>,
-    /// Set by the first complete frame from the peer.
-    got_message: AtomicBool,
-    /// Callers asleep waiting for a response while someone else leads (a hint for the
-    /// reader thread, which keeps reading while any wait).
-    followers: AtomicUsize,
-    /// The lead, offered: whoever stops reading leaves it, and it wakes one follower to
-    /// try the read side (see `reading`).
-    baton: Token,
-    /// Wakes the reader thread from stepping back (`RpcConfig::reader_yield`) at shutdown.
-    reader_wake: Token,
-    /// Whether this endpoint's waits may spin now (see `spin`).
-    spin_gate: spin::SpinGate,
-    /// fds that arrived on the socket, waiting for the message that claims them.
-    fds: Mutex<VecDeque<OwnedFd>>,
-    callbacks: Mutex<HashMap<String, SyncHandler>>,
-    pending: Mutex<HashMap<i64, ReplyTx>>,
-    next_id: AtomicI64,
-    closed: AtomicBool,
-    close_reason: Mutex<Option<RpcError>>,
-    closed_cv: Condvar,
-    sent_close: AtomicBool,
+    is_unix: bool,
+    /// Frame writes, tensor tags, kept file-system tensors (`wire`).
+    wire: wire::Writer,
+    /// The read side: leader/follower, the reader thread's pacing, fds received (`reading`).
+    reading: reading::Reading,
+    /// Our calls waiting for a response, their ids and counters (`calls`).
+    calls: calls::Calls,
+    /// What this endpoint serves, its callbacks and the requests handled (`dispatch`).
+    handlers: dispatch::Handlers,
+    /// Open or closed, and why (`closing`).
+    closing: closing::Closing,
+    /// The elastic worker pool (`pool`).
     pool: Pool,
     /// Inline requests the pool had no worker for (see `lane`).
     lane: Lane,
     /// Watches the socket while the reader thread runs a sync handler (see `standby`).
     standby: Standby,
-    keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
-    native: Mutex<Option<Arc<NativeState>>>,
-    /// Set by the first native negotiation (ours or the peer's): one per connection.
-    native_claimed: AtomicBool,
-    /// The peer's `native_hello` was accepted and our side is being set up in the
-    /// background: a tensor sent meanwhile waits for it (`native_for_send`).
-    native_setting_up: AtomicBool,
-    native_ready: Condvar,
-    /// Remote tensors (TCP, feature `ucx`), once negotiated; dropped (every export to the
-    /// peer released) when the connection ends.
+    /// Native tensors: negotiation and set-up (`native`).
+    native: native::Native,
+    /// Remote tensors (TCP, feature `ucx`), once negotiated (`ucx`).
     #[cfg(feature = "ucx")]
-    remote: Mutex<Option<Arc<ucx::RemoteState>>>,
-    #[cfg(feature = "ucx")]
-    remote_ready: Condvar,
-    next_tag: AtomicU64,
-    calls_sent: AtomicU64,
-    handled: AtomicU64,
-    late: AtomicU64,
-    is_unix: bool,
+    remote: ucx::Remote,
 }
 
 static ENDPOINT_IDS: AtomicU64 = AtomicU64::new(1);
@@ -201,45 +169,19 @@ impl Endpoint {
         let is_unix = stream.is_unix();
         let inner = Arc::new(Inner {
             id: ENDPOINT_IDS.fetch_add(1, Ordering::Relaxed),
-            registry,
             sock: stream,
-            writer: Mutex::new(()),
-            reader: Mutex::new(ReaderState {
-                decoder: FrameDecoder::new(cfg.max_frame),
-                buf: vec![0u8; 64 * 1024],
-            }),
-            lead_epoch: AtomicU64::new(0),
-            first_message_by,
-            got_message: AtomicBool::new(false),
-            followers: AtomicUsize::new(0),
-            baton: Token::new(),
-            reader_wake: Token::new(),
-            spin_gate: spin::SpinGate::new(),
-            fds: Mutex::new(VecDeque::new()),
-            callbacks: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
-            next_id: AtomicI64::new(0),
-            closed: AtomicBool::new(false),
-            close_reason: Mutex::new(None),
-            closed_cv: Condvar::new(),
-            sent_close: AtomicBool::new(false),
+            is_unix,
+            wire: wire::Writer::new(),
+            reading: reading::Reading::new(cfg.max_frame, first_message_by),
+            calls: calls::Calls::new(),
+            handlers: dispatch::Handlers::new(registry),
+            closing: closing::Closing::new(),
             pool: Pool::new(),
             lane: Lane::new(),
             standby: Standby::new(),
-            keeper: Mutex::new(VecDeque::new()),
-            native: Mutex::new(None),
-            native_claimed: AtomicBool::new(false),
-            native_setting_up: AtomicBool::new(false),
-            native_ready: Condvar::new(),
+            native: native::Native::new(),
             #[cfg(feature = "ucx")]
-            remote: Mutex::new(None),
-            #[cfg(feature = "ucx")]
-            remote_ready: Condvar::new(),
-            next_tag: AtomicU64::new(1),
-            calls_sent: AtomicU64::new(0),
-            handled: AtomicU64::new(0),
-            late: AtomicU64::new(0),
-            is_unix,
+            remote: ucx::Remote::new(),
             cfg,
         });
         let weak = Arc::downgrade(&inner);
@@ -283,7 +225,7 @@ impl Endpoint {
     }
 
     pub fn registry(&self) -> &Registry {
-        &self.inner().registry
+        self.inner().handlers.registry()
     }
 
     /// Call `object_id.method(*args, **kwargs)` on the peer and wait.
@@ -334,13 +276,13 @@ impl Endpoint {
         tensorwire::os::getrandom(&mut rnd)?;
         let h = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         let id = format!("{}-{}-{}-{}-{}", h(&rnd[..4]), h(&rnd[4..6]), h(&rnd[6..8]), h(&rnd[8..10]), h(&rnd[10..]));
-        self.inner().callbacks.lock().insert(id.clone(), Arc::new(f));
+        self.inner().handlers.add_callback(id.clone(), Arc::new(f));
         Ok(crate::tagged::callable(&id, name))
     }
 
     pub fn unregister_callback(&self, callable: &Value) -> bool {
         match crate::tagged::as_callback_id(callable) {
-            Ok(id) => self.inner().callbacks.lock().remove(id).is_some(),
+            Ok(id) => self.inner().handlers.remove_callback(id),
             Err(_) => false,
         }
     }
@@ -349,58 +291,39 @@ impl Endpoint {
     /// `Wait::Forever`, `Wait::Never`) for the peer to answer or hang up, then close.
     pub fn close(&self, wait: impl Into<Wait>) {
         let inner = self.inner();
-        if !inner.closed.load(Ordering::Acquire) && !inner.sent_close.swap(true, Ordering::AcqRel) {
+        if !inner.is_closed() && inner.closing.take_close_frame() {
             let _ = inner.write_frame(b"null");
         }
-        let (deadline, _) = calls::deadline_of(wait.into());
-        let mut g = inner.close_reason.lock();
-        while g.is_none() {
-            match deadline {
-                Some(d) => {
-                    if inner.closed_cv.wait_until(&mut g, d).timed_out() {
-                        break;
-                    }
-                }
-                None => inner.closed_cv.wait(&mut g),
-            }
-        }
-        drop(g);
+        inner.closing.wait_until(calls::deadline_of(wait.into()).0);
         inner.shutdown_now(RpcError::PeerGone("the connection was closed".into()));
     }
 
     /// Block until the connection ends; returns why.
     pub fn wait_closed(&self) -> RpcError {
-        let inner = self.inner();
-        let mut g = inner.close_reason.lock();
-        loop {
-            if let Some(e) = g.as_ref() {
-                return e.clone();
-            }
-            inner.closed_cv.wait(&mut g);
-        }
+        self.inner().closing.wait()
     }
 
     pub fn is_closed(&self) -> bool {
-        self.inner().closed.load(Ordering::Acquire)
+        self.inner().is_closed()
     }
 
     /// Why the connection ended, if it has.
     pub fn close_reason(&self) -> Option<RpcError> {
-        self.inner().close_reason.lock().clone()
+        self.inner().closing.reason()
     }
 
     pub fn stats(&self) -> Stats {
         let i = self.inner();
         Stats {
-            calls_sent: i.calls_sent.load(Ordering::Relaxed),
-            requests_handled: i.handled.load(Ordering::Relaxed),
-            late_responses: i.late.load(Ordering::Relaxed),
+            calls_sent: i.calls.sent(),
+            requests_handled: i.handlers.handled(),
+            late_responses: i.calls.late(),
         }
     }
 
     /// Calls waiting for a response.
     pub fn pending_calls(&self) -> usize {
-        self.inner().pending.lock().len()
+        self.inner().calls.len()
     }
 
     pub(crate) fn send_response(&self, call_id: i64, r: Result<Value>) {
@@ -410,7 +333,7 @@ impl Endpoint {
 
 impl Inner {
     fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closing.is_closed()
     }
 
     /// `slot`'s value once a negotiation sets it (and notifies `set`), waiting until
@@ -434,7 +357,7 @@ impl Inner {
     /// (best effort; it may not read), then close. In this order a peer that hangs up as
     /// soon as it reads the notice cannot make its hang-up the reason our calls fail with.
     fn hang_up(&self, reason: RpcError) {
-        self.close_reason.lock().get_or_insert_with(|| reason.clone());
+        self.closing.record(&reason);
         let _ = self.write_frame(&crate::message::connection_notice(&reason.to_string()));
         self.shutdown_now(reason);
     }
@@ -442,38 +365,22 @@ impl Inner {
     /// Close now: fail every pending call with the first reason recorded (`reason` if
     /// none was), stop workers, shut the socket.
     fn shutdown_now(&self, reason: RpcError) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        let Some(reason) = self.closing.finish(reason) else {
             return;
-        }
-        let reason = {
-            let mut g = self.close_reason.lock();
-            let first = g.get_or_insert(reason).clone();
-            self.closed_cv.notify_all();
-            first
         };
-        let pending: Vec<_> = self.pending.lock().drain().map(|(_, s)| s).collect();
-        for s in pending {
+        for s in self.calls.drain() {
             s.complete(Err(reason.clone()));
         }
         self.pool.stop();
         self.lane.stop();
         self.sock.shutdown();
         self.wake_standby();
-        self.callbacks.lock().clear();
-        self.keeper.lock().clear();
-        self.fds.lock().clear();
-        self.reader_wake.give();
-        if let Some(n) = self.native.lock().take() {
-            n.wake();
-        }
-        self.native_ready.notify_all();
+        self.handlers.clear_callbacks();
+        self.wire.shut();
+        self.reading.shut();
+        self.native.shut();
         #[cfg(feature = "ucx")]
-        {
-            // Taken under its lock, dropped outside it: the scope's drop unregisters.
-            let remote = self.remote.lock().take();
-            drop(remote);
-            self.remote_ready.notify_all();
-        }
+        self.remote.shut();
     }
 }
 

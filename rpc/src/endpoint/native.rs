@@ -30,9 +30,59 @@ use crate::tensor::{CudaImportedTensor, ImportedTensor, Tensor};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tensorwire::Wait;
+
+/// Native tensors on this connection: the negotiation's claim, the set-up in progress,
+/// and the state once set up.
+pub(super) struct Native {
+    /// Set once set up; taken at the connection's end.
+    state: Mutex<Option<Arc<NativeState>>>,
+    /// Set by the first negotiation (ours or the peer's, native or remote): one per
+    /// connection.
+    claimed: AtomicBool,
+    /// The peer's `native_hello` was accepted and our side is being set up in the
+    /// background: a tensor sent meanwhile waits for it (`native_for_send`).
+    setting_up: AtomicBool,
+    /// Notified (under `state`'s lock) when the set-up ends, either way, and at the end.
+    ready: Condvar,
+}
+
+impl Native {
+    pub(super) fn new() -> Native {
+        Native { state: Mutex::new(None), claimed: AtomicBool::new(false), setting_up: AtomicBool::new(false), ready: Condvar::new() }
+    }
+
+    /// Claim this connection's one negotiation: true for the first claim (until
+    /// `unclaim`), false for every other.
+    pub(super) fn claim(&self) -> bool {
+        // AcqRel: the flag is the only state; the swap makes exactly one negotiation win.
+        !self.claimed.swap(true, Ordering::AcqRel)
+    }
+
+    /// The claimed negotiation failed or was refused: a later one (either side's) may try.
+    pub(super) fn unclaim(&self) {
+        // Release: pairs with the AcqRel swap in `claim` and the Acquire load in `is_claimed`.
+        self.claimed.store(false, Ordering::Release);
+    }
+
+    /// Whether a negotiation is claimed (in progress or done).
+    #[cfg(feature = "ucx")]
+    pub(super) fn is_claimed(&self) -> bool {
+        // Acquire: pairs with the swap in `claim` and the store in `unclaim`.
+        self.claimed.load(Ordering::Acquire)
+    }
+
+    /// At the connection's end: drop the state (waking its sweeper) and wake every wait
+    /// for the set-up.
+    pub(super) fn shut(&self) {
+        if let Some(n) = self.state.lock().take() {
+            n.wake();
+        }
+        self.ready.notify_all();
+    }
+}
 
 pub(super) struct NativeState {
     pub(super) peer: Arc<tensorwire::Peer>,
@@ -63,16 +113,16 @@ struct Arrivals {
 impl Arrivals {
     /// File the transport's refusal of the tensor tagged `tag` (its lease already given
     /// back), for the call that names it.
-    fn refuse(&mut self, tag: u64, why: String) {
+    fn refuse(&mut self, tag: u64, kind: tensorwire::ErrorKind, why: String) {
         if self.refused.len() >= MAX_REFUSALS {
             if let Some(old) = self.refused.pop_front() {
-                if matches!(self.by_tag.get(&old), Some(Arrival::Refused(_))) {
+                if matches!(self.by_tag.get(&old), Some(Arrival::Refused(..))) {
                     self.by_tag.remove(&old);
                 }
             }
         }
         self.refused.push_back(tag);
-        self.by_tag.insert(tag, Arrival::Refused(why));
+        self.by_tag.insert(tag, Arrival::Refused(kind, why));
     }
 }
 
@@ -127,7 +177,7 @@ impl NativeState {
             // the call naming its tag gets the refusal at once.
             Err(e) => {
                 if let Some(tag) = self.peer.refused_tag() {
-                    arrived.refuse(tag, e.to_string());
+                    arrived.refuse(tag, e.kind(), e.to_string());
                 }
                 if matches!(e, tensorwire::Error::Resource { .. }) { Received::Starved } else { Received::Filed }
             }
@@ -182,8 +232,8 @@ impl NativeState {
 enum Arrival {
     Cpu(tensorwire::Imported),
     Cuda(tensorwire::CudaImported),
-    /// The tensor message with this tag was refused (the error's text).
-    Refused(String),
+    /// The tensor message with this tag was refused (the error's kind and text).
+    Refused(tensorwire::ErrorKind, String),
 }
 
 impl Arrival {
@@ -191,7 +241,7 @@ impl Arrival {
         match self {
             Arrival::Cpu(_) => "a CPU tensor".into(),
             Arrival::Cuda(t) => format!("a CUDA tensor of device {}", t.device()),
-            Arrival::Refused(_) => "a refusal".into(),
+            Arrival::Refused(..) => "a refusal".into(),
         }
     }
 }
@@ -223,24 +273,23 @@ impl Endpoint {
             #[cfg(not(feature = "ucx"))]
             return Ok(false);
         }
-        if inner.native.lock().is_some() {
+        if inner.native.state.lock().is_some() {
             return Ok(true);
         }
-        // AcqRel: the flag is the only state; the swap makes exactly one negotiation win.
-        if inner.native_claimed.swap(true, Ordering::AcqRel) {
+        if !inner.native.claim() {
             return Ok(inner.wait_native(super::calls::deadline_of(wait).0).is_some());
         }
         let r = inner.negotiate_as_initiator(wait);
         if !matches!(r, Ok(true)) {
             // Ours failed or was refused: a later attempt (either side's) may try again.
-            inner.native_claimed.store(false, Ordering::Release);
+            inner.native.unclaim();
         }
         r
     }
 
     /// Whether tensors travel natively on this connection.
     pub fn native_enabled(&self) -> bool {
-        self.inner().native.lock().is_some()
+        self.inner().native.state.lock().is_some()
     }
 
     /// How many of the peer's segments this side keeps mapped for native tensors (`None`:
@@ -248,14 +297,14 @@ impl Endpoint {
     /// tensor in the same segment costs no `mmap`; it goes once the peer frees the
     /// segment and says so over the transport — whether or not another call comes.
     pub fn native_imported_segments(&self) -> Option<usize> {
-        self.inner().native.lock().as_ref().map(|st| st.peer.imported_segments())
+        self.inner().native.state.lock().as_ref().map(|st| st.peer.imported_segments())
     }
 
     /// The CPU the peer last wrote to this connection from, as it said through the
     /// native transport (a hint: it may have moved since, or lie). `None` without native
     /// tensors, or before the peer wrote.
     pub fn native_peer_cpu(&self) -> Option<u32> {
-        self.inner().native.lock().as_ref().and_then(|st| st.peer.peer_cpu())
+        self.inner().native.state.lock().as_ref().and_then(|st| st.peer.peer_cpu())
     }
 }
 
@@ -272,7 +321,7 @@ impl Inner {
     /// After a frame write: note this thread's CPU for the peer's waits
     /// ([`tensorwire::Peer::note_send_cpu`]). Nothing without native tensors.
     pub(super) fn note_send_cpu(&self) {
-        if let Some(st) = &*self.native.lock() {
+        if let Some(st) = &*self.native.state.lock() {
             st.peer.note_send_cpu();
         }
     }
@@ -281,7 +330,7 @@ impl Inner {
     /// ours ([`tensorwire::Peer::move_off_peer_cpu`]). True: the two share this CPU for
     /// good, so the wait must not spin (a spin there only delays the peer).
     pub(super) fn move_off_peer_cpu(&self) -> bool {
-        let peer = match &*self.native.lock() {
+        let peer = match &*self.native.state.lock() {
             Some(st) => st.peer.clone(),
             None => return false,
         };
@@ -305,12 +354,11 @@ impl Inner {
             let mut payload = Vec::new();
             msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
             let framed = frame::encode_frame(&payload)?;
-            let _w = self.writer.lock();
-            self.sock.write_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))
+            self.write_frame_with_fd(&framed, std::os::fd::AsFd::as_fd(&theirs))
         })();
         drop(theirs);
         if let Err(e) = sent {
-            self.pending.lock().remove(&call.id);
+            self.calls.take(call.id);
             return Err(e);
         }
         match call.wait() {
@@ -338,9 +386,9 @@ impl Inner {
                     return Err(RpcError::Remote("native tensors are disabled on this endpoint".into()));
                 }
                 let fd = fd.ok_or_else(|| RpcError::Remote("native_hello arrived without a socket fd".into()))?;
-                // AcqRel: as in `negotiate_native`; the first hello (or our own
-                // negotiation) wins, every later one is refused.
-                if self.native_claimed.swap(true, Ordering::AcqRel) {
+                // The first hello (or our own negotiation) wins, every later one is
+                // refused.
+                if !self.native.claim() {
                     return Err(RpcError::Remote(REFUSED_REPEAT.into()));
                 }
                 // The peer sets up its side after our answer; do ours in the background
@@ -350,7 +398,7 @@ impl Inner {
                 // Release: pairs with the Acquire load in `native_for_send`; set before our
                 // answer goes out, so no tensor of ours can be sent before the peer's
                 // native side exists and still miss the wait.
-                self.native_setting_up.store(true, Ordering::Release);
+                self.native.setting_up.store(true, Ordering::Release);
                 std::thread::Builder::new()
                     .name("tensorwire-rpc-native-setup".into())
                     .spawn(move || {
@@ -379,23 +427,23 @@ impl Inner {
             .name("tw-native-sweep".into())
             .spawn(move || st2.sweep(me))
             .map_err(|e| RpcError::io("spawning the native sweeper", e))?;
-        let mut native = self.native.lock();
+        let mut native = self.native.state.lock();
         *native = Some(st);
         // Release: pairs with the Acquire load in `native_for_send` (under the same lock).
-        self.native_setting_up.store(false, Ordering::Release);
+        self.native.setting_up.store(false, Ordering::Release);
         drop(native);
-        self.native_ready.notify_all();
+        self.native.ready.notify_all();
         Ok(())
     }
 
     /// The background set-up of our native side failed: senders stop waiting for it.
     fn end_native_setup(&self) {
-        let native = self.native.lock();
+        let native = self.native.state.lock();
         // Release: pairs with the Acquire load in `native_for_send` (under the same lock,
         // so a sender cannot miss the notification between its check and its wait).
-        self.native_setting_up.store(false, Ordering::Release);
+        self.native.setting_up.store(false, Ordering::Release);
         drop(native);
-        self.native_ready.notify_all();
+        self.native.ready.notify_all();
     }
 
     /// The native state a tensor is sent by: the one negotiated, or — while our side of a
@@ -405,11 +453,11 @@ impl Inner {
     /// reference, which the peer refuses).
     pub(super) fn native_for_send(&self) -> Option<Arc<NativeState>> {
         let by = Instant::now() + self.cfg.send_timeout;
-        let mut native = self.native.lock();
+        let mut native = self.native.state.lock();
         // Acquire: pairs with the Release stores in `control`, `install_native` and
         // `end_native_setup`.
-        while native.is_none() && self.native_setting_up.load(Ordering::Acquire) && !self.is_closed() {
-            if self.native_ready.wait_until(&mut native, by).timed_out() {
+        while native.is_none() && self.native.setting_up.load(Ordering::Acquire) && !self.is_closed() {
+            if self.native.ready.wait_until(&mut native, by).timed_out() {
                 break;
             }
         }
@@ -419,7 +467,7 @@ impl Inner {
     /// The native state once negotiated, waiting until `deadline` (`None`: no limit) or
     /// the end for a negotiation in progress.
     fn wait_native(&self, deadline: Option<Instant>) -> Option<Arc<NativeState>> {
-        self.wait_set(&self.native, &self.native_ready, deadline)
+        self.wait_set(&self.native.state, &self.native.ready, deadline)
     }
 
     /// The tensor a received `TensorwireTensor` names: the peer's export with that tag,
@@ -442,8 +490,8 @@ impl Inner {
                 let layout = match &t {
                     Arrival::Cpu(t) => t.layout(),
                     Arrival::Cuda(t) => t.layout(),
-                    Arrival::Refused(why) => {
-                        return Err(RpcError::Transport(format!("native tensor {tag} was refused: {why}")));
+                    Arrival::Refused(kind, why) => {
+                        return Err(RpcError::Transport { kind: *kind, message: format!("native tensor {tag} was refused: {why}") });
                     }
                 };
                 // A mismatch drops (releases) the import: the peer gets its lease back.
@@ -500,18 +548,18 @@ mod tests {
     fn refusals_kept_are_bounded_oldest_first() {
         let mut a = Arrivals::default();
         for tag in 0..(3 * MAX_REFUSALS) as u64 {
-            a.refuse(tag, format!("no {tag}"));
+            a.refuse(tag, tensorwire::ErrorKind::StaleLease, format!("no {tag}"));
         }
         assert_eq!(a.by_tag.len(), MAX_REFUSALS);
         assert!(a.refused.len() <= MAX_REFUSALS);
         let first_kept = (2 * MAX_REFUSALS) as u64;
-        assert!(matches!(a.by_tag.get(&first_kept), Some(Arrival::Refused(m)) if *m == format!("no {first_kept}")));
+        assert!(matches!(a.by_tag.get(&first_kept), Some(Arrival::Refused(tensorwire::ErrorKind::StaleLease, m)) if *m == format!("no {first_kept}")));
         assert!(!a.by_tag.contains_key(&(first_kept - 1)));
         // A tag claimed meanwhile: its refusal is gone; evicting its old entry later
         // removes nothing else.
         a.by_tag.remove(&first_kept);
         for tag in 0..MAX_REFUSALS as u64 {
-            a.refuse(1_000_000 + tag, String::new());
+            a.refuse(1_000_000 + tag, tensorwire::ErrorKind::Protocol, String::new());
         }
         assert_eq!(a.by_tag.len(), MAX_REFUSALS);
     }

@@ -12,35 +12,85 @@
 use super::Inner;
 use super::calls::ReplyRx;
 use super::dispatch::Request;
-use super::spin::Spin;
+use super::spin::{Spin, SpinGate};
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
 use crate::message::Message;
 use crossbeam_channel::{Receiver, Select, Sender};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-pub(super) struct ReaderState {
-    pub(super) decoder: FrameDecoder,
-    pub(super) buf: Vec<u8>,
+/// The read side of the connection and the state of who reads it.
+pub(super) struct Reading {
+    /// Whoever holds this lock reads the socket (the leader).
+    reader: Mutex<ReaderState>,
+    /// Bumped each time a waiting caller takes the lead.
+    lead_epoch: AtomicU64,
+    /// When a connection a server accepted must have brought its first complete message
+    /// (`RpcConfig::first_message_timeout`); the reader thread enforces it.
+    first_message_by: Option<Instant>,
+    /// Set by the first complete frame from the peer.
+    got_message: AtomicBool,
+    /// Callers asleep waiting for a response while someone else leads (a hint for the
+    /// reader thread, which keeps reading while any wait).
+    followers: AtomicUsize,
+    /// The lead, offered: whoever stops reading leaves it, and it wakes one follower to
+    /// try the read side.
+    baton: Token,
+    /// Wakes the reader thread from stepping back (`RpcConfig::reader_yield`) at shutdown.
+    reader_wake: Token,
+    /// Whether this endpoint's waits may spin now (see `spin`).
+    spin_gate: SpinGate,
+    /// fds that arrived on the socket, waiting for the message that claims them.
+    fds: Mutex<VecDeque<OwnedFd>>,
+}
+
+impl Reading {
+    pub(super) fn new(max_frame: usize, first_message_by: Option<Instant>) -> Reading {
+        Reading {
+            reader: Mutex::new(ReaderState { decoder: FrameDecoder::new(max_frame), buf: vec![0u8; 64 * 1024] }),
+            lead_epoch: AtomicU64::new(0),
+            first_message_by,
+            got_message: AtomicBool::new(false),
+            followers: AtomicUsize::new(0),
+            baton: Token::new(),
+            reader_wake: Token::new(),
+            spin_gate: SpinGate::new(),
+            fds: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// At the connection's end: close the fds no message claimed, and wake the reader
+    /// thread from stepping back.
+    pub(super) fn shut(&self) {
+        self.fds.lock().clear();
+        self.reader_wake.give();
+    }
+}
+
+struct ReaderState {
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
 }
 
 /// A signal that holds at most one token: `give` leaves one unless one is already
 /// waiting (it never blocks), and one waiter takes it. A token given while nobody waits
 /// stays for the next waiter, so no give is lost.
-pub(super) struct Token {
+struct Token {
     tx: Sender<()>,
-    pub(super) rx: Receiver<()>,
+    rx: Receiver<()>,
 }
 
 impl Token {
-    pub(super) fn new() -> Token {
+    fn new() -> Token {
         let (tx, rx) = crossbeam_channel::bounded(1);
         Token { tx, rx }
     }
-    pub(super) fn give(&self) {
+    fn give(&self) {
         let _ = self.tx.try_send(());
     }
 }
@@ -61,19 +111,19 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
             return;
         }
         // Relaxed: a counter read as a hint; no data is published through it.
-        let epoch = inner.lead_epoch.load(Ordering::Relaxed);
+        let epoch = inner.reading.lead_epoch.load(Ordering::Relaxed);
         if epoch != seen_epoch && !inner.cfg.reader_yield.is_zero() {
             // Callers have been reading their own responses: stay off the socket a while
             // (they dispatch whatever else arrives) rather than wake for each frame —
             // unless callers are waiting with no one leading for them.
             seen_epoch = epoch;
-            if inner.followers.load(Ordering::Relaxed) > 0 {
+            if inner.reading.followers.load(Ordering::Relaxed) > 0 {
                 continue;
             }
             // Stepping back from reading: a follower that arrives meanwhile takes the
             // lead instead of sleeping until we are back.
-            inner.baton.give();
-            let _ = inner.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
+            inner.reading.baton.give();
+            let _ = inner.reading.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
             continue;
         }
         // Whatever is already there (or buffered in the decoder), without blocking. The
@@ -83,16 +133,16 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
             // While the peer's first message is awaited, wait for the read side no longer
             // than that (a caller may lead meanwhile, for as long as its call takes).
             let rs = match inner.first_message_left() {
-                Some(left) => inner.reader.try_lock_for(left),
-                None if inner.cfg.reader_yield.is_zero() => Some(inner.reader.lock()),
-                None => inner.reader.try_lock(),
+                Some(left) => inner.reading.reader.try_lock_for(left),
+                None if inner.cfg.reader_yield.is_zero() => Some(inner.reading.reader.lock()),
+                None => inner.reading.reader.try_lock(),
             };
             let Some(mut rs) = rs else {
                 // A caller leads, for longer than a step back: step back again rather than
                 // park on the lock, whose release would then wake this thread for nothing
                 // at the end of every call.
                 if inner.first_message_left().is_none() {
-                    let _ = inner.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
+                    let _ = inner.reading.reader_wake.rx.recv_timeout(inner.cfg.reader_yield);
                 }
                 continue;
             };
@@ -115,7 +165,7 @@ pub(super) fn reader_loop(weak: std::sync::Weak<Inner>) {
         // (see the module docs) — not at all where the peer shares our CPU for good, and
         // off its CPU first where it shares it for now (see `native`).
         // Not while the spins are paused: see `lead`.
-        let mut spin = inner.spin_gate.spin(inner.cfg.spin);
+        let mut spin = inner.reading.spin_gate.spin(inner.cfg.spin);
         if !spin.paused() && inner.move_off_peer_cpu() {
             spin.stop();
         }
@@ -152,7 +202,7 @@ impl Inner {
     /// lane thread, run the lane's waiting requests meanwhile (see `lane`). `None`: the
     /// deadline passed first.
     pub(super) fn wait_reply(self: &Arc<Self>, reply: &ReplyRx, deadline: Option<Instant>) -> Option<Result<crate::value::Value>> {
-        let mut spin = self.spin_gate.spin(self.cfg.spin);
+        let mut spin = self.reading.spin_gate.spin(self.cfg.spin);
         let lane = self.on_lane_thread();
         loop {
             if let Ok(r) = reply.try_recv() {
@@ -164,7 +214,7 @@ impl Inner {
             if lane && self.run_lane_job() {
                 continue;
             }
-            if let Some(rs) = self.reader.try_lock() {
+            if let Some(rs) = self.reading.reader.try_lock() {
                 self.lead(rs, reply, deadline, &mut spin, lane);
                 continue;
             }
@@ -183,14 +233,14 @@ impl Inner {
     /// — on the lane thread — a request waits in the lane), then step down.
     fn lead(self: &Arc<Self>, mut rs: parking_lot::MutexGuard<'_, ReaderState>, reply: &ReplyRx, deadline: Option<Instant>, spin: &mut Spin<'_>, lane: bool) {
         // Relaxed: a counter the reader thread reads as a hint.
-        self.lead_epoch.fetch_add(1, Ordering::Relaxed);
+        self.reading.lead_epoch.fetch_add(1, Ordering::Relaxed);
         // Off the peer's CPU before waiting for its frame (see `native`); pinned beside
         // it, wait without spinning. Not while the spins are paused: the CPUs are
         // contended, there is no idle one to move to, and a thread moved onto a busy CPU
         // waits there for the busy task's time slice.
         let pinned = !spin.paused() && self.move_off_peer_cpu();
         loop {
-            if !reply.is_empty() || (lane && !self.lane.rx.is_empty()) {
+            if !reply.is_empty() || (lane && self.lane.has_waiting()) {
                 break;
             }
             let now = Instant::now();
@@ -228,7 +278,7 @@ impl Inner {
         }
         drop(rs);
         // Offer the lead: a follower wakes and tries the read side.
-        self.baton.give();
+        self.reading.baton.give();
     }
 
     /// Someone else leads: sleep until our reply, the lead is offered (the baton), the
@@ -237,24 +287,24 @@ impl Inner {
     fn follow(&self, reply: &ReplyRx, deadline: Option<Instant>, lane: bool) -> Option<Result<crate::value::Value>> {
         // Relaxed: a hint for the reader thread (see `reader_loop`); the baton, not this
         // count, is what guarantees a follower is woken when the read side frees up.
-        self.followers.fetch_add(1, Ordering::Relaxed);
+        self.reading.followers.fetch_add(1, Ordering::Relaxed);
         let mut sel = Select::new();
         let on_reply = sel.recv(reply);
-        let on_baton = sel.recv(&self.baton.rx);
+        let on_baton = sel.recv(&self.reading.baton.rx);
         if lane {
-            sel.recv(&self.lane.rx);
+            sel.recv(self.lane.arrivals());
         }
         let ready = match deadline {
             None => Some(sel.ready()),
             Some(d) => sel.ready_deadline(d).ok(),
         };
-        self.followers.fetch_sub(1, Ordering::Relaxed);
+        self.reading.followers.fetch_sub(1, Ordering::Relaxed);
         match ready {
             Some(i) if i == on_reply => reply.try_recv().ok(),
             Some(i) if i == on_baton => {
                 // Taken, so that a token left while the read side was already taken again
                 // wakes nobody twice; the lead is tried next.
-                let _ = self.baton.rx.try_recv();
+                let _ = self.reading.baton.rx.try_recv();
                 None
             }
             Some(_) => {
@@ -287,7 +337,7 @@ impl Inner {
             let mut fds = Vec::new();
             let n = self.sock.read_some(&mut rs.buf, &mut fds)?;
             if !fds.is_empty() {
-                let mut q = self.fds.lock();
+                let mut q = self.reading.fds.lock();
                 for fd in fds {
                     // At most a few fds may wait for the message that claims them; more is
                     // abuse and they are closed.
@@ -310,7 +360,7 @@ impl Inner {
     }
 
     pub(super) fn take_fd(&self) -> Option<OwnedFd> {
-        self.fds.lock().pop_front()
+        self.reading.fds.lock().pop_front()
     }
 
     /// The standby reader (see `standby`): read and dispatch whatever has arrived,
@@ -319,7 +369,7 @@ impl Inner {
     pub(super) fn read_available(self: &Arc<Self>) -> Result<()> {
         loop {
             let f = {
-                let mut rs = self.reader.lock();
+                let mut rs = self.reading.reader.lock();
                 self.read_frame_locked(&mut rs, Some(Instant::now()))?
             };
             match f {
@@ -336,8 +386,8 @@ impl Inner {
         let frame_len = payload.len();
         // Relaxed: a flag only the reader thread acts on (a frame read by a caller counts
         // as soon as it is seen; none is missed, only seen a loop later).
-        if !self.got_message.load(Ordering::Relaxed) {
-            self.got_message.store(true, Ordering::Relaxed);
+        if !self.reading.got_message.load(Ordering::Relaxed) {
+            self.reading.got_message.store(true, Ordering::Relaxed);
         }
         let msg = if self.cfg.json_text {
             Message::decode_text(&payload, self.cfg.json_limits())
@@ -354,7 +404,7 @@ impl Inner {
         };
         match msg {
             Message::Close => {
-                if !self.sent_close.swap(true, Ordering::AcqRel) {
+                if self.closing.take_close_frame() {
                     let _ = self.write_frame(b"null");
                 }
                 self.shutdown_now(RpcError::PeerGone("the peer closed the connection".into()));
@@ -363,7 +413,7 @@ impl Inner {
                 self.shutdown_now(RpcError::PeerGone(format!("the peer ended the connection: {e}")));
             }
             Message::Response { call_id, result, error } => {
-                let waiting = self.pending.lock().remove(&call_id);
+                let waiting = self.calls.take(call_id);
                 match waiting {
                     Some(s) => {
                         let r = match error {
@@ -374,11 +424,11 @@ impl Inner {
                         };
                         s.complete(r);
                     }
-                    None if call_id < 0 || call_id >= self.next_id.load(Ordering::Relaxed) => {
+                    None if !self.calls.was_sent(call_id) => {
                         self.shutdown_now(RpcError::Protocol(format!("response to call_id {call_id}, which was never sent")));
                     }
                     None => {
-                        self.late.fetch_add(1, Ordering::Relaxed);
+                        self.calls.count_late();
                     }
                 }
             }
@@ -398,9 +448,9 @@ impl Inner {
     /// Time left for the peer's first complete message, while one is awaited (a
     /// connection a server accepted; see `RpcConfig::first_message_timeout`).
     fn first_message_left(&self) -> Option<Duration> {
-        let by = self.first_message_by?;
+        let by = self.reading.first_message_by?;
         // Relaxed: as where it is set.
-        if self.got_message.load(Ordering::Relaxed) {
+        if self.reading.got_message.load(Ordering::Relaxed) {
             return None;
         }
         Some(by.saturating_duration_since(Instant::now()))
@@ -417,7 +467,7 @@ impl Inner {
     /// follower that found it holding the read side must not sleep until it is back.
     fn stepping_away(&self, reader_thread: bool) {
         if reader_thread {
-            self.baton.give();
+            self.reading.baton.give();
         }
     }
 }

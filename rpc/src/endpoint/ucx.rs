@@ -41,8 +41,7 @@ use crate::message::Message;
 use crate::tensor::Tensor;
 use crate::ucx_tensor::{self, ENGINE_UCX};
 use crate::value::{Map, Value};
-use parking_lot::Mutex;
-use std::sync::atomic::Ordering;
+use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tensorwire::{Segment, SharedTensor, Wait};
@@ -64,6 +63,29 @@ fn exporter() -> Result<&'static Exporter> {
         .get_or_init(|| Exporter::new().map_err(|e| format!("starting the UCX exporter: {e}")))
         .as_ref()
         .map_err(|e| RpcError::RemoteTransfer(e.clone()))
+}
+
+/// Remote tensors on this connection: the state once negotiated (the claim of the one
+/// negotiation is `Native`'s).
+pub(super) struct Remote {
+    /// Set once negotiated; dropped (every export to the peer released) at the end.
+    state: Mutex<Option<Arc<RemoteState>>>,
+    /// Notified (under `state`'s lock) when it is set, and at the end.
+    ready: Condvar,
+}
+
+impl Remote {
+    pub(super) fn new() -> Remote {
+        Remote { state: Mutex::new(None), ready: Condvar::new() }
+    }
+
+    /// At the connection's end: drop the state and wake every wait for it.
+    pub(super) fn shut(&self) {
+        // Taken under its lock, dropped outside it: the scope's drop unregisters.
+        let remote = self.state.lock().take();
+        drop(remote);
+        self.ready.notify_all();
+    }
 }
 
 /// A connection's remote-tensor state: the exports the peer may ask for, and what we
@@ -146,12 +168,12 @@ unsafe impl Storage for SharedStorage {
 impl Endpoint {
     /// Whether CPU tensors travel as remote (UCX) tensors on this connection.
     pub fn remote_enabled(&self) -> bool {
-        self.inner().remote.lock().is_some()
+        self.inner().remote.state.lock().is_some()
     }
 
     /// Remote exports the peer has not released yet on this connection.
     pub fn remote_exports_live(&self) -> usize {
-        self.inner().remote.lock().as_ref().map_or(0, |r| r.scope.live())
+        self.inner().remote.state.lock().as_ref().map_or(0, |r| r.scope.live())
     }
 
     /// Remote exports not released yet over every connection of this process (0 before
@@ -166,7 +188,7 @@ impl Endpoint {
     /// Bytes of remote tensors received on this connection that are still alive (what
     /// `RpcConfig::max_remote_connection_bytes` bounds).
     pub fn remote_imported_bytes(&self) -> u64 {
-        self.inner().remote.lock().as_ref().map_or(0, |r| r.held_bytes())
+        self.inner().remote.state.lock().as_ref().map_or(0, |r| r.held_bytes())
     }
 }
 
@@ -176,16 +198,16 @@ impl Inner {
         if !self.cfg.remote_tensors {
             return Ok(false);
         }
-        if self.remote.lock().is_some() {
+        if self.remote.state.lock().is_some() {
             return Ok(true);
         }
-        // AcqRel: as in `negotiate_native`, one negotiation per connection wins.
-        if self.native_claimed.swap(true, Ordering::AcqRel) {
+        // As in `negotiate_native`, one negotiation per connection wins.
+        if !self.native.claim() {
             return Ok(self.wait_remote(super::calls::deadline_of(wait).0).is_some());
         }
         let r = self.negotiate_remote_as_initiator(wait);
         if !matches!(r, Ok(true)) {
-            self.native_claimed.store(false, Ordering::Release);
+            self.native.unclaim();
         }
         r
     }
@@ -222,11 +244,11 @@ impl Inner {
         if !offered || !self.cfg.remote_tensors {
             return Err(RpcError::Remote("remote tensors are disabled on this endpoint (RpcConfig::remote_tensors)".into()));
         }
-        if self.native_claimed.swap(true, Ordering::AcqRel) {
+        if !self.native.claim() {
             return Err(RpcError::Remote(super::native::REFUSED_REPEAT.into()));
         }
         if let Err(e) = exporter().and_then(|_| self.install_remote()) {
-            self.native_claimed.store(false, Ordering::Release);
+            self.native.unclaim();
             return Err(RpcError::Remote(format!("remote tensors unavailable here: {e}")));
         }
         let mut m = Map::new();
@@ -238,24 +260,24 @@ impl Inner {
         let scope = exporter()?
             .scope()
             .map_err(|e| RpcError::RemoteTransfer(format!("making this connection's export scope: {e}")))?;
-        let mut g = self.remote.lock();
+        let mut g = self.remote.state.lock();
         if self.is_closed() {
             return Err(self.closed_error());
         }
         *g = Some(Arc::new(RemoteState { scope, importer: OnceLock::new(), imported: Mutex::new(Vec::new()) }));
-        self.remote_ready.notify_all();
+        self.remote.ready.notify_all();
         Ok(())
     }
 
     /// The remote state once negotiated, waiting until `deadline` (`None`: no limit) or
     /// the end for a negotiation in progress.
     fn wait_remote(&self, deadline: Option<Instant>) -> Option<Arc<RemoteState>> {
-        self.wait_set(&self.remote, &self.remote_ready, deadline)
+        self.wait_set(&self.remote.state, &self.remote.ready, deadline)
     }
 
     /// The remote state if negotiated.
     pub(super) fn remote_state(&self) -> Option<Arc<RemoteState>> {
-        self.remote.lock().clone()
+        self.remote.state.lock().clone()
     }
 
     /// A CPU tensor as a `TensorwireRemote` value: its storage registered for the peer.
@@ -287,7 +309,7 @@ impl Inner {
     /// The tensor a received `TensorwireRemote` names, read into memory of ours; the
     /// export is released whatever happens once its id is known.
     pub(super) fn claim_remote(self: &Arc<Self>, m: &Map) -> Result<Value> {
-        let negotiating = !self.is_unix && self.native_claimed.load(Ordering::Acquire);
+        let negotiating = !self.is_unix && self.native.is_claimed();
         let st = if negotiating { self.wait_remote(Some(Instant::now() + NEGOTIATION_WAIT)) } else { self.remote_state() };
         let Some(st) = st else {
             return Err(RpcError::Protocol(format!(

@@ -7,9 +7,33 @@ use crate::frame;
 use crate::value::Value;
 use crate::message::Message;
 use crate::tensor::{FsTensor, Tensor};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The write side of the connection and what sending tensors keeps.
+pub(super) struct Writer {
+    /// Serializes frame writes.
+    lock: Mutex<()>,
+    /// The next tag of a native tensor we send.
+    next_tag: AtomicU64,
+    /// File-system tensors sent, kept for `RpcConfig::fs_keep` so the peer can open them.
+    keeper: Mutex<VecDeque<(Instant, Arc<FsTensor>)>>,
+}
+
+impl Writer {
+    pub(super) fn new() -> Writer {
+        Writer { lock: Mutex::new(()), next_tag: AtomicU64::new(1), keeper: Mutex::new(VecDeque::new()) }
+    }
+
+    /// At the connection's end: let go of the file-system tensors kept for the peer.
+    pub(super) fn shut(&self) {
+        self.keeper.lock().clear();
+    }
+}
 
 impl Inner {
     pub(super) fn write_frame(&self, payload: &[u8]) -> Result<()> {
@@ -24,7 +48,7 @@ impl Inner {
         let (head, body) =
             if payload.len() <= 64 * 1024 { (frame::encode_frame(payload)?, &[][..]) } else { (frame::header(payload.len())?.to_vec(), payload) };
         let framed_len = head.len() + body.len();
-        let w = self.writer.lock();
+        let w = self.wire.lock.lock();
         // One bound for the whole frame (see `Stream::write_all_by`); one of more than a
         // century is as good as none.
         let started = Instant::now();
@@ -46,6 +70,13 @@ impl Inner {
         drop(w);
         self.note_send_cpu();
         Ok(())
+    }
+
+    /// Write an already framed message with `fd` attached (Unix sockets only), between
+    /// other frame writes.
+    pub(super) fn write_frame_with_fd(&self, framed: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
+        let _w = self.wire.lock.lock();
+        self.sock.write_with_fd(framed, fd)
     }
 
     pub(super) fn encode(&self, msg: &Message) -> Result<Vec<u8>> {
@@ -118,7 +149,7 @@ impl Inner {
                     "a CUDA tensor imported from a peer cannot be sent on: its memory is that peer's allocation opened here; copy it into an allocation of your own and send a Tensor::Cuda".into(),
                 ));
             };
-            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            let tag = self.wire.next_tag.fetch_add(1, Ordering::Relaxed);
             c.export(&n.peer, tag)?;
             return Ok(crate::tensor::native_ref(tag, &c.layout(), Some(device)));
         }
@@ -132,7 +163,7 @@ impl Inner {
                 _ => None,
             };
             if let Some((imp, layout)) = forward {
-                let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+                let tag = self.wire.next_tag.fetch_add(1, Ordering::Relaxed);
                 let shared: Arc<tensorwire::Imported> = Arc::clone(imp.inner());
                 n.peer.export_imported(shared, Some(layout), tensorwire::ExportOptions { tag, window: None })?;
                 return Ok(crate::tensor::native_ref(tag, &layout, None));
@@ -146,7 +177,7 @@ impl Inner {
                     s.view(layout)?
                 }
             };
-            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            let tag = self.wire.next_tag.fetch_add(1, Ordering::Relaxed);
             n.peer.export(&shared, tensorwire::ExportOptions { tag, window: None })?;
             return Ok(crate::tensor::native_ref(tag, shared.layout(), None));
         }
@@ -162,7 +193,7 @@ impl Inner {
         let fs = t.to_fs()?;
         let v = fs.to_tensor_ref(self.cfg.fs_strategy);
         let now = Instant::now();
-        let mut k = self.keeper.lock();
+        let mut k = self.wire.keeper.lock();
         while k.front().is_some_and(|(t, _)| now.duration_since(*t) > self.cfg.fs_keep) {
             k.pop_front();
         }

@@ -69,6 +69,6 @@ fn inherited_connection() -> Result<OwnedFd> {
     // supervisor for this one use; nothing else in the process owns it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: borrowed for the call only; `owned` keeps it open.
-    tensorwire::os::set_cloexec(unsafe { BorrowedFd::borrow_raw(fd) }, true).map_err(|e| RpcError::Transport(e.to_string()))?;
+    tensorwire::os::set_cloexec(unsafe { BorrowedFd::borrow_raw(fd) }, true).map_err(|e| RpcError::Transport { kind: e.kind(), message: e.to_string() })?;
     Ok(owned)
 }

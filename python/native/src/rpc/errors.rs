@@ -30,6 +30,8 @@ pub fn to_py(py: Python<'_>, err: &RpcError) -> PyErr {
         RpcError::TensorCopyLimit { .. } => "QuotaExceeded",
         RpcError::OutOfMemory { .. } | RpcError::ConnectionLimit { .. } => "ResourceExhausted",
         RpcError::CudaUnavailable(_) | RpcError::CudaNotNative(_) => "CudaUnavailable",
+        // The transport's own class for its kind, as for a transport call's error.
+        RpcError::Transport { kind, .. } => crate::errors::class_and_code(*kind).0,
         _ => "Error",
     };
     raise(py, class, None, format!("tensorwire.rpc: {err}"))
