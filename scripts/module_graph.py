@@ -1,23 +1,33 @@
 #!/usr/bin/env python3
 """Import loops between modules of a Rust crate: the check that keeps imports going one way.
 
-For each source file (one module) it collects the paths it names (`crate::a::b`,
-`super::x`, `self::y`, in `use` items and in expressions), resolves each to the deepest
-module file it reaches, and projects every edge onto the siblings under the two modules'
-lowest common ancestor (`peer::import -> peer::cuda_import` is an edge between siblings of
-`peer`; `error -> ring::spsc` one between the top-level modules `error` and `ring`). An edge
-between a module and its own ancestor or descendant is not projected (a parent declares
-and re-exports its children). Any cycle among siblings is an import loop: printed, and the
-exit status is 1.
+A crate's modules are found from its root file by following its `mod name;` declarations
+(with their `#[path]` attributes), as rustc does. For each module file it collects the paths
+it names (`crate::a::b`, `super::x`, `self::y`, in `use` items and in expressions), resolves
+each to the deepest module it reaches, and projects every edge onto the siblings under the
+two modules' lowest common ancestor (`peer::import -> peer::cuda_import` is an edge between
+siblings of `peer`; `error -> ring::spsc` one between the top-level modules `error` and
+`ring`). An edge between a module and its own ancestor or descendant is not projected (a
+parent declares and re-exports its children). Any cycle among siblings is an import loop:
+printed, and the exit status is 1.
 
-  python3 scripts/module_graph.py src rpc/src simcuda/src     # the crates' src folders
+  python3 scripts/module_graph.py --workspace     # every target of every crate cargo knows
+  python3 scripts/module_graph.py src rpc/src     # crates by folder (lib.rs or main.rs) or root file
   python3 scripts/module_graph.py --self-test     # it must see the loops it is for
+
+`--workspace` asks `cargo metadata --no-deps` for the workspace's packages and checks the
+root file of each of their targets (libraries, binaries, tests, examples, benches, build
+scripts), then does the same for each workspace its `exclude` list names (fuzz/), so a new
+crate or target is checked without being listed anywhere.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -55,8 +65,57 @@ def references(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+MOD_DECL = re.compile(
+    r'((?:#\[[^\]]*\]\s*)*)(?:pub(?:\s*\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;')
+PATH_ATTR = re.compile(r'#\[path\s*=\s*"([^"]*)"\s*\]')
+
+
+def strip_keep_paths(text: str) -> str:
+    """Drop comments only (a `#[path = "..."]` attribute's string is needed)."""
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+
+
+def modules(root: Path) -> dict[tuple[str, ...], Path]:
+    """The crate's module files, from its root file along its `mod name;` declarations.
+
+    A file module's children live in its own folder when it is the crate root or a
+    `mod.rs` (`dir/x.rs` or `dir/x/mod.rs`), else in the folder named after it; a
+    `#[path]` attribute names the file relative to the declaring file's folder.
+    """
+    found: dict[tuple[str, ...], Path] = {(): root}
+    todo = [((), root, True)]
+    while todo:
+        mod, f, mod_rs = todo.pop()
+        for m in MOD_DECL.finditer(strip_keep_paths(f.read_text())):
+            attrs, name = m.group(1), m.group(2)
+            p = PATH_ATTR.search(attrs)
+            if p:
+                child = (f.parent / p.group(1)).resolve()
+                child_mod_rs = child.name == "mod.rs"
+            else:
+                d = f.parent if mod_rs else f.parent / f.stem
+                child = d / f"{name}.rs"
+                child_mod_rs = False
+                if not child.exists():
+                    child, child_mod_rs = d / name / "mod.rs", True
+            if child.exists() and mod + (name,) not in found:
+                found[mod + (name,)] = child
+                todo.append((mod + (name,), child, child_mod_rs))
+    return found
+
+
+def crate_root(src: Path) -> Path:
+    if src.is_file():
+        return src
+    for name in ("lib.rs", "main.rs"):
+        if (src / name).exists():
+            return src / name
+    raise SystemExit(f"module graph: {src} has no lib.rs or main.rs; name the crate's root file instead")
+
+
 def check(src: Path) -> list[str]:
-    files = {module_of(src, f): f for f in src.rglob("*.rs") if "bin" not in f.relative_to(src).parts}
+    files = modules(crate_root(src))
     mods = set(files)
     edges: dict[tuple[str, ...], set] = defaultdict(set)  # parent -> {(a, b)}
     where: dict[tuple, str] = {}
@@ -97,7 +156,7 @@ def check(src: Path) -> list[str]:
             graph[a].add(b)
         for cycle in cycles(graph):
             steps = [where[(parent, cycle[i], cycle[(i + 1) % len(cycle)])] for i in range(len(cycle))]
-            loops.append(f"{src}: {' -> '.join(cycle + [cycle[0]])} (under {'::'.join(parent) or 'crate'}): " + "; ".join(steps))
+            loops.append(f"{crate_root(src)}: {' -> '.join(cycle + [cycle[0]])} (under {'::'.join(parent) or 'crate'}): " + "; ".join(steps))
     return loops
 
 
@@ -164,6 +223,12 @@ def self_test() -> int:
         "a path in an expression": ({"lib.rs": "mod a; mod b;", "a.rs": "fn f() { crate::b::g() }", "b.rs": "use crate::a::{Y, Z};"}, 1),
         "imports going one way": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b::X;", "b.rs": "// use crate::a::Y;\nconst S: &str = \"crate::a::Y\";"}, 0),
         "a parent and its child": ({"lib.rs": "mod p;", "p/mod.rs": "mod x; pub use x::X;", "p/x.rs": "use super::Inner;"}, 0),
+        "children in the folder of a non-mod.rs file": (
+            {"lib.rs": "mod p;", "p.rs": "mod x; mod y;", "p/x.rs": "use super::y::Y;", "p/y.rs": "use super::x::X;"}, 1),
+        "a #[path] module": (
+            {"lib.rs": "mod a;\n#[path = \"other/b_impl.rs\"]\nmod b;", "a.rs": "use crate::b::X;", "other/b_impl.rs": "use crate::a::Y;"}, 1),
+        "a file no `mod` declares is not part of the crate": (
+            {"lib.rs": "mod a;", "a.rs": "use crate::b::X;", "b.rs": "use crate::a::Y;"}, 0),
     }
     bad = 0
     for name, (tree, want) in cases.items():
@@ -175,19 +240,64 @@ def self_test() -> int:
         if got != want:
             print(f"module graph self-test FAILED: {name}: {'a loop' if got else 'no loop'} found")
             bad += 1
-    print(f"module graph self-test: {len(cases) - bad} of {len(cases)} cases judged right")
+    # `--workspace`: a loop in a member crate, in a binary target's modules and in a crate of
+    # an excluded workspace must each be found without naming them.
+    ws = {
+        "Cargo.toml": '[workspace]\nmembers = [".", "inner"]\nexclude = ["apart"]\n'
+                      '[package]\nname = "top"\nversion = "0.0.0"\nedition = "2021"\n',
+        "src/lib.rs": "",
+        "inner/Cargo.toml": '[package]\nname = "inner"\nversion = "0.0.0"\nedition = "2021"\n',
+        "inner/src/lib.rs": "mod a; mod b;", "inner/src/a.rs": "use crate::b::X;", "inner/src/b.rs": "use crate::a::Y;",
+        "src/bin/tool/main.rs": "mod c; mod d;", "src/bin/tool/c.rs": "use crate::d::X;", "src/bin/tool/d.rs": "use crate::c::Y;",
+        "apart/Cargo.toml": '[package]\nname = "apart"\nversion = "0.0.0"\nedition = "2021"\n[workspace]\n',
+        "apart/src/lib.rs": "mod e; mod f;", "apart/src/e.rs": "use crate::f::X;", "apart/src/f.rs": "use crate::e::Y;",
+    }
+    with tempfile.TemporaryDirectory() as d:
+        for rel, text in ws.items():
+            (Path(d) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(d) / rel).write_text(text)
+        loops = [l for r in workspace_roots(Path(d) / "Cargo.toml") for l in check(r)]
+    for want in ("a -> b -> a", "c -> d -> c", "e -> f -> e"):
+        if not any(want in l for l in loops):
+            print(f"module graph self-test FAILED: --workspace missed the loop {want}")
+            bad += 1
+    total = len(cases) + 3
+    print(f"module graph self-test: {total - bad} of {total} cases judged right")
     return 1 if bad else 0
+
+
+def workspace_roots(manifest: Path) -> list[Path]:
+    """The root file of every target of every package of the workspace at `manifest`, and
+    of the workspaces its `[workspace] exclude` list names (each its own workspace)."""
+    out = subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1", "--manifest-path", str(manifest)],
+        check=True, capture_output=True, text=True).stdout
+    meta = json.loads(out)
+    roots = {Path(t["src_path"]) for p in meta["packages"] for t in p["targets"]}
+    with open(manifest, "rb") as f:
+        excluded = tomllib.load(f).get("workspace", {}).get("exclude", [])
+    for e in excluded:
+        if (manifest.parent / e / "Cargo.toml").exists():
+            roots.update(workspace_roots(manifest.parent / e / "Cargo.toml"))
+    return sorted(roots)
 
 
 def main(argv: list[str]) -> int:
     if argv[1:] == ["--self-test"]:
         return self_test()
-    loops = [l for d in argv[1:] or ["src"] for l in check(Path(d))]
+    if argv[1:] == ["--workspace"]:
+        roots = [r.relative_to(Path.cwd()) if r.is_relative_to(Path.cwd()) else r
+                 for r in workspace_roots(Path.cwd() / "Cargo.toml")]
+        what = f"the {len(roots)} crate roots of the workspace (cargo metadata)"
+    else:
+        roots = [Path(d) for d in argv[1:] or ["src"]]
+        what = ", ".join(argv[1:] or ["src"])
+    loops = list(dict.fromkeys(l for r in roots for l in check(r)))  # shared modules once
     for l in loops:
         print(f"import loop: {l}")
     if loops:
         return 1
-    print(f"module graph: no import loop in {', '.join(argv[1:] or ['src'])}")
+    print(f"module graph: no import loop in {what}")
     return 0
 
 

@@ -66,7 +66,7 @@ def export_parts(tensor: torch.Tensor) -> Tuple[Any, int, int, int, int, str, Li
         storage = src.untyped_storage()
         stream = torch.cuda.current_stream(src.device).cuda_stream
         return (storage, storage.data_ptr(), storage.nbytes(), src.device.index, stream, _dtype_name(src.dtype),
-                list(src.size()), list(src.stride()), src.storage_offset(), zero_copy)
+                list(src.size()), list(src.stride()), int(src.storage_offset()), zero_copy)
 
 
 def send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> bool:

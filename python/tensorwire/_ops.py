@@ -400,7 +400,7 @@ def accept(listener: int, timeout_ms: int = -1, **options: int) -> int:
     lst = _listeners.get(listener)
     if lst is None:
         _native.check_connection_options(opts)  # the options are checked first, as the extension does
-        _listener(listener, "accept")
+        lst = _listener(listener, "accept")
     return _add(_connections, lst.accept(timeout_ms, opts))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional, cast
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -28,7 +28,7 @@ def _release(version: str) -> tuple[int, ...]:
 def problem(found: str, info: Mapping[str, object]) -> Optional[tuple[str, str]]:
     """``None`` if ``found`` is in the range, else ``("old" | "new", message)``."""
     lo, hi = str(info["torch_min"]), str(info["torch_below"])
-    tested = ", ".join(str(v) for v in info["torch_tested"])  # type: ignore[union-attr]
+    tested = ", ".join(str(v) for v in cast(Iterable[object], info["torch_tested"]))
     built = (f"tensorwire {info['version']} is built for torch >= {lo}, < {hi} "
              f"(tested with {tested}); this process has torch {found}")
     rel = _release(found)

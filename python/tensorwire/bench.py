@@ -220,12 +220,16 @@ def bench_torch_mp(sizes, base_iters):
     p = ctx.Process(target=mp_child, args=(q, acks))
     p.start()
     small = torch.ones(1024, dtype=torch.uint8).share_memory_()
-    warm_up(lambda i: (q.put(small), acks.get()))
+    def round_trip(t: torch.Tensor) -> None:
+        q.put(t)
+        acks.get()
+
+    warm_up(lambda i: round_trip(small))
     del small
     out = {}
     for size in sizes:
         t = torch.ones(size, dtype=torch.uint8).share_memory_()
-        out[size] = timed(base_iters, lambda i: (q.put(t), acks.get()))
+        out[size] = timed(base_iters, lambda i: round_trip(t))
         del t
     q.put(None)
     p.join(60)

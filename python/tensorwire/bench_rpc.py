@@ -335,11 +335,11 @@ def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_ge
             raise RuntimeError("tensorwire.rpc: the pool's workers did not start within 300 s")
         for _ in range(pool_gets):
             t0 = time.perf_counter()
-            w = pool.get()
+            pw = pool.get()
             t1 = time.perf_counter()
-            w.call("add", 1, 2)
+            pw.call("add", 1, 2)
             t2 = time.perf_counter()
-            w.release()
+            pw.release()
             cells.pool_get.append(t1 - t0)
             cells.pool_first.append(t2 - t0)
             pool.wait_idle(2, 60.0)  # each hand-out finds the pool full again
@@ -518,7 +518,8 @@ class Busy:
     to be running) and killed on exit."""
 
     def __init__(self, n: int, settle_s: float) -> None:
-        self.n, self.settle_s, self.procs = n, settle_s, []
+        self.n, self.settle_s = n, settle_s
+        self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> "Busy":
         try:

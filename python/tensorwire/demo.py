@@ -70,7 +70,7 @@ def _send_and_check(conn: tensorwire.Connection, src: torch.Tensor, view: torch.
     reply = conn.recv(timeout=60)
     dt = time.perf_counter() - t0
     after = src.view(torch.uint8).reshape(-1)[view.storage_offset() * 4].item()
-    flipped = after == (before ^ 1)
+    flipped = after == (int(before) ^ 1)
     src.view(torch.uint8).reshape(-1)[view.storage_offset() * 4] = before  # put it back
     return int(reply.item()) == _checksum(view), bool(zero_copy_export and flipped), dt
 
@@ -127,12 +127,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     print(f"tensorwire demo: torch {torch.__version__}, parent pid {os.getpid()}, child pid {proc.pid}")
     print(f"{'direction':<16} {'size':>7}  {'layout':<18} {'checksum':<9} {'zero-copy':<9} {'send+verify':>11}")
-    for direction, size, name, ok, zc, dt in rows:
+    for direction, size_s, name, ok, zc, dt in rows:
         if direction == "child -> parent":
             ok_s, zc_s = "(child)", "(child)"
         else:
             ok_s, zc_s = ("ok" if ok else "WRONG"), ("yes" if zc else "NO")
-        print(f"{direction:<16} {size:>7}  {name:<18} {ok_s:<9} {zc_s:<9} {dt * 1e6:9.0f} us")
+        print(f"{direction:<16} {size_s:>7}  {name:<18} {ok_s:<9} {zc_s:<9} {dt * 1e6:9.0f} us")
     failed = sum((not ok) + (not zc) for d, _, _, ok, zc, _ in rows if d == "parent -> child")
     print(f"child -> parent checks (checksum, the parent's flip seen in the child's tensor) ran in the child: "
           f"{'all passed' if child_rc == 0 else 'FAILED'}")

@@ -113,7 +113,7 @@ def check_two_process() -> list[Check]:
 
 
 def check_pidfd() -> Check:
-    fd = os.pidfd_open(os.getpid())  # type: ignore[attr-defined]
+    fd = os.pidfd_open(os.getpid())
     os.close(fd)
     return Check("pidfd", True, "pidfd_open works (peer death seen at once, also for a peer that leaked its socket)")
 

@@ -588,8 +588,8 @@ def _wrap_transport() -> None:
                     continue
             return item
 
-    JSONSocketTransport.send, JSONSocketTransport.recv = send, recv  # type: ignore[method-assign]
-    JSONSocketTransport._tensorwire_wrapped = True  # type: ignore[attr-defined]
+    JSONSocketTransport.send, JSONSocketTransport.recv = send, recv
+    JSONSocketTransport._tensorwire_wrapped = True
 
 
 class _Recorder:

@@ -68,7 +68,7 @@ import json
 import os
 import sys
 import sysconfig
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -89,6 +89,11 @@ __all__ = [
 
 #: The object id a worker serves its target as.
 MAIN = "main"
+
+# The binding's classes behind this module's (their types: _native.pyi), under names that
+# class bodies declaring their own `_native` attribute can still refer to.
+_NativeWorker = _native.Worker
+_NativePooledWorker = _native.PooledWorker
 
 
 def empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -115,7 +120,7 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     return _async_pool
 
 
-async def _awaited(native_call: Any, wait: Any) -> Any:
+async def _awaited(native_call: _native.PendingCall | _native.WorkerCall, wait: Callable[[Any], Any]) -> Any:
     # The call is out already; a thread waits for it (its waits release the GIL), and a
     # cancelled task cancels it, which wakes that thread at once.
     loop = asyncio.get_running_loop()
@@ -126,18 +131,18 @@ async def _awaited(native_call: Any, wait: Any) -> Any:
         raise
 
 
-def _wait_pending(timeout: Optional[float], native_call: Any) -> Any:
+def _wait_pending(timeout: Optional[float], native_call: _native.PendingCall) -> Any:
     return native_call.wait(timeout)
 
 
-def _wait_worker_call(native_call: Any) -> Any:
+def _wait_worker_call(native_call: _native.WorkerCall) -> Any:
     return native_call.wait()
 
 
 class PendingCall:
     """A call sent and not yet waited for (:meth:`Endpoint.start`)."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: _native.PendingCall) -> None:
         self._native = native
 
     def result(self, timeout: Optional[float] = None) -> Any:
@@ -155,7 +160,7 @@ class PendingCall:
 class Endpoint:
     """One RPC connection: call the objects the peer serves, serve objects to it."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: _native.Endpoint) -> None:
         self._native = native
 
     def call(self, object_id: str, method: str, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> Any:
@@ -300,7 +305,7 @@ class Sandbox:
 #: The variables of this process a sandboxed worker gets (when set), by name and by
 #: prefix (``LC_``, ``NVIDIA_``, ``TENSORWIRE_``): ``(names, prefixes)``, the supervisor's
 #: own list. Pass anything else with ``spawn(env=...)``.
-KEPT_ENV: tuple[tuple[str, ...], tuple[str, ...]] = _native.kept_env()
+KEPT_ENV: tuple[list[str], list[str]] = _native.kept_env()
 
 
 def _readable_python() -> list[str]:
@@ -315,7 +320,7 @@ def _readable_python() -> list[str]:
 def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Optional[str], env: Optional[Mapping[str, str]],
           cwd: Optional[str], output: str, prefix: Optional[str], capture_bytes: int, limits: Optional[Limits],
           sandbox: Optional[Sandbox], handshake_timeout: float, timeout: Optional[float], serve: Optional[Mapping[str, Any]],
-          path: Optional[Sequence[str]] = None, zygote: bool = False, preload: Sequence[str] = ()) -> Any:
+          path: Optional[Sequence[str]] = None, zygote: bool = False, preload: Sequence[str] = ()) -> _native.WorkerSpec:
     if (target is None) == (command is None):
         raise ValueError("tensorwire.rpc: give a target ('module:attribute') or a command (a worker program), not both")
     if command is not None:
@@ -352,8 +357,8 @@ def _spec(target: Optional[str], *, command: Optional[Sequence[str]], python: Op
     return _with_zygote(native_spec, target, command=command, sandbox=sandbox, zygote=zygote, preload=preload)
 
 
-def _with_zygote(native_spec: Any, target: Optional[str], *, command: Optional[Sequence[str]], sandbox: Optional[Sandbox],
-                 zygote: bool, preload: Sequence[str]) -> Any:
+def _with_zygote(native_spec: _native.WorkerSpec, target: Optional[str], *, command: Optional[Sequence[str]],
+                 sandbox: Optional[Sandbox], zygote: bool, preload: Sequence[str]) -> _native.WorkerSpec:
     """``native_spec`` with its workers forked from a zygote (``python -P -m
     tensorwire.zygote``) that imported torch, tensorwire, ``preload`` and — only for an
     unsandboxed worker — the target's module. A sandboxed worker is contained as it is
@@ -374,7 +379,7 @@ def _with_zygote(native_spec: Any, target: Optional[str], *, command: Optional[S
 class _Calls:
     """Calls on a worker's :data:`MAIN` object (or another it serves)."""
 
-    _native: Any
+    _native: _NativeWorker | _NativePooledWorker
 
     def call(self, method: str, *args: Any, timeout: Optional[float] = None, object_id: str = MAIN, **kwargs: Any) -> Any:
         """``target.method(*args, **kwargs)`` in the worker. Past ``timeout`` seconds
@@ -424,7 +429,9 @@ class Worker(_Calls):
     """A supervised worker process (see :func:`spawn`). Close it (or use ``with``) to end
     it: a clean close, then SIGKILL after a grace period."""
 
-    def __init__(self, native: Any) -> None:
+    _native: _NativeWorker
+
+    def __init__(self, native: _NativeWorker) -> None:
         self._native = native
 
     def close(self) -> None:
@@ -455,7 +462,7 @@ def _with_init(env: Optional[Mapping[str, str]], target: Optional[str], init_arg
     return {**(env or {}), INIT_ENV: text}
 
 
-def _on_interrupt(spec: Any, on_interrupt: str) -> Any:
+def _on_interrupt(spec: _native.WorkerSpec, on_interrupt: str) -> _native.WorkerSpec:
     if on_interrupt not in ("kill", "abandon"):
         raise ValueError(f"tensorwire.rpc: on_interrupt={on_interrupt!r}: use 'kill' or 'abandon'")
     return spec.with_on_interrupt(on_interrupt)
@@ -504,7 +511,9 @@ class PooledWorker(_Calls):
     """A worker handed out by a :class:`WorkerPool`; :meth:`release` (or leaving ``with``)
     gives it back, kept warm only if it finished cleanly."""
 
-    def __init__(self, native: Any) -> None:
+    _native: _NativePooledWorker
+
+    def __init__(self, native: _NativePooledWorker) -> None:
         self._native = native
 
     def release(self) -> None:

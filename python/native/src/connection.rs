@@ -10,29 +10,14 @@
 
 use crate::config::{peer_config, wait_ms};
 use crate::errors::{IntoPy, raise, refused};
+use crate::peer::PyPeer;
 use crate::storage;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 use tensorwire::{DType, ExportOptions, Incoming, Layout, Peer, PeerConfig, SharedTensor, Wait};
-
-/// A connection to one peer process (`tensorwire::Peer`).
-#[pyclass(module = "tensorwire._native", name = "Peer")]
-pub struct PyPeer {
-    pub(crate) peer: Peer,
-    /// One CPU receiver at a time, as the extension's `recv` (the C ABI asks for it).
-    recv_mu: Mutex<()>,
-    /// One CPU ring receiver at a time.
-    pub(crate) ring_recv_mu: Mutex<()>,
-}
-
-impl PyPeer {
-    pub(crate) fn new(peer: Peer) -> PyPeer {
-        PyPeer { peer, recv_mu: Mutex::new(()), ring_recv_mu: Mutex::new(()) }
-    }
-}
 
 pub(crate) fn dtype_named(py: Python<'_>, name: &str) -> PyResult<DType> {
     DType::ALL

@@ -22,7 +22,7 @@
 //! Errors are the C ABI's: class and `.code` by kind, message
 //! `"tensorwire (TW_ERR_…): tw_<function>: …"` as the C++ ops raise them.
 
-use crate::connection::PyPeer;
+use crate::peer::PyPeer;
 use crate::dlpack;
 use crate::errors::{self, refused};
 use pyo3::exceptions::PyRuntimeError;

@@ -5,8 +5,8 @@
 //! One file a job: `errors` (Rust errors as `tensorwire.errors` classes), `dlpack` (the
 //! capsule), `storage` (shared segments, trusted-fd segments, received imports and their
 //! registries), `pool` (recycled segments for ordinary tensors sent by copy), `config` (the
-//! connection options as a `PeerConfig`), `connection` (`Peer`:
-//! opening, CPU send/recv, stats), `listener` (`Listener`), `ring` (the CPU ring), `cuda`
+//! connection options as a `PeerConfig`), `peer` (`Peer`'s state), `connection` (`Peer`'s
+//! methods: opening, CPU send/recv, stats), `listener` (`Listener`), `ring` (the CPU ring), `cuda`
 //! (the CUDA boundary `recv` hands CUDA imports to), `build` (`build_info`), `rpc` (the RPC
 //! layer and its workers, `tensorwire.rpc`). The package's `torch.ops.tensorwire.*` are
 //! Python ops over these (`python/tensorwire/_ops.py`).
@@ -18,6 +18,7 @@ mod cuda;
 mod dlpack;
 mod errors;
 mod listener;
+mod peer;
 mod pool;
 mod ring;
 mod rpc;
@@ -27,7 +28,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<connection::PyPeer>()?;
+    m.add_class::<peer::PyPeer>()?;
     m.add_class::<listener::PyListener>()?;
     m.add_function(wrap_pyfunction!(config::check_connection_options, m)?)?;
     m.add_function(wrap_pyfunction!(connection::dtypes, m)?)?;

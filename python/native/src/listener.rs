@@ -2,7 +2,7 @@
 //! connection options, `close`), what the ops `listen`, `accept` and `close_listener` need.
 
 use crate::config::{peer_config, wait_ms};
-use crate::connection::PyPeer;
+use crate::peer::PyPeer;
 use crate::errors::IntoPy;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -4,7 +4,8 @@
 //! the capsule owns (no further copy), what the ops `ring_send` / `ring_recv` need.
 
 use crate::config::wait_ms;
-use crate::connection::{PyPeer, dtype_named};
+use crate::connection::dtype_named;
+use crate::peer::PyPeer;
 use crate::dlpack;
 use crate::errors::{IntoPy, raise};
 use pyo3::prelude::*;

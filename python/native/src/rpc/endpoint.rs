@@ -23,6 +23,28 @@ pub fn wait_of(timeout: Option<f64>) -> Wait {
     }
 }
 
+/// The connection settings of `connect` and `Listener`: the defaults, plus remote tensors
+/// when asked for — refused by name in a build without the `ucx` feature rather than
+/// silently falling back, so a caller who asked for them knows they cannot be had — and
+/// pyisolate's file-system tensors when asked for (`fs_tensors`).
+pub fn config(py: Python<'_>, remote_tensors: bool, fs_tensors: bool) -> PyResult<RpcConfig> {
+    if remote_tensors && !cfg!(feature = "ucx") {
+        return Err(crate::errors::refused(
+            py,
+            "tensorwire.rpc: remote_tensors needs tensorwire._native built with the `ucx` \
+             feature (build_info()['ucx_built'] is False); the default wheel has no UCX"
+                .to_string(),
+        ));
+    }
+    Ok(RpcConfig {
+        remote_tensors,
+        accept_fs_tensors: fs_tensors,
+        // Values are read into Python objects from their text (`json_text`).
+        json_text: true,
+        ..RpcConfig::default()
+    })
+}
+
 /// Positional and keyword arguments as values (converted with the GIL held, before the
 /// call releases it).
 pub fn arguments(
@@ -171,7 +193,7 @@ impl PyEndpoint {
         fs_tensors: bool,
     ) -> PyResult<PyEndpoint> {
         let reg = service::registry_of(serve)?;
-        let cfg = super::listener::config(py, remote_tensors, fs_tensors)?;
+        let cfg = config(py, remote_tensors, fs_tensors)?;
         let ep = py
             .detach(|| Endpoint::connect(address, reg, cfg))
             .map_err(|e| to_py(py, &e))?;

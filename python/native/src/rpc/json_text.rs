@@ -9,7 +9,7 @@
 //! comes as the tree instead, and `values` reads that. The reader still checks what it
 //! reads, and answers anything malformed with an error, never a panic.
 
-use super::values::{MAX_DEPTH, tensor_value, type_name};
+use super::tensors::{MAX_DEPTH, tensor_value, type_name};
 use crate::errors::refused;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};

@@ -2,34 +2,12 @@
 //! connections become `Endpoint`s — how two Python processes that did not start each other
 //! (another host, over TCP) talk `tensorwire.rpc`.
 
-use super::endpoint::PyEndpoint;
+use super::endpoint::{PyEndpoint, config};
 use super::errors::to_py;
 use super::service;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tensorwire_rpc::{RpcConfig, Server};
-
-/// The connection settings of `connect` and `Listener`: the defaults, plus remote tensors
-/// when asked for — refused by name in a build without the `ucx` feature rather than
-/// silently falling back, so a caller who asked for them knows they cannot be had — and
-/// pyisolate's file-system tensors when asked for (`fs_tensors`).
-pub fn config(py: Python<'_>, remote_tensors: bool, fs_tensors: bool) -> PyResult<RpcConfig> {
-    if remote_tensors && !cfg!(feature = "ucx") {
-        return Err(crate::errors::refused(
-            py,
-            "tensorwire.rpc: remote_tensors needs tensorwire._native built with the `ucx` \
-             feature (build_info()['ucx_built'] is False); the default wheel has no UCX"
-                .to_string(),
-        ));
-    }
-    Ok(RpcConfig {
-        remote_tensors,
-        accept_fs_tensors: fs_tensors,
-        // Values are read into Python objects from their text (`json_text`).
-        json_text: true,
-        ..RpcConfig::default()
-    })
-}
+use tensorwire_rpc::Server;
 
 /// Accepts connections on one address; each serves the same dict of objects.
 #[pyclass(module = "tensorwire._native", name = "RpcListener")]

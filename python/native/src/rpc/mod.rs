@@ -1,6 +1,7 @@
 //! `tensorwire.rpc`'s native half: the `tensorwire-rpc` crate (pyisolate's wire, no
 //! pickle) for Python hosts and children. One file a job: `values` (Python objects and
-//! tensors to RPC values and back), `json_text` (Python objects to the wire's JSON text and
+//! tensors to RPC values and back), `tensors` (torch tensors to tensor values, which both
+//! `values` and `json_text` use), `json_text` (Python objects to the wire's JSON text and
 //! back, no tree between), `errors` (RPC errors as `tensorwire.errors` classes,
 //! a handler's exception as a response), `service` (Python objects served), `endpoint`
 //! (a connection), `listener` (accepting connections on a TCP or Unix address), `worker`
@@ -12,6 +13,7 @@ mod errors;
 mod json_text;
 mod listener;
 mod service;
+mod tensors;
 mod values;
 mod wait;
 mod worker;

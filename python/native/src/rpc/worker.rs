@@ -310,54 +310,92 @@ impl PyWorkerCall {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn call_on(
-    py: Python<'_>,
-    w: Held,
-    on: OnInterrupt,
-    object_id: &str,
-    method: &str,
-    args: &Bound<'_, PyTuple>,
-    kwargs: Option<&Bound<'_, PyDict>>,
-    timeout: Option<f64>,
-) -> PyResult<Py<PyAny>> {
-    PyWorkerCall::new(w, on, object_id, method, args, kwargs, timeout)?.run(py)
-}
-
-fn state_of(w: &Worker) -> (String, Option<u32>, String) {
-    match w.state() {
-        WorkerState::Ready { pid } => ("ready".into(), Some(pid), String::new()),
-        WorkerState::Down { why } => ("down".into(), None, why),
-    }
-}
-
-fn output_of<'py>(
-    py: Python<'py>,
-    w: &Worker,
-) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    w.output()
-        .map(|c| (PyBytes::new(py, &c.stdout()), PyBytes::new(py, &c.stderr())))
-}
-
 fn closed(py: Python<'_>) -> PyErr {
     to_py(py, &RpcError::PeerGone("the worker was closed".into()))
 }
 
-/// A supervised worker (`tensorwire_rpc::worker::Worker`).
-#[pyclass(module = "tensorwire._native", name = "Worker")]
-pub struct PyWorker {
-    w: Mutex<Option<Arc<Worker>>>,
+/// What `Worker` and `PooledWorker` share: the worker they hold (`None` once closed or
+/// released) and its interrupt policy, and the methods both classes expose, written once.
+struct Handle {
+    w: Mutex<Option<Held>>,
     on: OnInterrupt,
 }
 
-impl PyWorker {
-    fn get(&self, py: Python<'_>) -> PyResult<Arc<Worker>> {
+impl Handle {
+    fn new(w: Held, on: OnInterrupt) -> Handle {
+        Handle { w: Mutex::new(Some(w)), on }
+    }
+
+    fn get(&self, py: Python<'_>) -> PyResult<Held> {
         self.w
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(|| closed(py))
     }
+
+    fn call(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        self.start(py, object_id, method, args, kwargs, timeout)?.run(py)
+    }
+
+    fn start(
+        &self,
+        py: Python<'_>,
+        object_id: &str,
+        method: &str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyWorkerCall> {
+        PyWorkerCall::new(self.get(py)?, self.on, object_id, method, args, kwargs, timeout)
+    }
+
+    fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
+        Ok(match self.get(py)?.state() {
+            WorkerState::Ready { pid } => ("ready".into(), Some(pid), String::new()),
+            WorkerState::Down { why } => ("down".into(), None, why),
+        })
+    }
+
+    fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.get(py)?.is_clean())
+    }
+
+    fn output<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        Ok(self
+            .get(py)?
+            .output()
+            .map(|c| (PyBytes::new(py, &c.stdout()), PyBytes::new(py, &c.stderr()))))
+    }
+
+    fn kill(&self, py: Python<'_>) -> PyResult<()> {
+        let w = self.get(py)?;
+        py.detach(move || w.kill());
+        Ok(())
+    }
+
+    /// Let go of the worker (GIL released): its own is ended, a pooled one goes back.
+    fn end(&self, py: Python<'_>) {
+        let w = self.w.lock().unwrap_or_else(PoisonError::into_inner).take();
+        py.detach(move || drop(w));
+    }
+}
+
+/// A supervised worker (`tensorwire_rpc::worker::Worker`).
+#[pyclass(module = "tensorwire._native", name = "Worker")]
+pub struct PyWorker {
+    h: Handle,
 }
 
 #[pymethods]
@@ -369,10 +407,7 @@ impl PyWorker {
         let (on, spec) = (spec.on_interrupt, spec.spec.clone());
         let w = in_background(py, "a worker's start", move || spec.spawn())?
             .map_err(|e| to_py(py, &e))?;
-        Ok(PyWorker {
-            w: Mutex::new(Some(Arc::new(w))),
-            on,
-        })
+        Ok(PyWorker { h: Handle::new(Held::Own(Arc::new(w)), on) })
     }
 
     #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
@@ -385,8 +420,7 @@ impl PyWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let w = Held::Own(self.get(py)?);
-        call_on(py, w, self.on, object_id, method, args, kwargs, timeout)
+        self.h.call(py, object_id, method, args, kwargs, timeout)
     }
 
     /// The call, to wait for (`WorkerCall.wait`) or cancel from another thread.
@@ -400,21 +434,17 @@ impl PyWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<PyWorkerCall> {
-        let w = Held::Own(self.get(py)?);
-        PyWorkerCall::new(w, self.on, object_id, method, args, kwargs, timeout)
+        self.h.start(py, object_id, method, args, kwargs, timeout)
     }
 
     /// `(state, pid, why)`: `("ready", pid, "")` or `("down", None, why)`.
     fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
-        {
-            let w = self.get(py)?;
-            Ok(state_of(&w))
-        }
+        self.h.state(py)
     }
 
     /// Whether it could serve again as it is (running, nothing in flight, never killed).
     fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.get(py)?.is_clean())
+        self.h.is_clean(py)
     }
 
     /// `(stdout, stderr)` captured so far, or `None` when the output is not captured.
@@ -422,23 +452,17 @@ impl PyWorker {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
-        {
-            let w = self.get(py)?;
-            Ok(output_of(py, &w))
-        }
+        self.h.output(py)
     }
 
     /// Kill the running process (its process group) now; the next call starts a new one.
     fn kill(&self, py: Python<'_>) -> PyResult<()> {
-        let w = self.get(py)?;
-        py.detach(move || w.kill());
-        Ok(())
+        self.h.kill(py)
     }
 
     /// End the worker: a clean close, then SIGKILL after a grace period.
     fn close(&self, py: Python<'_>) {
-        let w = self.w.lock().unwrap_or_else(PoisonError::into_inner).take();
-        py.detach(move || drop(w));
+        self.h.end(py)
     }
 }
 
@@ -484,10 +508,7 @@ impl PyWorkerPool {
             })?
             .map_err(|e| to_py(py, &e))?,
         };
-        Ok(PyPooledWorker {
-            w: Mutex::new(Some(Arc::new(w))),
-            on: self.on,
-        })
+        Ok(PyPooledWorker { h: Handle::new(Held::Pooled(Arc::new(w)), self.on) })
     }
 
     fn idle(&self) -> usize {
@@ -531,18 +552,7 @@ impl PyWorkerPool {
 /// A worker handed out by a pool; `release` gives it back (kept only if clean).
 #[pyclass(module = "tensorwire._native", name = "PooledWorker")]
 pub struct PyPooledWorker {
-    w: Mutex<Option<Arc<PooledWorker>>>,
-    on: OnInterrupt,
-}
-
-impl PyPooledWorker {
-    fn get(&self, py: Python<'_>) -> PyResult<Arc<PooledWorker>> {
-        self.w
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| closed(py))
-    }
+    h: Handle,
 }
 
 #[pymethods]
@@ -557,8 +567,7 @@ impl PyPooledWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let w = Held::Pooled(self.get(py)?);
-        call_on(py, w, self.on, object_id, method, args, kwargs, timeout)
+        self.h.call(py, object_id, method, args, kwargs, timeout)
     }
 
     #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
@@ -571,41 +580,31 @@ impl PyPooledWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<PyWorkerCall> {
-        let w = Held::Pooled(self.get(py)?);
-        PyWorkerCall::new(w, self.on, object_id, method, args, kwargs, timeout)
+        self.h.start(py, object_id, method, args, kwargs, timeout)
     }
 
     fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
-        {
-            let w = self.get(py)?;
-            Ok(state_of(&w))
-        }
+        self.h.state(py)
     }
 
     fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.get(py)?.is_clean())
+        self.h.is_clean(py)
     }
 
     fn output<'py>(
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
-        {
-            let w = self.get(py)?;
-            Ok(output_of(py, &w))
-        }
+        self.h.output(py)
     }
 
     fn kill(&self, py: Python<'_>) -> PyResult<()> {
-        let w = self.get(py)?;
-        py.detach(move || w.kill());
-        Ok(())
+        self.h.kill(py)
     }
 
     /// Give it back to its pool (kept warm only if it finished cleanly).
     fn release(&self, py: Python<'_>) {
-        let w = self.w.lock().unwrap_or_else(PoisonError::into_inner).take();
-        py.detach(move || drop(w));
+        self.h.end(py)
     }
 }
 
