@@ -113,9 +113,12 @@ void ring_send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t
 at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::ScalarType dtype);
 #endif
 
-// The options of every op that opens a connection (from_fd, connect, accept), declared
-// once: X(name, default) for each. They are keyword-only ints in the schema; 0 means the
-// library's default, and cuda_ring_device -1 means no GPU ring (see library.cpp).
+// The options of every op that opens a connection (from_fd, connect, accept): X(name,
+// default) for each, in the order and with the defaults of the library's table
+// (CONNECTION_OPTIONS, src/peer/options.rs; tests/mirrored_tables.rs checks this list
+// against it), spelled out because a TORCH_LIBRARY schema needs them at compile time. They
+// are keyword-only ints in the schema; the library checks and sets each by name
+// (tw_peer_config_set_option, connection.cpp).
 #define TW_CONNECTION_OPTIONS(X) \
   X(max_leases, 0)               \
   X(max_lease_bytes, 0)          \
