@@ -23,6 +23,19 @@
 #define TENSORWIRE_VERSION_MINOR 1
 #define TENSORWIRE_VERSION_PATCH 0
 #define TENSORWIRE_VERSION "0.1.0"
+/* The connection options tw_peer_config_set_option takes (and the torch ops' opening
+ * calls), in order: X(name, default). Generated from the Rust table. */
+#define TW_CONNECTION_OPTIONS(X) \
+  X(max_leases, 0) \
+  X(max_lease_bytes, 0) \
+  X(window_ms, 0) \
+  X(handshake_timeout_ms, 0) \
+  X(ring_bytes, 0) \
+  X(cuda_ring_device, -1) \
+  X(cuda_ring_slot_bytes, 0) \
+  X(cuda_ring_slots, 0) \
+  X(cuda_wait, 0) \
+  X(cuda_wait_timeout_ms, 0)
 
 /*
  Most dimensions of a view.

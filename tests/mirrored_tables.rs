@@ -7,10 +7,11 @@
 //!   classes from it (`_native.result_codes()`), so it must define every class the table
 //!   names, and no Python module may spell a code out.
 //! - Connection options: `tensorwire::peer::options::CONNECTION_OPTIONS` (name, range,
-//!   default, message, field). The C++ extension's schema macro (`TW_CONNECTION_OPTIONS`
-//!   in `cpp/src/common.h`, which a `TORCH_LIBRARY` block needs at compile time) must
-//!   list the options in order with their defaults; every field of the header's
-//!   `tw_peer_config_t` is an option's or named in [`NOT_OPTIONS`] with the reason.
+//!   default, message, field). The header's `TW_CONNECTION_OPTIONS` X-macro (generated
+//!   from the table by `tests/c_header.rs`; the C++ extension's schemas are made from it)
+//!   must list the options in order with their defaults; no C++ source may list them
+//!   again; every field of the header's `tw_peer_config_t` is an option's or named in
+//!   [`NOT_OPTIONS`] with the reason.
 //!
 //! A new code, option or field then fails here until every listing agrees.
 
@@ -100,9 +101,9 @@ fn python_defines_every_class_the_table_names_and_spells_no_code_out() {
 }
 
 #[test]
-fn the_extensions_schema_macro_lists_the_options_in_order() {
-    let common = read("cpp/src/common.h");
-    let listed: Vec<(String, i64)> = between(&common, "#define TW_CONNECTION_OPTIONS(X)", "\n\n")
+fn the_headers_option_macro_lists_the_options_in_order() {
+    let header = read("include/tensorwire.h");
+    let listed: Vec<(String, i64)> = between(&header, "#define TW_CONNECTION_OPTIONS(X)", "\n\n")
         .split("X(")
         .skip(1)
         .map(|o| {
@@ -113,8 +114,26 @@ fn the_extensions_schema_macro_lists_the_options_in_order() {
     let table: Vec<(String, i64)> = CONNECTION_OPTIONS.iter().map(|o| (o.name.to_owned(), o.default)).collect();
     assert_eq!(
         listed, table,
-        "TW_CONNECTION_OPTIONS (cpp/src/common.h) must list CONNECTION_OPTIONS (src/peer/options.rs) in order, with their defaults"
+        "include/tensorwire.h's TW_CONNECTION_OPTIONS must list CONNECTION_OPTIONS (src/peer/options.rs) in order, with their defaults: regenerate the header (tests/c_header.rs)"
     );
+}
+
+#[test]
+fn no_other_source_lists_the_options_or_their_messages() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cpp/src");
+    let mut sources: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| format!("cpp/src/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    sources.extend(["python/native/src/config.rs".to_owned(), "python/tensorwire/_ops.py".to_owned()]);
+    for file in &sources {
+        let text = read(file);
+        assert!(!text.contains("#define TW_CONNECTION_OPTIONS("), "{file} defines its own TW_CONNECTION_OPTIONS");
+        for o in CONNECTION_OPTIONS {
+            let message = format!("tensorwire: {} must be", o.name);
+            assert!(!text.contains(&message), "{file} words `{message}` itself: the refusal is the table's");
+        }
+    }
 }
 
 #[test]

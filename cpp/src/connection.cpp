@@ -1,5 +1,5 @@
 // Opening and closing connections: socketpair / from_fd, listen / accept, connect, each
-// opening op taking the connection options (TW_CONNECTION_OPTIONS in common.h) that are
+// opening op taking the connection options (TW_CONNECTION_OPTIONS in tensorwire.h) that are
 // turned into one tw_peer_config_t here, each set by name through the C ABI.
 #include <cstdint>
 #include <string>
