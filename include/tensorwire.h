@@ -23,6 +23,19 @@
 #define TENSORWIRE_VERSION_MINOR 1
 #define TENSORWIRE_VERSION_PATCH 0
 #define TENSORWIRE_VERSION "0.1.0"
+/* The connection options tw_peer_config_set_option takes (and the torch ops' opening
+ * calls), in order: X(name, default). Generated from the Rust table. */
+#define TW_CONNECTION_OPTIONS(X) \
+  X(max_leases, 0) \
+  X(max_lease_bytes, 0) \
+  X(window_ms, 0) \
+  X(handshake_timeout_ms, 0) \
+  X(ring_bytes, 0) \
+  X(cuda_ring_device, -1) \
+  X(cuda_ring_slot_bytes, 0) \
+  X(cuda_ring_slots, 0) \
+  X(cuda_wait, 0) \
+  X(cuda_wait_timeout_ms, 0)
 
 /*
  Most dimensions of a view.
@@ -33,6 +46,9 @@
  Result of every fallible tensorwire C function. Numbers are stable; each area has
  its own range (0–99 general, 100–199 connection, 200–299 descriptors and segments,
  300–399 leases, 400–499 CUDA, 500–599 rings).
+
+ The numbers and names are those of the Rust table `tensorwire::error::RESULT_CODES`
+ (which also says each one's error kind); this enum spells them out for the header.
  */
 typedef enum {
   TW_OK = 0,
@@ -450,6 +466,22 @@ const char *tw_version(void);
  `out` writable.
  */
 tw_result_e tw_peer_config_default(tw_peer_config_t *out);
+
+/*
+ Set the connection option `name` on `cfg` as the torch ops' opening calls take it (the
+ same names, ranges and defaults; `tensorwire::peer::options::CONNECTION_OPTIONS` in
+ Rust): each sets the field of its name (`window_ms` sets `default_window_ms`). A value
+ out of the option's range is `TW_ERR_INVALID_ARGUMENT`, its message naming the option
+ and what it must be; the value that means "the library's default" (0 for most options)
+ leaves the field as it is. An unknown name, or an option whose field lies past
+ `cfg->size` (a struct of an older header), is `TW_ERR_INVALID_ARGUMENT` too; `cfg` is
+ left as it was on every failure.
+
+ # Safety
+ `cfg` readable and writable for the `size` bytes its first field says (a struct filled
+ by `tw_peer_config_default`); `name` a NUL-terminated string.
+ */
+tw_result_e tw_peer_config_set_option(tw_peer_config_t *cfg, const char *name, int64_t value);
 
 /*
  This process's CUDA IPC handle cache: how many times it called cuIpcOpenMemHandle,

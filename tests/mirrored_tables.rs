@@ -1,21 +1,26 @@
-//! The tables other languages mirror, checked against the one each is generated from.
+//! The tables other languages still list, checked against the one Rust table each comes
+//! from.
 //!
-//! - Result codes: `tw_result_e` (Rust, `src/ffi/mod.rs`) → `include/tensorwire.h`
-//!   (cbindgen; `tests/c_header.rs`) → the C++ error prefix (`tw_result_name`, checked here
-//!   for every code) → Python's exception classes (`python/tensorwire/errors.py`: every
-//!   code in `CODES` or `BASE_CODES`, and nothing else).
-//! - Connection options: `PeerConfig` → `tw_peer_config_t` (a struct literal with every
-//!   field in `src/ffi/config.rs`: the compiler checks it) → the torch ops' options
-//!   (`TW_CONNECTION_OPTIONS` in `cpp/src/common.h`, turned into a config in
-//!   `cpp/src/connection.cpp`): every option sets a field the header has, and every field
-//!   is an option or named in [`NOT_OPTIONS`] with the reason.
+//! - Result codes: `tensorwire::error::RESULT_CODES` (number, name, kind, Python class).
+//!   `tw_result_e` spells the numbers out for cbindgen: the header's enum must be the
+//!   table, both ways; `tw_result_name` reads the table; `tensorwire.errors` builds its
+//!   classes from it (`_native.result_codes()`), so it must define every class the table
+//!   names, and no Python module may spell a code out.
+//! - Connection options: `tensorwire::peer::options::CONNECTION_OPTIONS` (name, range,
+//!   default, message, field). The header's `TW_CONNECTION_OPTIONS` X-macro (generated
+//!   from the table by `tests/c_header.rs`; the C++ extension's schemas are made from it)
+//!   must list the options in order with their defaults; no C++ source may list them
+//!   again; every field of the header's `tw_peer_config_t` is an option's or named in
+//!   [`NOT_OPTIONS`] with the reason.
 //!
-//! A new code or field then fails here until it is placed on every side.
+//! A new code, option or field then fails here until every listing agrees.
 
 use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::path::Path;
+use tensorwire::error::RESULT_CODES;
 use tensorwire::ffi::{tw_result_e, tw_result_name};
+use tensorwire::peer::options::CONNECTION_OPTIONS;
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
@@ -46,7 +51,8 @@ fn header_result_codes() -> Vec<(String, u32)> {
         .collect()
 }
 
-/// Fields of `tw_peer_config_t` not offered as torch-op options, each with why.
+/// Fields of `tw_peer_config_t` that are no connection option (not offered to the torch
+/// ops nor `tw_peer_config_set_option`), each with why.
 const NOT_OPTIONS: &[(&str, &str)] = &[
     ("size", "the C ABI's struct version, set by tw_peer_config_default"),
     ("max_peer_table_capacity", "a guard against the peer: the default fits every honest peer"),
@@ -62,13 +68,14 @@ const NOT_OPTIONS: &[(&str, &str)] = &[
 ];
 
 #[test]
-fn every_result_code_is_named_by_tw_result_name() {
-    let codes = header_result_codes();
-    assert!(codes.len() > 10, "the header's tw_result_e was not found whole: {codes:?}");
-    for (name, value) in codes {
+fn the_headers_result_codes_are_the_table() {
+    let header = header_result_codes();
+    let table: Vec<(String, u32)> = RESULT_CODES.iter().map(|r| (r.name.to_owned(), r.code)).collect();
+    assert_eq!(header, table, "include/tensorwire.h's tw_result_e (src/ffi/mod.rs) and RESULT_CODES (src/error/codes.rs) disagree");
+    for (name, value) in header {
         // SAFETY: `value` is a discriminant of `tw_result_e` as the header generated from
         // it declares it (`tests/c_header.rs` keeps the header current), and the enum is
-        // `#[repr(u32)]`.
+        // `#[repr(C)]` (an int).
         let code: tw_result_e = unsafe { std::mem::transmute::<u32, tw_result_e>(value) };
         // SAFETY: tw_result_name returns a static NUL-terminated string for every code.
         let named = unsafe { CStr::from_ptr(tw_result_name(code)) }.to_str().unwrap();
@@ -77,22 +84,60 @@ fn every_result_code_is_named_by_tw_result_name() {
 }
 
 #[test]
-fn python_maps_every_result_code_once() {
+fn python_defines_every_class_the_table_names_and_spells_no_code_out() {
     let errors = read("python/tensorwire/errors.py");
-    let classes = quoted_codes(between(&errors, "CODES: dict[str, type[Error]] = {", "}"));
-    let base = quoted_codes(between(&errors, "BASE_CODES: tuple[str, ...] = (", ")"));
-    let header: BTreeSet<String> = header_result_codes().into_iter().map(|(n, _)| n).filter(|n| n != "TW_OK").collect();
-    let both: Vec<_> = classes.intersection(&base).collect();
-    assert!(both.is_empty(), "errors.py lists {both:?} in both CODES and BASE_CODES");
-    let known: BTreeSet<String> = classes.union(&base).cloned().collect();
-    let unmapped: Vec<_> = header.difference(&known).collect();
-    assert!(unmapped.is_empty(), "result codes with no Python class: add {unmapped:?} to CODES or BASE_CODES in errors.py");
-    let unknown: Vec<_> = known.difference(&header).collect();
-    assert!(unknown.is_empty(), "errors.py maps {unknown:?}, which tw_result_e does not have");
+    for r in RESULT_CODES.iter().filter(|r| !r.class.is_empty()) {
+        assert!(
+            errors.contains(&format!("\nclass {}(", r.class)),
+            "RESULT_CODES names the Python class `{}` for {}, which python/tensorwire/errors.py does not define",
+            r.class,
+            r.name
+        );
+    }
+    for file in ["python/tensorwire/errors.py", "python/tensorwire/_ops.py", "python/tensorwire/connection.py"] {
+        let spelled = quoted_codes(&read(file));
+        assert!(spelled.is_empty(), "{file} spells result codes out ({spelled:?}): read them from _native.result_codes()");
+    }
 }
 
 #[test]
-fn every_config_field_is_a_torch_option_or_named_as_not_one() {
+fn the_headers_option_macro_lists_the_options_in_order() {
+    let header = read("include/tensorwire.h");
+    let listed: Vec<(String, i64)> = between(&header, "#define TW_CONNECTION_OPTIONS(X)", "\n\n")
+        .split("X(")
+        .skip(1)
+        .map(|o| {
+            let (name, default) = o.split_once(')').unwrap().0.split_once(',').unwrap();
+            (name.trim().to_owned(), default.trim().parse().unwrap_or_else(|_| panic!("default of `{o}`")))
+        })
+        .collect();
+    let table: Vec<(String, i64)> = CONNECTION_OPTIONS.iter().map(|o| (o.name.to_owned(), o.default)).collect();
+    assert_eq!(
+        listed, table,
+        "include/tensorwire.h's TW_CONNECTION_OPTIONS must list CONNECTION_OPTIONS (src/peer/options.rs) in order, with their defaults: regenerate the header (tests/c_header.rs)"
+    );
+}
+
+#[test]
+fn no_other_source_lists_the_options_or_their_messages() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cpp/src");
+    let mut sources: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| format!("cpp/src/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    sources.extend(["python/native/src/config.rs".to_owned(), "python/tensorwire/_ops.py".to_owned()]);
+    for file in &sources {
+        let text = read(file);
+        assert!(!text.contains("#define TW_CONNECTION_OPTIONS("), "{file} defines its own TW_CONNECTION_OPTIONS");
+        for o in CONNECTION_OPTIONS {
+            let message = format!("tensorwire: {} must be", o.name);
+            assert!(!text.contains(&message), "{file} words `{message}` itself: the refusal is the table's");
+        }
+    }
+}
+
+#[test]
+fn every_config_field_is_an_option_or_named_as_not_one() {
     let header = read("include/tensorwire.h");
     let config = between(&header, "typedef struct {\n  /*\n   `sizeof(tw_peer_config_t)`", "} tw_peer_config_t;");
     let fields: BTreeSet<String> = config
@@ -102,33 +147,15 @@ fn every_config_field_is_a_torch_option_or_named_as_not_one() {
         .map(|l| l.trim_end_matches(';').rsplit(' ').next().unwrap().to_owned())
         .collect();
     assert!(fields.contains("size") && fields.contains("cuda_wait"), "tw_peer_config_t's fields not found: {fields:?}");
-
-    let common = read("cpp/src/common.h");
-    let options: Vec<String> = between(&common, "#define TW_CONNECTION_OPTIONS(X)", "\n\n")
-        .split("X(")
-        .skip(1)
-        .map(|o| o.split(',').next().unwrap().trim().to_owned())
-        .collect();
-    // `c.<field> = ...o.<option>...` in peer_config: the field each option sets.
-    let connection = read("cpp/src/connection.cpp");
-    let body = between(&connection, "tw_peer_config_t peer_config(", "\n}\n");
-    let mut set = BTreeSet::new();
-    for option in &options {
-        let assigned: Vec<&str> = body
-            .lines()
-            .filter(|l| l.contains(&format!("o.{option})")) || l.contains(&format!("o.{option};")))
-            .filter_map(|l| l.split("c.").nth(1)?.split(" = ").next())
-            .collect();
-        assert_eq!(assigned.len(), 1, "option `{option}` must set exactly one tw_peer_config_t field in peer_config, sets {assigned:?}");
-        assert!(fields.contains(assigned[0]), "option `{option}` sets `{}`, which tw_peer_config_t does not have", assigned[0]);
-        set.insert(assigned[0].to_owned());
-    }
+    let set: BTreeSet<String> = CONNECTION_OPTIONS.iter().map(|o| o.c_field.to_owned()).collect();
+    let unknown: Vec<_> = set.difference(&fields).collect();
+    assert!(unknown.is_empty(), "options set {unknown:?}, which tw_peer_config_t does not have");
     let excused: BTreeSet<String> = NOT_OPTIONS.iter().map(|(f, _)| (*f).to_owned()).collect();
     let stale: Vec<_> = excused.iter().filter(|f| !fields.contains(*f) || set.contains(*f)).collect();
     assert!(stale.is_empty(), "NOT_OPTIONS names {stale:?}, which are options or not fields");
     let missing: Vec<_> = fields.iter().filter(|f| !set.contains(*f) && !excused.contains(*f)).collect();
     assert!(
         missing.is_empty(),
-        "tw_peer_config_t fields {missing:?} are neither torch-op options (TW_CONNECTION_OPTIONS) nor in NOT_OPTIONS"
+        "tw_peer_config_t fields {missing:?} are neither connection options (CONNECTION_OPTIONS) nor in NOT_OPTIONS"
     );
 }

@@ -113,20 +113,10 @@ void ring_send_cuda(int64_t conn, const at::Tensor& tensor, int64_t tag, int64_t
 at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::ScalarType dtype);
 #endif
 
-// The options of every op that opens a connection (from_fd, connect, accept), declared
-// once: X(name, default) for each. They are keyword-only ints in the schema; 0 means the
-// library's default, and cuda_ring_device -1 means no GPU ring (see library.cpp).
-#define TW_CONNECTION_OPTIONS(X) \
-  X(max_leases, 0)               \
-  X(max_lease_bytes, 0)          \
-  X(window_ms, 0)                \
-  X(handshake_timeout_ms, 0)     \
-  X(ring_bytes, 0)               \
-  X(cuda_ring_device, -1)        \
-  X(cuda_ring_slot_bytes, 0)     \
-  X(cuda_ring_slots, 0)          \
-  X(cuda_wait, 0)                \
-  X(cuda_wait_timeout_ms, 0)
+// The options of every op that opens a connection (from_fd, connect, accept) are
+// TW_CONNECTION_OPTIONS(X) of tensorwire.h, X(name, default) for each, generated from the
+// library's table: keyword-only ints in the schema, each checked and set by name by the
+// library (tw_peer_config_set_option, connection.cpp).
 // Schema text of the options, to close an op's keyword-only arguments (after its `*`):
 // ", int max_leases=0, ..., int cuda_ring_slots=0".
 #define TW_OPTION_SCHEMA_(name, default_) ", int " #name "=" #default_

@@ -1,6 +1,6 @@
 // Opening and closing connections: socketpair / from_fd, listen / accept, connect, each
-// opening op taking the connection options (TW_CONNECTION_OPTIONS in common.h) that are
-// turned into one tw_peer_config_t here.
+// opening op taking the connection options (TW_CONNECTION_OPTIONS in tensorwire.h) that are
+// turned into one tw_peer_config_t here, each set by name through the C ABI.
 #include <cstdint>
 #include <string>
 
@@ -16,40 +16,20 @@ struct ConnectionOptions {
 #undef TW_OPTION_FIELD_
 };
 
-// The library's defaults, overridden by every option that is not 0 (range-checked here;
-// values the library checks itself, like the ring size, are passed on as they are).
+// Set one option through the library, which owns every option's range, default and
+// message (tw_peer_config_set_option): a bad value is refused with the library's message,
+// as a plain check of this op's argument (no result-code prefix).
+void set_option(tw_peer_config_t& c, const char* name, int64_t value) {
+  TORCH_CHECK(tw_peer_config_set_option(&c, name, value) == TW_OK, tw_last_error_message());
+}
+
+// The library's defaults, with every option set by name in schema order.
 tw_peer_config_t peer_config(const ConnectionOptions& o) {
-  TORCH_CHECK(o.max_leases >= 0 && o.max_leases <= UINT32_MAX, "tensorwire: max_leases must be in [0, 2^32), got ",
-              o.max_leases);
-  TORCH_CHECK(o.max_lease_bytes >= 0, "tensorwire: max_lease_bytes must be >= 0, got ", o.max_lease_bytes);
-  TORCH_CHECK(o.window_ms >= 0, "tensorwire: window_ms must be >= 0, got ", o.window_ms);
-  TORCH_CHECK(o.handshake_timeout_ms >= -1,
-              "tensorwire: handshake_timeout_ms must be -1 (no limit), 0 (the default) or > 0, got ",
-              o.handshake_timeout_ms);
-  TORCH_CHECK(o.ring_bytes >= 0, "tensorwire: ring_bytes must be >= 0 (0: the default), got ", o.ring_bytes);
-  TORCH_CHECK(o.cuda_ring_device >= -1 && o.cuda_ring_device <= 255,
-              "tensorwire: cuda_ring_device must be -1 (no GPU ring) or a device index, got ", o.cuda_ring_device);
-  TORCH_CHECK(o.cuda_ring_slot_bytes >= 0, "tensorwire: cuda_ring_slot_bytes must be >= 0 (0: the default), got ",
-              o.cuda_ring_slot_bytes);
-  TORCH_CHECK(o.cuda_ring_slots >= 0 && o.cuda_ring_slots <= UINT32_MAX,
-              "tensorwire: cuda_ring_slots must be in [0, 2^32) (0: the default), got ", o.cuda_ring_slots);
-  TORCH_CHECK(o.cuda_wait >= 0 && o.cuda_wait <= 2,
-              "tensorwire: cuda_wait must be 0 (stream), 1 (host) or 2 (event), got ", o.cuda_wait);
-  TORCH_CHECK(o.cuda_wait_timeout_ms >= -1,
-              "tensorwire: cuda_wait_timeout_ms must be -1 (no limit), 0 (the default) or > 0, got ",
-              o.cuda_wait_timeout_ms);
   tw_peer_config_t c;
   TW_CHECK(tw_peer_config_default(&c));
-  if (o.max_leases) c.max_leases = static_cast<uint32_t>(o.max_leases);
-  if (o.max_lease_bytes) c.max_lease_bytes = static_cast<uint64_t>(o.max_lease_bytes);
-  if (o.window_ms) c.default_window_ms = static_cast<uint64_t>(o.window_ms);
-  if (o.handshake_timeout_ms) c.handshake_timeout_ms = o.handshake_timeout_ms;
-  if (o.ring_bytes) c.ring_bytes = static_cast<uint64_t>(o.ring_bytes);
-  c.cuda_ring_device = static_cast<int32_t>(o.cuda_ring_device);
-  if (o.cuda_ring_slot_bytes) c.cuda_ring_slot_bytes = static_cast<uint64_t>(o.cuda_ring_slot_bytes);
-  if (o.cuda_ring_slots) c.cuda_ring_slots = static_cast<uint32_t>(o.cuda_ring_slots);
-  c.cuda_wait = static_cast<uint32_t>(o.cuda_wait);
-  if (o.cuda_wait_timeout_ms) c.cuda_wait_timeout_ms = o.cuda_wait_timeout_ms;
+#define TW_SET_OPTION_(name, default_) set_option(c, #name, o.name);
+  TW_CONNECTION_OPTIONS(TW_SET_OPTION_)
+#undef TW_SET_OPTION_
   return c;
 }
 

@@ -92,8 +92,7 @@ TORCH_LIBRARY(tensorwire, m) {
   // Connections, named by int handles (`close` forgets one). `from_fd` takes ownership of `fd` (an end of
   // `socketpair`, e.g. inherited by a child process); `accept` waits for a peer at most timeout_ms. The opening
   // ops end with the keyword-only connection options
-  // of TW_CONNECTION_OPTIONS (common.h): max_leases, max_lease_bytes, window_ms, handshake_timeout_ms,
-  // ring_bytes, cuda_ring_device, cuda_ring_slot_bytes, cuda_ring_slots, cuda_wait, cuda_wait_timeout_ms.
+  // of TW_CONNECTION_OPTIONS (tensorwire.h, generated from the library's table, which checks each).
   // Limits of 0 mean the library's defaults (handshake: 10 s; ring_bytes: the data area of the ring this side
   // sends through, a power of two >= 4096, default 4 MiB). cuda_ring_device >= 0 gives this side a GPU bounce
   // ring on that device for its CUDA ring_sends (slot_bytes default 4 MiB, slots default 8). cuda_wait: how

@@ -39,9 +39,8 @@ __all__ = ["SCHEMAS", "register"]
 # Schemas: cpp/src/library.cpp, character for character (TW_CONNECTION_OPTIONS_SCHEMA
 # expanded).
 
-OPTIONS = (("max_leases", 0), ("max_lease_bytes", 0), ("window_ms", 0), ("handshake_timeout_ms", 0),
-           ("ring_bytes", 0), ("cuda_ring_device", -1), ("cuda_ring_slot_bytes", 0), ("cuda_ring_slots", 0),
-           ("cuda_wait", 0), ("cuda_wait_timeout_ms", 0))
+# The connection options (name, default), in schema order: the library's table.
+OPTIONS = tuple((name, default) for name, _type, _min, _max, default, _doc, _choices in _native.connection_options())
 _OPTIONS_SCHEMA = "".join(f", int {name}={default}" for name, default in OPTIONS)
 
 SCHEMAS = (
@@ -369,8 +368,7 @@ def socketpair() -> tuple[int, int]:
     try:
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     except OSError as e:
-        raise Error(f"tensorwire (TW_ERR_RESOURCE): tw_socketpair: socketpair(AF_UNIX, SOCK_SEQPACKET): {e}",
-                    "TW_ERR_RESOURCE") from None
+        raise _native.library_error("Resource", f"tw_socketpair: socketpair(AF_UNIX, SOCK_SEQPACKET): {e}") from None
     return a.detach(), b.detach()
 
 
@@ -380,7 +378,7 @@ def set_inheritable(fd: int, inheritable: bool) -> None:
     try:
         os.set_inheritable(fd, inheritable)
     except OSError as e:
-        raise Error(f"tensorwire (TW_ERR_IO): tw_fd_set_inheritable: {e}", "TW_ERR_IO") from None
+        raise _native.library_error("Io", f"tw_fd_set_inheritable: {e}") from None
 
 
 def from_fd(fd: int, **options: int) -> int:

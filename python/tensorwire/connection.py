@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+from . import _native
 from ._loader import BACKEND, ops
 from .errors import translate
 
@@ -226,7 +227,11 @@ class Listener(_Closing):
 
 
 
-_CUDA_WAIT = {"stream": 0, "host": 1, "event": 2}
+# The connection options the ops take, from the library's table: name -> the names of its
+# values 0, 1, ... where it is a choice.
+_OPTIONS = {name: tuple(choices) for name, _type, _min, _max, _default, _doc, choices in _native.connection_options()}
+# cuda_wait by name: the option's choices, numbered in order.
+_CUDA_WAIT = {name: i for i, name in enumerate(_OPTIONS["cuda_wait"])}
 
 
 #: The handshake's default bound in Python, seconds per setup step (the Rust and C
@@ -236,9 +241,8 @@ _CUDA_WAIT = {"stream": 0, "host": 1, "event": 2}
 #: correct child timing out under load. 60 s is ten times the cold import.
 HANDSHAKE_TIMEOUT_S = 60.0
 
-# Deprecated millisecond option -> its name in seconds.
-_MS_ALIASES = {"window_ms": "window", "handshake_timeout_ms": "handshake_timeout",
-               "cuda_wait_timeout_ms": "cuda_wait_timeout"}
+# Deprecated millisecond option -> its name in seconds (every option in ms has one).
+_MS_ALIASES = {name: name[:-3] for name in _OPTIONS if name.endswith("_ms")}
 
 
 def _options(limits: dict, stacklevel: int = 2) -> dict:
@@ -265,8 +269,8 @@ def _options(limits: dict, stacklevel: int = 2) -> dict:
     if "window" in opts:
         t = opts.pop("window")
         opts["window_ms"] = 0 if t is None else _positive_ms("window", t)
-    for name in ("handshake_timeout", "cuda_wait_timeout"):
-        if name in opts:
+    for name in _MS_ALIASES.values():
+        if name != "window" and name in opts:
             t = opts.pop(name)
             opts[name + "_ms"] = -1 if t is None else _positive_ms(name, t)
     return opts

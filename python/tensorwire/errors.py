@@ -9,13 +9,16 @@ refused, a closed handle) and any code this table does not know become the base
 :class:`Error`. Every class derives from ``RuntimeError``, so code written against the
 older API (which raised plain ``RuntimeError``) keeps working.
 
-To map a new result code, add one line to ``CODES`` (or its name to ``BASE_CODES``).
+Which class each code raises is the library's table (``RESULT_CODES`` in Rust, read here
+through ``_native.result_codes()``); a new code is mapped there.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Optional
+
+from . import _native
 
 __all__ = ["Error", "PeerGone", "Timeout", "Refused", "QuotaExceeded", "ResourceExhausted", "CudaUnavailable", "RemoteError", "CODES", "BASE_CODES", "translate"]
 
@@ -65,26 +68,19 @@ class CudaUnavailable(Error):
     device, or an extension built without CUDA."""
 
 
-# Result name -> class. Every other result name of tw_result_e is in BASE_CODES and maps
-# to the base Error; tests/mirrored_tables.rs checks the two against include/tensorwire.h,
-# so a new result code fails the test command until it is placed in one of them.
-CODES: dict[str, type[Error]] = {
-    "TW_ERR_PEER_GONE": PeerGone,
-    "TW_ERR_TIMEOUT": Timeout,
-    "TW_ERR_PROTOCOL": Refused,
-    "TW_ERR_INVALID_DESCRIPTOR": Refused,
-    "TW_ERR_INVALID_SEGMENT": Refused,
-    "TW_ERR_INVALID_ARGUMENT": Refused,
-    "TW_ERR_NULL_ARGUMENT": Refused,
-    "TW_ERR_STALE_LEASE": Refused,
-    "TW_ERR_QUOTA_EXCEEDED": QuotaExceeded,
-    "TW_ERR_RESOURCE": ResourceExhausted,
-    "TW_ERR_CUDA_UNAVAILABLE": CudaUnavailable,
-}
-
-# The failures that have no narrower class: an I/O error the message names, a CUDA driver
-# error (its code in the message), a panic caught at the C ABI.
-BASE_CODES: tuple[str, ...] = ("TW_ERR_IO", "TW_ERR_CUDA", "TW_ERR_PANIC")
+# Result name -> class, for every code with a class narrower than Error; BASE_CODES are
+# the codes that raise the base Error (an I/O error the message names, a CUDA driver error,
+# a panic caught at the C ABI). Both come from the library's table (each code's number,
+# name, error kind and class); tests/mirrored_tables.rs checks that every class it names is
+# defined above.
+CODES: dict[str, type[Error]] = {}
+BASE_CODES: tuple[str, ...] = ()
+for _code, _name, _kind, _class in _native.result_codes():
+    if _class == "Error":
+        BASE_CODES += (_name,)
+    elif _class:
+        CODES[_name] = globals()[_class]
+del _code, _name, _kind, _class
 
 _PREFIX = re.compile(r"tensorwire \((TW_[A-Z0-9_]+)\): ")
 

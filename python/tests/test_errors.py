@@ -223,3 +223,34 @@ def test_a_dead_peer_is_reported_as_killed_or_exited(how):
         child.kill()
     # Reading the status left it for its owner to collect.
     assert child.wait(timeout=30) == (-signal.SIGKILL if how == "kill" else 3)
+
+
+def test_the_tables_come_from_the_library():
+    """The exception classes, the ops' options and the binding's option checks read the
+    library's tables (``_native.result_codes()``, ``_native.connection_options()``): one
+    class per code as the table names it, each option refused past its range with its own
+    message as a plain Error."""
+    from tensorwire import _native, _ops, errors
+
+    codes = _native.result_codes()
+    assert set(errors.CODES) | set(errors.BASE_CODES) == {name for code, name, _k, _c in codes if code}
+    for code, name, _kind, cls in codes:
+        if code:
+            assert errors.CODES.get(name, tensorwire.Error).__name__ == cls, name
+    e = _native.library_error("Resource", "tw_x: no fds")
+    assert type(e) is tensorwire.ResourceExhausted and e.code == "TW_ERR_RESOURCE"
+    assert str(e) == "tensorwire (TW_ERR_RESOURCE): tw_x: no fds"
+
+    opts = _native.connection_options()
+    assert _ops.OPTIONS == tuple((o[0], o[4]) for o in opts)
+    defaults = [o[4] for o in opts]
+    for i, (name, kind, lo, hi, default, doc, _choices) in enumerate(opts):
+        assert kind == "int" and lo <= default <= hi and doc, name
+        for ok in (lo, hi):
+            _native.check_connection_options(defaults[:i] + [ok] + defaults[i + 1:])
+        for bad in (lo - 1, hi + 1):
+            if not -2**63 <= bad < 2**63:
+                continue
+            with pytest.raises(tensorwire.Error, match=f"^tensorwire: {name} must .*, got {bad}$") as e:
+                _native.check_connection_options(defaults[:i] + [bad] + defaults[i + 1:])
+            assert type(e.value) is tensorwire.Error and e.value.code is None

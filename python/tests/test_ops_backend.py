@@ -25,10 +25,11 @@ DUMP_SCHEMAS = ("import json, sys, torch, tensorwire; "
 
 
 def _cpp_schemas():
-    """The schemas of cpp/src/library.cpp's TORCH_LIBRARY block, macro expanded."""
+    """The schemas of cpp/src/library.cpp's TORCH_LIBRARY block, macro expanded (the
+    options' X-macro is include/tensorwire.h's)."""
     text = (ROOT / "cpp/src/library.cpp").read_text()
     options = "".join(f", int {name}={default}" for name, default in
-                      re.findall(r"X\((\w+), (-?\d+)\)", (ROOT / "cpp/src/common.h").read_text()))
+                      re.findall(r"X\((\w+), (-?\d+)\)", (ROOT / "include/tensorwire.h").read_text()))
     defs = re.findall(r'm\.def\(((?:"[^"]*"\s*|TW_CONNECTION_OPTIONS_SCHEMA\s*)+)\)', text)
     return [re.sub(r'"\s*"', "", d.replace("TW_CONNECTION_OPTIONS_SCHEMA", f'"{options}"')).strip().strip('"')
             for d in defs]

@@ -3,8 +3,10 @@
 
 #[cfg(not(loom))]
 pub mod cuda_code;
+pub mod codes;
 pub mod ring;
 
+pub use codes::{ResultCode, RESULT_CODES};
 pub use ring::{RingBroken, RingError};
 use std::fmt;
 use std::io;

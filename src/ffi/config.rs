@@ -1,7 +1,9 @@
 //! Connection limits in C: `tw_peer_config_t` and its defaults.
 
-use super::{guard, ms_of_wait, put, tw_result_e, wait_ms};
+use super::{guard, ms_of_wait, put, tw_result_e, wait_ms, Fail};
+use crate::peer::options::{ConnectionOption, CONNECTION_OPTIONS};
 use crate::peer::PeerConfig;
+use std::ffi::{c_char, CStr};
 use std::time::Duration;
 
 /// How a connection waits for the peer's CUDA work (`tw_peer_config_t::cuda_wait`); see
@@ -166,6 +168,17 @@ pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerC
     if cfg.is_null() {
         return Ok(PeerConfig::default());
     }
+    // SAFETY: the contract is `read_struct`'s.
+    let (c, _) = unsafe { read_struct(cfg) }?;
+    PeerConfig::try_from(&c)
+}
+
+/// The caller's struct, its first `size` bytes over the defaults, and that size (checked:
+/// see `tw_peer_config_t::size`).
+///
+/// # Safety
+/// `cfg` non-null, readable for 8 bytes and then for the `size` bytes its first field says.
+unsafe fn read_struct(cfg: *const tw_peer_config_t) -> crate::Result<(tw_peer_config_t, u64)> {
     let bad = |m: String| crate::Error::InvalidArgument(format!("tw_peer_config_t: {m}"));
     // SAFETY: readable for its first 8 bytes (the size field) per the contract.
     let size = unsafe { std::ptr::read_unaligned(cfg.cast::<u64>()) };
@@ -180,7 +193,7 @@ pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerC
     let known = size.min(ours) as usize;
     // SAFETY: the caller's struct is readable for `size` ≥ `known` bytes (contract); `c`
     // is ours, `known` ≤ its size; it is plain integers without padding (`Pod`), so any
-    // bytes make a valid value (the fields are validated below, as `PeerConfig`).
+    // bytes make a valid value (the fields are validated later, as `PeerConfig`).
     unsafe { std::ptr::copy_nonoverlapping(cfg.cast::<u8>(), bytemuck::bytes_of_mut(&mut c).as_mut_ptr(), known) };
     if size > ours {
         // SAFETY: readable for `size` bytes (contract); the slice covers bytes ours..size.
@@ -192,7 +205,80 @@ pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerC
             )));
         }
     }
-    PeerConfig::try_from(&c)
+    Ok((c, size))
+}
+
+macro_rules! c_field_setter {
+    ($( $(#[doc = $doc:literal])* $name:ident => $field:ident { $($rest:tt)* } )*) => {
+        /// Set the `tw_peer_config_t` field of the option `name` to `v` (in the option's
+        /// range, which fits the field's type: `every_option_fits_its_field`); the offset
+        /// just past that field, or `None` for a name that is no option.
+        fn set_field(c: &mut tw_peer_config_t, name: &str, v: i64) -> Option<usize> {
+            match name {
+                $(stringify!($name) => {
+                    c.$field = v as _;
+                    Some(std::mem::offset_of!(tw_peer_config_t, $field) + std::mem::size_of_val(&c.$field))
+                })*
+                _ => None,
+            }
+        }
+    };
+}
+crate::peer::options::with_connection_options!(c_field_setter);
+
+/// Set the connection option `name` on `cfg` as the torch ops' opening calls take it (the
+/// same names, ranges and defaults; `tensorwire::peer::options::CONNECTION_OPTIONS` in
+/// Rust): each sets the field of its name (`window_ms` sets `default_window_ms`). A value
+/// out of the option's range is `TW_ERR_INVALID_ARGUMENT`, its message naming the option
+/// and what it must be; the value that means "the library's default" (0 for most options)
+/// leaves the field as it is. An unknown name, or an option whose field lies past
+/// `cfg->size` (a struct of an older header), is `TW_ERR_INVALID_ARGUMENT` too; `cfg` is
+/// left as it was on every failure.
+///
+/// # Safety
+/// `cfg` readable and writable for the `size` bytes its first field says (a struct filled
+/// by `tw_peer_config_default`); `name` a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tw_peer_config_set_option(
+    cfg: *mut tw_peer_config_t,
+    name: *const c_char,
+    value: i64,
+) -> tw_result_e {
+    guard("tw_peer_config_set_option", || {
+        let bad = |m: String| Fail::Err(crate::Error::InvalidArgument(m));
+        if name.is_null() {
+            return Err(Fail::Null("name"));
+        }
+        if cfg.is_null() {
+            return Err(Fail::Null("cfg"));
+        }
+        // SAFETY: non-null, and a NUL-terminated string per the contract.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let option = ConnectionOption::named(&name).ok_or_else(|| {
+            let all: Vec<&str> = CONNECTION_OPTIONS.iter().map(|o| o.name).collect();
+            bad(format!("no connection option `{name}` (the options: {})", all.join(", ")))
+        })?;
+        option.check(value)?;
+        if !option.sets(value) {
+            return Ok(());
+        }
+        // SAFETY: non-null; readable for `size` bytes per the contract.
+        let (mut c, size) = unsafe { read_struct(cfg) }?;
+        let end = set_field(&mut c, option.name, value)
+            .ok_or_else(|| bad(format!("option `{name}` has no tw_peer_config_t field (a tensorwire bug)")))?;
+        if end as u64 > size {
+            return Err(bad(format!(
+                "option `{name}` sets tw_peer_config_t::{}, past this struct's size {size} (an older header's): \
+                 rebuild against this library's header",
+                option.c_field
+            )));
+        }
+        let known = (size as usize).min(std::mem::size_of::<tw_peer_config_t>());
+        // SAFETY: writable for `size` ≥ `known` bytes per the contract; `c` is ours and at
+        // least `known` bytes; the two do not overlap (`c` is a local).
+        unsafe { std::ptr::copy_nonoverlapping(bytemuck::bytes_of(&c).as_ptr(), cfg.cast::<u8>(), known) };
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -260,5 +346,69 @@ mod tests {
         // SAFETY: readable for the 8 bytes it names.
         let got = unsafe { config(only_size.as_ptr().cast()) }.unwrap();
         assert_eq!(got.max_leases, d.max_leases);
+    }
+
+    /// Setting each option by name through the C ABI makes the config the Rust table makes
+    /// from the same values (so every option lands in its own field, and its range fits
+    /// the field's type: `every_option_fits_its_field`).
+    #[test]
+    fn set_option_sets_what_the_table_sets() {
+        let set = |c: &mut tw_peer_config_t, name: &str, v: i64| {
+            let n = std::ffi::CString::new(name).unwrap();
+            // SAFETY: a live struct of our own size and a C string.
+            let r = unsafe { tw_peer_config_set_option(c, n.as_ptr(), v) };
+            assert_eq!(r, tw_result_e::TW_OK, "{name} = {v}");
+        };
+        for (i, o) in CONNECTION_OPTIONS.iter().enumerate() {
+            for v in [o.min, o.max, o.default, 1] {
+                let mut c = tw_peer_config_t::from_default();
+                let mut values: Vec<i64> = CONNECTION_OPTIONS.iter().map(|o| o.default).collect();
+                // A GPU ring for the ring's sizes to land in; `cuda_wait` always sets.
+                for name in ["cuda_ring_device", "cuda_wait"] {
+                    set(&mut c, name, 0);
+                    values[CONNECTION_OPTIONS.iter().position(|o| o.name == name).unwrap()] = 0;
+                }
+                set(&mut c, o.name, v);
+                values[i] = v;
+                // SAFETY: a live struct of our own size.
+                let from_c = unsafe { config(&c) }.unwrap();
+                let from_table = crate::peer::options::peer_config_from_options(&values).unwrap();
+                assert_eq!(format!("{from_c:?}"), format!("{from_table:?}"), "{} = {v}", o.name);
+            }
+        }
+    }
+
+    /// A refused value, an unknown name, a field past an older header's struct and a NULL
+    /// are refused by name, and leave the struct as it was.
+    #[test]
+    fn set_option_refuses_by_name() {
+        let try_set = |c: &mut tw_peer_config_t, name: &str, v: i64| {
+            let n = std::ffi::CString::new(name).unwrap();
+            // SAFETY: a live struct (at least as long as its size says) and a C string.
+            let r = unsafe { tw_peer_config_set_option(c, n.as_ptr(), v) };
+            // SAFETY: a static or thread-local NUL-terminated string.
+            (r, unsafe { CStr::from_ptr(super::super::tw_last_error_message()) }.to_string_lossy().into_owned())
+        };
+        let d = tw_peer_config_t::from_default();
+        let mut c = d;
+        for (name, v, code, needle) in [
+            ("max_leases", -1, tw_result_e::TW_ERR_INVALID_ARGUMENT, "tensorwire: max_leases must be in [0, 2^32), got -1"),
+            ("cuda_wait", 3, tw_result_e::TW_ERR_INVALID_ARGUMENT, "tensorwire: cuda_wait must be 0 (stream), 1 (host) or 2 (event), got 3"),
+            ("nope", 1, tw_result_e::TW_ERR_INVALID_ARGUMENT, "no connection option `nope` (the options: max_leases, "),
+        ] {
+            let (r, m) = try_set(&mut c, name, v);
+            assert_eq!(r, code, "{m}");
+            assert!(m.starts_with("tw_peer_config_set_option: ") && m.contains(needle), "{m}");
+            assert_eq!(bytemuck::bytes_of(&c), bytemuck::bytes_of(&d));
+        }
+        // As a caller whose header ended before `cuda_wait_timeout_ms`.
+        c.size = std::mem::offset_of!(tw_peer_config_t, cuda_wait_timeout_ms) as u64;
+        let (r, m) = try_set(&mut c, "cuda_wait_timeout_ms", 5);
+        assert!(r == tw_result_e::TW_ERR_INVALID_ARGUMENT && m.contains("past this struct's size"), "{m}");
+        assert_eq!(try_set(&mut c, "max_leases", 3).0, tw_result_e::TW_OK);
+        assert_eq!((c.max_leases, c.cuda_wait_timeout_ms), (3, d.cuda_wait_timeout_ms));
+        // SAFETY: a live struct; NULL name refused.
+        let r = unsafe { tw_peer_config_set_option(&mut c, std::ptr::null(), 1) };
+        assert_eq!(r, tw_result_e::TW_ERR_NULL_ARGUMENT);
     }
 }

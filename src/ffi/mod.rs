@@ -38,7 +38,7 @@ pub use peer::*;
 pub use ring::*;
 pub use segment::*;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ResultCode};
 use crate::wait::Wait;
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -47,8 +47,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Result of every fallible tensorwire C function. Numbers are stable; each area has
 /// its own range (0–99 general, 100–199 connection, 200–299 descriptors and segments,
 /// 300–399 leases, 400–499 CUDA, 500–599 rings).
+///
+/// The numbers and names are those of the Rust table `tensorwire::error::RESULT_CODES`
+/// (which also says each one's error kind); this enum spells them out for the header.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::CheckedBitPattern)]
 pub enum tw_result_e {
     TW_OK = 0,
     /// A required pointer argument was NULL.
@@ -84,21 +87,15 @@ pub enum tw_result_e {
 
 impl From<&Error> for tw_result_e {
     fn from(e: &Error) -> Self {
-        use tw_result_e::*;
-        match e.kind() {
-            ErrorKind::Io => TW_ERR_IO,
-            ErrorKind::PeerGone => TW_ERR_PEER_GONE,
-            ErrorKind::Timeout => TW_ERR_TIMEOUT,
-            ErrorKind::InvalidDescriptor => TW_ERR_INVALID_DESCRIPTOR,
-            ErrorKind::InvalidSegment => TW_ERR_INVALID_SEGMENT,
-            ErrorKind::Protocol => TW_ERR_PROTOCOL,
-            ErrorKind::StaleLease => TW_ERR_STALE_LEASE,
-            ErrorKind::QuotaExceeded => TW_ERR_QUOTA_EXCEEDED,
-            ErrorKind::InvalidArgument => TW_ERR_INVALID_ARGUMENT,
-            ErrorKind::CudaUnavailable => TW_ERR_CUDA_UNAVAILABLE,
-            ErrorKind::Cuda => TW_ERR_CUDA,
-            ErrorKind::Resource => TW_ERR_RESOURCE,
-        }
+        tw_result_e::from_code(e.code().code).unwrap_or(tw_result_e::TW_ERR_IO)
+    }
+}
+
+impl tw_result_e {
+    /// The enumerator numbered `code` (the table's codes are all enumerators:
+    /// `every_table_code_is_an_enumerator`).
+    fn from_code(code: u32) -> Option<tw_result_e> {
+        bytemuck::checked::try_cast::<u32, tw_result_e>(code).ok()
     }
 }
 
@@ -121,25 +118,7 @@ pub extern "C" fn tw_last_error_message() -> *const c_char {
 /// Static name of a result code (e.g. "TW_ERR_PEER_GONE"); "TW_UNKNOWN" for others.
 #[unsafe(no_mangle)]
 pub extern "C" fn tw_result_name(r: tw_result_e) -> *const c_char {
-    use tw_result_e::*;
-    let s: &'static [u8] = match r {
-        TW_OK => b"TW_OK\0",
-        TW_ERR_NULL_ARGUMENT => b"TW_ERR_NULL_ARGUMENT\0",
-        TW_ERR_INVALID_ARGUMENT => b"TW_ERR_INVALID_ARGUMENT\0",
-        TW_ERR_PANIC => b"TW_ERR_PANIC\0",
-        TW_ERR_IO => b"TW_ERR_IO\0",
-        TW_ERR_TIMEOUT => b"TW_ERR_TIMEOUT\0",
-        TW_ERR_RESOURCE => b"TW_ERR_RESOURCE\0",
-        TW_ERR_PEER_GONE => b"TW_ERR_PEER_GONE\0",
-        TW_ERR_PROTOCOL => b"TW_ERR_PROTOCOL\0",
-        TW_ERR_INVALID_DESCRIPTOR => b"TW_ERR_INVALID_DESCRIPTOR\0",
-        TW_ERR_INVALID_SEGMENT => b"TW_ERR_INVALID_SEGMENT\0",
-        TW_ERR_STALE_LEASE => b"TW_ERR_STALE_LEASE\0",
-        TW_ERR_QUOTA_EXCEEDED => b"TW_ERR_QUOTA_EXCEEDED\0",
-        TW_ERR_CUDA_UNAVAILABLE => b"TW_ERR_CUDA_UNAVAILABLE\0",
-        TW_ERR_CUDA => b"TW_ERR_CUDA\0",
-    };
-    s.as_ptr().cast()
+    ResultCode::by_code(r as u32).map_or(c"TW_UNKNOWN", |c| c.c_name).as_ptr()
 }
 
 /// The library version ("MAJOR.MINOR.PATCH", from Cargo.toml).
@@ -296,4 +275,28 @@ pub(crate) fn ms_of_wait(w: Wait) -> i64 {
 /// reads it).
 pub(crate) fn need<T>(out: *const T, name: &'static str) -> Result<(), Fail> {
     if out.is_null() { Err(Fail::Null(name)) } else { Ok(()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    /// Each code of the table is an enumerator of `tw_result_e` with its number, named by
+    /// `tw_result_name` as the table names it, and each error kind's code is the one the C
+    /// ABI returns for it.
+    #[test]
+    fn every_table_code_is_an_enumerator() {
+        for r in crate::error::RESULT_CODES {
+            let c = tw_result_e::from_code(r.code).unwrap_or_else(|| panic!("{} = {} is not in tw_result_e", r.name, r.code));
+            assert_eq!(c as u32, r.code);
+            // SAFETY: tw_result_name returns a static NUL-terminated string.
+            assert_eq!(unsafe { CStr::from_ptr(tw_result_name(c)) }.to_str().unwrap(), r.name);
+        }
+        assert!(tw_result_e::from_code(7).is_none() && tw_result_e::from_code(99).is_none());
+        let e = Error::PeerGone { detail: "x".into() };
+        assert_eq!(tw_result_e::from(&e), tw_result_e::TW_ERR_PEER_GONE);
+        let e = Error::Resource { what: "x", errno: libc::EMFILE };
+        assert_eq!(tw_result_e::from(&e), tw_result_e::TW_ERR_RESOURCE);
+    }
 }

@@ -33,6 +33,7 @@ mod fd_slots;
 mod forward;
 mod held_lease;
 mod import;
+pub mod options;
 mod reaper;
 mod ring;
 

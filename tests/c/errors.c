@@ -50,6 +50,22 @@ int main(void) {
   EXPECT(strcmp(tw_result_name(TW_ERR_STALE_LEASE), "TW_ERR_STALE_LEASE") == 0);
   EXPECT(strcmp(tw_version(), TENSORWIRE_VERSION) == 0);
 
+  /* Options by name (the torch ops' names and ranges): set, refused with the option's own
+   * message (the struct untouched), unknown, NULL. */
+  tw_peer_config_t cfg, before;
+  CHECK(tw_peer_config_default(&cfg));
+  CHECK(tw_peer_config_set_option(&cfg, "max_leases", 7));
+  CHECK(tw_peer_config_set_option(&cfg, "window_ms", 250));
+  CHECK(tw_peer_config_set_option(&cfg, "ring_bytes", 0)); /* 0: keeps the default */
+  EXPECT(cfg.max_leases == 7 && cfg.default_window_ms == 250);
+  before = cfg;
+  EXPECT_ERR(tw_peer_config_set_option(&cfg, "max_leases", -1), TW_ERR_INVALID_ARGUMENT,
+             "tensorwire: max_leases must be in [0, 2^32), got -1");
+  EXPECT_ERR(tw_peer_config_set_option(&cfg, "cuda_wait", 3), TW_ERR_INVALID_ARGUMENT, "cuda_wait must be 0 (stream)");
+  EXPECT_ERR(tw_peer_config_set_option(&cfg, "max_leasez", 1), TW_ERR_INVALID_ARGUMENT, "no connection option `max_leasez`");
+  EXPECT_ERR(tw_peer_config_set_option(&cfg, NULL, 1), TW_ERR_NULL_ARGUMENT, "`name`");
+  EXPECT(memcmp(&cfg, &before, sizeof cfg) == 0);
+
   /* CUDA without a driver: clean errors that say why, and the export's callback runs. */
   if (!tw_cuda_available()) {
     printf("errors: *** GPU checks SKIPPED: no CUDA driver; checking TW_ERR_CUDA_UNAVAILABLE paths ***\n");

@@ -3,28 +3,36 @@
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use tensorwire::error::{ResultCode, RESULT_CODES};
 use tensorwire::{Error, ErrorKind};
 
-/// The `tensorwire.errors` class name and the C ABI result name for a kind; the same
-/// table as `CODES`/`BASE_CODES` there, so `e.code` reads as it did from the extension.
+/// The `tensorwire.errors` class name and the C ABI result name for a kind, from the
+/// library's table (`tensorwire::error::RESULT_CODES`), so `e.code` reads as it does from
+/// the extension.
 pub(crate) fn class_and_code(kind: ErrorKind) -> (&'static str, &'static str) {
-    match kind {
-        ErrorKind::PeerGone => ("PeerGone", "TW_ERR_PEER_GONE"),
-        ErrorKind::Timeout => ("Timeout", "TW_ERR_TIMEOUT"),
-        ErrorKind::Protocol => ("Refused", "TW_ERR_PROTOCOL"),
-        ErrorKind::InvalidDescriptor => ("Refused", "TW_ERR_INVALID_DESCRIPTOR"),
-        ErrorKind::InvalidSegment => ("Refused", "TW_ERR_INVALID_SEGMENT"),
-        ErrorKind::InvalidArgument => ("Refused", "TW_ERR_INVALID_ARGUMENT"),
-        ErrorKind::StaleLease => ("Refused", "TW_ERR_STALE_LEASE"),
-        ErrorKind::QuotaExceeded => ("QuotaExceeded", "TW_ERR_QUOTA_EXCEEDED"),
-        ErrorKind::Resource => ("ResourceExhausted", "TW_ERR_RESOURCE"),
-        ErrorKind::CudaUnavailable => ("CudaUnavailable", "TW_ERR_CUDA_UNAVAILABLE"),
-        ErrorKind::Cuda => ("Error", "TW_ERR_CUDA"),
-        ErrorKind::Io => ("Error", "TW_ERR_IO"),
-        // A kind newer than this table: the base class, as `translate` does for an
-        // unknown code.
-        _ => ("Error", "TW_ERR_IO"),
-    }
+    let r = ResultCode::of_kind(kind);
+    (r.class, r.name)
+}
+
+/// The result codes, by number: `(code, name, kind, class)` (`kind`: the Rust
+/// `ErrorKind`'s name, `None` for codes that are no library error; `class`: the
+/// `tensorwire.errors` class, `""` for `TW_OK`). `tensorwire.errors` builds its
+/// code-to-class table from it.
+#[pyfunction]
+pub fn result_codes() -> Vec<(u32, &'static str, Option<String>, &'static str)> {
+    RESULT_CODES.iter().map(|r| (r.code, r.name, r.kind.map(|k| format!("{k:?}")), r.class)).collect()
+}
+
+/// A `tensorwire.errors` exception (returned, for Python to raise) for a failure of `kind` (an `ErrorKind` name) that the
+/// binding's Python side met itself (an OS call made there), with the code and message
+/// prefix the library gives that kind: `"tensorwire (TW_ERR_…): {message}"`.
+#[pyfunction]
+pub fn library_error(py: Python<'_>, kind: &str, message: String) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
+    let r = RESULT_CODES
+        .iter()
+        .find(|r| r.kind.is_some_and(|k| format!("{k:?}") == kind))
+        .ok_or_else(|| pyo3::exceptions::PyValueError::new_err(format!("no error kind {kind:?}")))?;
+    Ok(raise(py, r.class, Some(r.name), format!("tensorwire ({}): {message}", r.name)).into_value(py))
 }
 
 /// `err` as the matching `tensorwire.errors` exception, its message prefixed as the C ABI's
@@ -58,7 +66,8 @@ pub fn raise(py: Python<'_>, class: &str, code: Option<&str>, message: String) -
 /// A `Refused` for an argument the binding itself rejects (the C ABI's
 /// `TW_ERR_INVALID_ARGUMENT`).
 pub fn refused(py: Python<'_>, message: String) -> PyErr {
-    raise(py, "Refused", Some("TW_ERR_INVALID_ARGUMENT"), message)
+    let (class, code) = class_and_code(ErrorKind::InvalidArgument);
+    raise(py, class, Some(code), message)
 }
 
 /// `Result<T, tensorwire::Error>` into a Python result.

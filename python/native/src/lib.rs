@@ -31,6 +31,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<listener::PyListener>()?;
     m.add_function(wrap_pyfunction!(config::check_connection_options, m)?)?;
+    m.add_function(wrap_pyfunction!(config::connection_options, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::result_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::library_error, m)?)?;
     m.add_function(wrap_pyfunction!(connection::dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(connection::layout_extent, m)?)?;
     m.add_function(wrap_pyfunction!(ring::ring_send, m)?)?;
