@@ -79,10 +79,18 @@ stage_build() {
   cargo build --all-targets --locked 2>&1 | tail -n 3
 }
 
-stage graph "module graph: imports go one way (no loop between the modules of src/, rpc/src/, simcuda/src/; scripts/module_graph.py)"
+stage graph "module graph: imports go one way (no loop between the modules of any target of any crate of the workspace, scripts/module_graph.py; nor between the modules of python/tensorwire, scripts/python_imports.py)"
 stage_graph() {
   python3 scripts/module_graph.py --self-test
-  python3 scripts/module_graph.py src rpc/src simcuda/src
+  python3 scripts/module_graph.py --workspace
+  python3 scripts/python_imports.py --self-test
+  python3 scripts/python_imports.py python/tensorwire
+}
+
+stage types "type check: mypy over python/tensorwire against the binding's stub (python/tensorwire/_native.pyi; pyproject.toml [tool.mypy])"
+stage_types() {
+  need_py
+  "$py" -m mypy
 }
 
 stage clippy "clippy (undocumented unsafe blocks and other denied lints fail the run)"
