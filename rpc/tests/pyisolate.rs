@@ -27,7 +27,7 @@ fn python() -> Option<PathBuf> {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/tests/interop.py")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/interop.py")
 }
 
 fn sock_path(tag: &str) -> String {
@@ -72,8 +72,20 @@ fn pyisolate_client_calls_rust_service() {
     reg.register("echo", rust_echo()).unwrap();
     // pyisolate sends CPU tensors as file_system TensorRefs: accepted only when asked.
     let server = Server::bind(&path, reg, RpcConfig { accept_fs_tensors: true, ..RpcConfig::default() }).unwrap();
-    let child = Command::new(py).arg(script()).arg("client").arg(&path).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let ep = server.accept().unwrap();
+    let mut child = Command::new(py).arg(script()).arg("client").arg(&path).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Accepted on a thread, so a client that dies before it connects fails the test with
+    // its output instead of leaving the accept waiting for ever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(server.accept()));
+    let ep = loop {
+        if let Ok(ep) = rx.recv_timeout(Duration::from_millis(50)) {
+            break ep.unwrap();
+        }
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            panic!("python client exited before connecting:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
+    };
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
