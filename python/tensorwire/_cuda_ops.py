@@ -92,10 +92,10 @@ def import_stream(device: int) -> int:
     does not see is ``tensorwire.errors.CudaUnavailable``."""
     visible = torch.cuda.device_count()
     if not 0 <= device < visible:
-        from .errors import CudaUnavailable
-        raise CudaUnavailable(f"tensorwire.rpc: the peer sent a tensor of CUDA device {device}; this process sees "
-                              f"{visible} CUDA device(s) (check CUDA_VISIBLE_DEVICES on both sides)",
-                              "TW_ERR_CUDA_UNAVAILABLE")
+        # The library's class, code and message prefix for the kind (its table).
+        raise _native.library_error("CudaUnavailable", f"tensorwire.rpc: the peer sent a tensor of CUDA device "
+                                    f"{device}; this process sees {visible} CUDA device(s) (check "
+                                    "CUDA_VISIBLE_DEVICES on both sides)")
     return torch.cuda.current_stream(device).cuda_stream
 
 
