@@ -409,10 +409,7 @@ def send(conn: int, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> b
     if tensor.is_cuda:
         return _cuda_ops.send(_connection(conn, "send"), tensor, tag, window_ms)
     _check_exportable(tensor, "send")
-    if tag < 0:
-        raise Error(f"tensorwire.send: tag must be >= 0, got {tag}")
-    if window_ms < 0:
-        raise Error(f"tensorwire.send: window_ms must be >= 0, got {window_ms}")
+    # A negative tag or window_ms: refused by _native's send, with the extension's message.
     _connection(conn, "send")  # checked here, as the extension does; not kept (see _connection)
     s = tensor.untyped_storage()
     kind = None if tensor.is_conj() or tensor.is_neg() else _native.storage_kind(s.data_ptr(), s.nbytes())
@@ -460,8 +457,7 @@ def ring_send(conn: int, tensor: torch.Tensor, tag: int = 0, timeout_ms: int = -
         raise Error(f"tensorwire.ring_send: tensor is on {tensor.device}; the rings carry CPU tensors (CPU ring) and "
                     "CUDA tensors (GPU ring)")
     _check_strided_dtype(tensor, "ring_send", "sent")
-    if tag < 0:
-        raise Error(f"tensorwire.ring_send: tag must be >= 0, got {tag}")
+    # A negative tag: refused by _native.ring_send, with the extension's message.
     _connection(conn, "ring_send")  # checked here, as the extension does; not kept
     # The ring carries bytes: a lazy conjugate/negative bit is applied first.
     src = tensor.resolve_conj().resolve_neg() if tensor.is_conj() or tensor.is_neg() else tensor

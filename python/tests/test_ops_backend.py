@@ -140,6 +140,25 @@ def test_ops_without_tensor_arguments_dispatch():
         ops.close(hb)
 
 
+def test_a_negative_tag_or_window_is_refused_by_name():
+    # The extension's checks; the Python ops leave them to _native, which words them the same.
+    ha, hb = _open_pair()
+    try:
+        for t in (tensorwire.zeros(2), torch.zeros(2)):  # a sealed segment, a private tensor (packed)
+            with pytest.raises(RuntimeError, match="tensorwire.send: tag must be >= 0, got -1"):
+                ops.send(ha, t, -1)
+            with pytest.raises(RuntimeError, match="tensorwire.send: window_ms must be >= 0, got -5"):
+                ops.send(ha, t, 0, -5)
+        with pytest.raises(RuntimeError, match="tensorwire.ring_send: tag must be >= 0, got -3"):
+            ops.ring_send(ha, torch.zeros(2), -3)
+        assert ops.stats(ha)[:3] == [0, 0, 0]  # nothing was exported
+        with pytest.raises(RuntimeError, match="TW_ERR_TIMEOUT"):
+            ops.ring_recv(hb, 0)  # nor put in the ring
+    finally:
+        ops.close(ha)
+        ops.close(hb)
+
+
 def test_a_handle_used_after_close():
     ha, hb = _open_pair()
     ops.close(ha)
