@@ -41,6 +41,8 @@ def main(path: str) -> None:
         names = z.namelist()
         if "tensorwire/_native.abi3.so" not in names:
             fail("tensorwire/_native.abi3.so is missing")
+        if "tensorwire/ops.schemas" not in names:
+            fail("tensorwire/ops.schemas (the op schemas _ops.py reads at import) is missing")
         if any("libtensorwire_torch" in n for n in names):
             fail("the libtorch extension is in the wheel")
         meta = email.parser.Parser().parsestr(z.read(f"tensorwire-{version}.dist-info/METADATA").decode())

@@ -24,7 +24,8 @@
 #        bash scripts/gpu_test.sh prepare [OUT_DIR]          (here, where cargo is)
 # Every stage first checks that python3 sees a CUDA device. `tests` and `bench` reuse the
 # extension that an earlier `build` left in build/torch-ext on this machine (its stamp, a
-# hash of the prefix, cpp/ and the torch version, must match) and rebuild it otherwise.
+# hash of the prefix, cpp/, the op schemas and the torch version, must match) and rebuild
+# it otherwise.
 # PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are set to expandable_segments:False (a
 # machine may enable them globally; the vmm test turns them on for its own producer).
 #
@@ -176,14 +177,15 @@ if ! torch_id=$("$py" -c "import torch, sys; print('torch', torch.__version__, '
 fi
 echo "$torch_id"
 
-# What the extension is built from: the carried prefix, cpp/, and this machine's torch.
+# What the extension is built from: the carried prefix, cpp/, the op schemas
+# (python/tensorwire/ops.schemas) and this machine's torch.
 build_stamp() {
   local hasher=sha256sum
   command -v sha256sum >/dev/null || hasher=cksum
   {
     echo "$torch_id"
     cat "$prefix/lib/libtensorwire.a"
-    find "$prefix/include" "$root/cpp" -type f -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 cat
+    find "$prefix/include" "$root/cpp" "$root/python/tensorwire/ops.schemas" -type f -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0 cat
   } | $hasher | cut -d' ' -f1
 }
 

@@ -94,7 +94,12 @@ fn python_defines_every_class_the_table_names_and_spells_no_code_out() {
             r.name
         );
     }
-    for file in ["python/tensorwire/errors.py", "python/tensorwire/_ops.py", "python/tensorwire/connection.py"] {
+    for file in [
+        "python/tensorwire/errors.py",
+        "python/tensorwire/_ops.py",
+        "python/tensorwire/_cuda_ops.py",
+        "python/tensorwire/connection.py",
+    ] {
         let spelled = quoted_codes(&read(file));
         assert!(spelled.is_empty(), "{file} spells result codes out ({spelled:?}): read them from _native.result_codes()");
     }

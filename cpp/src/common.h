@@ -117,8 +117,8 @@ at::Tensor wrap_cuda_import(tw_imported_t* imp, const tw_layout_t& l, at::Scalar
 // TW_CONNECTION_OPTIONS(X) of tensorwire.h, X(name, default) for each, generated from the
 // library's table: keyword-only ints in the schema, each checked and set by name by the
 // library (tw_peer_config_set_option, connection.cpp).
-// Schema text of the options, to close an op's keyword-only arguments (after its `*`):
-// ", int max_leases=0, ..., int cuda_ring_slots=0".
+// Schema text of the options, what `, CONNECTION_OPTIONS` in python/tensorwire/ops.schemas
+// stands for (library.cpp): ", int max_leases=0, ..., int cuda_ring_slots=0".
 #define TW_OPTION_SCHEMA_(name, default_) ", int " #name "=" #default_
 #define TW_CONNECTION_OPTIONS_SCHEMA TW_CONNECTION_OPTIONS(TW_OPTION_SCHEMA_)
 

@@ -75,10 +75,7 @@ def send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, window_ms: int = 
     it) is sent on as the same memory. A conjugate/negative view is resolved first (a
     copy, as is an empty storage, which has no allocation to share)."""
     _check_cuda(tensor, "send", "shared")
-    if tag < 0:
-        raise RuntimeError(f"tensorwire.send: tag must be >= 0, got {tag}")
-    if window_ms < 0:
-        raise RuntimeError(f"tensorwire.send: window_ms must be >= 0, got {window_ms}")
+    # A negative tag or window_ms: refused by _native.cuda_send, with the extension's message.
     storage, ptr, nbytes, device, stream, dtype_name, sizes, strides, offset, zero_copy = export_parts(tensor)
     # The lease holds `storage` (a reference to the allocation) until it ends.
     _native.cuda_send(native_conn, storage, ptr, nbytes, device, stream, dtype_name, sizes, strides, offset,
@@ -92,10 +89,10 @@ def import_stream(device: int) -> int:
     does not see is ``tensorwire.errors.CudaUnavailable``."""
     visible = torch.cuda.device_count()
     if not 0 <= device < visible:
-        from .errors import CudaUnavailable
-        raise CudaUnavailable(f"tensorwire.rpc: the peer sent a tensor of CUDA device {device}; this process sees "
-                              f"{visible} CUDA device(s) (check CUDA_VISIBLE_DEVICES on both sides)",
-                              "TW_ERR_CUDA_UNAVAILABLE")
+        # The library's class, code and message prefix for the kind (its table).
+        raise _native.library_error("CudaUnavailable", f"tensorwire.rpc: the peer sent a tensor of CUDA device "
+                                    f"{device}; this process sees {visible} CUDA device(s) (check "
+                                    "CUDA_VISIBLE_DEVICES on both sides)")
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -129,8 +126,7 @@ def ring_send(native_conn: Any, tensor: torch.Tensor, tag: int = 0, timeout_ms: 
     source is used by work on the current stream only, so the caching allocator keeps it
     valid until the copies ran."""
     _check_cuda(tensor, "ring_send", "sent")
-    if tag < 0:
-        raise RuntimeError(f"tensorwire.ring_send: tag must be >= 0, got {tag}")
+    # A negative tag: refused by _native.cuda_ring_send, with the extension's message.
     with torch.cuda.device(tensor.device):
         src = tensor.resolve_conj().resolve_neg().contiguous()
         stream = torch.cuda.current_stream(src.device).cuda_stream

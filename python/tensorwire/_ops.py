@@ -1,7 +1,7 @@
 """``torch.ops.tensorwire.*`` as Python ops over ``tensorwire._native`` (no libtorch).
 
-:func:`register` defines library ``tensorwire`` with the exact schemas of the C++
-extension's one ``TORCH_LIBRARY`` block (``cpp/src/library.cpp``) and registers the
+:func:`register` defines library ``tensorwire`` with the schemas of ``ops.schemas`` (the
+list the C++ extension's ``TORCH_LIBRARY`` block defines too) and registers the
 functions below as their kernels, on the keys the extension uses: ``CPU`` (and ``CUDA``
 for ``send``) for the ops that take a tensor, ``CompositeExplicitAutograd`` for the others
 (so ops without tensor arguments dispatch too). The fake implementations stay in
@@ -36,42 +36,23 @@ from .errors import Error
 __all__ = ["SCHEMAS", "register"]
 
 # ----------------------------------------------------------------------------------------
-# Schemas: cpp/src/library.cpp, character for character (TW_CONNECTION_OPTIONS_SCHEMA
-# expanded).
+# Schemas: ops.schemas beside this module (shipped in the wheel), the one list the C++
+# extension embeds too (cpp/CMakeLists.txt); `, CONNECTION_OPTIONS` stands for the
+# connection options.
 
 # The connection options (name, default), in schema order: the library's table.
 OPTIONS = tuple((name, default) for name, _type, _min, _max, default, _doc, _choices in _native.connection_options())
 _OPTIONS_SCHEMA = "".join(f", int {name}={default}" for name, default in OPTIONS)
 
-SCHEMAS = (
-    "empty(int[] size, *, ScalarType? dtype=None) -> Tensor",
-    "zeros(int[] size, *, ScalarType? dtype=None) -> Tensor",
-    "to_shared(Tensor self) -> Tensor",
-    "share_(Tensor(a!) self) -> Tensor(a!)",
-    "is_shared(Tensor self) -> bool",
-    "socketpair() -> (int, int)",
-    "set_inheritable(int fd, bool inheritable) -> ()",
-    "from_fd(int fd, *" + _OPTIONS_SCHEMA + ") -> int",
-    "connect(str path, *" + _OPTIONS_SCHEMA + ") -> int",
-    "listen(str path) -> int",
-    "accept(int listener, *, int timeout_ms=-1" + _OPTIONS_SCHEMA + ") -> int",
-    "close(int conn) -> ()",
-    "close_listener(int listener) -> ()",
-    "peer_pid(int conn) -> int",
-    "send(int conn, Tensor tensor, int tag=0, int window_ms=0) -> bool",
-    "recv(int conn, int timeout_ms=-1) -> (Tensor, int)",
-    "stats(int conn) -> int[]",
-    "ring_send(int conn, Tensor tensor, int tag=0, int timeout_ms=-1) -> ()",
-    "ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)",
-    "cuda_ring_recv(int conn, int timeout_ms=-1) -> (Tensor, int)",
-    "cuda_built() -> bool",
-    "cuda_available() -> bool",
-    "cuda_device_count() -> int",
-    "cuda_ipc_cache_stats() -> int[]",
-    "cuda_ipc_cache_keep_warm(int n) -> ()",
-    "segment_fd(Tensor self) -> (int, int, int)",
-    "from_torch_fd(int fd, int nbytes, ScalarType dtype, int[] size, int[] stride, int storage_offset=0) -> Tensor",
-)
+
+def _read_schemas() -> tuple[str, ...]:
+    with open(os.path.join(os.path.dirname(__file__), "ops.schemas"), encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    return tuple(line.replace(", CONNECTION_OPTIONS", _OPTIONS_SCHEMA) for line in lines
+                 if line and not line.startswith("#"))
+
+
+SCHEMAS = _read_schemas()
 
 # ----------------------------------------------------------------------------------------
 # Handles.
@@ -428,10 +409,7 @@ def send(conn: int, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> b
     if tensor.is_cuda:
         return _cuda_ops.send(_connection(conn, "send"), tensor, tag, window_ms)
     _check_exportable(tensor, "send")
-    if tag < 0:
-        raise Error(f"tensorwire.send: tag must be >= 0, got {tag}")
-    if window_ms < 0:
-        raise Error(f"tensorwire.send: window_ms must be >= 0, got {window_ms}")
+    # A negative tag or window_ms: refused by _native's send, with the extension's message.
     _connection(conn, "send")  # checked here, as the extension does; not kept (see _connection)
     s = tensor.untyped_storage()
     kind = None if tensor.is_conj() or tensor.is_neg() else _native.storage_kind(s.data_ptr(), s.nbytes())
@@ -479,8 +457,7 @@ def ring_send(conn: int, tensor: torch.Tensor, tag: int = 0, timeout_ms: int = -
         raise Error(f"tensorwire.ring_send: tensor is on {tensor.device}; the rings carry CPU tensors (CPU ring) and "
                     "CUDA tensors (GPU ring)")
     _check_strided_dtype(tensor, "ring_send", "sent")
-    if tag < 0:
-        raise Error(f"tensorwire.ring_send: tag must be >= 0, got {tag}")
+    # A negative tag: refused by _native.ring_send, with the extension's message.
     _connection(conn, "ring_send")  # checked here, as the extension does; not kept
     # The ring carries bytes: a lazy conjugate/negative bit is applied first.
     src = tensor.resolve_conj().resolve_neg() if tensor.is_conj() or tensor.is_neg() else tensor

@@ -24,15 +24,25 @@ DUMP_SCHEMAS = ("import json, sys, torch, tensorwire; "
                 "print(json.dumps({n: str(getattr(torch.ops.tensorwire, n).default._schema) for n in sys.argv[1:]}))")
 
 
-def _cpp_schemas():
-    """The schemas of cpp/src/library.cpp's TORCH_LIBRARY block, macro expanded (the
-    options' X-macro is include/tensorwire.h's)."""
-    text = (ROOT / "cpp/src/library.cpp").read_text()
+def _file_schemas():
+    """The lines of python/tensorwire/ops.schemas (the one list both backends register),
+    `, CONNECTION_OPTIONS` expanded from include/tensorwire.h's X-macro: read here on its
+    own, not through _ops, so a reader that drops or bends a line disagrees."""
     options = "".join(f", int {name}={default}" for name, default in
                       re.findall(r"X\((\w+), (-?\d+)\)", (ROOT / "include/tensorwire.h").read_text()))
-    defs = re.findall(r'm\.def\(((?:"[^"]*"\s*|TW_CONNECTION_OPTIONS_SCHEMA\s*)+)\)', text)
-    return [re.sub(r'"\s*"', "", d.replace("TW_CONNECTION_OPTIONS_SCHEMA", f'"{options}"')).strip().strip('"')
-            for d in defs]
+    lines = (ROOT / "python/tensorwire/ops.schemas").read_text().splitlines()
+    return [line.strip().replace(", CONNECTION_OPTIONS", options) for line in lines
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _copies(text, names):
+    """The op schemas (or TORCH_LIBRARY definitions) `text` spells out itself: a quoted
+    string starting as a schema of an op does (its name, "(", then an argument's type or
+    "() ->"), or an `m.def("` call."""
+    found = re.findall(r'\bm\.def\(\s*"', text)
+    found += [m for m in re.findall(r"""["']([a-z_]+)\((?:\)\s*->|(?:int|str|bool|Tensor|ScalarType)\b)""", text)
+              if m in names]
+    return found
 
 
 def test_backend_follows_the_environment():
@@ -51,11 +61,33 @@ def test_a_missing_torch_lib_says_so():
     assert r.returncode != 0 and "TENSORWIRE_TORCH_LIB=/nonexistent/libtensorwire_torch.so does not exist" in r.stderr
 
 
-def test_the_python_schemas_are_the_extensions():
+def test_the_registered_ops_are_the_schema_file():
+    # Whichever backend registered them (the Python ops, or the C++ extension under
+    # TENSORWIRE_TORCH_LIB): every line of ops.schemas, as torch parses it, and no other op.
     from tensorwire import _ops
 
-    assert list(_ops.SCHEMAS) == _cpp_schemas()
-    assert len(_ops.SCHEMAS) == 27
+    schemas = _file_schemas()
+    assert len(schemas) == 27
+    assert list(_ops.SCHEMAS) == schemas
+    registered = sorted(str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith("tensorwire::"))
+    assert registered == sorted(str(torch._C.parse_schema(f"tensorwire::{s}")) for s in schemas)
+
+
+def test_no_op_layer_keeps_a_copy_of_the_schemas():
+    # Both op layers read ops.schemas; a schema written again in a source (an m.def of its
+    # own, a Python list of them) could drift from it.
+    names = {s.split("(", 1)[0] for s in _file_schemas()}
+    sources = [*sorted((ROOT / "cpp/src").iterdir()), *sorted((ROOT / "python/tensorwire").glob("*.py"))]
+    assert len(sources) > 20
+    copies = {str(p.relative_to(ROOT)): c for p in sources if (c := _copies(p.read_text(), names))}
+    assert copies == {}, "these sources spell op schemas out; add them to python/tensorwire/ops.schemas instead"
+
+
+def test_a_copy_of_a_schema_is_found():
+    names = {"empty", "send"}
+    assert _copies('  m.def("send(int conn) -> bool");', names) == ['m.def("', "send"]
+    assert _copies('SCHEMAS = ("empty(int[] size) -> Tensor", "send() -> ()")', names) == ["empty", "send"]
+    assert _copies('raise TypeError("send() takes window"); "tensorwire.send: tag"; "resend(int x)"', names) == []
 
 
 @pytest.mark.skipif(not os.environ.get("TENSORWIRE_TORCH_LIB"), reason="TENSORWIRE_TORCH_LIB does not name a C++ "
@@ -66,7 +98,7 @@ def test_both_backends_register_the_same_schemas():
         env = {k: v for k, v in os.environ.items() if k != "TENSORWIRE_TORCH_LIB"}
         if lib:
             env["TENSORWIRE_TORCH_LIB"] = lib
-        names = [d.split("(")[0] for d in _cpp_schemas()]
+        names = [d.split("(")[0] for d in _file_schemas()]
         r = subprocess.run([sys.executable, "-c", DUMP_SCHEMAS, *names], env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
@@ -103,6 +135,25 @@ def test_ops_without_tensor_arguments_dispatch():
         del got
         with pytest.raises(RuntimeError, match="TW_ERR_TIMEOUT"):
             ops.recv(hb, 0)
+    finally:
+        ops.close(ha)
+        ops.close(hb)
+
+
+def test_a_negative_tag_or_window_is_refused_by_name():
+    # The extension's checks; the Python ops leave them to _native, which words them the same.
+    ha, hb = _open_pair()
+    try:
+        for t in (tensorwire.zeros(2), torch.zeros(2)):  # a sealed segment, a private tensor (packed)
+            with pytest.raises(RuntimeError, match="tensorwire.send: tag must be >= 0, got -1"):
+                ops.send(ha, t, -1)
+            with pytest.raises(RuntimeError, match="tensorwire.send: window_ms must be >= 0, got -5"):
+                ops.send(ha, t, 0, -5)
+        with pytest.raises(RuntimeError, match="tensorwire.ring_send: tag must be >= 0, got -3"):
+            ops.ring_send(ha, torch.zeros(2), -3)
+        assert ops.stats(ha)[:3] == [0, 0, 0]  # nothing was exported
+        with pytest.raises(RuntimeError, match="TW_ERR_TIMEOUT"):
+            ops.ring_recv(hb, 0)  # nor put in the ring
     finally:
         ops.close(ha)
         ops.close(hb)

@@ -9,7 +9,7 @@
 //! `view(dtype).as_strided(...)`. A CUDA import goes to `crate::cuda::pending`.
 
 use crate::config::{peer_config, wait_ms};
-use crate::errors::{IntoPy, raise, refused};
+use crate::errors::{IntoPy, nonneg, raise, refused};
 use crate::peer::PyPeer;
 use crate::storage;
 use pyo3::prelude::*;
@@ -88,7 +88,9 @@ impl PyPeer {
     /// segment of the binding's pool (the package's send of a small private tensor). Returns
     /// the lease as `generation << 32 | slot`. `window` (seconds) or `window_ms` (> 0)
     /// bound how long the peer may hold it (neither: the connection's default window).
-    /// `owner`, if given, is held by the lease until it ends.
+    /// `owner`, if given, is held by the lease until it ends. A negative `tag` or
+    /// `window_ms` is refused as the torch op `send` refuses it (the package's op passes
+    /// them through).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (storage_ptr, storage_nbytes, dtype, sizes, strides, storage_offset, tag=0, window=None, window_ms=0, owner=None, copy=false))]
     fn send(
@@ -100,12 +102,14 @@ impl PyPeer {
         sizes: Vec<i64>,
         strides: Vec<i64>,
         storage_offset: i64,
-        tag: u64,
+        tag: i64,
         window: Option<f64>,
-        window_ms: u64,
+        window_ms: i64,
         owner: Option<Py<PyAny>>,
         copy: bool,
     ) -> PyResult<u64> {
+        let tag = nonneg(py, "send", "tag", tag)?;
+        let window_ms = nonneg(py, "send", "window_ms", window_ms)?;
         let layout =
             Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset).py_err_in(py, "tw_peer_export")?;
         let window = match window {

@@ -24,7 +24,7 @@
 
 use crate::peer::PyPeer;
 use crate::dlpack;
-use crate::errors::{self, refused};
+use crate::errors::{self, nonneg, refused};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
@@ -159,10 +159,6 @@ fn named(py: Python<'_>, function: &str, err: &Error) -> PyErr {
 fn layout_of(py: Python<'_>, op: &str, dtype: &str, sizes: &[i64], strides: &[i64], offset: i64) -> PyResult<Layout> {
     let dt = dtype_named(dtype).ok_or_else(|| refused(py, format!("tensorwire.{op}: dtype torch.{dtype} is not supported")))?;
     Layout::strided(dt, sizes, strides, offset).map_err(|e| named(py, &format!("tensorwire.{op}"), &e))
-}
-
-fn nonneg(py: Python<'_>, op: &str, name: &str, v: i64) -> PyResult<u64> {
-    u64::try_from(v).map_err(|_| refused(py, format!("tensorwire.{op}: {name} must be >= 0, got {v}")))
 }
 
 /// A received CUDA tensor not yet handed to torch: `capsule(stream)` orders `stream` after

@@ -70,6 +70,12 @@ pub fn refused(py: Python<'_>, message: String) -> PyErr {
     raise(py, class, Some(code), message)
 }
 
+/// `v` as a u64, or the refusal the ops give a negative `name` argument of `op` (the torch
+/// ops pass ints through; the extension checks the same, with the same message).
+pub fn nonneg(py: Python<'_>, op: &str, name: &str, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| refused(py, format!("tensorwire.{op}: {name} must be >= 0, got {v}")))
+}
+
 /// `Result<T, tensorwire::Error>` into a Python result.
 pub trait IntoPy<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T>;

@@ -7,14 +7,15 @@ use crate::config::wait_ms;
 use crate::connection::dtype_named;
 use crate::peer::PyPeer;
 use crate::dlpack;
-use crate::errors::{IntoPy, raise};
+use crate::errors::{IntoPy, nonneg, raise};
 use pyo3::prelude::*;
 use std::sync::PoisonError;
 use tensorwire::{Layout, RingItem};
 
 /// Pack the view (`dtype` by torch name, `sizes`, `strides`, `storage_offset` in elements)
 /// of the CPU storage at `storage_ptr` (`storage_nbytes` long) into the peer's ring, waiting
-/// at most `timeout_ms` for space (< 0: no limit).
+/// at most `timeout_ms` for space (< 0: no limit). A negative `tag` is refused as the torch
+/// op `ring_send` refuses it.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (conn, storage_ptr, storage_nbytes, dtype, sizes, strides, storage_offset, tag=0, timeout_ms=-1))]
@@ -27,9 +28,10 @@ pub fn ring_send(
     sizes: Vec<i64>,
     strides: Vec<i64>,
     storage_offset: i64,
-    tag: u64,
+    tag: i64,
     timeout_ms: i64,
 ) -> PyResult<()> {
+    let tag = nonneg(py, "ring_send", "tag", tag)?;
     let layout = Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset)
         .py_err_in(py, "tw_peer_ring_send_view")?;
     let peer = &conn.peer;
