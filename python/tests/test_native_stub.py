@@ -93,11 +93,11 @@ def test_a_name_missing_from_the_stub_is_found():
     tree = stub_tree()
     tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "pool_busy")]
     for n in tree.body:
-        if isinstance(n, ast.ClassDef) and n.name == "Worker":
+        if isinstance(n, ast.ClassDef) and n.name == "WorkerHandle":
             n.body = [m for m in n.body if not (isinstance(m, ast.FunctionDef) and m.name == "kill")]
         if isinstance(n, ast.FunctionDef) and n.name == "segment_fd":
             n.args.args = n.args.args[:1]
     found = mismatches(tree)
     assert "exported by tensorwire._native, missing from _native.pyi: pool_busy" in found
-    assert "Worker.kill: in the binding, missing from _native.pyi" in found
+    assert "WorkerHandle.kill: in the binding, missing from _native.pyi" in found
     assert any(f.startswith("segment_fd: parameters") for f in found)

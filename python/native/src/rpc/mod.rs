@@ -26,6 +26,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::PyPendingCall>()?;
     m.add_class::<listener::PyListener>()?;
     m.add_class::<worker::PySpec>()?;
+    m.add_class::<worker::PyWorkerHandle>()?;
     m.add_class::<worker::PyWorker>()?;
     m.add_class::<worker::PyWorkerPool>()?;
     m.add_class::<worker::PyPooledWorker>()?;

@@ -314,16 +314,18 @@ fn closed(py: Python<'_>) -> PyErr {
     to_py(py, &RpcError::PeerGone("the worker was closed".into()))
 }
 
-/// What `Worker` and `PooledWorker` share: the worker they hold (`None` once closed or
-/// released) and its interrupt policy, and the methods both classes expose, written once.
-struct Handle {
+/// What `Worker` and `PooledWorker` share, as their Python base class `WorkerHandle`: the
+/// worker they hold (`None` once closed or released), its interrupt policy, and the
+/// methods both expose, written once.
+#[pyclass(module = "tensorwire._native", name = "WorkerHandle", subclass)]
+pub struct PyWorkerHandle {
     w: Mutex<Option<Held>>,
     on: OnInterrupt,
 }
 
-impl Handle {
-    fn new(w: Held, on: OnInterrupt) -> Handle {
-        Handle { w: Mutex::new(Some(w)), on }
+impl PyWorkerHandle {
+    fn new(w: Held, on: OnInterrupt) -> PyWorkerHandle {
+        PyWorkerHandle { w: Mutex::new(Some(w)), on }
     }
 
     fn get(&self, py: Python<'_>) -> PyResult<Held> {
@@ -334,57 +336,6 @@ impl Handle {
             .ok_or_else(|| closed(py))
     }
 
-    fn call(
-        &self,
-        py: Python<'_>,
-        object_id: &str,
-        method: &str,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-        timeout: Option<f64>,
-    ) -> PyResult<Py<PyAny>> {
-        self.start(py, object_id, method, args, kwargs, timeout)?.run(py)
-    }
-
-    fn start(
-        &self,
-        py: Python<'_>,
-        object_id: &str,
-        method: &str,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-        timeout: Option<f64>,
-    ) -> PyResult<PyWorkerCall> {
-        PyWorkerCall::new(self.get(py)?, self.on, object_id, method, args, kwargs, timeout)
-    }
-
-    fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
-        Ok(match self.get(py)?.state() {
-            WorkerState::Ready { pid } => ("ready".into(), Some(pid), String::new()),
-            WorkerState::Down { why } => ("down".into(), None, why),
-        })
-    }
-
-    fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.get(py)?.is_clean())
-    }
-
-    fn output<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
-        Ok(self
-            .get(py)?
-            .output()
-            .map(|c| (PyBytes::new(py, &c.stdout()), PyBytes::new(py, &c.stderr()))))
-    }
-
-    fn kill(&self, py: Python<'_>) -> PyResult<()> {
-        let w = self.get(py)?;
-        py.detach(move || w.kill());
-        Ok(())
-    }
-
     /// Let go of the worker (GIL released): its own is ended, a pooled one goes back.
     fn end(&self, py: Python<'_>) {
         let w = self.w.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -392,24 +343,8 @@ impl Handle {
     }
 }
 
-/// A supervised worker (`tensorwire_rpc::worker::Worker`).
-#[pyclass(module = "tensorwire._native", name = "Worker")]
-pub struct PyWorker {
-    h: Handle,
-}
-
 #[pymethods]
-impl PyWorker {
-    /// Start one worker and wait for its handshake. Ctrl-C raises `KeyboardInterrupt`
-    /// within ~50 ms; the worker is ended when its start finishes.
-    #[staticmethod]
-    fn spawn(py: Python<'_>, spec: &PySpec) -> PyResult<PyWorker> {
-        let (on, spec) = (spec.on_interrupt, spec.spec.clone());
-        let w = in_background(py, "a worker's start", move || spec.spawn())?
-            .map_err(|e| to_py(py, &e))?;
-        Ok(PyWorker { h: Handle::new(Held::Own(Arc::new(w)), on) })
-    }
-
+impl PyWorkerHandle {
     #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
     fn call(
         &self,
@@ -420,7 +355,7 @@ impl PyWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        self.h.call(py, object_id, method, args, kwargs, timeout)
+        self.start(py, object_id, method, args, kwargs, timeout)?.run(py)
     }
 
     /// The call, to wait for (`WorkerCall.wait`) or cancel from another thread.
@@ -434,17 +369,20 @@ impl PyWorker {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<PyWorkerCall> {
-        self.h.start(py, object_id, method, args, kwargs, timeout)
+        PyWorkerCall::new(self.get(py)?, self.on, object_id, method, args, kwargs, timeout)
     }
 
     /// `(state, pid, why)`: `("ready", pid, "")` or `("down", None, why)`.
     fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
-        self.h.state(py)
+        Ok(match self.get(py)?.state() {
+            WorkerState::Ready { pid } => ("ready".into(), Some(pid), String::new()),
+            WorkerState::Down { why } => ("down".into(), None, why),
+        })
     }
 
     /// Whether it could serve again as it is (running, nothing in flight, never killed).
     fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
-        self.h.is_clean(py)
+        Ok(self.get(py)?.is_clean())
     }
 
     /// `(stdout, stderr)` captured so far, or `None` when the output is not captured.
@@ -452,17 +390,37 @@ impl PyWorker {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
-        self.h.output(py)
+        Ok(self
+            .get(py)?
+            .output()
+            .map(|c| (PyBytes::new(py, &c.stdout()), PyBytes::new(py, &c.stderr()))))
     }
 
     /// Kill the running process (its process group) now; the next call starts a new one.
     fn kill(&self, py: Python<'_>) -> PyResult<()> {
-        self.h.kill(py)
+        let w = self.get(py)?;
+        py.detach(move || w.kill());
+        Ok(())
+    }
+}
+
+/// A supervised worker (`tensorwire_rpc::worker::Worker`).
+#[pyclass(module = "tensorwire._native", name = "Worker", extends = PyWorkerHandle)]
+pub struct PyWorker;
+
+#[pymethods]
+impl PyWorker {
+    #[staticmethod]
+    fn spawn(py: Python<'_>, spec: &PySpec) -> PyResult<Py<PyWorker>> {
+        let (on, spec) = (spec.on_interrupt, spec.spec.clone());
+        let w = in_background(py, "a worker's start", move || spec.spawn())?
+            .map_err(|e| to_py(py, &e))?;
+        Py::new(py, PyClassInitializer::from(PyWorkerHandle::new(Held::Own(Arc::new(w)), on)).add_subclass(PyWorker))
     }
 
     /// End the worker: a clean close, then SIGKILL after a grace period.
-    fn close(&self, py: Python<'_>) {
-        self.h.end(py)
+    fn close(slf: PyRef<'_, Self>, py: Python<'_>) {
+        slf.as_super().end(py)
     }
 }
 
@@ -492,7 +450,7 @@ impl PyWorkerPool {
     /// (cold) only while the pool is below its size. Waits up to `timeout` seconds
     /// (`None`: no limit), then raises `Timeout`. Ctrl-C interrupts the wait.
     #[pyo3(signature = (timeout=None))]
-    fn get(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyPooledWorker> {
+    fn get(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyPooledWorker>> {
         let pool = self
             .pool
             .lock()
@@ -508,7 +466,7 @@ impl PyWorkerPool {
             })?
             .map_err(|e| to_py(py, &e))?,
         };
-        Ok(PyPooledWorker { h: Handle::new(Held::Pooled(Arc::new(w)), self.on) })
+        Py::new(py, PyClassInitializer::from(PyWorkerHandle::new(Held::Pooled(Arc::new(w)), self.on)).add_subclass(PyPooledWorker))
     }
 
     fn idle(&self) -> usize {
@@ -550,61 +508,14 @@ impl PyWorkerPool {
 }
 
 /// A worker handed out by a pool; `release` gives it back (kept only if clean).
-#[pyclass(module = "tensorwire._native", name = "PooledWorker")]
-pub struct PyPooledWorker {
-    h: Handle,
-}
+#[pyclass(module = "tensorwire._native", name = "PooledWorker", extends = PyWorkerHandle)]
+pub struct PyPooledWorker;
 
 #[pymethods]
 impl PyPooledWorker {
-    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
-    fn call(
-        &self,
-        py: Python<'_>,
-        object_id: &str,
-        method: &str,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-        timeout: Option<f64>,
-    ) -> PyResult<Py<PyAny>> {
-        self.h.call(py, object_id, method, args, kwargs, timeout)
-    }
-
-    #[pyo3(signature = (object_id, method, args, kwargs=None, timeout=None))]
-    fn start(
-        &self,
-        py: Python<'_>,
-        object_id: &str,
-        method: &str,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-        timeout: Option<f64>,
-    ) -> PyResult<PyWorkerCall> {
-        self.h.start(py, object_id, method, args, kwargs, timeout)
-    }
-
-    fn state(&self, py: Python<'_>) -> PyResult<(String, Option<u32>, String)> {
-        self.h.state(py)
-    }
-
-    fn is_clean(&self, py: Python<'_>) -> PyResult<bool> {
-        self.h.is_clean(py)
-    }
-
-    fn output<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
-        self.h.output(py)
-    }
-
-    fn kill(&self, py: Python<'_>) -> PyResult<()> {
-        self.h.kill(py)
-    }
-
     /// Give it back to its pool (kept warm only if it finished cleanly).
-    fn release(&self, py: Python<'_>) {
-        self.h.end(py)
+    fn release(slf: PyRef<'_, Self>, py: Python<'_>) {
+        slf.as_super().end(py)
     }
 }
 
