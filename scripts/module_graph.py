@@ -160,14 +160,16 @@ def check(src: Path) -> list[str]:
     return loops
 
 
-def cycles(graph) -> list[list[str]]:
-    """One cycle per strongly connected component with more than one node."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-    counter = [0]
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle per strongly connected component with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
 
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
         for w in sorted(graph.get(v, ())):
@@ -177,15 +179,15 @@ def cycles(graph) -> list[list[str]]:
             elif w in on:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            comp = []
+            comp = set()
             while True:
                 w = stack.pop()
                 on.discard(w)
-                comp.append(w)
+                comp.add(w)
                 if w == v:
                     break
             if len(comp) > 1:
-                out.append(shortest_cycle(graph, set(comp)))
+                out.append(shortest_cycle(graph, comp))
 
     for v in sorted(graph):
         if v not in index:
@@ -193,9 +195,10 @@ def cycles(graph) -> list[list[str]]:
     return out
 
 
-def shortest_cycle(graph, comp) -> list[str]:
+def shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     start = min(comp)
-    prev, frontier, seen = {start: None}, [start], {start}
+    prev: dict[str, str | None] = {start: None}
+    frontier = [start]
     while frontier:
         nxt = []
         for v in frontier:
@@ -203,10 +206,9 @@ def shortest_cycle(graph, comp) -> list[str]:
                 if w == start:
                     path = [v]
                     while prev[path[-1]] is not None:
-                        path.append(prev[path[-1]])
+                        path.append(prev[path[-1]])  # type: ignore[arg-type]
                     return list(reversed(path))
-                if w in comp and w not in seen:
-                    seen.add(w)
+                if w in comp and w not in prev:
                     prev[w] = v
                     nxt.append(w)
         frontier = nxt

@@ -25,6 +25,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+# The loop finder both checks share (this script's folder is first on sys.path).
+from module_graph import cycles
+
 
 def module_names(pkg: Path) -> dict[str, Path]:
     """Dotted name -> file for every module of the package (extension modules included,
@@ -122,61 +125,6 @@ def check(pkg: Path) -> tuple[list[str], list[Edge]]:
             steps.append(f"{a} -> {b} ({e[2]}{', in a function' if e[3] else ''})")
         loops.append(" -> ".join(cycle + [cycle[0]]) + ": " + "; ".join(steps))
     return loops, [e for e in edges if e[3]]
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One shortest cycle per strongly connected component with more than one module."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.add(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(shortest_cycle(graph, comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
-def shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
-    start = min(comp)
-    prev: dict[str, str | None] = {start: None}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for v in frontier:
-            for w in sorted(graph.get(v, ())):
-                if w == start:
-                    path = [v]
-                    while prev[path[-1]] is not None:
-                        path.append(prev[path[-1]])  # type: ignore[arg-type]
-                    return list(reversed(path))
-                if w in comp and w not in prev:
-                    prev[w] = v
-                    nxt.append(w)
-        frontier = nxt
-    return [start]
 
 
 def self_test() -> int:
