@@ -27,7 +27,7 @@ fn python() -> Option<PathBuf> {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/tests/interop.py")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/interop.py")
 }
 
 fn sock_path(tag: &str) -> String {
