@@ -1,7 +1,8 @@
-//! What the tensorwire crates' tests and benches share, one file per job: re-running this
-//! test (or bench) binary as a child role ([`role`]), the line protocol over a child's
-//! stdin/stdout ([`lines`]), bounded waits ([`wait`]), deterministic test bytes
-//! ([`pattern`]), a checksum ([`fnv`]) and hex text ([`hex`]).
+//! What the tensorwire crates' tests and benches share, one file per job: re-running
+//! this test (or bench) binary as a child role ([`role`](mod@role)), the line protocol
+//! over a child's stdin/stdout ([`lines`](mod@lines)), bounded waits
+//! ([`wait`](mod@wait)), deterministic test bytes ([`pattern`](mod@pattern)), a checksum
+//! ([`fnv`](mod@fnv)) and hex text ([`hex`](mod@hex)).
 //!
 //! Crate-specific harnesses (a tensorwire `Peer` over an inherited socket, the RPC victim
 //! server, network namespaces) live in each crate's `tests/`, built on these.

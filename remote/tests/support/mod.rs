@@ -7,7 +7,7 @@
 
 use std::process::{Command, Stdio};
 pub use tensorwire_test_support::{hear, hex, pattern, role, say, unhex};
-use tensorwire_test_support::{Lines, RoleCommand};
+use tensorwire_test_support::{Lines, RoleCommand, wait_until};
 
 pub mod netns;
 
@@ -48,15 +48,10 @@ pub fn live_settles_to(exporter: &tensorwire_remote::ucx::Exporter, n: usize) ->
 /// Waits until every thread of `pid` is stopped: `kill` returns before a group stop has
 /// reached each thread.
 pub fn wait_stopped(pid: u32) {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let stopped = || {
+    wait_until(&format!("every thread of {pid} to stop"), std::time::Duration::from_secs(5), || {
         std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
             let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
             stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
         })
-    };
-    while !stopped() {
-        assert!(std::time::Instant::now() < until, "{pid} did not stop");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    });
 }
