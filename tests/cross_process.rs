@@ -151,13 +151,11 @@ fn listener_path_between_processes() {
     let path = std::env::temp_dir().join(format!("tw-test-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let listener = Listener::bind(&path).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut child = std::process::Command::new(exe)
-        .args(["listener_client_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+    let mut child = tensorwire_test_support::RoleCommand::new("listener_client")
+        .test("listener_client_entry")
         .env("TW_TEST_PATH", &path)
         .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn();
     let peer = Peer::accept(&listener, T, PeerConfig::default()).unwrap();
     assert_eq!(peer.peer_pid() as u32, child.id());
     let t = peer.recv_tensor(T).unwrap();

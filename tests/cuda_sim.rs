@@ -69,7 +69,7 @@ fn ipc_export_of_every_dtype_and_view_arrives_exactly_and_is_zero_copy() {
             // The view's storage starts 256 bytes into the allocation: the export sends
             // the handle of the base and the offset.
             let ptr = buf.ptr() + 256;
-            let data = pattern(nbytes, tag as u8);
+            let data = pattern(tag as u8, nbytes);
             htod(ptr, &data);
             tag += 1;
             peer.export_cuda(ptr, nbytes as u64, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag, window: None }).unwrap();
@@ -105,7 +105,7 @@ fn handle_cache_opens_each_handle_once_while_used_and_closes_it_when_unused() {
     }
     let (child, peer) = spawn("import", &[], None, PeerConfig::default());
     let buf = DeviceBuffer::alloc(0, 4096).unwrap();
-    htod(buf.ptr(), &pattern(4096, 1));
+    htod(buf.ptr(), &pattern(1, 4096));
     let l = Layout::contiguous(DType::UInt8, &[1024]).unwrap();
     let send = |tag: u64, at: u64| {
         peer.export_cuda(buf.ptr() + at, 1024, &l, CudaStream::LEGACY, Box::new(()), ExportOptions { tag, window: None }).unwrap();
@@ -168,7 +168,7 @@ fn stream_order_holds_across_processes_under_random_delays() {
     let ps = Stream::new();
     let l = Layout::contiguous(DType::UInt8, &[n as i64]).unwrap();
     for i in 0..24u8 {
-        let data = pattern(n, i);
+        let data = pattern(i, n);
         htod_async(buf.ptr(), &data, ps.0);
         peer.export_cuda(buf.ptr(), n as u64, &l, ps.0, Box::new(()), ExportOptions { tag: i.into(), window: None }).unwrap();
         let r = unwords(&recv_msg(&peer));
@@ -193,7 +193,7 @@ fn vmm_memory_is_exported_by_fd_zero_copy_and_opens_no_ipc_handle() {
         let es = dt.size();
         let nbytes = 64 * es;
         let ptr = a.ptr() + 4096 * i as u64;
-        let data = pattern(nbytes, i as u8 + 40);
+        let data = pattern(i as u8 + 40, nbytes);
         htod(ptr, &data);
         for l in views(dt) {
             peer.export_cuda(ptr, nbytes as u64, &l, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
@@ -227,7 +227,7 @@ fn importer_sigkilled_gives_leases_back() {
     peer.send_message(&words(&[HOLD]), &[]).unwrap();
     let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
     for (i, b) in bufs.iter().enumerate() {
-        htod(b.ptr(), &pattern(4096, i as u8));
+        htod(b.ptr(), &pattern(i as u8, 4096));
         peer.export_cuda(b.ptr(), 4096, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag: i as u64, window: None }).unwrap();
         recv_msg(&peer);
     }
@@ -257,7 +257,7 @@ fn injected_driver_failures_are_named_errors_and_leave_nothing_behind() {
     let (child, peer) = spawn("import", &env, None, PeerConfig::default());
     let dropped = Arc::new(AtomicUsize::new(0));
     let buf = DeviceBuffer::alloc(0, 4096).unwrap();
-    htod(buf.ptr(), &pattern(4096, 5));
+    htod(buf.ptr(), &pattern(5, 4096));
     let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
     let export = |tag| peer.export_cuda(buf.ptr(), 4096, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag, window: None }).unwrap();
     export(1);
@@ -267,7 +267,7 @@ fn injected_driver_failures_are_named_errors_and_leave_nothing_behind() {
     leases_back(&peer);
     assert_eq!(dropped.load(Ordering::SeqCst), 1, "the failed import's lease came back");
     export(2);
-    assert_eq!(unwords(&recv_msg(&peer))[1], fnv1a(&pattern(4096, 5)), "the next import works");
+    assert_eq!(unwords(&recv_msg(&peer))[1], fnv1a(&pattern(5, 4096)), "the next import works");
     leases_back(&peer);
     let q = query(&peer);
     assert_eq!((q[1], q[4]), (0, 0), "the consumer has no handle open");
@@ -293,7 +293,7 @@ fn both_ends_in_one_process_import_without_opening_handles() {
     let dropped = Arc::new(AtomicUsize::new(0));
     let opens = tensorwire::cuda::ipc::cache().opens();
     for i in 0..6u8 {
-        let data = pattern(n, i);
+        let data = pattern(i, n);
         htod_async(buf.ptr() + 4096, &data, ps.0);
         a.export_cuda(buf.ptr() + 4096, n as u64, &l, ps.0, owner(&dropped), ExportOptions { tag: i.into(), window: None }).unwrap();
         let t = match b.recv(T).unwrap() {
@@ -313,7 +313,7 @@ fn both_ends_in_one_process_import_without_opening_handles() {
     // The GPU ring too: its arena and events are this process's own.
     let src = DeviceBuffer::alloc(0, 48 << 10).unwrap();
     let rl = Layout::contiguous(DType::UInt8, &[48 << 10]).unwrap();
-    let data = pattern(48 << 10, 77);
+    let data = pattern(77, 48 << 10);
     htod(src.ptr(), &data);
     let sender = std::thread::spawn({
         let src = src.ptr();

@@ -64,7 +64,7 @@ fn the_c_abi_moves_cuda_tensors_and_ring_messages() {
         let buf = DeviceBuffer::alloc(0, n as u64).unwrap();
         let l = layout_u8(n as i64);
         for i in 0..4u8 {
-            let data = pattern(n, i);
+            let data = pattern(i, n);
             htod_async(buf.ptr(), &data, ps.0);
             let r = tw_peer_export_cuda(pa, buf.ptr().get(), n as u64, &l, ps.0.0, i.into(), 0, Some(on_release), std::ptr::null_mut(), std::ptr::null_mut());
             assert_eq!(r, tw_result_e::TW_OK);
@@ -93,7 +93,7 @@ fn the_c_abi_moves_cuda_tensors_and_ring_messages() {
         // b sends through its GPU ring: 5 chunks through 2 slots.
         let m = 5 * (16 << 10);
         let src = DeviceBuffer::alloc(0, m as u64).unwrap();
-        let data = pattern(m, 33);
+        let data = pattern(33, m);
         htod(src.ptr(), &data);
         let rl = layout_u8(m as i64);
         let sender = std::thread::spawn({

@@ -261,7 +261,7 @@ fn three_processes_share_one_memory(vmm: bool, test: &str) {
     let drops = Arc::new(AtomicUsize::new(0));
     for round in 0..6u64 {
         let tag = 10 + round;
-        let mut data = pattern(N, round as u8);
+        let mut data = pattern(round as u8, N);
         write_busy(mem.ptr(), &data, &hs);
         let (offset, numel) = if tag % 3 == 1 {
             data[RELAY_AT as usize] = RELAY_BYTE;
@@ -305,7 +305,7 @@ fn vmm_forward_three_processes_share_one_memory_in_stream_order() {
     three_processes_share_one_memory(true, "vmm_forward_three_processes_share_one_memory_in_stream_order");
 }
 
-/// A chain whose host has sent one tensor (`pattern(N, seed)`, in `Mem::new(vmm)`) down
+/// A chain whose host has sent one tensor (`pattern(seed, N)`, in `Mem::new(vmm)`) down
 /// to the last, which read it right; `None` (the test skipped) without a GPU.
 struct SentDown {
     _one: std::sync::MutexGuard<'static, ()>,
@@ -327,7 +327,7 @@ fn sent_down(vmm: bool, seed: u8, test: &str) -> Option<SentDown> {
     let mem = Mem::new(vmm);
     let hs = Stream::new();
     let drops = Arc::new(AtomicUsize::new(0));
-    let data = pattern(N, seed);
+    let data = pattern(seed, N);
     write_busy(mem.ptr(), &data, &hs);
     assert_eq!(c.send(mem.ptr(), &hs, 3, &drops)[1], fnv1a(&data));
     Some(SentDown { _one: one, c, base, mem, hs, drops, data })
@@ -456,7 +456,7 @@ fn forward_errors_are_typed_roll_back_and_leak_nothing() {
     let _one = serial();
     let (host, relay_up) = Peer::pair(PeerConfig::default()).unwrap();
     let buf = DeviceBuffer::alloc(0, N as u64).unwrap();
-    let data = pattern(N, 9);
+    let data = pattern(9, N);
     htod(buf.ptr(), &data);
     let drops = Arc::new(AtomicUsize::new(0));
     let l = Layout::contiguous(DType::UInt8, &[ROWS, COLS]).unwrap();
@@ -560,7 +560,7 @@ fn a_forward_ending_early_keeps_the_import_until_the_relays_stream_work_is_done(
     let (host, relay_up) = Peer::pair(PeerConfig::default()).unwrap();
     let (relay_down, last) = Peer::pair(PeerConfig::default()).unwrap();
     let buf = DeviceBuffer::alloc(0, N as u64).unwrap();
-    htod(buf.ptr(), &pattern(N, 1));
+    htod(buf.ptr(), &pattern(1, N));
     let l = Layout::contiguous(DType::UInt8, &[ROWS, COLS]).unwrap();
     host.export_cuda(buf.ptr(), N as u64, &l, CudaStream::LEGACY, Box::new(()), ExportOptions::default()).unwrap();
     let imp = Arc::new(cuda_import(&relay_up));

@@ -47,11 +47,11 @@ fn child_produce(peer: &Peer) {
     let bufs: Vec<_> = (0..N).map(|_| DeviceBuffer::alloc(0, BYTES as u64).unwrap()).collect();
     let l = Layout::contiguous(DType::UInt8, &[BYTES as i64]).unwrap();
     for (i, b) in bufs.iter().enumerate() {
-        htod_async(b.ptr(), &pattern(BYTES, i as u8), s.0);
+        htod_async(b.ptr(), &pattern(i as u8, BYTES), s.0);
         peer.export_cuda(b.ptr(), BYTES as u64, &l, s.0, Box::new(()), ExportOptions { tag: i as u64, window: None }).unwrap();
     }
     let r = DeviceBuffer::alloc(0, BYTES as u64).unwrap();
-    htod_async(r.ptr(), &pattern(BYTES, 99), s.0);
+    htod_async(r.ptr(), &pattern(99, BYTES), s.0);
     peer.cuda_ring_send(r.ptr(), &l, s.0, 99, T).unwrap();
     let _ = recv_msg(peer);
     sync(s.0);
@@ -120,7 +120,7 @@ fn round(wait: CudaWait) -> (Option<u64>, u64) {
         };
         assert_eq!(imp.tag(), i as u64);
         imp.wait_on(s.0).unwrap();
-        assert_eq!(dtoh_on(imp.data_ptr(), BYTES, s.0), pattern(BYTES, i as u8), "{wait}: tensor {i}");
+        assert_eq!(dtoh_on(imp.data_ptr(), BYTES, s.0), pattern(i as u8, BYTES), "{wait}: tensor {i}");
         imp.status().unwrap();
         if !forwarded {
             down.export_cuda_imported(imp.clone(), None, s.0, ExportOptions::default()).unwrap();
@@ -131,9 +131,9 @@ fn round(wait: CudaWait) -> (Option<u64>, u64) {
     assert_eq!(tag, 99);
     let out = DeviceBuffer::alloc(0, BYTES as u64).unwrap();
     peer.cuda_ring_recv_finish(out.ptr(), BYTES as u64, s.0, T).unwrap();
-    assert_eq!(dtoh_on(out.ptr(), BYTES, s.0), pattern(BYTES, 99), "{wait}: the ring message");
+    assert_eq!(dtoh_on(out.ptr(), BYTES, s.0), pattern(99, BYTES), "{wait}: the ring message");
     let report = unwords(&recv_msg(&down));
-    assert_eq!(report[0], fnv1a(&pattern(BYTES, 0)), "{wait}: the forward's bytes at the last");
+    assert_eq!(report[0], fnv1a(&pattern(0, BYTES)), "{wait}: the forward's bytes at the last");
     let ours = before.zip(xproc()).map(|(a, b)| b - a);
     peer.send_message(b"go", &[]).unwrap();
     down.send_message(b"go", &[]).unwrap();
@@ -325,7 +325,7 @@ impl GatedRing {
     fn send_and_receive(&self, seed: u8) -> (DeviceBuffer, Duration, Result<(), Error>) {
         let src = DeviceBuffer::alloc(0, RING_BYTES as u64).unwrap();
         let dst = DeviceBuffer::alloc(0, RING_BYTES as u64).unwrap();
-        htod_async(src.ptr(), &pattern(RING_BYTES, seed), self.ps.0);
+        htod_async(src.ptr(), &pattern(seed, RING_BYTES), self.ps.0);
         let l = Layout::contiguous(DType::UInt8, &[RING_BYTES as i64]).unwrap();
         let (consumer, cs, out) = (&self.consumer, self.cs.0, dst.ptr());
         let t = Instant::now();
@@ -371,11 +371,11 @@ fn under_stream_a_gpu_ring_message_blocks_no_thread_on_gpu_work_and_arrives_in_o
     std::thread::sleep(Duration::from_millis(20));
     assert!(!stream_idle(r.ps.0) && !stream_idle(r.cs.0), "both streams wait behind the gate");
     r.gate.force(0, 1).unwrap();
-    assert_eq!(dtoh_on(dst.ptr(), RING_BYTES, r.cs.0), pattern(RING_BYTES, 3), "the bytes written behind the gate");
+    assert_eq!(dtoh_on(dst.ptr(), RING_BYTES, r.cs.0), pattern(3, RING_BYTES), "the bytes written behind the gate");
     // And the next message, with nothing held back, through the same (reused) slots.
     let (dst, _, received) = r.send_and_receive(4);
     received.unwrap();
-    assert_eq!(dtoh_on(dst.ptr(), RING_BYTES, r.cs.0), pattern(RING_BYTES, 4));
+    assert_eq!(dtoh_on(dst.ptr(), RING_BYTES, r.cs.0), pattern(4, RING_BYTES));
 }
 
 #[test]

@@ -38,7 +38,7 @@ fn gpu_ring_carries_dtypes_many_chunks_and_many_messages_in_order() {
     peer.send_message(&words(&[RING, cases.len() as u64]), &[]).unwrap();
     let src = DeviceBuffer::alloc(0, 3 << 20).unwrap();
     for (i, (l, n)) in cases.iter().enumerate() {
-        let data = pattern(*n, i as u8);
+        let data = pattern(i as u8, *n);
         // Queued right before the send, no synchronize: the ring's copy must wait for it.
         htod_async(src.ptr(), &data, ps.0);
         peer.cuda_ring_send(src.ptr(), l, ps.0, i as u64, T).unwrap();
@@ -61,7 +61,7 @@ fn gpu_ring_backpressure_and_timeouts() {
     let (child, peer) = spawn("ring_recv", &[], None, PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() });
     let src = DeviceBuffer::alloc(0, 64 << 10).unwrap();
     let l = Layout::contiguous(DType::UInt8, &[64 << 10]).unwrap();
-    htod(src.ptr(), &pattern(64 << 10, 3));
+    htod(src.ptr(), &pattern(3, 64 << 10));
     // Nobody receives: two messages fill the slots, the third times out before its first
     // chunk and leaves the ring usable.
     peer.cuda_ring_send(src.ptr(), &l, CudaStream::LEGACY, 0, T).unwrap();
@@ -85,7 +85,7 @@ fn gpu_ring_backpressure_and_timeouts() {
     }
     for i in 2..8u64 {
         let r = unwords(&recv_msg(&peer));
-        assert_eq!((r[0], r[1]), (i, fnv1a(&pattern(64 << 10, 3))));
+        assert_eq!((r[0], r[1]), (i, fnv1a(&pattern(3, 64 << 10))));
     }
     peer.send_message(&words(&[DONE]), &[]).unwrap();
     let mut child = child;
@@ -110,7 +110,7 @@ fn gpu_ring_slot_reuse_waits_for_the_consumers_copy_out() {
     let srcs: Vec<DeviceBuffer> = (0..msgs).map(|_| DeviceBuffer::alloc(0, n as u64).unwrap()).collect();
     let l = Layout::contiguous(DType::UInt8, &[n as i64]).unwrap();
     for (i, src) in srcs.iter().enumerate() {
-        htod(src.ptr(), &pattern(n, 100 + i as u8));
+        htod(src.ptr(), &pattern(100 + i as u8, n));
     }
     // All messages back to back, no reply awaited in between.
     for (i, src) in srcs.iter().enumerate() {
@@ -119,7 +119,7 @@ fn gpu_ring_slot_reuse_waits_for_the_consumers_copy_out() {
     for i in 0..msgs {
         let r = unwords(&recv_msg(&peer));
         assert_eq!(r[0], i);
-        assert_eq!(r[1], fnv1a(&pattern(n, 100 + i as u8)), "message {i}: a slot was overwritten before the consumer copied it out");
+        assert_eq!(r[1], fnv1a(&pattern(100 + i as u8, n)), "message {i}: a slot was overwritten before the consumer copied it out");
     }
     peer.send_message(&words(&[DONE]), &[]).unwrap();
     let mut child = child;
@@ -177,7 +177,7 @@ fn injected_producer_failures_are_named_and_leave_the_connection_usable() {
             Incoming::CudaTensor(t) => {
                 t.wait_on(cs.0).unwrap();
                 let got = dtoh_on(t.storage_ptr(), 4096, cs.0);
-                assert_eq!(fnv1a(&got), fnv1a(&pattern(4096, t.tag() as u8)), "export {}", t.tag());
+                assert_eq!(fnv1a(&got), fnv1a(&pattern(t.tag() as u8, 4096)), "export {}", t.tag());
                 tensors.push(t.tag());
                 t.release_after(cs.0).unwrap();
             }
@@ -187,7 +187,7 @@ fn injected_producer_failures_are_named_and_leave_the_connection_usable() {
                         let (tag, desc) = peer.cuda_ring_recv(T).unwrap();
                         let dst = DeviceBuffer::alloc(0, desc.storage.nbytes).unwrap();
                         peer.cuda_ring_recv_finish(dst.ptr(), desc.storage.nbytes, cs.0, T).unwrap();
-                        assert_eq!(fnv1a(&dtoh_on(dst.ptr(), 8192, cs.0)), fnv1a(&pattern(8192, tag as u8)), "ring message {tag}");
+                        assert_eq!(fnv1a(&dtoh_on(dst.ptr(), 8192, cs.0)), fnv1a(&pattern(tag as u8, 8192)), "ring message {tag}");
                         ring_msgs.push(tag);
                     }
                 }
@@ -219,7 +219,7 @@ fn gpu_ring_consumer_that_dies_mid_message_gives_the_producer_peer_gone() {
     let ring = CudaRingConfig { device: 0, slots: 2, slot_bytes: 16 << 10 };
     let (mut child, peer) = spawn("ring_recv", &[], None, PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() });
     let src = DeviceBuffer::alloc(0, 8 * (16 << 10)).unwrap();
-    htod(src.ptr(), &pattern(8 * (16 << 10), 1));
+    htod(src.ptr(), &pattern(1, 8 * (16 << 10)));
     let l = Layout::contiguous(DType::UInt8, &[8 * (16 << 10)]).unwrap();
     peer.send_message(&words(&[RING_DIE]), &[]).unwrap();
     let t0 = Instant::now();
@@ -249,7 +249,7 @@ fn gpu_ring_streams_ten_thousand_messages_with_discards() {
     let mut want = 0u64;
     for i in 0..N {
         let n = 64 + (i as usize * 37) % 4000;
-        let data = pattern(n, i as u8);
+        let data = pattern(i as u8, n);
         let src = &srcs[i as usize % 2];
         htod_async(src.ptr(), &data, ps.0);
         let l = Layout::contiguous(DType::UInt8, &[n as i64]).unwrap();

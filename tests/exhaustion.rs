@@ -5,29 +5,25 @@
 //! lease or mapping behind, and leave the connection usable; never a panic, abort or hang.
 
 use std::os::fd::OwnedFd;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensorwire::{DType, Error, ExportOptions, Layout, Peer, PeerConfig, RingItem, SharedTensor};
 
-const CHILD_ENV: &str = "TENSORWIRE_EXHAUSTION_CHILD";
 const T: Duration = Duration::from_secs(10);
 
 /// Run `body` in a fresh child process (this test binary, only this test), so the limit
 /// it sets cannot disturb other tests. The parent waits at most 60 s.
 fn in_child(name: &str, body: impl FnOnce()) {
-    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+    if tensorwire_test_support::role().as_deref() == Some(name) {
         body();
         return;
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, name)
+    let mut child = tensorwire_test_support::RoleCommand::new(name)
+        .test(name)
         // The child's own "test result" line would be counted as another test run.
         .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn();
     let end = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(st) = child.try_wait().unwrap() {

@@ -13,15 +13,15 @@
 #[path = "../tests/support/netns.rs"]
 mod netns;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tensorwire_remote::ExportBlob;
 use tensorwire_remote::ucx::{Exporter, Importer};
+use tensorwire_test_support::{Lines, RoleCommand, hear, hex, role, say, unhex};
 
-const ROLE: &str = "TW_REMOTE_BENCH_ROLE";
 
 fn sizes() -> Vec<usize> {
     let mut s = vec![4 << 10, 1 << 20, 64 << 20];
@@ -31,14 +31,6 @@ fn sizes() -> Vec<usize> {
     s
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
-}
 
 /// Exports every size, serves the same bytes on a socket (one index byte in, that many
 /// bytes out), until the client hangs up.
@@ -50,12 +42,10 @@ fn server() {
         .iter()
         .map(|&n| (0..n).map(|i| i as u8).collect())
         .collect();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", listener.local_addr().unwrap().port()).unwrap();
+    say(&listener.local_addr().unwrap().port().to_string());
     for d in &data {
-        writeln!(out, "{}", hex(&scope.export(d.clone()).unwrap().encode())).unwrap();
+        say(&hex(&scope.export(d.clone()).unwrap().encode()));
     }
-    out.flush().unwrap();
     let (mut s, _) = listener.accept().unwrap();
     s.set_nodelay(true).unwrap();
     let mut idx = [0u8; 1];
@@ -74,13 +64,8 @@ fn client() {
     let link = std::env::var("TW_BENCH_LINK").unwrap();
     let host = std::env::var("TW_BENCH_HOST").unwrap();
     let budget: usize = std::env::var("TW_BENCH_BYTES").unwrap().parse().unwrap();
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    let port: u16 = lines.next().unwrap().unwrap().trim().parse().unwrap();
-    let blobs: Vec<ExportBlob> = sizes()
-        .iter()
-        .map(|_| ExportBlob::decode(&unhex(lines.next().unwrap().unwrap().trim())).unwrap())
-        .collect();
+    let port: u16 = hear().unwrap().parse().unwrap();
+    let blobs: Vec<ExportBlob> = sizes().iter().map(|_| ExportBlob::decode(&unhex(&hear().unwrap())).unwrap()).collect();
     let importer = Importer::new().unwrap();
     let mut sock = TcpStream::connect((host.as_str(), port)).unwrap();
     sock.set_nodelay(true).unwrap();
@@ -128,46 +113,38 @@ fn client() {
 /// Runs a server and a client (each optionally inside a namespace) and relays the server's
 /// port and blobs to the client.
 fn run(link: &str, pair: Option<&netns::Pair>, budget: usize) {
-    let exe = std::env::current_exe().unwrap();
-    let cmd = |side: usize| match pair {
-        Some(p) => p.command(side, &exe),
-        None => Command::new(&exe),
+    let exe = RoleCommand::program();
+    // This bench binary as `role` on `side` (in its namespace, if any).
+    let spawn = |side: usize, role: RoleCommand| {
+        let mut cmd = match pair {
+            Some(p) => p.command(side, &exe),
+            None => Command::new(&exe),
+        };
+        let dev = pair.map_or("lo".to_string(), |p| p.dev[side].clone());
+        role.env("UCX_TLS", "tcp").env("UCX_NET_DEVICES", dev).apply(&mut cmd);
+        cmd.spawn().unwrap()
     };
-    let dev = |side: usize| pair.map_or("lo".to_string(), |p| p.dev[side].clone());
-    let mut srv = cmd(0)
-        .env(ROLE, "server")
-        .env("UCX_TLS", "tcp")
-        .env("UCX_NET_DEVICES", dev(0))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut cli = cmd(1)
-        .env(ROLE, "client")
-        .env("UCX_TLS", "tcp")
-        .env("UCX_NET_DEVICES", dev(1))
+    let mut srv = Lines::new(spawn(0, RoleCommand::new("server").stdout(Stdio::piped())));
+    let client = RoleCommand::new("client")
         .env("TW_BENCH_LINK", link)
         .env("TW_BENCH_HOST", pair.map_or("127.0.0.1", |p| p.ip[0]))
         .env("TW_BENCH_BYTES", budget.to_string())
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut rx = BufReader::new(srv.stdout.take().unwrap());
+        .stdin(Stdio::piped());
+    let mut cli = spawn(1, client);
     let mut tx = cli.stdin.take().unwrap();
     for _ in 0..1 + sizes().len() {
-        let mut l = String::new();
-        rx.read_line(&mut l).unwrap();
-        tx.write_all(l.as_bytes()).unwrap();
+        let l = srv.recv().expect("the server ended before its port and blobs");
+        writeln!(tx, "{l}").unwrap();
     }
     drop(tx);
     assert!(cli.wait().unwrap().success(), "{link}: the client failed");
-    let _ = srv.kill();
-    let _ = srv.wait();
+    srv.kill();
 }
 
 fn main() {
-    match std::env::var(ROLE).as_deref() {
-        Ok("server") => return server(),
-        Ok("client") => return client(),
+    match role().as_deref() {
+        Some("server") => return server(),
+        Some("client") => return client(),
         _ => {}
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

@@ -15,7 +15,7 @@ const BIG: usize = 256 << 20;
 
 #[test]
 fn child_roles() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some(role) = role() else {
         return;
     };
     match role.as_str() {
@@ -90,7 +90,7 @@ fn importer_killed(tls: &str) {
     let baseline = transport_fds();
     let scope = exporter.scope().unwrap();
     let blob = scope.export(pattern(1, BIG)).unwrap();
-    let mut peer = Peer::spawn("child_roles", "importer_loop", tls);
+    let mut peer = spawn_peer("child_roles", "importer_loop", tls);
     peer.send(&hex(&blob.encode()));
     assert_eq!(peer.recv().as_deref(), Some("started"));
     std::thread::sleep(Duration::from_millis(100));
@@ -106,7 +106,7 @@ fn importer_killed(tls: &str) {
     // The exporter still serves a new importer.
     let scope = exporter.scope().unwrap();
     let blob = scope.export(pattern(2, 1 << 20)).unwrap();
-    let mut peer = Peer::spawn("child_roles", "importer_once", tls);
+    let mut peer = spawn_peer("child_roles", "importer_once", tls);
     peer.send(&format!("2 {}", hex(&blob.encode())));
     assert_eq!(
         peer.recv().as_deref(),
@@ -127,7 +127,7 @@ fn importer_killed(tls: &str) {
 fn exporter_killed(tls: &'static str, timeout: Duration) {
     let importer = Importer::with_options(&[("TLS", tls)]).unwrap();
     let baseline = transport_fds();
-    let mut peer = Peer::spawn("child_roles", "exporter", tls);
+    let mut peer = spawn_peer("child_roles", "exporter", tls);
     let blob = ExportBlob::decode(&unhex(&peer.recv().unwrap())).unwrap();
     let pid = peer.child.id() as i32;
     let killer = std::thread::spawn(move || {
@@ -165,7 +165,7 @@ fn exporter_killed(tls: &'static str, timeout: Duration) {
 
 #[test]
 fn either_side_killed_mid_transfer() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     importer_killed("tcp");

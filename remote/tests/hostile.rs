@@ -13,7 +13,7 @@ use tensorwire_remote::{BlobError, ExportBlob, ImportError};
 
 #[test]
 fn child_roles() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some(role) = role() else {
         return;
     };
     match role.as_str() {
@@ -52,7 +52,7 @@ fn import(importer: &Importer, blob: &ExportBlob) -> Result<Vec<u8>, ImportError
 /// each is a named error from the exporter, which serves the genuine blob afterwards.
 #[test]
 fn forged_requests_are_named_errors() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
@@ -112,7 +112,7 @@ fn forged_requests_are_named_errors() {
 /// random bytes behind a valid version are a named error, never a crash.
 #[test]
 fn forged_worker_addresses() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
@@ -158,10 +158,10 @@ fn forged_worker_addresses() {
 /// completes at its own pace.
 #[test]
 fn a_stalled_exporter_delays_no_other_import() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
-    let mut stalled = Peer::spawn("child_roles", "exporter", "tcp");
+    let mut stalled = spawn_peer("child_roles", "exporter", "tcp");
     let stalled_blob = ExportBlob::decode(&unhex(&stalled.recv().unwrap())).unwrap();
     let healthy = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
     let scope = healthy.scope().unwrap();
@@ -356,7 +356,7 @@ mod raw_rma {
 
 #[test]
 fn one_sided_gets_at_the_exporter_read_nothing() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();

@@ -17,7 +17,7 @@ const SIZES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
 /// before each import, so the exporter can act while the get is in flight.
 #[test]
 fn child_roles() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some(role) = role() else {
         return;
     };
     match role.as_str() {
@@ -50,7 +50,7 @@ fn child_roles() {
 fn round_trip(tls: &str) {
     let exporter = Exporter::with_options(&[("TLS", tls)]).unwrap();
     let scope = exporter.scope().unwrap();
-    let mut peer = Peer::spawn("child_roles", "importer", tls);
+    let mut peer = spawn_peer("child_roles", "importer", tls);
     for (i, &size) in SIZES.iter().enumerate() {
         let seed = i as u8 + 1;
         let blob = scope.export(pattern(seed, size)).unwrap();
@@ -80,7 +80,7 @@ fn round_trip(tls: &str) {
 
 #[test]
 fn round_trip_tcp() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     round_trip("tcp");
@@ -88,7 +88,7 @@ fn round_trip_tcp() {
 
 #[test]
 fn round_trip_shared_memory() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     round_trip("sm,self");
@@ -97,7 +97,7 @@ fn round_trip_shared_memory() {
 /// A release names its scope: one connection cannot release another's export.
 #[test]
 fn release_is_scoped() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
@@ -136,13 +136,13 @@ impl Drop for PoisonOnDrop {
 /// is out: the importer reads the bytes it was exported.
 #[test]
 fn release_during_a_send_keeps_the_storage_until_it_is_out() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     const N: usize = 128 << 20;
     let exporter = Exporter::with_options(&[("TLS", "tcp")]).unwrap();
     let scope = exporter.scope().unwrap();
-    let mut peer = Peer::spawn("child_roles", "announcing_importer", "tcp");
+    let mut peer = spawn_peer("child_roles", "announcing_importer", "tcp");
     // A first small import: the importer's endpoint is up before the timed one.
     let warm = scope.export(pattern(1, 4096)).unwrap();
     peer.send(&format!("1 {}", hex(&warm.encode())));

@@ -16,7 +16,7 @@ use tensorwire_remote::ucx::{Exporter, Importer};
 
 #[test]
 fn child_roles() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some(role) = role() else {
         return;
     };
     match role.as_str() {
@@ -81,9 +81,8 @@ fn child_roles() {
 }
 
 fn spawn(pair: &Pair, side: usize, role: &str) -> Peer {
-    let exe = std::env::current_exe().unwrap();
-    Peer::spawn_with(
-        pair.command(side, &exe),
+    spawn_peer_with(
+        pair.command(side, &tensorwire_test_support::RoleCommand::program()),
         "child_roles",
         role,
         "tcp",
@@ -98,7 +97,7 @@ fn ask(p: &mut Peer, line: &str) -> String {
 
 #[test]
 fn across_a_veth_pair() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let pair = match Pair::make("t", true) {

@@ -26,12 +26,13 @@
 //! warm-up each. A cell that cannot be measured says why.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensorwire_rpc::*;
+use tensorwire_test_support::{Lines, RoleCommand, role, say};
 
 const SIZES: [usize; 4] = [4 << 10, 1 << 20, 64 << 20, 1 << 30];
 const DEFAULT_REPS: [usize; 4] = [200, 50, 8, 3];
@@ -40,7 +41,6 @@ const DEFAULT_REPS: [usize; 4] = [200, 50, 8, 3];
 /// `max_frame` / `max_values`, so it is measured up to 1 MiB only (and with `max_values`
 /// raised: by default 1 MiB of uint8 is already refused).
 const INLINE_MAX: usize = 1 << 20;
-const ROLE: &str = "TW_BENCH_ROLE";
 const COLUMNS: [&str; 5] = ["tcp: UCX", "tcp: inline TensorValue", "tcp: socket copy", "sm: UCX", "sm: memfd (Unix socket)"];
 
 fn size_name(n: usize) -> String {
@@ -81,7 +81,7 @@ fn serve() -> ! {
     let _ = std::fs::remove_file(&path);
     let unix = Server::bind(path.to_str().unwrap(), registry(), cfg).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    println!("@{} {} {}", tcp.local_addr(), path.display(), listener.local_addr().unwrap().port());
+    say(&format!("{} {} {}", tcp.local_addr(), path.display(), listener.local_addr().unwrap().port()));
     std::thread::spawn(move || tcp.serve_forever());
     std::thread::spawn(move || unix.serve_forever());
     std::thread::spawn(move || {
@@ -182,51 +182,47 @@ fn client(group: &str, server: &str, reps: [usize; 4]) {
     }
 }
 
-fn spawn(role: &str, tls: &str, extra: &[(&str, &str)], args: &[String]) -> (Child, BufReader<std::process::ChildStdout>) {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(args).env(ROLE, role).env("UCX_TLS", tls).stdin(Stdio::piped()).stdout(Stdio::piped());
-    for (k, v) in extra {
-        c.env(k, v);
-    }
-    let mut child = c.spawn().unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    (child, out)
+/// This bench binary as a child playing `role`, its stdin and stdout piped.
+fn spawn(role: &str, tls: &str, extra: &[(&str, &str)], args: &[String]) -> Lines {
+    let child = RoleCommand::new(role)
+        .args(args)
+        .env("UCX_TLS", tls)
+        .envs(extra.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn();
+    Lines::new(child)
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a.parse::<usize>().is_ok()).collect();
     let reps = args.first().and_then(|a| a.parse().ok()).map_or(DEFAULT_REPS, |r: usize| [r.max(1); 4]);
-    match std::env::var(ROLE).as_deref() {
-        Ok("server") => serve(),
-        Ok(group) => {
+    match role().as_deref() {
+        Some("server") => serve(),
+        Some(group) => {
             let server = std::env::var("TW_BENCH_SERVER").unwrap();
             client(group, &server, reps);
             return;
         }
-        Err(_) => {}
+        None => {}
     }
     let mut cells: Vec<Vec<String>> = vec![vec!["—".to_string(); COLUMNS.len()]; SIZES.len()];
     let started = Instant::now();
     for (group, tls) in [("tcp", "tcp"), ("sm", "sm,self")] {
-        let (mut server, mut sout) = spawn("server", tls, &[], &[]);
-        let mut line = String::new();
-        while !line.starts_with('@') {
-            line.clear();
-            assert!(sout.read_line(&mut line).unwrap() > 0, "the server ended");
-        }
-        let addr = line.trim()[1..].to_string();
-        let (mut client, cout) = spawn(group, tls, &[("TW_BENCH_SERVER", &addr)], &args);
-        drop(client.stdin.take());
-        for l in cout.lines() {
+        let mut server = spawn("server", tls, &[], &[]);
+        let addr = server.recv().expect("the server ended");
+        let mut client = spawn(group, tls, &[("TW_BENCH_SERVER", &addr)], &args);
+        client.close();
+        for l in (&mut client.rx).lines() {
             let l = l.unwrap();
             let Some(rest) = l.strip_prefix('#') else { continue };
             let mut f = rest.splitn(3, ' ');
             let (i, c, text) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
             cells[i.parse::<usize>().unwrap()][c.parse::<usize>().unwrap()] = text.to_string();
         }
-        assert!(client.wait().unwrap().success(), "the {group} client failed");
-        drop(server.stdin.take());
-        let _ = server.wait();
+        assert!(client.child.wait().unwrap().success(), "the {group} client failed");
+        server.close();
+        let _ = server.child.wait();
     }
     println!("p50 / p90 of each call's time (GB/s at p50); reps {reps:?}; {:.0} s in all", started.elapsed().as_secs_f64());
     println!("| size | {} |", COLUMNS.join(" | "));

@@ -14,6 +14,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tensorwire_rpc::*;
+use tensorwire_test_support::{RoleCommand, role};
 
 const TARGET: f64 = 20.0;
 
@@ -64,15 +65,15 @@ fn py_round(py: &std::path::Path, n: usize, lat: &mut Vec<f64>) {
 }
 
 fn main() {
-    if let Ok(p) = std::env::var("TW_RPC_BENCH_SERVE") {
-        serve(&p);
+    if role().as_deref() == Some("server") {
+        serve(&std::env::var("TW_RPC_BENCH_SOCKET").expect("the server's socket path"));
     }
     let mut nums = std::env::args().skip(1).filter_map(|a| a.parse::<usize>().ok());
     let n = nums.next().unwrap_or(30_000);
     let rounds = nums.next().unwrap_or(3).max(1);
     let path = std::env::temp_dir().join(format!("tw-rpc-bench-{}.sock", std::process::id())).display().to_string();
     let _ = std::fs::remove_file(&path);
-    let mut child = Command::new(std::env::current_exe().unwrap()).env("TW_RPC_BENCH_SERVE", &path).spawn().unwrap();
+    let mut child = RoleCommand::new("server").env("TW_RPC_BENCH_SOCKET", &path).spawn();
     let deadline = Instant::now() + Duration::from_secs(10);
     let ep = loop {
         let spin = std::env::var("TW_RPC_SPIN_US").ok().and_then(|s| s.parse().ok()).map(Duration::from_micros);

@@ -7,14 +7,16 @@
 //!     cargo bench -p tensorwire-rpc --bench worker [-- CALLS [STARTS]]
 //!
 //! CALLS: calls per side (default 20000); STARTS: cold starts and warm hand-outs (default
-//! 30). The worker is this bench binary run again with `TW_BENCH_WORKER` set.
+//! 30). The worker is this bench binary run again as the child role `worker`
+//! (`tensorwire_test_support::RoleCommand`).
 
 use std::time::{Duration, Instant};
 use tensorwire_rpc::worker;
 use tensorwire_rpc::*;
+use tensorwire_test_support::{ROLE_ENV, RoleCommand, role};
 
 fn serve_if_worker() {
-    if std::env::var_os("TW_BENCH_WORKER").is_none() {
+    if role().as_deref() != Some("worker") {
         return;
     }
     let reg = Registry::new();
@@ -28,7 +30,7 @@ fn serve_if_worker() {
 }
 
 fn spec() -> WorkerSpec {
-    WorkerSpec::new(std::env::current_exe().unwrap()).env("TW_BENCH_WORKER", "1").native_tensors(false)
+    WorkerSpec::new(RoleCommand::program()).env(ROLE_ENV, "worker").native_tensors(false)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {

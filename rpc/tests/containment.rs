@@ -8,8 +8,10 @@
 //! succeed, which is what shows that each refusal is the sandbox's. Run as root, and
 //! (from root) again with the supervisor as an unprivileged user.
 //!
-//! Every process is this test binary: a worker is `worker_entry` with `TW_CONTAIN_ROLE`
-//! set; the unprivileged run and the supervisor-death test run `supervisor_entry`.
+//! Every process is this test binary in a child role
+//! (`tensorwire_test_support::RoleCommand`): a worker is `worker_entry` as `attacker`; the
+//! unprivileged run and the supervisor-death test run `supervisor_entry` as
+//! `supervisor <mode>`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -19,15 +21,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tensorwire_rpc::worker::{self, Sandbox};
 use tensorwire_rpc::*;
+use tensorwire_test_support::{RoleCommand, role};
 
-const ROLE: &str = "TW_CONTAIN_ROLE";
 const SECRET: &str = "TW_CONTAIN_TEST_SECRET";
 const LEAKED_FD: i32 = 900;
 
 fn spec() -> WorkerSpec {
-    WorkerSpec::new(std::env::current_exe().unwrap())
-        .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
-        .env(ROLE, "attacker")
+    let child = RoleCommand::new("attacker").test("worker_entry").quiet();
+    child
+        .vars()
+        .into_iter()
+        .fold(WorkerSpec::new(RoleCommand::program()).args(child.argv()), |s, (k, v)| s.env(k, v))
         .handshake_timeout(Duration::from_secs(30))
         .call_timeout(Duration::from_secs(30))
 }
@@ -273,7 +277,7 @@ fn int80() -> String {
 
 #[test]
 fn worker_entry() {
-    if std::env::var(ROLE).is_err() {
+    if role().as_deref() != Some("attacker") {
         return;
     }
     let reg = Registry::new();
@@ -483,12 +487,13 @@ fn nothing_outlives_a_drop() {
     nothing_outlives("drop");
 }
 
-/// A supervisor process (`TW_CONTAIN_SUPERVISOR`): `escapee <name>` starts a sandboxed
+/// A supervisor process (role `supervisor <mode>`): `escapee <name>` starts a sandboxed
 /// worker that starts a named grandchild, says READY and waits to be killed; `suite` runs
 /// the escape suite (the unprivileged run) and exits 0 only if nothing escaped.
 #[test]
 fn supervisor_entry() {
-    let Ok(mode) = std::env::var("TW_CONTAIN_SUPERVISOR") else { return };
+    let Some(mode) = role() else { return };
+    let mode = mode.strip_prefix("supervisor ").unwrap_or_else(|| panic!("not a supervisor role: {mode:?}"));
     let _one = serial();
     if mode == "suite" {
         let results = suite();
@@ -511,9 +516,7 @@ fn supervisor_entry() {
 }
 
 fn supervisor(mode: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["supervisor_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"]).env("TW_CONTAIN_SUPERVISOR", mode);
-    c
+    RoleCommand::new(&format!("supervisor {mode}")).test("supervisor_entry").quiet().command()
 }
 
 #[test]

@@ -12,16 +12,16 @@
 
 use cudarc::driver::sys;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tensorwire::cuda::CudaStream;
 use tensorwire::cuda::driver::{DeviceBuffer, call, ensure_context};
 use tensorwire::{DType, Layout};
 use tensorwire_rpc::*;
+use tensorwire_test_support::{RoleCommand, pattern, role, wait_until};
 
-const ROLE_ENV: &str = "TW_RPC_CUDA_ROLE";
 const FD_ENV: &str = "TW_RPC_CUDA_FD";
 /// No server child outlives this, whatever the parent does.
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
@@ -88,11 +88,6 @@ fn dtoh_on(dptr: u64, n: usize, stream: usize) -> Vec<u8> {
     v
 }
 
-/// Byte i is `(i * 31 + seed) % 251`.
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| ((i * 31 + seed as usize) % 251) as u8).collect()
-}
-
 fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
     (got.len() != want.len()).then_some(got.len().min(want.len())).or_else(|| got.iter().zip(want).position(|(a, b)| a != b))
 }
@@ -113,14 +108,6 @@ impl Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         self.alive.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -146,13 +133,13 @@ fn server_registry() -> Registry {
             t.wait_on(CudaStream(s))?;
             let n = t.storage_nbytes() as usize;
             let got = dtoh_on(t.storage_ptr().get(), n, s);
-            if let Some(i) = first_difference(&got, &pattern(n, seed)) {
+            if let Some(i) = first_difference(&got, &pattern(seed, n)) {
                 return Err(RpcError::Remote(format!("server read other bytes than the client wrote, first at byte {i}")));
             }
             let l = t.layout();
             let owner = Counted::alloc(n as u64, &answers());
             let ptr = owner._buf.ptr();
-            htod_queued(ptr.get(), &pattern(n, seed.wrapping_add(1)), s);
+            htod_queued(ptr.get(), &pattern(seed.wrapping_add(1), n), s);
             let u = CudaTensor::new(ptr.get(), n as u64, l, 0, s, owner)?;
             let ints = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
             Ok(Value::Array(vec![Tensor::Cuda(Arc::new(u)).into(), ints(l.sizes()), ints(l.strides()), Value::Int(l.storage_offset)]))
@@ -178,7 +165,7 @@ fn server_registry() -> Registry {
 #[ignore = "entry point of the server child process"]
 fn child_entry() {
     let Ok(fd) = std::env::var(FD_ENV) else { return };
-    assert_eq!(std::env::var(ROLE_ENV).as_deref(), Ok("server"));
+    assert_eq!(role().as_deref(), Some("server"));
     std::thread::spawn(|| {
         std::thread::sleep(CHILD_DEADLINE);
         std::process::exit(3);
@@ -197,12 +184,9 @@ struct Server {
 impl Server {
     fn spawn() -> Server {
         let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        let mut cmd = RoleCommand::new("server").test("child_entry").stdout(Stdio::null()).command();
         let fd = tensorwire::os::inherit_in_child(&mut cmd, std::os::fd::AsFd::as_fd(&theirs));
-        cmd.args(["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-            .env(ROLE_ENV, "server")
-            .env(FD_ENV, fd.to_string())
-            .stdout(Stdio::null());
+        cmd.env(FD_ENV, fd.to_string());
         let child = cmd.spawn().unwrap();
         drop(theirs);
         let ep = Endpoint::from_fd(mine.into(), Registry::new(), RpcConfig::default()).unwrap();
@@ -241,7 +225,7 @@ fn cuda_call_both_ways_then_leases_back() {
         let seed = 10 * round + 1;
         let owner = Counted::alloc(n, &alive);
         let ptr = owner._buf.ptr();
-        htod_queued(ptr.get(), &pattern(n as usize, seed), s);
+        htod_queued(ptr.get(), &pattern(seed, n as usize), s);
         let t = CudaTensor::new(ptr.get(), n, view, 0, s, owner).unwrap();
         let r = srv.ep.call("gpu", "check", vec![Tensor::Cuda(Arc::new(t)).into(), Value::Int(seed.into())]).unwrap();
         // The handler has returned and our value is gone: the lease comes back.
@@ -255,7 +239,7 @@ fn cuda_call_both_ways_then_leases_back() {
         assert_eq!(u.device(), 0);
         u.wait_on(CudaStream(s)).unwrap();
         let got = dtoh_on(u.storage_ptr().get(), u.storage_nbytes() as usize, s);
-        assert_eq!(first_difference(&got, &pattern(n as usize, seed + 1)), None, "round {round}: the client read other bytes than the server wrote");
+        assert_eq!(first_difference(&got, &pattern(seed + 1, n as usize)), None, "round {round}: the client read other bytes than the server wrote");
         assert_eq!(srv.int("answers_alive"), 1, "the server's answer must stay alive while the client holds it");
         drop(r);
         wait_until("the server's lease back after the client dropped the answer", Duration::from_secs(10), || srv.int("answers_alive") == 0);
@@ -327,7 +311,7 @@ fn cuda_unavailable_without_a_driver() {
 #[test]
 #[ignore = "entry point of the sandboxed worker process"]
 fn sandboxed_worker_entry() {
-    if std::env::var(ROLE_ENV).as_deref() != Ok("sandboxed") {
+    if role().as_deref() != Some("sandboxed") {
         return;
     }
     let r = tensorwire_rpc::worker::serve(server_registry(), RpcConfig::default());
@@ -344,9 +328,11 @@ fn cuda_through_a_sandboxed_worker() {
     if !gpu("cuda_through_a_sandboxed_worker") {
         return;
     }
-    let mut spec = WorkerSpec::new(std::env::current_exe().unwrap())
-        .args(["sandboxed_worker_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1", "--quiet"])
-        .env(ROLE_ENV, "sandboxed")
+    let child = RoleCommand::new("sandboxed").test("sandboxed_worker_entry").quiet();
+    let mut spec = child
+        .vars()
+        .into_iter()
+        .fold(WorkerSpec::new(RoleCommand::program()).args(child.argv()), |s, (k, v)| s.env(k, v))
         .native_tensors(true)
         .handshake_timeout(Duration::from_secs(30))
         .call_timeout(Duration::from_secs(30))
@@ -368,7 +354,7 @@ fn cuda_through_a_sandboxed_worker() {
         let seed = 7 * round + 3;
         let owner = Counted::alloc(n, &alive);
         let ptr = owner._buf.ptr();
-        htod_queued(ptr.get(), &pattern(n as usize, seed), s);
+        htod_queued(ptr.get(), &pattern(seed, n as usize), s);
         let t = CudaTensor::new(ptr.get(), n, view, 0, s, owner).unwrap();
         let r = w.call("gpu", "check", vec![Tensor::Cuda(Arc::new(t)).into(), Value::Int(seed.into())]);
         if std::env::var_os("SIMCUDA_NO_HOST_REGISTER").is_some() {
@@ -388,7 +374,7 @@ fn cuda_through_a_sandboxed_worker() {
         assert_eq!(u.layout(), view);
         u.wait_on(CudaStream(s)).unwrap();
         let got = dtoh_on(u.storage_ptr().get(), u.storage_nbytes() as usize, s);
-        assert_eq!(first_difference(&got, &pattern(n as usize, seed + 1)), None, "round {round}: the host read other bytes than the worker wrote");
+        assert_eq!(first_difference(&got, &pattern(seed + 1, n as usize)), None, "round {round}: the host read other bytes than the worker wrote");
         drop(r);
         wait_until("the worker's lease back after the host dropped the answer", Duration::from_secs(10), || {
             w.call("gpu", "answers_alive", vec![]).unwrap() == Value::Int(0)

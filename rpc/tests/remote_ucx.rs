@@ -1,5 +1,5 @@
 //! Remote tensors over loopback TCP (feature `ucx`), between real processes: this test
-//! binary re-runs itself as a server (`TW_RPC_REMOTE_ROLE=server`) or as a client that
+//! binary re-runs itself as a server (child role `server`) or as a client that
 //! holds an export and is then killed (`holder`). UCX takes its transports from the
 //! environment; the test command runs this with `UCX_TLS=tcp`.
 //!
@@ -17,17 +17,12 @@
 //! - an importer SIGKILLed mid-transfer leaves no export behind.
 #![cfg(feature = "ucx")]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::time::{Duration, Instant};
 use tensorwire_rpc::*;
-
-const ROLE: &str = "TW_RPC_REMOTE_ROLE";
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_shr(13) as u8 ^ seed).collect()
-}
+use tensorwire_test_support::{Lines, RoleCommand, pattern, role, say};
 
 /// `got == want` for byte buffers, reported by the first difference (not the whole buffer).
 fn same(got: &[u8], want: &[u8], what: &str) {
@@ -94,7 +89,7 @@ fn serve() -> ! {
     )
     .unwrap();
     let server = Server::bind("tcp://127.0.0.1:0", reg, cfg).unwrap();
-    println!("@{}", server.local_addr());
+    say(&server.local_addr().to_string());
     std::thread::spawn(move || server.serve_forever());
     // Until the parent closes our stdin (or dies).
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
@@ -108,7 +103,7 @@ fn hold() -> ! {
     raw.hello();
     let (v, e) = raw.call("t", "make", vec![Value::Int(3), Value::Int(1 << 20)]);
     assert!(e.is_none() && is_remote(&v), "{v:?} {e:?}");
-    println!("@held");
+    say("held");
     std::thread::sleep(Duration::from_secs(60));
     std::process::exit(1);
 }
@@ -118,7 +113,7 @@ fn pull() -> ! {
     let ep = client(&std::env::var("TW_SERVER").unwrap(), true);
     assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
     ep.call("t", "make", vec![Value::Int(1), Value::Int(4096)]).unwrap();
-    println!("@pulling");
+    say("pulling");
     loop {
         ep.call("t", "make", vec![Value::Int(3), Value::Int(256 << 20)]).unwrap();
     }
@@ -130,23 +125,18 @@ fn lone_exporter() -> ! {
     let exporter = tensorwire_remote::ucx::Exporter::new().unwrap();
     let scope = exporter.scope().unwrap();
     let blob = scope.export(pattern(4, 1 << 20)).unwrap();
-    println!(
-        "@{} {} {}",
-        blob.export_id(),
-        base64::encode(blob.key()),
-        base64::encode(blob.worker_address())
-    );
+    say(&format!("{} {} {}", blob.export_id(), base64::encode(blob.key()), base64::encode(blob.worker_address())));
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     std::process::exit(0);
 }
 
 #[test]
 fn child_role() {
-    match std::env::var(ROLE).as_deref() {
-        Ok("server") => serve(),
-        Ok("holder") => hold(),
-        Ok("puller") => pull(),
-        Ok("lone_exporter") => lone_exporter(),
+    match role().as_deref() {
+        Some("server") => serve(),
+        Some("holder") => hold(),
+        Some("puller") => pull(),
+        Some("lone_exporter") => lone_exporter(),
         _ => {}
     }
 }
@@ -159,26 +149,16 @@ struct Proc {
 
 impl Proc {
     fn spawn(role: &str, env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["child_role", "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
+        let child = RoleCommand::new(role)
+            .test("child_role")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let stdin = child.stdin.take();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "{role} ended before its first line");
-            if let Some(at) = line.find('@') {
-                line = line.trim_end()[at + 1..].to_string();
-                break;
-            }
-        }
+            .stdout(Stdio::piped())
+            .spawn();
+        let mut io = Lines::new(child);
+        let line = io.recv().unwrap_or_else(|| panic!("{role} ended before its first line"));
+        // Only the first line is read: the rest of the child's stdout goes nowhere.
+        let Lines { child, tx: stdin, .. } = io;
         Proc { child, stdin, line }
     }
 
@@ -318,7 +298,7 @@ fn tensor_arg(seed: u8, n: usize) -> Value {
 
 #[test]
 fn tensors_travel_by_ucx_both_ways_and_are_released() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::server(true);
@@ -355,7 +335,7 @@ fn tensors_travel_by_ucx_both_ways_and_are_released() {
 
 #[test]
 fn a_peer_without_the_capability_gets_inline_bytes() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::server(true);
@@ -388,7 +368,7 @@ fn a_peer_without_the_capability_gets_inline_bytes() {
 
 #[test]
 fn exports_are_held_until_release_close_or_death() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::server(true);
@@ -425,7 +405,7 @@ fn exports_are_held_until_release_close_or_death() {
 
 #[test]
 fn hostile_remote_values_are_named_errors() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::server(true);
@@ -511,7 +491,7 @@ fn import_as(importer: &tensorwire_remote::ucx::Importer, id: u64, len: u64, key
 /// SIGSEGV when it was a one-sided get); the server serves on.
 #[test]
 fn a_hostile_importer_reads_only_its_own_exports() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     use tensorwire_remote::ImportError;
@@ -555,7 +535,7 @@ fn a_hostile_importer_reads_only_its_own_exports() {
 /// this connection's received tensors still hold, and frees as they drop.
 #[test]
 fn budgets_bound_what_a_peer_makes_us_allocate() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::spawn(
@@ -623,7 +603,7 @@ fn wait_stopped(pid: u32) {
 /// completes at once.
 #[test]
 fn a_stalled_exporter_delays_no_other_connection() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::spawn("server", &[("TW_REMOTE_ON", "1"), ("TW_IMPORT_TIMEOUT_S", "4")]);
@@ -678,7 +658,7 @@ fn a_stalled_exporter_delays_no_other_connection() {
 /// connection ends, the send to the dead peer fails), and the server serves on.
 #[test]
 fn an_importer_killed_mid_transfer_leaves_no_export() {
-    if std::env::var(ROLE).is_ok() {
+    if role().is_some() {
         return;
     }
     let server = Proc::server(true);

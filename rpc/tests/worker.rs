@@ -1,9 +1,10 @@
 //! Supervised workers across real processes: calls, output, per-call deadlines, crashes,
 //! death with the supervisor, limits, the sandbox, the warm pool and a hostile worker.
 //!
-//! Every worker is this test binary run again as `worker_entry` with `TW_WORKER_ROLE` set
-//! (and a supervisor process, for the tests that must kill or watch the supervisor, as
-//! `supervisor_entry`).
+//! Every worker is this test binary run again as `worker_entry` in a child role
+//! (`tensorwire_test_support::RoleCommand`; and a supervisor process, for the tests that
+//! must kill or watch the supervisor, as `supervisor_entry` in the role `supervisor
+//! <mode>`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -11,16 +12,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tensorwire_rpc::worker::{self, Captured};
 use tensorwire_rpc::*;
-
-const ROLE: &str = "TW_WORKER_ROLE";
+use tensorwire_test_support::{RoleCommand, role, wait_until};
 
 /// A worker of this binary in `role`. Every call has a deadline (tests that test
 /// deadlines set shorter ones): a call that never returns fails its test instead of
 /// hanging the run.
 fn spec(role: &str) -> WorkerSpec {
-    WorkerSpec::new(std::env::current_exe().unwrap())
-        .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
-        .env(ROLE, role)
+    let child = RoleCommand::new(role).test("worker_entry").quiet();
+    child
+        .vars()
+        .into_iter()
+        .fold(WorkerSpec::new(RoleCommand::program()).args(child.argv()), |s, (k, v)| s.env(k, v))
         .handshake_timeout(Duration::from_secs(30))
         .call_timeout(Duration::from_secs(60))
 }
@@ -32,14 +34,6 @@ fn int(v: &Value) -> i64 {
 fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
-}
-
-fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
-    let by = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < by, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The supervisor-side tests one at a time: they count this process's fds, and each
@@ -151,7 +145,7 @@ fn hostile(conn: i32, kind: &str) -> ! {
 
 #[test]
 fn worker_entry() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let Some(role) = role() else { return };
     let reg = Registry::new();
     let mut svc = service();
     if let Some(kind) = role.strip_prefix("hostile-") {
@@ -168,13 +162,14 @@ fn worker_entry() {
     std::process::exit(if r.is_ok() { 0 } else { 70 });
 }
 
-/// A supervisor process (`TW_SUPERVISOR`): `prefixed` starts a worker with
+/// A supervisor process (role `supervisor <mode>`): `prefixed` starts a worker with
 /// `Output::Prefixed("[w] ")` and has it say hello; `stuck` starts one that never reaches
 /// `serve` (as a worker still importing would), so only the kernel's parent-death signal
 /// can end it. Either prints the worker's pid, then waits to be killed.
 #[test]
 fn supervisor_entry() {
-    let Ok(mode) = std::env::var("TW_SUPERVISOR") else { return };
+    let Some(mode) = role() else { return };
+    let mode = mode.strip_prefix("supervisor ").unwrap_or_else(|| panic!("not a supervisor role: {mode:?}"));
     let pid = if mode == "prefixed" {
         let w = spec("plain").output(Output::Prefixed("[w] ".into())).spawn().unwrap();
         w.call("w", "say", vec!["hello from the worker".into()]).unwrap();
@@ -218,10 +213,8 @@ impl Drop for Supervisor {
 /// after as they come, and the worker's pid.
 fn supervisor(mode: &str) -> (Supervisor, Vec<String>, std::sync::mpsc::Receiver<String>, u32) {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["supervisor_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
-        .env("TW_SUPERVISOR", mode)
-        .stdout(Stdio::piped());
+    let mut cmd =
+        RoleCommand::new(&format!("supervisor {mode}")).test("supervisor_entry").quiet().stdout(Stdio::piped()).command();
     // SAFETY: prctl in the forked child before exec: async-signal-safe, no allocation.
     unsafe {
         cmd.pre_exec(|| {
@@ -349,13 +342,12 @@ fn a_crashed_worker_fails_its_calls_with_how_it_ended_and_is_replaced() {
 fn workers_started_and_ended_leave_no_fds_behind() {
     let _one = serial();
     let mut child = Supervisor(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["fd_check_entry", "--exact", "--nocapture", "--test-threads=1", "--quiet"])
-            .env("TW_FD_CHECK", "1")
+        RoleCommand::new("fd check")
+            .test("fd_check_entry")
+            .quiet()
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .spawn(),
     );
     let stderr = child.0.stderr.take().unwrap();
     let said = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
@@ -373,7 +365,7 @@ fn workers_started_and_ended_leave_no_fds_behind() {
 /// The fd check itself, run alone in a child process by the test above.
 #[test]
 fn fd_check_entry() {
-    if std::env::var_os("TW_FD_CHECK").is_none() {
+    if role().is_none() {
         return;
     }
     drop(spec("plain").spawn().unwrap()); // the spawner thread and its fds, once

@@ -13,6 +13,8 @@ use tensorwire::cuda::driver::{call, ensure_context};
 use tensorwire::cuda::{CudaStream, DevicePtr};
 
 pub use super::process::*;
+/// Patterned test bytes (`pattern(seed, len)`), as every crate's tests write them.
+pub use tensorwire_test_support::pattern;
 
 /// True if a CUDA driver with a device is loaded; otherwise says loudly that `test` was
 /// skipped (run the suite under `simcuda/run.sh`, or on a GPU machine).
@@ -129,7 +131,3 @@ pub fn sync(stream: CudaStream) {
     call("cuStreamSynchronize", || unsafe { sys::cuStreamSynchronize(raw(stream)) }).unwrap();
 }
 
-/// A patterned buffer: byte i is `(i * 31 + seed) % 251`.
-pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| ((i * 31 + seed as usize) % 251) as u8).collect()
-}

@@ -165,7 +165,7 @@ fn ring_stream(peer: &Peer, cs: &Stream, n: u64, every: u64) {
 pub fn child_ring_produce_die(peer: &Peer) {
     let slot = 64 << 10;
     let buf = DeviceBuffer::alloc(0, 8 * slot).unwrap();
-    htod(buf.ptr(), &pattern(8 * slot as usize, 9));
+    htod(buf.ptr(), &pattern(9, 8 * slot as usize));
     peer.send_message(&words(&[READY]), &[]).unwrap();
     let l = Layout::contiguous(DType::UInt8, &[8 * slot as i64]).unwrap();
     let _ = peer.cuda_ring_send(buf.ptr(), &l, CudaStream::LEGACY, 1, T);
@@ -182,7 +182,7 @@ pub fn child_fault_export(peer: &Peer) {
     let buf = DeviceBuffer::alloc(0, 8192).unwrap();
     let l = Layout::contiguous(DType::UInt8, &[4096]).unwrap();
     let export = |tag: u64| {
-        htod(buf.ptr(), &pattern(4096, tag as u8));
+        htod(buf.ptr(), &pattern(tag as u8, 4096));
         peer.export_cuda(buf.ptr(), 4096, &l, CudaStream::LEGACY, owner(&dropped), ExportOptions { tag, window: None })
     };
     let wait_lease = || {
@@ -198,11 +198,11 @@ pub fn child_fault_export(peer: &Peer) {
     let failed_owner_dropped = dropped.load(Ordering::SeqCst) == 2;
     peer.send_message(&words(&[RING, 2]), &[]).unwrap();
     let rl = Layout::contiguous(DType::UInt8, &[8192]).unwrap();
-    htod(buf.ptr(), &pattern(8192, 51));
+    htod(buf.ptr(), &pattern(51, 8192));
     peer.cuda_ring_send(buf.ptr(), &rl, CudaStream::LEGACY, 51, T).unwrap();
     let e = peer.cuda_ring_send(buf.ptr(), &rl, CudaStream::LEGACY, 52, T).unwrap_err().to_string();
     let ring_named = e.contains("cuMemcpyDtoDAsync") && e.contains("CUDA_ERROR_UNKNOWN");
-    htod(buf.ptr(), &pattern(8192, 53));
+    htod(buf.ptr(), &pattern(53, 8192));
     peer.cuda_ring_send(buf.ptr(), &rl, CudaStream::LEGACY, 53, T).unwrap();
     for tag in 100..140 {
         export(tag).unwrap();

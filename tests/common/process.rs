@@ -1,17 +1,19 @@
 //! The child-process harness of every cross-process test: the test binary re-executes
-//! itself, running only its ignored `child_entry` test, with a role, an inherited socket,
-//! optionally a GPU ring to offer, and extra environment; plus the small helpers both
-//! sides of such tests share (checksums, word messages, bounded waits, SIGKILL).
+//! itself (`tensorwire_test_support::RoleCommand`), running only its ignored `child_entry`
+//! test, with a role, an inherited socket, optionally a GPU ring to offer, and extra
+//! environment; plus the small helpers both sides of such tests share (word messages,
+//! SIGKILL; checksums and bounded waits come from the shared crate).
 
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tensorwire::cuda::ring::CudaRingConfig;
 use tensorwire::{Incoming, Peer, PeerConfig};
+use tensorwire_test_support::RoleCommand;
+pub use tensorwire_test_support::{fnv1a, role, wait_until};
 
 /// How long a test waits for anything a live peer does.
 pub const T: Duration = Duration::from_secs(30);
-pub const ROLE_ENV: &str = "TW_TEST_ROLE";
 pub const FD_ENV: &str = "TW_TEST_FD";
 const RING_ENV: &str = "TW_TEST_RING";
 const FDS_ENV: &str = "TW_TEST_FDS";
@@ -57,7 +59,7 @@ pub fn child_peer_with(cfg: PeerConfig) -> Option<(String, Peer)> {
 /// In a child: its role and the raw socket its parent handed it (for children that speak
 /// the protocol by hand, or set up their peer themselves).
 pub fn child_socket() -> Option<(String, OwnedFd)> {
-    let role = std::env::var(ROLE_ENV).ok()?;
+    let role = role()?;
     let fd: i32 = std::env::var(FD_ENV).ok()?.parse().ok()?;
     // SAFETY: the parent handed us this inherited fd number; nothing else owns it.
     Some((role, unsafe { OwnedFd::from_raw_fd(fd) }))
@@ -77,17 +79,15 @@ pub fn spawn_raw(role: &str) -> (Child, OwnedFd) {
 /// is spawned).
 fn child_command(role: &str) -> (Command, OwnedFd, OwnedFd) {
     let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let mut cmd = child_role(role).command();
     let fd = tensorwire::os::inherit_in_child(&mut cmd, theirs.as_fd());
-    cmd.args(CHILD_ARGS).env(ROLE_ENV, role).env(FD_ENV, fd.to_string()).stdout(Stdio::null());
+    cmd.env(FD_ENV, fd.to_string());
     (cmd, mine, theirs)
 }
 
-/// How a child runs only the binary's `child_entry` test.
-const CHILD_ARGS: [&str; 5] = ["child_entry", "--exact", "--ignored", "--nocapture", "--test-threads=1"];
-
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x1000_0000_01b3))
+/// This test binary as a child running only its `child_entry` test as `role`.
+fn child_role(role: &str) -> RoleCommand {
+    RoleCommand::new(role).test("child_entry").stdout(Stdio::null())
 }
 
 pub fn words(v: &[u64]) -> Vec<u8> {
@@ -111,15 +111,6 @@ pub fn recv_words(peer: &Peer) -> Vec<u64> {
     unwords(&recv_msg(peer))
 }
 
-/// Poll `cond` every 2 ms until it holds; fail the test after `within`.
-pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 pub fn kill9(child: &mut Child) {
     // SAFETY: plain kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
@@ -129,21 +120,16 @@ pub fn kill9(child: &mut Child) {
 /// Spawn this test binary as a child playing `role` with several sockets (`fds`,
 /// inherited; the child takes them with [`child_peers`]), for tests of three processes.
 pub fn spawn_with_fds(role: &str, fds: &[BorrowedFd<'_>]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let mut cmd = child_role(role).command();
     let nums: Vec<String> = fds.iter().map(|fd| tensorwire::os::inherit_in_child(&mut cmd, *fd).to_string()).collect();
-    cmd.args(CHILD_ARGS)
-        .env(ROLE_ENV, role)
-        .env(FDS_ENV, nums.join(","))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
+    cmd.env(FDS_ENV, nums.join(",")).spawn().unwrap()
 }
 
 /// In a child spawned by [`spawn_with_fds`]: its role and a peer over each of its sockets,
 /// in order.
 pub fn child_peers() -> Option<(String, Vec<Peer>)> {
     let fds = std::env::var(FDS_ENV).ok()?;
-    let role = std::env::var(ROLE_ENV).ok()?;
+    let role = role()?;
     let peers = fds
         .split(',')
         // SAFETY: the parent handed us these inherited fd numbers; nothing else owns them.

@@ -29,7 +29,7 @@ fn work_queued_before_a_normal_exit_completes() {
         ];
         let (st, err) = Kid::spawn("exit_write", &env, None).finish();
         assert!(st.success(), "{mode}: {st:?}: {err}");
-        assert_eq!(dtoh(b.ptr(), 1 << 16), pattern(1 << 16, seed), "{mode}: the child's queued copy did not land");
+        assert_eq!(dtoh(b.ptr(), 1 << 16), pattern(seed, 1 << 16), "{mode}: the child's queued copy did not land");
     }
 }
 
@@ -37,7 +37,7 @@ pub(super) fn child_exit_write() {
     let h = sys::CUipcMemHandle { reserved: unhex(&std::env::var(HANDLE_ENV).unwrap()) };
     let mode = std::env::var(MODE_ENV).unwrap();
     let (mode, seed) = mode.split_once(':').unwrap();
-    let bytes = pattern(1 << 16, seed.parse().unwrap());
+    let bytes = pattern(seed.parse().unwrap(), 1 << 16);
     assert!(tensorwire::cuda::available());
     let blocking = Stream::new();
     let scratch = DeviceBuffer::alloc(0, 4096).unwrap();

@@ -123,7 +123,7 @@ fn a_stream_write_releases_another_streams_wait() {
     b.sync();
     a.sync();
     // Copies through the device pointer read and write the host page.
-    let bytes = pattern(64, 3);
+    let bytes = pattern(3, 64);
     // SAFETY: 64 readable bytes; the device pointer covers the registered page.
     assert_eq!(unsafe { sys::cuMemcpyHtoD_v2(w.dptr(256), bytes.as_ptr().cast(), 64) }, OK);
     // SAFETY: a context is current.

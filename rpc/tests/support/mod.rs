@@ -2,9 +2,9 @@
 //! resources (fds, threads, peak RSS) or put it under a resource limit (setrlimit) without
 //! touching the test process itself.
 //!
-//! The test binary re-runs itself: `spawn` starts `current_exe() <test> --exact` with
-//! `TW_HOSTILE_VICTIM` set; the test function calls [`victim_role`] first and, in the
-//! child, [`run_victim`] takes over (it never returns). The victim serves a small registry
+//! The test binary re-runs itself: `spawn` starts it as the role `<test>` running only
+//! `<test>` (`tensorwire_test_support::RoleCommand`); the test function calls
+//! [`victim_role`] first and, in the child, [`run_victim`] takes over (it never returns). The victim serves a small registry
 //! on a Unix socket path with only the public API, prints `READY`, and exits when its
 //! stdin closes (the parent died or finished) or after a hard deadline.
 
@@ -12,12 +12,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tensorwire_rpc::*;
-
-const ROLE_ENV: &str = "TW_HOSTILE_VICTIM";
+use tensorwire_test_support::RoleCommand;
 /// No victim outlives this, whatever the parent does.
 const VICTIM_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -34,7 +33,7 @@ pub struct VictimSpec {
 
 /// `Some(role)` in the child.
 pub fn victim_role() -> Option<String> {
-    std::env::var(ROLE_ENV).ok()
+    tensorwire_test_support::role()
 }
 
 pub struct Victim {
@@ -56,9 +55,8 @@ impl Victim {
             SOCK_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let _ = std::fs::remove_file(&addr);
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE_ENV, test)
+        let mut cmd = RoleCommand::new(test)
+            .test(test)
             .env("TW_VICTIM_ADDR", &addr)
             // Fewer glibc malloc arenas: each reserves 64 MiB of address space, which
             // matters under RLIMIT_AS.
@@ -67,15 +65,12 @@ impl Victim {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(n) = spec.nofile {
-            cmd.env("TW_VICTIM_NOFILE", n.to_string());
+            cmd = cmd.env("TW_VICTIM_NOFILE", n.to_string());
         }
         if let Some(n) = spec.address_space {
-            cmd.env("TW_VICTIM_AS", n.to_string());
+            cmd = cmd.env("TW_VICTIM_AS", n.to_string());
         }
-        for (k, v) in &spec.env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawning the victim");
+        let mut child = cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).spawn();
         let (tx, lines) = mpsc::channel();
         let out = child.stdout.take().unwrap();
         std::thread::spawn(move || {
