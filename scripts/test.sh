@@ -62,10 +62,10 @@ need_pip_venv() {   # a fresh pip venv under torch 2.15.0 with the wheel install
   # PATH is the venv's bin only: no cc, c++, cargo or cmake reachable. --no-index: nothing is
   # fetched, so the torch already there must satisfy the wheel's range (pip keeps it).
   torch_before=$("$pip_py" -c 'import torch; print(torch.__version__)')
-  start=$EPOCHREALTIME
+  local t0=$EPOCHREALTIME
   env -i HOME="$HOME" PATH="$pip_venv/bin" PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
     "$pip_py" -m pip install -q --no-index "$wheel"
-  echo "pip install of the wheel: $(python3 -c "print(round($EPOCHREALTIME - $start, 2))") s, no compiler on PATH"
+  echo "pip install of the wheel: $(python3 -c "print(round($EPOCHREALTIME - $t0, 2))") s, no compiler on PATH"
   torch_after=$("$pip_py" -c 'import torch; print(torch.__version__)')
   [ "$torch_before" = "$torch_after" ] || { echo "installing the wheel changed torch: $torch_before -> $torch_after"; exit 1; }
 }
@@ -197,10 +197,10 @@ stage_torch_2_11() {
   VIRTUAL_ENV=$uv_venv "$uv_bin" pip install -q torch==2.11.0 pytest pytest-xdist==3.8.0 numpy pyisolate==0.10.2 --override "$overrides"
   # The wheel with the same overrides: without them uv sees torch 2.11.0's own CUDA pins
   # unmet and "fixes" them by moving to the cached torch 2.15.0.
-  start=$EPOCHREALTIME
+  local t0=$EPOCHREALTIME
   env -i HOME="$HOME" PATH="$uv_venv/bin" VIRTUAL_ENV="$uv_venv" UV_CACHE_DIR="$UV_CACHE_DIR" UV_OFFLINE=1 \
     "$uv_bin" pip install -q "$wheel" --override "$overrides"
-  echo "uv pip install of the wheel: $(python3 -c "print(round($EPOCHREALTIME - $start, 2))") s, no compiler on PATH"
+  echo "uv pip install of the wheel: $(python3 -c "print(round($EPOCHREALTIME - $t0, 2))") s, no compiler on PATH"
   rm -f "$overrides"
   uv_torch=$("$uv_venv/bin/python" -c 'import torch; print(torch.__version__)')
   case "$uv_torch" in 2.11.0*) ;; *) echo "the uv venv has torch $uv_torch, not 2.11.0"; exit 1 ;; esac
@@ -329,13 +329,15 @@ stage_demo() {
 }
 
 run_stage() {   # a stage's time excludes the stages it ran first for what it needs
-  local name=$1 start=$SECONDS outer=$current inner_before=$inner
-  current=$name stage_start[$name]=$SECONDS inner=0
-  step "$name"
-  "stage_${name//[-.]/_}"
-  SECS[$name]=$((SECONDS - start - inner))
-  ran+=("$name")
-  current=$outer inner=$((inner_before + SECONDS - start))
+  # Prefixed names: bash scopes dynamically, and a stage's own assignments must not
+  # reach these.
+  local _rs_name=$1 _rs_start=$SECONDS _rs_outer=$current _rs_inner_before=$inner
+  current=$_rs_name stage_start[$_rs_name]=$SECONDS inner=0
+  step "$_rs_name"
+  "stage_${_rs_name//[-.]/_}"
+  SECS[$_rs_name]=$((SECONDS - _rs_start - inner))
+  ran+=("$_rs_name")
+  current=$_rs_outer inner=$((_rs_inner_before + SECONDS - _rs_start))
 }
 
 report() {   # each stage's time, and where the run stopped if it did not finish
@@ -345,6 +347,7 @@ report() {   # each stage's time, and where the run stopped if it did not finish
   [ -z "${current:-}" ] || printf '  %-11s %5d s  (stopped here: exit %d)\n' "$current" "$((SECONDS - stage_start[$current]))" "$status"
   printf '  %-11s %5d s\n' total "$SECONDS"
   rm -f "$log"
+  exit "$status"
 }
 
 if [ "${1:-}" = --list ]; then
@@ -372,6 +375,13 @@ trap report EXIT
 for name in "${STAGES[@]}"; do
   if [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " == *" $name "* ]]; then
     [ -n "${SECS[$name]:-}" ] || run_stage "$name"
+  fi
+done
+# Every stage asked for must have finished: a shell error that ends the loop early
+# (bash carries on after some expansion errors) must not pass for a run.
+for name in "${STAGES[@]}"; do
+  if [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " == *" $name "* ]]; then
+    [ -n "${SECS[$name]:-}" ] || { echo "stage $name did not finish" >&2; exit 1; }
   fi
 done
 
