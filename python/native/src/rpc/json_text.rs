@@ -9,7 +9,7 @@
 //! comes as the tree instead, and `values` reads that. The reader still checks what it
 //! reads, and answers anything malformed with an error, never a panic.
 
-use super::tensors::{MAX_DEPTH, tensor_value, type_name};
+use super::tensors::{MAX_DEPTH, too_deep, tensor_value, type_name};
 use crate::errors::refused;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -38,12 +38,7 @@ impl Writer {
     fn value(&mut self, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
         let py = obj.py();
         if depth > MAX_DEPTH {
-            return Err(refused(
-                py,
-                format!(
-                    "tensorwire.rpc: a value nested deeper than {MAX_DEPTH} levels (or a cyclic one) cannot be sent"
-                ),
-            ));
+            return Err(too_deep(py));
         }
         let out = &mut self.out;
         if obj.is_none() {

@@ -16,6 +16,11 @@ use tensorwire_rpc::{Tensor, Value};
 /// peer's decoder refuses deeper JSON anyway (`RpcConfig::max_depth`).
 pub(super) const MAX_DEPTH: usize = 256;
 
+/// The refusal of a value deeper than [`MAX_DEPTH`] (or cyclic), before a byte is sent.
+pub(super) fn too_deep(py: Python<'_>) -> PyErr {
+    refused(py, format!("tensorwire.rpc: a value nested deeper than {MAX_DEPTH} levels (or a cyclic one) cannot be sent"))
+}
+
 fn torch_tensor_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     TYPE.import(py, "torch", "Tensor")

@@ -23,7 +23,7 @@
 use crate::dlpack;
 use crate::errors::refused;
 use crate::storage;
-use super::tensors::{MAX_DEPTH, cuda_ops, rpc_err, tensor_value, torch, type_name};
+use super::tensors::{MAX_DEPTH, too_deep, cuda_ops, rpc_err, tensor_value, torch, type_name};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -46,12 +46,7 @@ pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
 fn to_value_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
     let py = obj.py();
     if depth > MAX_DEPTH {
-        return Err(refused(
-            py,
-            format!(
-                "tensorwire.rpc: a value nested deeper than {MAX_DEPTH} levels (or a cyclic one) cannot be sent"
-            ),
-        ));
+        return Err(too_deep(py));
     }
     if obj.is_none() {
         return Ok(Value::Null);
