@@ -1,4 +1,4 @@
-"""A real pyisolate host with one isolated child (python/tests/pyisolate_ext), used by
+"""A real pyisolate host with one isolated child (python/tests/pyisolate_exts/pyisolate_ext), used by
 test_pyisolate.py and benches/pyisolate_adapter.py:
 
     python pyisolate_host.py SCENARIO [--adapter | --compose reference|mock] [--venv-root DIR]
@@ -31,11 +31,16 @@ from pyisolate import ExtensionConfig, ExtensionManager, SandboxMode
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# The extensions sit two levels below this folder: pyisolate puts an extension's
+# grandparent first on the child's sys.path (an application's root, in its layout), and
+# here that must be this folder, not python/, whose tensorwire (a checkout without its
+# built binding) would shadow the installed package in the child.
+EXTS = HERE / "pyisolate_exts"
 from pyisolate_ext_api import TensorExtension  # noqa: E402  (importable in the child too)
 
 
 def _config(name: str) -> ExtensionConfig:
-    return ExtensionConfig(name=name, module_path=str(HERE / "pyisolate_ext"), isolated=True, dependencies=[],
+    return ExtensionConfig(name=name, module_path=str(EXTS / "pyisolate_ext"), isolated=True, dependencies=[],
                            apis=[], share_torch=True, share_cuda_ipc=False, sandbox_mode=SandboxMode.DISABLED)
 
 
@@ -261,10 +266,10 @@ async def main_async(args) -> dict:
         from tensorwire.pyisolate import TensorwireAdapter
         pyisolate.register_adapter(TensorwireAdapter())
     if args.scenario == "sealed":
-        sys.path.insert(0, str(HERE / "pyisolate_sealed_ext"))
+        sys.path.insert(0, str(EXTS / "pyisolate_sealed_ext"))
         from sealed_ext_api import SealedExtension
         manager = ExtensionManager(SealedExtension, {"venv_root_path": args.venv_root})
-        config = ExtensionConfig(name="tw_sealed_ext", module_path=str(HERE / "pyisolate_sealed_ext"),
+        config = ExtensionConfig(name="tw_sealed_ext", module_path=str(EXTS / "pyisolate_sealed_ext"),
                                  isolated=True, dependencies=[], apis=[], share_torch=False,
                                  share_cuda_ipc=False, execution_model="sealed_worker",
                                  sandbox_mode=SandboxMode.DISABLED)
