@@ -211,6 +211,10 @@ fn errors_are_the_c_abis_with_the_function_named() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tensorwire");
         let code = format!("import sys, types\nm = types.ModuleType('tensorwire')\nm.__path__ = [{dir:?}]\nsys.modules.setdefault('tensorwire', m)\n");
         py.run(&std::ffi::CString::new(code).unwrap(), None, None).unwrap();
+        // `tensorwire.errors` builds its tables from the binding: this very module, made
+        // here (a checkout need not have the built `_native.abi3.so` beside the package).
+        let native = pyo3::wrap_pymodule!(crate::_native)(py);
+        py.import("sys").unwrap().getattr("modules").unwrap().set_item("tensorwire._native", native).unwrap();
         let e = named(py, "tw_cuda_device_count", &Error::CudaUnavailable("no NVIDIA driver here".into()));
         let v = e.value(py);
         assert_eq!(v.get_type().name().unwrap().to_string(), "CudaUnavailable");
