@@ -232,11 +232,14 @@ fn gpu_ring_consumer_that_dies_mid_message_gives_the_producer_peer_gone() {
 }
 
 #[test]
-fn gpu_ring_streams_ten_thousand_messages_with_discards() {
-    if !gpu("gpu_ring_streams_ten_thousand_messages_with_discards") {
+fn gpu_ring_streams_thousands_of_messages_with_discards() {
+    if !gpu("gpu_ring_streams_thousands_of_messages_with_discards") {
         return;
     }
-    const N: u64 = 10_000;
+    // 750 laps of the 4 slots, each message a different length, every seventh discarded:
+    // enough for a slot reused before its copy-out to show as a wrong checksum under
+    // simcuda's random delays, in seconds rather than the run's slowest minute.
+    const N: u64 = 3_000;
     const EVERY: u64 = 7;
     let ring = CudaRingConfig { device: 0, slots: 4, slot_bytes: 64 << 10 };
     let (child, peer) = spawn("ring_recv", &[], None, PeerConfig { cuda_ring: Some(ring), ..PeerConfig::default() });
