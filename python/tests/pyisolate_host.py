@@ -113,14 +113,18 @@ async def scenario_sigkill(ext, adapter):
         out["held_before_kill"] = TensorwireAdapter.host_stats()[pid]["live_leases"]
     os.kill(pid, signal.SIGKILL)
     if adapter:
-        deadline, stats = time.monotonic() + 10, {}
+        # The child's sockets close (its leases come back) a moment before the kernel
+        # shows it as a zombie, which is when its link counts as gone: wait for both.
+        deadline, stats, closed = time.monotonic() + 10, {}, False
         while time.monotonic() < deadline:
             stats = TensorwireAdapter.host_stats(prune=False).get(pid, {})
             if stats.get("live_leases") == 0:
-                break
+                closed = pid not in TensorwireAdapter.host_stats()
+                if closed:
+                    break
             await asyncio.sleep(0.02)
         out["after_kill"] = stats
-        out["child_link_closed"] = pid not in TensorwireAdapter.host_stats()
+        out["child_link_closed"] = closed
     else:
         await asyncio.sleep(1.0)
     del tensors, t
