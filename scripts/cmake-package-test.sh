@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build tensorwire with CMake from the repo, run its ctest suite (C tests + valgrind),
-# install it to a prefix, and build + run tests/cmake_consumer against both the install
-# prefix and the build tree. Usage: tests/cmake_package.sh [WORKDIR]
+# install it to a prefix, and build + run ffi/tests/cmake_consumer against both the install
+# prefix and the build tree. Usage: ffi/tests/cmake_package.sh [WORKDIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$root/build/cmake-package}
@@ -18,7 +18,7 @@ for f in include/tensorwire.h lib/libtensorwire.a lib/libtensorwire.so lib/cmake
 done
 for mode in prefix buildtree; do
   if [ $mode = prefix ]; then args=(-DCMAKE_PREFIX_PATH="$work/prefix"); else args=(-Dtensorwire_DIR="$work/build"); fi
-  cmake -S "$root/tests/cmake_consumer" -B "$work/consumer-$mode" "${args[@]}" >"$work/consumer-$mode.log"
+  cmake -S "$root/ffi/tests/cmake_consumer" -B "$work/consumer-$mode" "${args[@]}" >"$work/consumer-$mode.log"
   cmake --build "$work/consumer-$mode" -j2 >/dev/null
   "$work/consumer-$mode/consumer_static"
   "$work/consumer-$mode/consumer_shared"

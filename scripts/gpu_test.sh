@@ -31,8 +31,8 @@
 #
 # What the stages do, each part printed as PASS / FAIL / SKIPPED, with a summary at the
 # end; exit status non-zero if any part failed (or no GPU is visible):
-#   rust       the Rust CUDA suite (tests/cuda_sim*.rs, the RPC crate's CUDA tests) built by
-#              `prepare`, run against the real driver: IPC of every dtype and view,
+#   rust       the Rust CUDA suite (tests/cuda_sim*.rs, ffi/tests/cuda_sim_ffi.rs, the RPC
+#              crate's CUDA tests) built by `prepare`, run against the real driver: IPC of every dtype and view,
 #              zero-copy, handle cache, stream order (the ordering suites again under
 #              TENSORWIRE_CUDA_WAIT=host and =event), the wait policies' signal words and a
 #              producer that never signals or dies, VMM, GPU ring, SIGKILL cases, the C
@@ -106,15 +106,16 @@ for l in sys.stdin:
         strip --strip-debug "$out/rust-tests/$pre$name"
       done
   }
-  copy_tests "" --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_forward \
+  copy_tests "" --test cuda_sim --test cuda_sim_ring --test cuda_sim_hostile --test cuda_sim_forward \
     --test cuda_sim_order --test simcuda_driver
+  copy_tests "" -p tensorwire-ffi --test cuda_sim_ffi
   copy_tests rpc- -p tensorwire-rpc --test cuda_sim --test cuda_sim_hostile
   ls "$out/rust-tests"
-  # The C ABI's CUDA tests (tests/c/cuda*.c), linked against the static library as the
+  # The C ABI's CUDA tests (ffi/tests/c/cuda*.c), linked against the static library as the
   # CMake package links it; they open the driver with dlopen.
   mkdir -p "$out/c-tests"
   for t in cuda cuda_forward; do
-    "${CC:-cc}" -std=c11 -Wall -Wextra -Werror -I "$out/include" "tests/c/$t.c" "$out/lib/libtensorwire.a" \
+    "${CC:-cc}" -std=c11 -Wall -Wextra -Werror -I "$out/include" "ffi/tests/c/$t.c" "$out/lib/libtensorwire.a" \
       -lgcc_s -lutil -lrt -lpthread -lm -ldl -o "$out/c-tests/tw_c_$t"
   done
   ls "$out/c-tests"

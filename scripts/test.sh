@@ -80,7 +80,7 @@ need_c_abi() {   # the C ABI's CMake build (the c-abi stage, with its tests)
 stage build "build (debug, all targets: libraries, binaries, tests, benches, examples)"
 stage_build() {
   # The benches compile here, in the debug profile; no release build of them (minutes) runs.
-  cargo build --all-targets --locked 2>&1 | tail -n 3
+  cargo build --all-targets --locked -p tensorwire -p tensorwire-ffi 2>&1 | tail -n 3
 }
 
 stage graph "module graph: imports go one way (no loop between the modules of any target of any crate of the workspace, scripts/module_graph.py; nor between the modules of python/tensorwire, scripts/python_imports.py)"
@@ -136,7 +136,7 @@ stage_loom() {
   if [ "${CI:-}" = true ]; then rm -rf target-loom; fi   # only this step uses it (~0.5 GiB); kept for local reruns
 }
 
-stage c-abi "C ABI: CMake build, C tests under valgrind (ctest), install + find_package consumer"
+stage c-abi "C ABI (tensorwire-ffi): clippy, its Rust tests (header current, mirrored tables), CMake build, C tests under valgrind (ctest), install + find_package consumer"
 stage_c_abi() {
   if ! command -v cmake >/dev/null; then
     echo "installing cmake (apt)"; apt-get update -qq && apt-get install -y -qq cmake >/dev/null
@@ -144,7 +144,9 @@ stage_c_abi() {
   if ! command -v valgrind >/dev/null; then
     echo "installing valgrind (apt)"; apt-get update -qq && apt-get install -y -qq valgrind >/dev/null
   fi
-  bash tests/cmake_package.sh "$root/build/cmake-package" 2>&1 | tee -a "$log"
+  cargo clippy -p tensorwire-ffi --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
+  cargo test -p tensorwire-ffi --locked 2>&1 | tee -a "$log"
+  bash ffi/tests/cmake_package.sh "$root/build/cmake-package" 2>&1 | tee -a "$log"
 }
 
 stage rpc "tensorwire-rpc: clippy, unit, endpoint, hostile-peer and pyisolate 0.10.2 interop tests"
@@ -230,7 +232,7 @@ stage cuda-glue "torch CUDA glue: cpp/src/cuda.cpp compiles against torch's and 
 stage_cuda_glue() {
   need_py
   sp=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "${CXX:-g++}" -std=c++20 -fsyntax-only -DTENSORWIRE_WITH_CUDA -I include -I "$sp/torch/include" \
+  "${CXX:-g++}" -std=c++20 -fsyntax-only -DTENSORWIRE_WITH_CUDA -I ffi/include -I "$sp/torch/include" \
     -I "$sp/torch/include/torch/csrc/api/include" -I "$sp/nvidia/cu13/include" cpp/src/cuda.cpp
   echo "cuda.cpp: compiles"
 }
@@ -250,16 +252,14 @@ stage_simcuda() {
   cargo clippy -p simcuda --all-targets --locked -q -- -D clippy::undocumented_unsafe_blocks
   cargo test --locked -q -p simcuda 2>&1 | tee -a "$log"
   bash simcuda/install_test.sh 2>&1 | tee -a "$log"
-  # Grouped by package: the transport crate's tests build it with its C ABI (its default),
-  # tensorwire-rpc's without; both builds share one output file (the crate is a cdylib too),
-  # so each switch between them rebuilds the crate and relinks every test binary (~6 s).
   # The ordering suites run under each cross-process wait policy (PeerConfig::cuda_wait,
   # here chosen for every connection by TENSORWIRE_CUDA_WAIT): stream (signal words), host,
   # event; the second seed varies the delays of the default policy only (the run's time
   # budget).
   waits_for_seed() { if [ "$1" = 1 ]; then echo "stream host event"; else echo stream; fi; }
   for seed in 1 2; do
-    SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim_hostile --test cuda_sim_ffi --test cuda_sim_order --test simcuda_driver 2>&1 | tee -a "$log"
+    SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim_hostile --test cuda_sim_order --test simcuda_driver 2>&1 | tee -a "$log"
+    SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked -p tensorwire-ffi --test cuda_sim_ffi 2>&1 | tee -a "$log"
     for wait in $(waits_for_seed $seed); do
       echo "-- seed $seed, cuda_wait=$wait"
       TENSORWIRE_CUDA_WAIT=$wait SIMCUDA_SEED=$seed bash simcuda/run.sh cargo test --locked --test cuda_sim --test cuda_sim_ring --test cuda_sim_forward 2>&1 | tee -a "$log"
@@ -285,7 +285,7 @@ stage_simcuda() {
   done
 }
 
-stage c-cuda "C ABI's CUDA calls on simcuda: tests/c/cuda.c (a forked child imports device memory made with the driver API), tests/c/cuda_forward.c (host -> relay -> last, the CUDA import forwarded), plain and under valgrind (ctest)"
+stage c-cuda "C ABI's CUDA calls on simcuda: ffi/tests/c/cuda.c (a forked child imports device memory made with the driver API), ffi/tests/c/cuda_forward.c (host -> relay -> last, the CUDA import forwarded), plain and under valgrind (ctest)"
 stage_c_cuda() {
   need_c_abi
   # The build from the C ABI step above; 20 ms stream delays make a missing stream wait

@@ -38,16 +38,13 @@ pub mod signal_word;
 pub mod wire;
 
 // Module declarations stay outside the macro: cbindgen does not expand macros, and it
-// finds the C ABI (and the constants the header carries) by following these `mod` items.
+// finds the types the C ABI names (the header's `tw_desc_t`, `tw_lease_t`) in their files.
 #[cfg(not(loom))]
 pub mod connection;
 #[cfg(not(loom))]
 pub mod cuda;
 #[cfg(not(loom))]
 pub mod desc;
-#[cfg(not(loom))]
-#[cfg(feature = "c-abi")]
-pub mod ffi;
 #[cfg(not(loom))]
 pub(crate) mod import_cache;
 #[cfg(not(loom))]
@@ -76,6 +73,22 @@ cfg_not_loom! {
 
 pub use error::{Error, ErrorKind, Result};
 pub use wait::Wait;
+
+/// What the C ABI crate (`tensorwire-ffi`, ffi/) needs beyond this crate's public API:
+/// only that crate uses it, and it may change with any release. Everything else the C ABI
+/// calls is public API.
+#[doc(hidden)]
+#[cfg(not(loom))]
+pub mod ffi_support {
+    pub use crate::with_connection_options;
+    use crate::{Error, Wait};
+
+    /// The error of a wait `wait` for `what` that ran out, naming the time the caller
+    /// asked for (as the library's own waits report it).
+    pub fn timed_out(wait: Wait, what: &'static str) -> Error {
+        wait.deadline().timed_out(what)
+    }
+}
 
 /// The README's Rust examples, compiled and run as this crate's doctests so that they
 /// stay true (its C examples are compiled by `tests/readme.rs`).

@@ -1,6 +1,6 @@
 //! The README's C examples compile against the generated header, as a C program would
-//! build them; its layout table names every source file of `src/`, `cpp/src/` and
-//! `rpc/src/` (by path, or in its directory's row) and no file that does not exist. (Its
+//! build them; its layout table names every source file of `src/`, `ffi/src/`, `cpp/src/`
+//! and `rpc/src/` (by path, or in its directory's row) and no file that does not exist. (Its
 //! Rust examples are doctests: `ReadmeExamples` in src/lib.rs; its Python examples are
 //! compiled by python/tests/test_readme.py.)
 
@@ -45,7 +45,7 @@ fn c_examples_compile() {
             .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-c", "-o"])
             .arg(src.with_extension("o"))
             .arg("-I")
-            .arg(root.join("include"))
+            .arg(root.join("ffi/include"))
             .arg(&src)
             .output()
             .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
@@ -120,7 +120,7 @@ fn layout_table_names_every_source_file() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let rows = layout_rows(&std::fs::read_to_string(root.join("README.md")).unwrap());
     let mut missing = Vec::new();
-    for file in ["src", "cpp/src", "rpc/src"].iter().flat_map(|d| files_below(root, d)) {
+    for file in ["src", "ffi/src", "cpp/src", "rpc/src"].iter().flat_map(|d| files_below(root, d)) {
         if !SOURCE_EXTENSIONS.iter().any(|e| file.ends_with(e)) || file.ends_with("/mod.rs") {
             continue;
         }

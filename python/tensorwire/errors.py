@@ -1,5 +1,5 @@
 """tensorwire's exceptions, mapped from the C ABI's result codes (``tw_result_e`` in
-include/tensorwire.h).
+ffi/include/tensorwire.h).
 
 The extension reports a failed ``tw_*`` call as a c10 error whose message starts with a
 stable prefix naming the code: ``"tensorwire (TW_ERR_PEER_GONE): <what was wrong>"``
@@ -71,7 +71,7 @@ class CudaUnavailable(Error):
 # Result name -> class, for every code with a class narrower than Error; BASE_CODES are
 # the codes that raise the base Error (an I/O error the message names, a CUDA driver error,
 # a panic caught at the C ABI). Both come from the library's table (each code's number,
-# name, error kind and class); tests/mirrored_tables.rs checks that every class it names is
+# name, error kind and class); ffi/tests/mirrored_tables.rs checks that every class it names is
 # defined above.
 CODES: dict[str, type[Error]] = {}
 BASE_CODES: tuple[str, ...] = ()

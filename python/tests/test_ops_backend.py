@@ -26,10 +26,10 @@ DUMP_SCHEMAS = ("import json, sys, torch, tensorwire; "
 
 def _file_schemas():
     """The lines of python/tensorwire/ops.schemas (the one list both backends register),
-    `, CONNECTION_OPTIONS` expanded from include/tensorwire.h's X-macro: read here on its
+    `, CONNECTION_OPTIONS` expanded from ffi/include/tensorwire.h's X-macro: read here on its
     own, not through _ops, so a reader that drops or bends a line disagrees."""
     options = "".join(f", int {name}={default}" for name, default in
-                      re.findall(r"X\((\w+), (-?\d+)\)", (ROOT / "include/tensorwire.h").read_text()))
+                      re.findall(r"X\((\w+), (-?\d+)\)", (ROOT / "ffi/include/tensorwire.h").read_text()))
     lines = (ROOT / "python/tensorwire/ops.schemas").read_text().splitlines()
     return [line.strip().replace(", CONNECTION_OPTIONS", options) for line in lines
             if line.strip() and not line.lstrip().startswith("#")]

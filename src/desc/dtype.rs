@@ -3,7 +3,7 @@
 /// Defines [`DType`] from one table, a row per dtype: its variant, its `c10::ScalarType`
 /// number, its bytes per element and PyTorch's name for it. The enum, [`DType::ALL`],
 /// [`DType::size`] and [`DType::name`] all come from these rows, so they cannot disagree.
-/// (The C ABI's `tw_dtype_e` is spelled out for cbindgen; `tests/c_header.rs` checks it
+/// (The C ABI's `tw_dtype_e` is spelled out for cbindgen; `ffi/tests/c_header.rs` checks it
 /// against `DType::ALL`.)
 macro_rules! dtypes {
     ($($variant:ident = $code:literal, $size:literal bytes, $name:literal;)*) => {

@@ -2,7 +2,7 @@
 //! [`ErrorKind`] it reports and the Python class it raises. The C ABI's names
 //! (`tw_result_name`), the Python binding's exceptions and `tensorwire.errors` read this
 //! table; `tw_result_e` spells the numbers out for cbindgen, and
-//! `tests/mirrored_tables.rs` checks the generated header against this table.
+//! `ffi/tests/mirrored_tables.rs` checks the generated header against this table.
 
 use super::ErrorKind;
 use std::ffi::CStr;

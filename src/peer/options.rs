@@ -3,7 +3,7 @@
 //! (`tw_peer_config_set_option`), each with its range, default, refusal message and what
 //! it sets. The Python binding (`_native.connection_options()`, and its checks), the C
 //! ABI's setter and, through it, the C++ extension read this table;
-//! `tests/mirrored_tables.rs` checks what still lists the options (the extension's schema
+//! `ffi/tests/mirrored_tables.rs` checks what still lists the options (the extension's schema
 //! macro, the generated header's struct) against it.
 
 use super::PeerConfig;
@@ -58,6 +58,10 @@ const U32: i64 = u32::MAX as i64;
 /// the `tw_peer_config_t` field, then range, default, whether the default keeps the
 /// library's setting, choices, the refusal's rule and how it sets a [`PeerConfig`]
 /// (`cuda_ring_device` before the two GPU ring sizes, which set the ring it made).
+/// Exported for the C ABI crate (`tensorwire_ffi`), as
+/// `tensorwire::ffi_support::with_connection_options`; no other crate's API.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! with_connection_options {
     ($then:ident) => {
         $then! {
@@ -125,8 +129,6 @@ macro_rules! with_connection_options {
         }
     };
 }
-#[cfg_attr(not(feature = "c-abi"), allow(unused_imports))]
-pub(crate) use with_connection_options;
 
 macro_rules! option_table {
     ($(

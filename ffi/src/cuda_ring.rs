@@ -3,7 +3,7 @@
 //! shape, allocate, copy out on your stream.
 
 use super::desc::tw_layout_t;
-use crate::cuda::{CudaStream, DevicePtr};
+use tensorwire::cuda::{CudaStream, DevicePtr};
 use super::peer::tw_peer_t;
 use super::{arg, guard, need, put, put_opt, tw_result_e, wait_ms};
 

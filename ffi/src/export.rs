@@ -4,12 +4,12 @@
 use super::desc::tw_layout_t;
 use super::imported::{tw_imported_t, AnyImport};
 use super::peer::tw_peer_t;
-use crate::lease::LeaseId;
+use tensorwire::lease::LeaseId;
 use super::segment::tw_segment_t;
 use super::{arg, guard, put_opt, tw_result_e, Fail};
-use crate::cuda::{CudaStream, DevicePtr};
-use crate::error::Error;
-use crate::peer::{ExportOptions, SharedTensor};
+use tensorwire::cuda::{CudaStream, DevicePtr};
+use tensorwire::error::Error;
+use tensorwire::peer::{ExportOptions, SharedTensor};
 use std::ffi::c_void;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub unsafe extern "C" fn tw_peer_export(
     ctx: *mut c_void,
     out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let send = |p: &crate::Peer, owner: Option<CallbackOwner>| {
+    let send = |p: &tensorwire::Peer, owner: Option<CallbackOwner>| {
         // SAFETY: live per the contract; NULL refused.
         let s = unsafe { arg(seg, "seg")? };
         // SAFETY: readable per the contract; NULL refused.
@@ -102,7 +102,7 @@ pub unsafe extern "C" fn tw_peer_export_imported(
     ctx: *mut c_void,
     out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let send = |p: &crate::Peer, imp: &AnyImport, view, owner| match imp {
+    let send = |p: &tensorwire::Peer, imp: &AnyImport, view, owner| match imp {
         AnyImport::Cpu(i) => p.export_imported_with(i.clone(), view, owner, options(tag, window_ms)),
         AnyImport::Cuda(_) => Err(Error::InvalidArgument(
             "a CUDA import is forwarded with tw_peer_export_imported_cuda (it orders the forward on a stream)".into(),
@@ -138,7 +138,7 @@ pub unsafe extern "C" fn tw_peer_export_imported_cuda(
     ctx: *mut c_void,
     out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let send = |p: &crate::Peer, imp: &AnyImport, view, owner| match imp {
+    let send = |p: &tensorwire::Peer, imp: &AnyImport, view, owner| match imp {
         AnyImport::Cuda(i) => p.export_cuda_imported_with(i.clone(), view, CudaStream(stream), owner, options(tag, window_ms)),
         AnyImport::Cpu(_) => Err(Error::InvalidArgument("a CPU import is forwarded with tw_peer_export_imported (no stream)".into())),
     };
@@ -158,9 +158,9 @@ unsafe fn forward(
     layout: *const tw_layout_t,
     release: (tw_release_fn, *mut c_void),
     out_lease: *mut LeaseId,
-    send: impl FnOnce(&crate::Peer, &AnyImport, Option<crate::Layout>, crate::Owner) -> crate::Result<crate::LeaseId>,
+    send: impl FnOnce(&tensorwire::Peer, &AnyImport, Option<tensorwire::Layout>, tensorwire::Owner) -> tensorwire::Result<tensorwire::LeaseId>,
 ) -> tw_result_e {
-    let forward = |p: &crate::Peer, owner: Option<CallbackOwner>| {
+    let forward = |p: &tensorwire::Peer, owner: Option<CallbackOwner>| {
         // SAFETY: live per the contract; NULL refused.
         let i = unsafe { arg(imp, "imp")? };
         // SAFETY: NULL or readable per the contract.
@@ -187,7 +187,7 @@ unsafe fn export(
     peer: *const tw_peer_t,
     (release, ctx): (tw_release_fn, *mut c_void),
     out_lease: *mut LeaseId,
-    send: impl FnOnce(&crate::Peer, Option<CallbackOwner>) -> Result<LeaseId, Fail>,
+    send: impl FnOnce(&tensorwire::Peer, Option<CallbackOwner>) -> Result<LeaseId, Fail>,
 ) -> tw_result_e {
     let owner = release.map(|f| CallbackOwner { release: f, ctx });
     guard(name, move || {
@@ -201,7 +201,7 @@ unsafe fn export(
 }
 
 /// The caller's owner as a lease owner (nothing to call: an empty one).
-fn owned(owner: Option<CallbackOwner>) -> crate::Owner {
+fn owned(owner: Option<CallbackOwner>) -> tensorwire::Owner {
     match owner {
         Some(o) => Box::new(o),
         None => Box::new(()),
@@ -229,7 +229,7 @@ pub unsafe extern "C" fn tw_peer_export_cuda(
     ctx: *mut c_void,
     out_lease: *mut LeaseId,
 ) -> tw_result_e {
-    let send = |p: &crate::Peer, owner| {
+    let send = |p: &tensorwire::Peer, owner| {
         // SAFETY: readable per the contract; NULL refused.
         let l = unsafe { arg(layout, "layout")? }.to_layout()?;
         Ok(p.export_cuda(DevicePtr(dptr), nbytes, &l, CudaStream(stream), owned(owner), options(tag, window_ms))?)

@@ -10,15 +10,15 @@ use super::config::{config, tw_peer_config_t};
 use super::imported::{tw_imported_t, AnyImport};
 use super::message::tw_message_t;
 use super::{arg, get, guard, need, put, put_opt, quiet, slice_arg, tw_result_e, Fail};
-use crate::error::Error;
-use crate::lease::LeaseStats;
-use crate::peer::{Incoming, Peer};
+use tensorwire::error::Error;
+use tensorwire::lease::LeaseStats;
+use tensorwire::peer::{Incoming, Peer};
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
 // The C ABI's lease types are the library's own (`#[repr(C)]`; cbindgen.toml renames them
 // in the header); Rust callers of this module may use the C names too.
-pub use crate::lease::{LeaseId as tw_lease_t, LeaseStats as tw_lease_stats_t};
+pub use tensorwire::lease::{LeaseId as tw_lease_t, LeaseStats as tw_lease_stats_t};
 
 /// Opaque connection handle.
 pub struct tw_peer_t {
@@ -40,7 +40,7 @@ pub unsafe extern "C" fn tw_socketpair(out_a: *mut c_int, out_b: *mut c_int) -> 
     guard("tw_socketpair", || {
         need(out_a, "out_a")?;
         need(out_b, "out_b")?;
-        let (a, b) = crate::sys::seqpacket_pair()?;
+        let (a, b) = tensorwire::os::seqpacket_pair()?;
         // SAFETY: both checked non-null; writable per the contract.
         unsafe {
             put(out_a, a.into_raw_fd(), "out_a")?;
@@ -58,7 +58,7 @@ pub extern "C" fn tw_fd_set_inheritable(fd: c_int, inheritable: bool) -> tw_resu
         }
         // SAFETY: the fd is only borrowed for the fcntl calls; the caller keeps it open.
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
-        Ok(crate::sys::set_cloexec(b, !inheritable)?)
+        Ok(tensorwire::os::set_cloexec(b, !inheritable)?)
     })
 }
 

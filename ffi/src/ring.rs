@@ -5,10 +5,10 @@
 use super::desc::tw_layout_t;
 use super::peer::tw_peer_t;
 use super::{arg, guard, need, put, put_opt, quiet, slice_arg, tw_result_e};
-use crate::desc::TensorDesc;
+use tensorwire::desc::TensorDesc;
 
 use super::wait_ms;
-use crate::ring::{RingItem, RingMessage};
+use tensorwire::ring::{RingItem, RingMessage};
 use std::ffi::c_void;
 
 /// Opaque received ring message.

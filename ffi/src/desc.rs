@@ -1,15 +1,15 @@
 //! Layouts (views) and descriptors in C. Plain value types: no thread-safety concerns.
 
 use super::{arg, get, guard, need, put, quiet, tw_result_e};
-use crate::desc::{DType, Layout, TensorDesc, DESC_SIZE, MAX_NDIM};
-use crate::error::Error;
+use tensorwire::desc::{DType, Layout, TensorDesc, DESC_SIZE, MAX_NDIM};
+use tensorwire::error::Error;
 
 /// Most dimensions of a view.
 pub const TW_MAX_NDIM: usize = 16;
 const _: () = assert!(TW_MAX_NDIM == MAX_NDIM);
 
 // Spelled out for cbindgen, which cannot expand the table in `desc/dtype.rs`;
-// `tests/c_header.rs` checks that the two name the same dtypes with the same numbers.
+// `ffi/tests/c_header.rs` checks that the two name the same dtypes with the same numbers.
 /// Element types for `tw_layout_t.dtype`, numbered exactly like `c10::ScalarType`.
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use super::{guard, need, put, put_opt, quiet, tw_result_e};
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: *mut u64) {
     quiet((), || {
-        let c = crate::cuda::ipc::cache();
+        let c = tensorwire::cuda::ipc::cache();
         // SAFETY: each NULL or writable per the contract.
         unsafe {
             put_opt(opens, c.opens());
@@ -26,13 +26,13 @@ pub unsafe extern "C" fn tw_cuda_ipc_cache_stats(opens: *mut u64, open_handles: 
 /// closed the handle undefined behaviour.
 #[unsafe(no_mangle)]
 pub extern "C" fn tw_cuda_ipc_cache_keep_warm(n: usize) {
-    quiet((), || crate::cuda::ipc::cache().set_keep_warm(n))
+    quiet((), || tensorwire::cuda::ipc::cache().set_keep_warm(n))
 }
 
 /// True if a CUDA driver is present and initialised.
 #[unsafe(no_mangle)]
 pub extern "C" fn tw_cuda_available() -> bool {
-    quiet(false, crate::cuda::available)
+    quiet(false, tensorwire::cuda::available)
 }
 
 /// Number of CUDA devices; `TW_ERR_CUDA_UNAVAILABLE` (with the reason) without a driver.
@@ -43,7 +43,7 @@ pub extern "C" fn tw_cuda_available() -> bool {
 pub unsafe extern "C" fn tw_cuda_device_count(out: *mut i32) -> tw_result_e {
     guard("tw_cuda_device_count", || {
         need(out, "out")?;
-        let n = crate::cuda::device_count()?;
+        let n = tensorwire::cuda::device_count()?;
         // SAFETY: checked non-null.
         unsafe { put(out, n as i32, "out") }
     })

@@ -2,12 +2,12 @@
 //! release.
 
 use super::desc::tw_layout_t;
-use crate::lease::LeaseId;
+use tensorwire::lease::LeaseId;
 use super::{arg, get, guard, need, quiet, tw_result_e};
-use crate::cuda::CudaStream;
-use crate::desc::TensorDesc;
-use crate::error::Error;
-use crate::peer::{CudaImported, Imported};
+use tensorwire::cuda::CudaStream;
+use tensorwire::desc::TensorDesc;
+use tensorwire::error::Error;
+use tensorwire::peer::{CudaImported, Imported};
 use std::ffi::c_void;
 
 
@@ -56,7 +56,7 @@ impl AnyImport {
         let d = self.desc();
         LeaseId { slot: d.storage.lease_slot, generation: d.storage.lease_gen }
     }
-    fn release(self) -> crate::Result<()> {
+    fn release(self) -> tensorwire::Result<()> {
         match self {
             // Forwarded and still leased downstream: the forward's lease holds the
             // import, and the lease goes back when the last forward ends.

@@ -3,8 +3,8 @@
 use super::config::{config, tw_peer_config_t};
 use super::peer::{boxed_peer, path_arg, tw_peer_t};
 use super::{arg, guard, need, put, tw_result_e, wait_ms};
-use crate::Listener;
-use crate::peer::Peer;
+use tensorwire::Listener;
+use tensorwire::peer::Peer;
 use std::ffi::c_char;
 
 /// Opaque listening socket.

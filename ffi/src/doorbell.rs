@@ -3,8 +3,8 @@
 
 use super::{arg, get, guard, tw_result_e, wait_ms};
 use super::segment::tw_segment_t;
-use crate::doorbell::{Doorbell, DoorbellWords};
-use crate::error::Error;
+use tensorwire::doorbell::{Doorbell, DoorbellWords};
+use tensorwire::error::Error;
 
 fn words(seg: &tw_segment_t, offset: usize) -> Result<&DoorbellWords, Error> {
     let size = std::mem::size_of::<DoorbellWords>();
@@ -63,7 +63,7 @@ pub unsafe extern "C" fn tw_doorbell_wait(
         if d.wait(seen, spin, wait) {
             Ok(())
         } else {
-            Err(wait.deadline().timed_out("the doorbell").into())
+            Err(tensorwire::ffi_support::timed_out(wait, "the doorbell").into())
         }
     })
 }

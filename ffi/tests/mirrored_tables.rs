@@ -8,7 +8,7 @@
 //!   names, and no Python module may spell a code out.
 //! - Connection options: `tensorwire::peer::options::CONNECTION_OPTIONS` (name, range,
 //!   default, message, field). The header's `TW_CONNECTION_OPTIONS` X-macro (generated
-//!   from the table by `tests/c_header.rs`; the C++ extension's schemas are made from it)
+//!   from the table by `ffi/tests/c_header.rs`; the C++ extension's schemas are made from it)
 //!   must list the options in order with their defaults; no C++ source may list them
 //!   again; every field of the header's `tw_peer_config_t` is an option's or named in
 //!   [`NOT_OPTIONS`] with the reason.
@@ -19,11 +19,18 @@ use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::path::Path;
 use tensorwire::error::RESULT_CODES;
-use tensorwire::ffi::{tw_result_e, tw_result_name};
+use tensorwire_ffi::{tw_result_e, tw_result_name};
 use tensorwire::peer::options::CONNECTION_OPTIONS;
 
+/// The repository's root: the other languages' listings are the repository's files, not
+/// this crate's.
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("ffi/ lies in the repository")
+}
+
+/// The file at `rel` from the repository's root.
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// The text between the first `start` and the first `end` after it.
@@ -40,7 +47,7 @@ fn quoted_codes(text: &str) -> BTreeSet<String> {
 
 /// `(name, value)` of every `tw_result_e` enumerator the header declares.
 fn header_result_codes() -> Vec<(String, u32)> {
-    let header = read("include/tensorwire.h");
+    let header = read("ffi/include/tensorwire.h");
     let body = between(&header, "typedef enum {\n  TW_OK", "} tw_result_e;");
     std::iter::once("TW_OK = 0,")
         .chain(body.lines().map(str::trim).filter(|l| l.starts_with("TW_")))
@@ -71,10 +78,10 @@ const NOT_OPTIONS: &[(&str, &str)] = &[
 fn the_headers_result_codes_are_the_table() {
     let header = header_result_codes();
     let table: Vec<(String, u32)> = RESULT_CODES.iter().map(|r| (r.name.to_owned(), r.code)).collect();
-    assert_eq!(header, table, "include/tensorwire.h's tw_result_e (src/ffi/mod.rs) and RESULT_CODES (src/error/codes.rs) disagree");
+    assert_eq!(header, table, "ffi/include/tensorwire.h's tw_result_e (ffi/src/lib.rs) and RESULT_CODES (src/error/codes.rs) disagree");
     for (name, value) in header {
         // SAFETY: `value` is a discriminant of `tw_result_e` as the header generated from
-        // it declares it (`tests/c_header.rs` keeps the header current), and the enum is
+        // it declares it (`ffi/tests/c_header.rs` keeps the header current), and the enum is
         // `#[repr(C)]` (an int).
         let code: tw_result_e = unsafe { std::mem::transmute::<u32, tw_result_e>(value) };
         // SAFETY: tw_result_name returns a static NUL-terminated string for every code.
@@ -107,7 +114,7 @@ fn python_defines_every_class_the_table_names_and_spells_no_code_out() {
 
 #[test]
 fn the_headers_option_macro_lists_the_options_in_order() {
-    let header = read("include/tensorwire.h");
+    let header = read("ffi/include/tensorwire.h");
     let listed: Vec<(String, i64)> = between(&header, "#define TW_CONNECTION_OPTIONS(X)", "\n\n")
         .split("X(")
         .skip(1)
@@ -119,13 +126,13 @@ fn the_headers_option_macro_lists_the_options_in_order() {
     let table: Vec<(String, i64)> = CONNECTION_OPTIONS.iter().map(|o| (o.name.to_owned(), o.default)).collect();
     assert_eq!(
         listed, table,
-        "include/tensorwire.h's TW_CONNECTION_OPTIONS must list CONNECTION_OPTIONS (src/peer/options.rs) in order, with their defaults: regenerate the header (tests/c_header.rs)"
+        "ffi/include/tensorwire.h's TW_CONNECTION_OPTIONS must list CONNECTION_OPTIONS (src/peer/options.rs) in order, with their defaults: regenerate the header (ffi/tests/c_header.rs)"
     );
 }
 
 #[test]
 fn no_other_source_lists_the_options_or_their_messages() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cpp/src");
+    let dir = root().join("cpp/src");
     let mut sources: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| format!("cpp/src/{}", e.unwrap().file_name().to_string_lossy()))
@@ -143,7 +150,7 @@ fn no_other_source_lists_the_options_or_their_messages() {
 
 #[test]
 fn every_config_field_is_an_option_or_named_as_not_one() {
-    let header = read("include/tensorwire.h");
+    let header = read("ffi/include/tensorwire.h");
     let config = between(&header, "typedef struct {\n  /*\n   `sizeof(tw_peer_config_t)`", "} tw_peer_config_t;");
     let fields: BTreeSet<String> = config
         .lines()

@@ -1,8 +1,8 @@
 //! Connection limits in C: `tw_peer_config_t` and its defaults.
 
 use super::{guard, ms_of_wait, put, tw_result_e, wait_ms, Fail};
-use crate::peer::options::{ConnectionOption, CONNECTION_OPTIONS};
-use crate::peer::PeerConfig;
+use tensorwire::peer::options::{ConnectionOption, CONNECTION_OPTIONS};
+use tensorwire::peer::PeerConfig;
 use std::ffi::{c_char, CStr};
 use std::time::Duration;
 
@@ -85,8 +85,8 @@ pub struct tw_peer_config_t {
 }
 
 impl TryFrom<&tw_peer_config_t> for PeerConfig {
-    type Error = crate::Error;
-    fn try_from(c: &tw_peer_config_t) -> crate::Result<Self> {
+    type Error = tensorwire::Error;
+    fn try_from(c: &tw_peer_config_t) -> tensorwire::Result<Self> {
         Ok(PeerConfig {
             max_leases: c.max_leases,
             max_lease_bytes: c.max_lease_bytes,
@@ -103,12 +103,12 @@ impl TryFrom<&tw_peer_config_t> for PeerConfig {
             ring_spin: c.ring_spin,
             reap_interval: Duration::from_micros(c.reap_interval_us.max(1)),
             recv_spin: Duration::from_micros(c.recv_spin_us),
-            cuda_ring: (c.cuda_ring_device >= 0).then_some(crate::cuda::ring::CudaRingConfig {
+            cuda_ring: (c.cuda_ring_device >= 0).then_some(tensorwire::cuda::ring::CudaRingConfig {
                 device: c.cuda_ring_device,
                 slots: c.cuda_ring_slots,
                 slot_bytes: c.cuda_ring_slot_bytes,
             }),
-            cuda_wait: crate::cuda::CudaWait::from_code(c.cuda_wait)?,
+            cuda_wait: tensorwire::cuda::CudaWait::from_code(c.cuda_wait)?,
             cuda_wait_timeout: wait_ms(c.cuda_wait_timeout_ms),
         })
     }
@@ -147,8 +147,8 @@ impl tw_peer_config_t {
             reap_interval_us: d.reap_interval.as_micros() as u64,
             recv_spin_us: d.recv_spin.as_micros() as u64,
             cuda_ring_device: -1,
-            cuda_ring_slots: crate::cuda::ring::CudaRingConfig::default().slots,
-            cuda_ring_slot_bytes: crate::cuda::ring::CudaRingConfig::default().slot_bytes,
+            cuda_ring_slots: tensorwire::cuda::ring::CudaRingConfig::default().slots,
+            cuda_ring_slot_bytes: tensorwire::cuda::ring::CudaRingConfig::default().slot_bytes,
             max_import_mapped_bytes: d.max_import_mapped_bytes,
             send_timeout_ms: ms_of_wait(d.send_timeout),
             cuda_wait_timeout_ms: ms_of_wait(d.cuda_wait_timeout),
@@ -164,7 +164,7 @@ const MAX_CONFIG_SIZE: u64 = 4096;
 ///
 /// # Safety
 /// `cfg` NULL, or readable for 8 bytes and then for the `size` bytes its first field says.
-pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerConfig> {
+pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> tensorwire::Result<PeerConfig> {
     if cfg.is_null() {
         return Ok(PeerConfig::default());
     }
@@ -178,8 +178,8 @@ pub(super) unsafe fn config(cfg: *const tw_peer_config_t) -> crate::Result<PeerC
 ///
 /// # Safety
 /// `cfg` non-null, readable for 8 bytes and then for the `size` bytes its first field says.
-unsafe fn read_struct(cfg: *const tw_peer_config_t) -> crate::Result<(tw_peer_config_t, u64)> {
-    let bad = |m: String| crate::Error::InvalidArgument(format!("tw_peer_config_t: {m}"));
+unsafe fn read_struct(cfg: *const tw_peer_config_t) -> tensorwire::Result<(tw_peer_config_t, u64)> {
+    let bad = |m: String| tensorwire::Error::InvalidArgument(format!("tw_peer_config_t: {m}"));
     // SAFETY: readable for its first 8 bytes (the size field) per the contract.
     let size = unsafe { std::ptr::read_unaligned(cfg.cast::<u64>()) };
     let ours = std::mem::size_of::<tw_peer_config_t>() as u64;
@@ -224,7 +224,7 @@ macro_rules! c_field_setter {
         }
     };
 }
-crate::peer::options::with_connection_options!(c_field_setter);
+tensorwire::ffi_support::with_connection_options!(c_field_setter);
 
 /// Set the connection option `name` on `cfg` as the torch ops' opening calls take it (the
 /// same names, ranges and defaults; `tensorwire::peer::options::CONNECTION_OPTIONS` in
@@ -245,7 +245,7 @@ pub unsafe extern "C" fn tw_peer_config_set_option(
     value: i64,
 ) -> tw_result_e {
     guard("tw_peer_config_set_option", || {
-        let bad = |m: String| Fail::Err(crate::Error::InvalidArgument(m));
+        let bad = |m: String| Fail::Err(tensorwire::Error::InvalidArgument(m));
         if name.is_null() {
             return Err(Fail::Null("name"));
         }
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn tw_peer_config_set_option(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::CudaWait;
+    use tensorwire::cuda::CudaWait;
 
     #[test]
     fn the_c_wait_policies_are_the_rust_ones() {
@@ -299,7 +299,7 @@ mod tests {
         c.cuda_wait = 9;
         // SAFETY: a live struct of our own size.
         let e = unsafe { config(&c) }.unwrap_err();
-        assert!(matches!(e, crate::error::Error::InvalidArgument(_)) && e.to_string().contains("policy 9 unknown"), "{e}");
+        assert!(matches!(e, tensorwire::error::Error::InvalidArgument(_)) && e.to_string().contains("policy 9 unknown"), "{e}");
     }
 
     /// A struct of an older header (shorter `size`): what it sets is read, what it does not
@@ -321,7 +321,7 @@ mod tests {
         assert_eq!(got.cuda_wait_timeout, d.cuda_wait_timeout, "one it does not know takes its default");
         c.size = ours as u64;
         // SAFETY: as above.
-        assert_eq!(unsafe { config(&c) }.unwrap().cuda_wait_timeout, crate::Wait::For(Duration::from_millis(1234)));
+        assert_eq!(unsafe { config(&c) }.unwrap().cuda_wait_timeout, tensorwire::Wait::For(Duration::from_millis(1234)));
         // A newer header's struct: 16 more bytes, zero, then one of them set.
         let mut newer = [0u64; 64];
         let words = ours / 8;
@@ -334,12 +334,12 @@ mod tests {
         newer[words + 1] = 5;
         // SAFETY: as above.
         let e = unsafe { config(newer.as_ptr().cast()) }.unwrap_err();
-        assert!(matches!(e, crate::error::Error::InvalidArgument(_)) && e.to_string().contains(&format!("byte {}", ours + 8)), "{e}");
+        assert!(matches!(e, tensorwire::error::Error::InvalidArgument(_)) && e.to_string().contains(&format!("byte {}", ours + 8)), "{e}");
         for (size, needle) in [(0u64, "fill the struct with tw_peer_config_default"), (12, "not a multiple of 8"), (8192, "not a multiple of 8 in 8..=4096")] {
             c.size = size;
             // SAFETY: as above (no size past the struct is read: each is refused first).
             let e = unsafe { config(&c) }.unwrap_err();
-            assert!(matches!(e, crate::error::Error::InvalidArgument(_)) && e.to_string().contains(needle), "{size}: {e}");
+            assert!(matches!(e, tensorwire::error::Error::InvalidArgument(_)) && e.to_string().contains(needle), "{size}: {e}");
         }
         // Only the size field: every default.
         let only_size = [8u64];
@@ -372,7 +372,7 @@ mod tests {
                 values[i] = v;
                 // SAFETY: a live struct of our own size.
                 let from_c = unsafe { config(&c) }.unwrap();
-                let from_table = crate::peer::options::peer_config_from_options(&values).unwrap();
+                let from_table = tensorwire::peer::options::peer_config_from_options(&values).unwrap();
                 assert_eq!(format!("{from_c:?}"), format!("{from_table:?}"), "{} = {v}", o.name);
             }
         }

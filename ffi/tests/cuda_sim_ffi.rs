@@ -3,8 +3,10 @@
 //! C would call them, over two peers of one process connected by `tw_socketpair`: the data
 //! arrives, stream order holds, the release callback runs once, the ring carries a
 //! many-chunk message. Runs on simcuda and unchanged on a GPU; SKIPPED without a driver.
-//! (tests/c/cuda.c does the same from C across a fork, under valgrind on simcuda.)
+//! (ffi/tests/c/cuda.c does the same from C across a fork, under valgrind on simcuda.)
 
+/// The core crate's test helpers (the driver calls, streams, simcuda's counters).
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::gpu::*;
@@ -12,7 +14,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tensorwire::cuda::driver::DeviceBuffer;
 use tensorwire::cuda::DevicePtr;
-use tensorwire::ffi::*;
+use tensorwire_ffi::*;
 
 static RELEASED: AtomicUsize = AtomicUsize::new(0);
 

@@ -2,7 +2,7 @@
 //! thread; the memory itself is shared with other processes and may change at any time.
 
 use super::{arg, guard, need, put, quiet, tw_result_e};
-use crate::segment::Segment;
+use tensorwire::segment::Segment;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -62,11 +62,11 @@ unsafe fn map_fd(
     name: &'static str,
     fd: c_int,
     out: *mut *mut tw_segment_t,
-    map: impl FnOnce(OwnedFd) -> crate::Result<Segment>,
+    map: impl FnOnce(OwnedFd) -> tensorwire::Result<Segment>,
 ) -> tw_result_e {
     guard(name, || {
         if fd < 0 {
-            return Err(crate::Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
+            return Err(tensorwire::Error::InvalidArgument(format!("fd {fd} is not a valid descriptor")).into());
         }
         // SAFETY: the caller transfers ownership of the open fd to us.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -94,9 +94,9 @@ pub unsafe extern "C" fn tw_segment_new_named(
         need(out, "out")?;
         need(name_buf, "name_buf")?;
         let s = Segment::create_named(len)?;
-        let crate::segment::Backing::Named { name, .. } = s.backing() else { unreachable!("created named") };
+        let tensorwire::segment::Backing::Named { name, .. } = s.backing() else { unreachable!("created named") };
         if name.len() + 1 > name_buf_len {
-            return Err(crate::Error::InvalidArgument(format!(
+            return Err(tensorwire::Error::InvalidArgument(format!(
                 "name buffer of {name_buf_len} bytes; {} needed",
                 name.len() + 1
             ))
@@ -122,7 +122,7 @@ pub unsafe extern "C" fn tw_segment_open_named(name: *const c_char, min_len: usi
         need(out, "out")?;
         // SAFETY: caller passes a valid C string (NULL refused by `arg`).
         let name = unsafe { CStr::from_ptr(arg(name, "name")?) };
-        let name = name.to_str().map_err(|_| crate::Error::InvalidArgument("name is not UTF-8".into()))?;
+        let name = name.to_str().map_err(|_| tensorwire::Error::InvalidArgument("name is not UTF-8".into()))?;
         let s = Segment::open_named(name, min_len)?;
         // SAFETY: checked non-null above.
         unsafe { put(out, boxed(s), "out") }
