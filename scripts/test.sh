@@ -107,14 +107,14 @@ stage_docs() {
   RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --locked -q
 }
 
-stage publish "crates: cargo publish --dry-run of tensorwire, tensorwire-remote and tensorwire-rpc (packaged, then built from the packages; rpc against the packaged tensorwire and tensorwire-remote, its optional dependency)"
+stage publish "crates: cargo publish --dry-run of tensorwire, tensorwire-ffi, tensorwire-remote and tensorwire-rpc (packaged, then built from the packages; ffi, remote and rpc against the packaged tensorwire, rpc also against the packaged tensorwire-remote, its optional dependency)"
 stage_publish() {
   # --allow-dirty: what is checked is the packages and their metadata, not the checkout's state.
   # A fresh target dir each run: cargo treats the packaged crates as immutable registry
   # crates (same name and version, so unpacked and built once per registry path), and a
   # rerun in the same place would verify against an earlier run's tensorwire.
   publish_target=$(mktemp -d)
-  cargo publish --dry-run --locked --allow-dirty --target-dir "$publish_target" -p tensorwire -p tensorwire-remote -p tensorwire-rpc 2>&1 \
+  cargo publish --dry-run --locked --allow-dirty --target-dir "$publish_target" -p tensorwire -p tensorwire-ffi -p tensorwire-remote -p tensorwire-rpc 2>&1 \
     | grep -E "Packaged|Verifying|error|warning: [^a]"
   rm -rf "$publish_target"
 }
