@@ -399,6 +399,17 @@ mod tests {
     }
 
     #[test]
+    fn fd_handed_out_is_set_by_fd_and_stays() {
+        let s = Segment::create(4096).unwrap();
+        s.write_at(0, b"x").unwrap();
+        let _ = s.file_ident().unwrap();
+        assert!(!s.fd_handed_out(), "writing and fstat hand nothing out");
+        let _ = s.fd();
+        assert!(s.fd_handed_out());
+        assert!(s.fd_handed_out(), "once handed out, always");
+    }
+
+    #[test]
     fn check_header_refuses_each_field_by_name() {
         let s = Segment::create(4096).unwrap();
         s.write_at(0, &7u64.to_le_bytes()).unwrap();
