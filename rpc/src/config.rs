@@ -19,12 +19,12 @@ pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
 pub const DEFAULT_REMOTE_IMPORT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default [`RpcConfig::max_remote_exports`].
 pub const DEFAULT_MAX_REMOTE_EXPORTS: usize = 1024;
+/// Default [`RpcConfig::remote_pool_bytes`]: 256 MiB.
+pub const DEFAULT_REMOTE_POOL_BYTES: u64 = 256 << 20;
 /// Default [`RpcConfig::max_remote_message_bytes`]: 512 MiB.
 pub const DEFAULT_MAX_REMOTE_MESSAGE_BYTES: u64 = 512 << 20;
 /// Default [`RpcConfig::max_remote_connection_bytes`]: 2 GiB.
 pub const DEFAULT_MAX_REMOTE_CONNECTION_BYTES: u64 = 2 << 30;
-/// Default [`RpcConfig::remote_pool_bytes`]: 256 MiB.
-pub const DEFAULT_REMOTE_POOL_BYTES: u64 = 256 << 20;
 
 /// Limits and behaviour of one endpoint.
 #[derive(Debug, Clone)]
