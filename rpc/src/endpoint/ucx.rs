@@ -292,8 +292,9 @@ impl Endpoint {
         }
     }
 
-    /// Bytes of remote tensors received on this connection that are still alive (what
-    /// `RpcConfig::max_remote_connection_bytes` bounds).
+    /// Bytes of remote tensors received on this connection that are still alive, not
+    /// counting free segments of the connection's pool (what the refusals of
+    /// `RpcConfig::max_remote_connection_bytes` count).
     pub fn remote_imported_bytes(&self) -> u64 {
         self.inner().remote.state.lock().as_ref().map_or(0, |r| r.held_bytes())
     }
