@@ -16,7 +16,7 @@ use crate::sys;
 use memmap2::{MmapOptions, MmapRaw};
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Seals every memfd segment carries: no shrink (SIGBUS), no grow, no further seals.
 pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
@@ -50,6 +50,8 @@ pub struct Segment {
     fd: OwnedFd,
     map: MmapRaw,
     backing: parking_lot::Mutex<Backing>,
+    /// Set once [`Segment::fd`] has handed the fd out (to pass it to a peer, or anyone).
+    fd_handed_out: AtomicBool,
 }
 
 impl std::fmt::Debug for Segment {
@@ -107,7 +109,7 @@ impl Segment {
         sys::ftruncate(fd.as_fd(), len as u64)?;
         sys::add_seals(fd.as_fd(), REQUIRED_SEALS | libc::F_SEAL_SEAL)?;
         let map = map_shared(fd.as_fd(), len)?;
-        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into(), fd_handed_out: AtomicBool::new(false) })
     }
 
     /// Map a memfd received from a peer, after checking that it is a memfd, sealed
@@ -123,7 +125,7 @@ impl Segment {
         }
         let len = usize::try_from(size).map_err(|_| Error::InvalidSegment(format!("segment of {size} bytes cannot be mapped")))?;
         let map = map_shared(fd.as_fd(), len)?;
-        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into(), fd_handed_out: AtomicBool::new(false) })
     }
 
     /// Map a peer's memfd that holds a structure of `len` bytes (a ring, a lease table:
@@ -187,7 +189,7 @@ impl Segment {
         }
         let len = usize::try_from(size).map_err(|_| Error::InvalidSegment(format!("file of {size} bytes cannot be mapped")))?;
         let map = map_shared(fd.as_fd(), len)?;
-        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into() })
+        Ok(Segment { id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed), fd, map, backing: Backing::Memfd.into(), fd_handed_out: AtomicBool::new(false) })
     }
 
     /// Create a named POSIX shm segment with an unguessable name (128 random bits). The
@@ -220,6 +222,7 @@ impl Segment {
             fd,
             map,
             backing: Backing::Named { name, owner: true }.into(),
+            fd_handed_out: AtomicBool::new(false),
         })
     }
 
@@ -247,6 +250,7 @@ impl Segment {
             fd,
             map,
             backing: Backing::Named { name: name.to_owned(), owner: false }.into(),
+            fd_handed_out: AtomicBool::new(false),
         })
     }
 
@@ -281,9 +285,20 @@ impl Segment {
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
     }
-    /// The fd to pass to a peer.
+    /// The fd to pass to a peer. Marks the segment as [`Segment::fd_handed_out`].
     pub fn fd(&self) -> BorrowedFd<'_> {
+        // Relaxed: a reader that must see it (a recycler deciding whether to write the
+        // segment again) first takes the segment back from its last holder, which orders
+        // it (the holder's `Arc` drop releases, the recycler acquires).
+        self.fd_handed_out.store(true, Ordering::Relaxed);
         self.fd.as_fd()
+    }
+    /// Whether [`Segment::fd`] was ever called: the fd may have gone to another process,
+    /// which may keep the memory mapped after it gave the segment back. A recycler writes
+    /// other data into a segment only where this is false.
+    pub fn fd_handed_out(&self) -> bool {
+        // Relaxed: see `fd`.
+        self.fd_handed_out.load(Ordering::Relaxed)
     }
     pub fn backing(&self) -> Backing {
         self.backing.lock().clone()
@@ -381,6 +396,17 @@ mod tests {
         assert_eq!(seals & REQUIRED_SEALS, REQUIRED_SEALS);
         // The seal really holds: the kernel refuses to shrink.
         assert!(sys::ftruncate(s.fd(), 0).is_err());
+    }
+
+    #[test]
+    fn fd_handed_out_is_set_by_fd_and_stays() {
+        let s = Segment::create(4096).unwrap();
+        s.write_at(0, b"x").unwrap();
+        let _ = s.file_ident().unwrap();
+        assert!(!s.fd_handed_out(), "writing and fstat hand nothing out");
+        let _ = s.fd();
+        assert!(s.fd_handed_out());
+        assert!(s.fd_handed_out(), "once handed out, always");
     }
 
     #[test]

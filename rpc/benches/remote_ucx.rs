@@ -5,12 +5,16 @@
 //!
 //! Over loopback TCP (one server and one client process, both `UCX_TLS=tcp`):
 //! - *UCX*: the server's tensor as a remote tensor (`RpcConfig::remote_tensors`): the
-//!   client asks the server's exporter for it and receives its bytes into a fresh memfd
-//!   segment of its own, then releases it;
+//!   client asks the server's exporter for it and receives its bytes into a memfd segment
+//!   of its own (from the connection's pool, `RpcConfig::remote_pool_bytes`, raised here to
+//!   2 GiB so that 1 GiB is kept too: the tensor of the previous rep is dropped before the
+//!   next), then releases it;
 //! - *inline*: the same call on a connection without remote tensors, the tensor copied
 //!   into the JSON as a `TensorValue` (what TCP peers got before remote tensors);
 //! - *socket copy*: the same bytes written raw on a plain `TcpStream` and read into a
-//!   buffer allocated once — the floor for moving them over loopback TCP.
+//!   buffer allocated once — the floor for moving them over loopback TCP;
+//! - *call, no tensor*: a call on the remote-tensor connection that returns an integer —
+//!   the floor for any call (the 4 KiB row only).
 //!
 //! Over shared memory (another server/client pair, both `UCX_TLS=sm,self`):
 //! - *UCX*: as above, UCX over its shared-memory transports;
@@ -41,7 +45,8 @@ const DEFAULT_REPS: [usize; 4] = [200, 50, 8, 3];
 /// `max_frame` / `max_values`, so it is measured up to 1 MiB only (and with `max_values`
 /// raised: by default 1 MiB of uint8 is already refused).
 const INLINE_MAX: usize = 1 << 20;
-const COLUMNS: [&str; 5] = ["tcp: UCX", "tcp: inline TensorValue", "tcp: socket copy", "sm: UCX", "sm: memfd (Unix socket)"];
+const COLUMNS: [&str; 6] =
+    ["tcp: UCX", "tcp: inline TensorValue", "tcp: socket copy", "tcp: call, no tensor", "sm: UCX", "sm: memfd (Unix socket)"];
 
 fn size_name(n: usize) -> String {
     match n {
@@ -67,10 +72,12 @@ fn serve() -> ! {
         let reg = Registry::new();
         reg.register(
             "t",
-            Service::new("T").method("get", move |_, a| {
-                let n = a.req(0, "n")?.as_i64().unwrap_or(0) as usize;
-                held.get(&n).cloned().map(Value::from).ok_or_else(|| RpcError::InvalidArgument(format!("no tensor of {n} bytes")))
-            }),
+            Service::new("T")
+                .method("get", move |_, a| {
+                    let n = a.req(0, "n")?.as_i64().unwrap_or(0) as usize;
+                    held.get(&n).cloned().map(Value::from).ok_or_else(|| RpcError::InvalidArgument(format!("no tensor of {n} bytes")))
+                })
+                .method("ping", |_, _| Ok(Value::Int(1))),
         )
         .unwrap();
         reg
@@ -111,11 +118,16 @@ fn cell(mut t: Vec<f64>, n: usize) -> String {
     format!("{:.3} / {:.3} ms ({:.2} GB/s)", p50 * 1e3, p90 * 1e3, n as f64 / p50 / 1e9)
 }
 
+/// As [`cell`] without a rate.
+fn cell_time(t: Vec<f64>) -> String {
+    let c = cell(t, 1);
+    c[..c.find(" (").unwrap_or(c.len())].to_string()
+}
+
 /// As [`cell`] for a path that maps the sender's memory instead of copying it: a rate
 /// would be meaningless.
 fn cell_mapped(t: Vec<f64>) -> String {
-    let c = cell(t, 1);
-    format!("{} (mapped, no copy)", &c[..c.find(" (").unwrap_or(c.len())])
+    format!("{} (mapped, no copy)", cell_time(t))
 }
 
 /// Times `reps` calls of `f` after one warm-up.
@@ -148,6 +160,7 @@ fn client(group: &str, server: &str, reps: [usize; 4]) {
         max_tensor_copy: 1 << 31,
         max_remote_message_bytes: 2 << 30,
         max_remote_connection_bytes: 4 << 30,
+        remote_pool_bytes: 2 << 30,
         ..RpcConfig::default()
     };
     let remote = Endpoint::connect(tcp, Registry::new(), cfg(true)).unwrap();
@@ -171,13 +184,16 @@ fn client(group: &str, server: &str, reps: [usize; 4]) {
             });
             assert!(buf.iter().enumerate().all(|(j, &b)| b == j as u8), "socket copy bytes");
             out(i, 2, cell(t, n));
+            if i == 0 {
+                out(i, 3, cell_time(time(reps[i], || assert_eq!(remote.call("t", "ping", vec![]).unwrap(), Value::Int(1)))));
+            }
         }
     } else {
         let memfd = Endpoint::connect(unix, Registry::new(), cfg(false)).unwrap();
         assert!(memfd.negotiate_native(Duration::from_secs(10)).unwrap(), "native tensors on the Unix socket");
         for (i, &n) in SIZES.iter().enumerate() {
-            out(i, 3, cell(time(reps[i], || rpc_get(&remote, n)), n));
-            out(i, 4, cell_mapped(time(reps[i], || rpc_get(&memfd, n))));
+            out(i, 4, cell(time(reps[i], || rpc_get(&remote, n)), n));
+            out(i, 5, cell_mapped(time(reps[i], || rpc_get(&memfd, n))));
         }
     }
 }
@@ -206,6 +222,8 @@ fn main() {
         }
         None => {}
     }
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split(' ').take(3).collect::<Vec<_>>().join(" ");
+    let load_before = load();
     let mut cells: Vec<Vec<String>> = vec![vec!["—".to_string(); COLUMNS.len()]; SIZES.len()];
     let started = Instant::now();
     for (group, tls) in [("tcp", "tcp"), ("sm", "sm,self")] {
@@ -224,7 +242,11 @@ fn main() {
         server.close();
         let _ = server.child.wait();
     }
-    println!("p50 / p90 of each call's time (GB/s at p50); reps {reps:?}; {:.0} s in all", started.elapsed().as_secs_f64());
+    println!(
+        "p50 / p90 of each call's time (GB/s at p50); reps {reps:?}; {:.0} s in all; load average {load_before} → {}",
+        started.elapsed().as_secs_f64(),
+        load()
+    );
     println!("| size | {} |", COLUMNS.join(" | "));
     println!("|---|{}", "---|".repeat(COLUMNS.len()));
     for (i, &n) in SIZES.iter().enumerate() {

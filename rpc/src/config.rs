@@ -19,6 +19,8 @@ pub const DEFAULT_MAX_TENSOR_COPY: usize = 256 << 20;
 pub const DEFAULT_REMOTE_IMPORT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default [`RpcConfig::max_remote_exports`].
 pub const DEFAULT_MAX_REMOTE_EXPORTS: usize = 1024;
+/// Default [`RpcConfig::remote_pool_bytes`]: 256 MiB.
+pub const DEFAULT_REMOTE_POOL_BYTES: u64 = 256 << 20;
 /// Default [`RpcConfig::max_remote_message_bytes`]: 512 MiB.
 pub const DEFAULT_MAX_REMOTE_MESSAGE_BYTES: u64 = 512 << 20;
 /// Default [`RpcConfig::max_remote_connection_bytes`]: 2 GiB.
@@ -132,6 +134,13 @@ pub struct RpcConfig {
     /// (default 2 GiB): imports in progress plus imported tensors still held by this
     /// process. A message that would go past it is refused whole, as above.
     pub max_remote_connection_bytes: u64,
+    /// Most bytes of segments this connection keeps to receive remote tensors into again
+    /// (default 256 MiB; 0 keeps none): a segment whose tensor the process has dropped is
+    /// reused for the next remote tensor of exactly its length, saving the allocation and
+    /// the page faults of a fresh one. Kept segments count towards
+    /// `max_remote_connection_bytes` too (free ones are dropped first to make room), and go
+    /// when the connection ends. See DESIGN.md, "Remote peers".
+    pub remote_pool_bytes: u64,
     /// Hand received values that hold no tagged object (no tensor, no pyisolate form) to
     /// their consumer as [`Value::Json`](crate::Value::Json) text, checked but not
     /// parsed into a tree (default `false`): for a consumer that builds its own objects
@@ -169,6 +178,7 @@ impl Default for RpcConfig {
             max_remote_exports: DEFAULT_MAX_REMOTE_EXPORTS,
             max_remote_message_bytes: DEFAULT_MAX_REMOTE_MESSAGE_BYTES,
             max_remote_connection_bytes: DEFAULT_MAX_REMOTE_CONNECTION_BYTES,
+            remote_pool_bytes: DEFAULT_REMOTE_POOL_BYTES,
         }
     }
 }

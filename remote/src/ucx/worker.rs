@@ -41,10 +41,12 @@ impl Worker {
         if status != sys::ucs_status_t_UCS_OK {
             return Err(ucx("ucp_config_read", status));
         }
-        // Larger tcp send segments than UCX's 8 KiB default: fewer fragments, sends and
-        // receives per transfer. The environment (`UCX_TCP_TX_SEG_SIZE`,
+        // Larger tcp segments than UCX's 8 KiB default: fewer fragments, system calls and
+        // bounce-buffer round trips per transfer, which over tcp is where a large
+        // transfer's time goes (docs/measurements.md, "Remote peers"). Each endpoint's
+        // buffers are of this size. The environment (`UCX_TCP_TX_SEG_SIZE`,
         // `UCX_TCP_RX_SEG_SIZE`) and `options` win.
-        let defaults = [("TCP_TX_SEG_SIZE", "64k"), ("TCP_RX_SEG_SIZE", "64k")];
+        let defaults = [("TCP_TX_SEG_SIZE", "256k"), ("TCP_RX_SEG_SIZE", "256k")];
         let defaults = defaults
             .iter()
             .filter(|(n, _)| std::env::var_os(format!("UCX_{n}")).is_none())

@@ -22,12 +22,21 @@
 //! summed and checked against `RpcConfig::max_remote_message_bytes` and, with what this
 //! connection's imports already hold, `RpcConfig::max_remote_connection_bytes`; a message
 //! past either is refused whole and its exports released. Each value is then validated
-//! ([`crate::ucx_tensor::parse`]), a fresh memfd segment of the export's length is
-//! allocated (within `RpcConfig::max_tensor_copy` and the connection budget), the bytes
-//! are received into it (within `RpcConfig::remote_import_timeout`) by this connection's
-//! own importer, and the release is sent — also when the read failed, so the exporter
-//! never holds an export for a value we refused. The tensor is an ordinary
-//! `Tensor::Shared` of ours.
+//! ([`crate::ucx_tensor::parse`]), a memfd segment of the export's length is taken from
+//! the connection's pool of recycled segments or allocated (within
+//! `RpcConfig::max_tensor_copy` and the connection budget), the bytes are received into it
+//! (within `RpcConfig::remote_import_timeout`) by this connection's own importer, and the
+//! release is sent — also when the read failed, so the exporter never holds an export for
+//! a value we refused. The tensor is an ordinary `Tensor::Shared` of ours.
+//!
+//! Recycling ([`ImportPool`]): a fresh segment costs a `memfd_create`, a mapping, a page
+//! fault per page on the first write and the unmapping after, none of which a reused one
+//! repeats. So each connection keeps the segments it imported
+//! into (up to `RpcConfig::remote_pool_bytes`) and imports into one again once nothing
+//! else holds it — no tensor of the process, no import in flight, no weak reference, and
+//! its fd never handed out (a peer given the fd could keep it mapped) — and only for a
+//! tensor of exactly its length, which the import then overwrites whole. Kept segments
+//! count towards the connection budget and go with the connection.
 //!
 //! Engines: one UCX exporter (context, worker and progress thread) per process, made on
 //! the first negotiation, and one importer (context and worker) per connection, made on
@@ -42,6 +51,7 @@ use crate::tensor::Tensor;
 use crate::ucx_tensor::{self, ENGINE_UCX};
 use crate::value::{Map, Value};
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tensorwire::{Segment, SharedTensor, Wait};
@@ -54,6 +64,8 @@ const REMOTE_ENGINES: &str = "remote_engines";
 const REMOTE_ENGINE: &str = "remote_engine";
 /// How long a received remote tensor waits for a negotiation still in progress.
 const NEGOTIATION_WAIT: Duration = Duration::from_secs(10);
+/// Most segments a connection's pool keeps (each import looks through them).
+const MAX_POOLED_SEGMENTS: usize = 64;
 
 static EXPORTER: OnceLock<std::result::Result<Exporter, String>> = OnceLock::new();
 
@@ -95,9 +107,9 @@ pub(super) struct RemoteState {
     scope: PeerScope,
     /// This connection's importer, made on the first remote tensor received.
     importer: OnceLock<std::result::Result<Importer, String>>,
-    /// Segments imported on this connection, for the connection budget: a segment counts
-    /// while anything (an import in progress, a tensor of the application) holds it.
-    imported: Mutex<Vec<(Weak<Segment>, u64)>>,
+    /// The segments imported into on this connection: kept for reuse, or tracked for the
+    /// connection budget while anything holds them.
+    pool: Mutex<ImportPool>,
 }
 
 impl RemoteState {
@@ -108,22 +120,117 @@ impl RemoteState {
             .map_err(|e| RpcError::RemoteTransfer(e.clone()))
     }
 
-    /// Bytes of imported segments still alive.
+    /// Bytes of imported segments something besides the pool holds (imports in progress,
+    /// tensors of the process): what the connection budget's refusals count. Free kept
+    /// segments are dropped to make room instead ([`ImportPool::take`]).
     fn held_bytes(&self) -> u64 {
-        let mut v = self.imported.lock();
-        v.retain(|(w, _)| w.strong_count() > 0);
-        v.iter().map(|(_, n)| n).sum()
+        self.pool.lock().held_bytes()
+    }
+}
+
+/// A connection's imported segments (see the module docs, "Recycling"). Bounded by
+/// `RpcConfig::remote_pool_bytes` and [`MAX_POOLED_SEGMENTS`]; a segment past either is
+/// tracked only by a `Weak` for the budget and freed when its last holder drops it.
+#[derive(Default)]
+struct ImportPool {
+    /// Segments kept for reuse, in use or free, least recently taken first.
+    kept: Vec<Arc<Segment>>,
+    /// Bytes of `kept`.
+    kept_bytes: u64,
+    /// Segments not kept, while they live: (segment, bytes).
+    unpooled: Vec<(Weak<Segment>, u64)>,
+    /// Imports that went into a kept segment.
+    reused: u64,
+}
+
+/// Whether only the pool holds `seg`: no other `Arc` and no `Weak` (none can appear while
+/// the pool's lock is held, as nothing else can reach the segment).
+fn only_pool_holds(seg: &Arc<Segment>) -> bool {
+    Arc::strong_count(seg) == 1 && Arc::weak_count(seg) == 0
+}
+
+impl ImportPool {
+    fn held_bytes(&mut self) -> u64 {
+        self.unpooled.retain(|(w, _)| w.strong_count() > 0);
+        let kept: u64 = self.kept.iter().filter(|s| Arc::strong_count(s) > 1).map(|s| s.len() as u64).sum();
+        kept + self.unpooled.iter().map(|(_, n)| n).sum::<u64>()
+    }
+
+    /// Takes out of `kept` what can never be written again: a segment whose fd was handed
+    /// out (tracked as unpooled while something holds it), or one free of the pool but
+    /// with a weak reference left.
+    fn sweep(&mut self) {
+        let mut i = 0;
+        while i < self.kept.len() {
+            let s = &self.kept[i];
+            let strong = Arc::strong_count(s);
+            if s.fd_handed_out() || (strong == 1 && Arc::weak_count(s) > 0) {
+                let s = self.kept.remove(i);
+                self.kept_bytes -= s.len() as u64;
+                if strong > 1 {
+                    self.unpooled.push((Arc::downgrade(&s), s.len() as u64));
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// A segment of exactly `n` bytes that nothing else holds, for an import to overwrite:
+    /// a free kept one, else a fresh one (kept while `cap` bytes and [`MAX_POOLED_SEGMENTS`]
+    /// allow). Free kept segments are dropped, least recently taken first, while keeping
+    /// them would take the connection's imported segments (kept and not) past `budget`
+    /// with the new one, or the pool past its bounds.
+    fn take(&mut self, n: usize, cap: u64, budget: u64) -> tensorwire::Result<Arc<Segment>> {
+        self.sweep();
+        if let Some(i) = self.kept.iter().position(|s| s.len() == n && only_pool_holds(s)) {
+            // Acquire: pairs with the Release decrement of the last other holder's drop (a
+            // tensor of the application, the import that filled it), so its reads of the
+            // old bytes, and its `Segment::fd` if it made one, happen before what we do now.
+            fence(Ordering::Acquire);
+            if !self.kept[i].fd_handed_out() {
+                let s = self.kept.remove(i);
+                self.kept.push(s.clone());
+                self.reused += 1;
+                return Ok(s);
+            }
+            self.sweep();
+        }
+        let n64 = n as u64;
+        let fits_pool = |p: &ImportPool| p.kept.len() < MAX_POOLED_SEGMENTS && p.kept_bytes.saturating_add(n64) <= cap;
+        loop {
+            self.unpooled.retain(|(w, _)| w.strong_count() > 0);
+            let total = self.kept_bytes + self.unpooled.iter().map(|(_, b)| b).sum::<u64>();
+            let want_room = total.saturating_add(n64) > budget || (n64 <= cap && !fits_pool(self));
+            if !want_room {
+                break;
+            }
+            let Some(i) = self.kept.iter().position(|s| Arc::strong_count(s) == 1) else {
+                break;
+            };
+            let s = self.kept.remove(i);
+            self.kept_bytes -= s.len() as u64;
+        }
+        let seg = Arc::new(Segment::create(n)?);
+        if fits_pool(self) {
+            self.kept.push(seg.clone());
+            self.kept_bytes += n64;
+        } else {
+            self.unpooled.push((Arc::downgrade(&seg), n64));
+        }
+        Ok(seg)
     }
 }
 
 /// A segment an import writes into; given back when the bytes are in.
 struct SegmentDest(Arc<Segment>, usize);
 
-// SAFETY: the segment was just created for this import, is mapped read-write for at least
-// `self.1` bytes, and its fd has not been passed to anyone: until the importer gives the
-// value back, nothing else reads or writes the memory (the `Weak` kept for the budget never
-// upgrades). The mapping stays in place while the `Arc` lives; both methods return the same
-// values on every call.
+// SAFETY: the segment is this import's alone (`ImportPool::take`: fresh, or kept and held
+// by nothing else — no `Arc` but the pool's, no `Weak` that could upgrade, its fd never
+// handed out), is mapped read-write for exactly `self.1` bytes, and the pool hands it to
+// no one else while this value holds it: until the importer gives the value back, nothing
+// else reads or writes the memory. The mapping stays in place while the `Arc` lives; both
+// methods return the same values on every call.
 unsafe impl Destination for SegmentDest {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.0.as_ptr()
@@ -185,10 +292,20 @@ impl Endpoint {
         }
     }
 
-    /// Bytes of remote tensors received on this connection that are still alive (what
-    /// `RpcConfig::max_remote_connection_bytes` bounds).
+    /// Bytes of remote tensors received on this connection that are still alive, not
+    /// counting free segments of the connection's pool (what the refusals of
+    /// `RpcConfig::max_remote_connection_bytes` count).
     pub fn remote_imported_bytes(&self) -> u64 {
         self.inner().remote.state.lock().as_ref().map_or(0, |r| r.held_bytes())
+    }
+
+    /// This connection's pool of segments for remote tensors: (segments kept, their bytes,
+    /// imports that reused one). `RpcConfig::remote_pool_bytes` bounds the bytes.
+    pub fn remote_pool(&self) -> (usize, u64, u64) {
+        self.inner().remote.state.lock().as_ref().map_or((0, 0, 0), |r| {
+            let p = r.pool.lock();
+            (p.kept.len(), p.kept_bytes, p.reused)
+        })
     }
 }
 
@@ -264,7 +381,7 @@ impl Inner {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        *g = Some(Arc::new(RemoteState { scope, importer: OnceLock::new(), imported: Mutex::new(Vec::new()) }));
+        *g = Some(Arc::new(RemoteState { scope, importer: OnceLock::new(), pool: Mutex::new(ImportPool::default()) }));
         self.remote.ready.notify_all();
         Ok(())
     }
@@ -379,8 +496,7 @@ impl Inner {
             )));
         }
         let importer = st.importer()?;
-        let seg = Arc::new(Segment::create(n)?);
-        st.imported.lock().push((Arc::downgrade(&seg), n as u64));
+        let seg = st.pool.lock().take(n, self.cfg.remote_pool_bytes, self.cfg.max_remote_connection_bytes)?;
         let dst = importer
             .import(&r.blob, SegmentDest(seg, n), self.cfg.remote_import_timeout)
             .map_err(|e| RpcError::RemoteTransfer(format!("reading remote tensor {id} ({length} bytes) from the peer: {e}")))?;
