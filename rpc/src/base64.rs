@@ -23,19 +23,29 @@ pub fn encode_to(data: &[u8], out: &mut Vec<u8>) {
     let at = out.len();
     out.resize(at + data.len().div_ceil(3) * 4, b'=');
     let dst = &mut out[at..];
-    let sym = |n: u32, k: u32| ALPHABET[((n >> (18 - 6 * k)) & 63) as usize];
-    let mut src = data.chunks_exact(3);
-    for (c, o) in (&mut src).zip(dst.chunks_exact_mut(4)) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(c[1]) << 8) | u32::from(c[2]);
-        o.copy_from_slice(&[sym(n, 0), sym(n, 1), sym(n, 2), sym(n, 3)]);
+    let sym = |n: u64, shift: u32| ALPHABET[((n >> shift) & 63) as usize];
+    // Six bytes (48 bits) at a time into eight symbols.
+    let mut src = data.chunks_exact(6);
+    let mut out8 = dst.chunks_exact_mut(8);
+    for (c, o) in (&mut src).zip(&mut out8) {
+        let n = u64::from_be_bytes([0, 0, c[0], c[1], c[2], c[3], c[4], c[5]]);
+        let o: &mut [u8; 8] = o.try_into().expect("chunks of eight");
+        *o = [sym(n, 42), sym(n, 36), sym(n, 30), sym(n, 24), sym(n, 18), sym(n, 12), sym(n, 6), sym(n, 0)];
     }
     let rest = src.remainder();
-    if !rest.is_empty() {
-        let n = (u32::from(rest[0]) << 16) | (u32::from(*rest.get(1).unwrap_or(&0)) << 8);
-        let last = dst.len() - 4;
+    let tail = &mut dst[data.len() / 6 * 8..];
+    let mut three = rest.chunks_exact(3);
+    for (c, o) in (&mut three).zip(tail.chunks_exact_mut(4)) {
+        let n = u64::from(c[0]) << 16 | u64::from(c[1]) << 8 | u64::from(c[2]);
+        o.copy_from_slice(&[sym(n, 18), sym(n, 12), sym(n, 6), sym(n, 0)]);
+    }
+    let last = three.remainder();
+    if !last.is_empty() {
+        let n = u64::from(last[0]) << 16 | u64::from(*last.get(1).unwrap_or(&0)) << 8;
+        let end = dst.len() - 4;
         // One or two bytes: two or three symbols, the rest stays '=' padding.
-        for k in 0..=rest.len() {
-            dst[last + k] = sym(n, k as u32);
+        for k in 0..=last.len() {
+            dst[end + k] = sym(n, 18 - 6 * k as u32);
         }
     }
 }
@@ -76,6 +86,21 @@ pub fn decode_into(s: &str, out: &mut [u8]) -> Result<()> {
     };
     let b = s.as_bytes();
     let whole = n / 3;
+    // Eight characters at a time into six bytes, while both have that much left; the
+    // rest (and the padded end) four at a time below.
+    let eights = whole / 2;
+    for (q, o) in b.chunks_exact(8).zip(out.chunks_exact_mut(6)).take(eights) {
+        let q: &[u8; 8] = q.try_into().expect("chunks of eight");
+        let x = q.map(|c| SEXTETS[c as usize]);
+        // A sextet is below 64; `BAD` has the high bits set.
+        if x.iter().fold(0, |a, &v| a | v) & 0xc0 != 0 {
+            return Err(bad(q));
+        }
+        let v = x.iter().fold(0u64, |a, &v| a << 6 | u64::from(v));
+        o.copy_from_slice(&v.to_be_bytes()[2..]);
+    }
+    let (b, out) = (&b[eights * 8..], &mut out[eights * 6..]);
+    let whole = whole - eights * 2;
     for (q, o) in b.chunks_exact(4).zip(out.chunks_exact_mut(3)) {
         let (a, b1, c, d) = (SEXTETS[q[0] as usize], SEXTETS[q[1] as usize], SEXTETS[q[2] as usize], SEXTETS[q[3] as usize]);
         // A sextet is below 64; `BAD` has the high bits set.
@@ -85,7 +110,7 @@ pub fn decode_into(s: &str, out: &mut [u8]) -> Result<()> {
         let v = (u32::from(a) << 18) | (u32::from(b1) << 12) | (u32::from(c) << 6) | u32::from(d);
         o.copy_from_slice(&[(v >> 16) as u8, (v >> 8) as u8, v as u8]);
     }
-    let tail = n - whole * 3;
+    let tail = out.len() - whole * 3;
     if tail > 0 {
         let q = &b[b.len() - 4..];
         let keep = tail + 1;

@@ -7,10 +7,14 @@
 //! - `File`: a PyTorch `file_system` shared-memory file ([`FsTensor`]);
 //! - `Cuda`: device memory of ours, ready to send natively ([`CudaTensor`]);
 //! - `CudaImported`: a CUDA tensor the peer exported to us natively
-//!   ([`CudaImportedTensor`]: leased; released on drop). See [`crate::cuda_tensor`].
+//!   ([`CudaImportedTensor`]: leased; released on drop). See [`crate::cuda_tensor`];
+//! - `Owned`: packed bytes in our heap ([`OwnedTensor`]): a small private tensor to send,
+//!   or one that arrived inline.
 //!
 //! On the wire a tensor is either a native descriptor (storage by fd over the transport,
-//! under a lease; JSON carries `{"__type__": "TensorwireTensor", "tag": N, ...}`) or, for
+//! under a lease; JSON carries `{"__type__": "TensorwireTensor", "tag": N, ...}`), an
+//! owned tensor's bytes inside the frame where both sides negotiated it ([`inline_value`],
+//! [`from_inline`]: `{"__type__": "TensorwireInline", ...}` with base64 data), or, for
 //! peers that only speak pyisolate, a CPU `TensorRef` with strategy `file_system` /
 //! `file_system_borrowed` naming a `/dev/shm` file laid out as PyTorch's
 //! `RefcountedMapAllocator` does: an `int32` refcount at offset 0, data at offset 64.

@@ -1,6 +1,7 @@
 //! The [`Tensor`] an RPC value holds: which memory it names — a memfd segment of ours,
 //! a tensor the peer exported to us natively, a PyTorch `file_system` file, device memory
-//! of ours or the peer's — its layout, and private copies of it within the copy limit.
+//! of ours or the peer's, bytes in our heap — its layout, and private copies of it within
+//! the copy limit.
 //!
 //! Private copies (`to_vec`, `to_f64_vec`, `storage_copy`) of a tensor a peer sent are
 //! limited to `RpcConfig::max_tensor_copy` bytes each (the limit travels with the tensor;
