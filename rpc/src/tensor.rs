@@ -504,6 +504,17 @@ mod tests {
             (good(), 23, InlineRefusal::TooLarge { bytes: 24, limit: 23 }),
             (with("tensor_size", ints(&[2, 4])), 1024, InlineRefusal::LengthMismatch { text: 32, bytes: 32 }),
             (with("tensor_size", ints(&[2, 2])), 1024, InlineRefusal::LengthMismatch { text: 32, bytes: 16 }),
+            // Four characters hold three bytes, not the two that the sizes name.
+            (
+                Map::from_iter([
+                    ("__type__".into(), INLINE_TENSOR_TYPE.into()),
+                    ("dtype".into(), "torch.uint8".into()),
+                    ("tensor_size".into(), ints(&[2])),
+                    ("data".into(), "AAEC".into()),
+                ]),
+                1024,
+                InlineRefusal::LengthMismatch { text: 4, bytes: 2 },
+            ),
             (with("data", Value::Null), 1024, InlineRefusal::NoData),
             (with("data", "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcH=".into()), 1024, InlineRefusal::LengthMismatch { text: 33, bytes: 24 }),
             (with("data", "BwcHBwcHBwcHBwcH*wcHBwcHBwcHBwcH".into()), 1024, InlineRefusal::BadBase64("invalid base64 character '*'".into())),

@@ -180,3 +180,30 @@ fn forged_inline_tensors_are_named_errors() {
     let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
     assert!(resp.contains(r#""data": "AAEC""#), "{resp}");
 }
+
+/// Inline tensors take at most half a frame of one message: past that, the rest of its
+/// tensors go as exports, so many small tensors never push a value over the frame cap.
+#[test]
+fn inline_tensors_take_at_most_half_a_frame_of_a_message() {
+    let reg = Registry::new();
+    reg.register(
+        "calc",
+        Service::new("Calc").method("kinds", |_, a| {
+            let kinds = a.args[0].as_array().unwrap().iter().map(|v| match v.as_tensor() {
+                Some(Tensor::Owned(_)) => Value::from("inline"),
+                Some(Tensor::Imported(_)) => Value::from("export"),
+                other => Value::from(format!("{other:?}")),
+            });
+            Ok(Value::Array(kinds.collect()))
+        }),
+    )
+    .unwrap();
+    let cfg = RpcConfig { max_frame: 64 << 10, default_timeout: Wait::For(Duration::from_secs(10)), ..RpcConfig::default() };
+    let (_s, c) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
+    assert!(c.negotiate_native(Duration::from_secs(10)).unwrap());
+    // 4 KiB each: 5,464 characters of base64; five fit in 32 KiB, the sixth would not.
+    let many: Vec<Value> = (0..20).map(|i| Value::from(Tensor::owned(DType::UInt8, &[4096], &bytes(4096, i)).unwrap())).collect();
+    let r = c.call("calc", "kinds", vec![Value::Array(many)]).unwrap();
+    let want: Vec<Value> = (0..20).map(|i| Value::from(if i < 5 { "inline" } else { "export" })).collect();
+    assert_eq!(r, Value::Array(want));
+}
