@@ -1,5 +1,5 @@
 """Ordinary CPU tensors (``torch.randn``, a model's output: memory tensorwire did not
-make) through ``tensorwire.rpc``: a view of up to 64 KiB travels inside the RPC frame
+make) through ``tensorwire.rpc``: a view of up to 2 KiB travels inside the RPC frame
 (inline: no segment, no lease) and arrives as private memory; one of up to 1 MiB is
 packed into a recycled segment of the binding's pool (never a fresh memfd per call), a
 larger one's storage moves into a segment in place on its first trip, and a received
@@ -259,7 +259,7 @@ def test_a_small_tensor_over_the_inline_limit_takes_the_pool(worker):
 def test_a_received_inline_tensor_is_private_and_goes_inline_again(worker):
     # What the worker keeps and returns is its own copy: its later write does not show
     # here (the large-tensor rule, "the memory it received", is for segments).
-    x = torch.randn(1024)
+    x = torch.randn(100)
     y = worker.call("keep_and_return", x)
     assert torch.equal(y, x)
     assert worker.call("poke", 12.5) == 12.5

@@ -24,8 +24,9 @@ pub const DEFAULT_MAX_REMOTE_MESSAGE_BYTES: u64 = 512 << 20;
 /// Default [`RpcConfig::max_remote_connection_bytes`]: 2 GiB.
 pub const DEFAULT_MAX_REMOTE_CONNECTION_BYTES: u64 = 2 << 30;
 
-/// Default [`RpcConfig::inline_tensors`]: 64 KiB.
-pub const DEFAULT_INLINE_TENSORS: usize = 64 << 10;
+/// Default [`RpcConfig::inline_tensors`]: 2 KiB, about where base64 in the frame stops
+/// being cheaper than a segment export (docs/measurements.md, "Ordinary tensors").
+pub const DEFAULT_INLINE_TENSORS: usize = 2 << 10;
 
 /// Limits and behaviour of one endpoint.
 #[derive(Debug, Clone)]
@@ -113,7 +114,7 @@ pub struct RpcConfig {
     pub peer_config: tensorwire::PeerConfig,
     /// Largest [`Tensor::Owned`](crate::Tensor::Owned) (packed bytes) that travels inside
     /// the frame, base64 in a `TensorwireInline` object, rather than as a segment export
-    /// (default 64 KiB; 0: never). Offered in `native_hello` and used only when both sides
+    /// (default 2 KiB; 0: never). Offered in `native_hello` and used only when both sides
     /// offer it: each then sends and accepts up to the smaller of the two, and a received
     /// inline tensor over it is refused. Peers that did not negotiate it (pyisolate, TCP)
     /// never see the form.

@@ -198,7 +198,12 @@ fn inline_tensors_take_at_most_half_a_frame_of_a_message() {
         }),
     )
     .unwrap();
-    let cfg = RpcConfig { max_frame: 64 << 10, default_timeout: Wait::For(Duration::from_secs(10)), ..RpcConfig::default() };
+    let cfg = RpcConfig {
+        max_frame: 64 << 10,
+        inline_tensors: 64 << 10,
+        default_timeout: Wait::For(Duration::from_secs(10)),
+        ..RpcConfig::default()
+    };
     let (_s, c) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
     assert!(c.negotiate_native(Duration::from_secs(10)).unwrap());
     // 4 KiB each: 5,464 characters of base64; five fit in 32 KiB, the sixth would not.
