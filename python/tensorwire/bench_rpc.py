@@ -15,11 +15,12 @@ Every worker is a fresh interpreter started by this process (pyisolate's own hos
 its children with the spawn method too) that imports this module and serves the same
 ``Target`` object; this process calls it, one call at a time. Payloads: add(1, 2); one
 4 KiB tensor; one 64 MiB tensor (tensorwire.rpc: from rpc.empty; the others: a plain
-torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys); a 4 KiB and a
-64 MiB ``torch.randn`` tensor (ordinary memory for every system) that the callee returns
-as it is. Otherwise the callee answers something small (3, the tensor's length and last
-element, the list's length). The "Pipe bytes" row times the 4 KiB randn echo over the same
-Pipe with the tensor's bytes pickled each way (no shared memory).
+torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys); a 1 KiB, a
+4 KiB and a 64 MiB ``torch.randn`` tensor (ordinary memory for every system) that the
+callee returns as it is. Otherwise the callee answers something small (3, the tensor's
+length and last element, the list's length). The "Pipe bytes" row times the 1 KiB and
+4 KiB randn echoes over the same Pipe with the tensor's bytes pickled each way (no shared
+memory).
 Each cell: a warm-up, then ``--iters`` timed calls; p50 and p90 in microseconds. Also the
 cold start of each (start the worker -> first answer), tensorwire.rpc's warm pool
 (WorkerPool.get() -> a worker) and its worker start from a zygote that imported torch
@@ -59,11 +60,11 @@ import torch
 
 TARGET = "tensorwire.bench_rpc:Target"
 SYSTEMS = ["tensorwire.rpc", "pyisolate", "ProcessPool", "mp.Pipe", "Pipe bytes"]
-PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "JSON dict 333 keys", "4 KiB randn echo",
-            "64 MiB randn echo"]
+PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "JSON dict 333 keys", "1 KiB randn echo",
+            "4 KiB randn echo", "64 MiB randn echo"]
 # Payloads the "Pipe bytes" row measures: the tensor's bytes pickled each way (the 64 MiB
 # echo takes about a second a call that way: its baseline is mp.Pipe's shared memory).
-ECHOES = ["4 KiB randn echo"]
+ECHOES = ["1 KiB randn echo", "4 KiB randn echo"]
 WARMUP_CALLS = 5
 
 
@@ -129,8 +130,9 @@ def payloads(make_tensor: Callable[[int], torch.Tensor]) -> list[tuple[str, str,
 def randn_echoes() -> list[tuple[str, str, tuple, Any]]:
     """Ordinary tensors (memory no transport made), fresh for each system, sent and
     returned as they are."""
-    small, big = torch.randn(1024), torch.randn(16 << 20)
-    return [("4 KiB randn echo", "echo", (small,), small), ("64 MiB randn echo", "echo", (big,), big)]
+    tiny, small, big = torch.randn(256), torch.randn(1024), torch.randn(16 << 20)
+    return [("1 KiB randn echo", "echo", (tiny,), tiny), ("4 KiB randn echo", "echo", (small,), small),
+            ("64 MiB randn echo", "echo", (big,), big)]
 
 
 def plain_tensor(n: int) -> torch.Tensor:
@@ -728,12 +730,13 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
     facts = []
     pb = cells.times["Pipe bytes"]
     mp_ = cells.times["mp.Pipe"]
-    if tw.get("4 KiB randn echo") and tw.get("add(1, 2)"):
-        small = p50(tw["4 KiB randn echo"])
-        fact = f"4 KiB randn echo: {small / p50(tw['add(1, 2)']):.2f}x add(1, 2) (goal <= 1.5x)"
-        if pb.get("4 KiB randn echo"):
-            fact += f", {small / p50(pb['4 KiB randn echo']):.2f}x Pipe bytes (goal <= 1x)"
-        facts.append(fact)
+    for p in ("1 KiB randn echo", "4 KiB randn echo"):
+        if tw.get(p) and tw.get("add(1, 2)"):
+            small = p50(tw[p])
+            fact = f"{p}: {small / p50(tw['add(1, 2)']):.2f}x add(1, 2) (goal <= 1.5x)"
+            if pb.get(p):
+                fact += f", {small / p50(pb[p]):.2f}x Pipe bytes (goal <= 1x)"
+            facts.append(fact)
     for p in ("JSON 1,000 leaves", "JSON dict 333 keys"):
         if tw.get(p) and mp_.get(p):
             facts.append(f"{p}: {p50(tw[p]) / p50(mp_[p]):.2f}x mp.Pipe (goal <= 1x)")
@@ -765,7 +768,8 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
                  f"p50 of {len(cells.zygote_start)}; a sandboxed worker's start from the zygote: the same, contained as it is "
                  f"forked, and importing the target's module itself (the zygote never imports a sandboxed target)")
     lines.append("randn echoes: every system sends a torch.randn tensor and the worker returns it (tensorwire.rpc: "
-                 "4 KiB packed into a recycled segment, 64 MiB moved into a segment in place by its first send; "
+                 "1 KiB inside the RPC frame (inline), 4 KiB packed into a recycled segment, 64 MiB moved into a "
+                 "segment in place by its first send; "
                  "Pipe bytes: the tensor's bytes pickled both ways)")
     lines.append("tensors: tensorwire.rpc sends rpc.empty tensors (shared segment, no copy); pyisolate, ProcessPool "
                  "and mp.Pipe send a plain tensor, moved into shared memory by its first send (in the warm-up) and "

@@ -46,3 +46,11 @@ class Keeper:
 
     def pid(self):
         return os.getpid()
+
+    def storage_kind(self, t):
+        """How the tensor arrived here: None (private memory: inline), "import" (a
+        segment of the sender's, exported), "sealed" (a segment of this process's)."""
+        from tensorwire import _native
+
+        s = t.untyped_storage()
+        return _native.storage_kind(s.data_ptr(), s.nbytes())

@@ -1,8 +1,9 @@
 """Ordinary CPU tensors (``torch.randn``, a model's output: memory tensorwire did not
-make) through ``tensorwire.rpc``: a view of up to 1 MiB is packed into a recycled segment
-of the binding's pool (never a fresh memfd per call), a larger one's storage moves into a
-segment in place on its first trip, and a received tensor sent back travels as the
-sender's own memory."""
+make) through ``tensorwire.rpc``: a view of up to 2 KiB travels inside the RPC frame
+(inline: no segment, no lease) and arrives as private memory; one of up to 1 MiB is
+packed into a recycled segment of the binding's pool (never a fresh memfd per call), a
+larger one's storage moves into a segment in place on its first trip, and a received
+segment tensor sent back travels as the sender's own memory."""
 from __future__ import annotations
 
 import gc
@@ -24,6 +25,8 @@ from tensorwire import _native
 HERE = str(Path(__file__).resolve().parent)
 ENV = {"PYTHONPATH": HERE}
 MIB = 1 << 20
+# Elements of a float32 tensor that is over the inline limit and pooled (128 KiB).
+POOLED_N = 32 << 10
 
 
 def spawn(**kw):
@@ -75,7 +78,7 @@ def test_ordinary_tensors_and_their_views_arrive_bit_exact_both_ways(worker, nby
 
 
 def test_a_loop_of_small_echoes_recycles_a_bounded_number_of_segments(worker):
-    x = torch.randn(1024)  # 4 KiB
+    x = torch.randn(POOLED_N)  # 128 KiB: pooled, not inline
     for _ in range(5):
         worker.call("echo", x)
     before, fds = _native.pool_stats(), _memfds()
@@ -94,9 +97,9 @@ def test_a_loop_of_small_echoes_recycles_a_bounded_number_of_segments(worker):
 
 
 def test_a_tensor_the_worker_returns_is_the_memory_it_received(worker):
-    # Small (pooled copy) and large (moved in place): what comes back maps the same pages
-    # the worker received, so the worker's later write through its kept view shows here.
-    for n in (1024, 2 * MIB // 4):
+    # Pooled copy and large (moved in place): what comes back maps the same pages the
+    # worker received, so the worker's later write through its kept view shows here.
+    for n in (POOLED_N, 2 * MIB // 4):
         x = torch.randn(n)
         y = worker.call("keep_and_return", x)
         assert torch.equal(y, x)
@@ -110,10 +113,10 @@ def test_our_own_memory_sent_back_is_our_own_storage_again(worker):
     x = torch.randn(2 * MIB // 4)
     y = worker.call("echo", x)
     assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
-    # Small: packed into a pooled segment; what comes back is that segment (ours, sent as
-    # it is when sent again), and a value sent back and forth keeps its storage: no
+    # Pooled: packed into a pooled segment; what comes back is that segment (ours, sent
+    # as it is when sent again), and a value sent back and forth keeps its storage: no
     # chain of forwards grows behind it.
-    y = worker.call("echo", torch.randn(1024))
+    y = worker.call("echo", torch.randn(POOLED_N))
     s = y.untyped_storage()
     assert _native.is_segment(s.data_ptr(), s.nbytes()), "the echo came back as an import of our memory"
     ptr, copies = y.data_ptr(), _native.pool_stats()["copies"]
@@ -123,7 +126,7 @@ def test_our_own_memory_sent_back_is_our_own_storage_again(worker):
 
 
 def test_a_received_tensor_sent_again_by_the_host_is_forwarded(worker):
-    y = worker.call("make", 1024)  # the worker's memory
+    y = worker.call("make", POOLED_N)  # the worker's memory (pooled, not inline)
     v = y[3:]  # any view of a received storage
     assert worker.call("write_first", v, -7.0)
     assert float(y[3]) == -7.0, "the host's re-send was a copy"
@@ -157,7 +160,7 @@ def test_the_pool_is_bounded_and_a_dead_workers_segments_come_back():
         pid = w.call("pid")
         # The worker keeps every tensor: each holds a pooled segment until it dies.
         for _ in range(40):
-            w.call("keep", torch.randn(1024))
+            w.call("keep", torch.randn(POOLED_N))
         st = _native.pool_stats()
         assert st["pooled"] <= st["max_per_class"] * 9 and st["pooled_bytes"] <= st["max_pool_bytes"]
         assert _native.pool_busy() >= min(40, st["max_per_class"])
@@ -165,7 +168,7 @@ def test_the_pool_is_bounded_and_a_dead_workers_segments_come_back():
         killer.start()
         with pytest.raises(tensorwire.PeerGone):
             while True:  # killed mid-loop
-                w.call("echo", torch.randn(1024))
+                w.call("echo", torch.randn(POOLED_N))
         killer.join()
         wait_for("the dead worker's leases to end", lambda: _native.pool_busy() == 0)
     gc.collect()
@@ -202,3 +205,73 @@ def test_connection_send_of_a_small_private_tensor_uses_the_pool():
     finally:
         a.close()
         b.close()
+
+
+# Every dtype this torch has that tensorwire carries, as a small tensor of it.
+def _small_tensors() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(6, 10, generator=g)
+    out = []
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+                  torch.complex128, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                  torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
+        if dtype.is_complex:
+            t = torch.complex(base, -base).to(dtype)
+        elif dtype == torch.bool:
+            t = base > 0
+        elif dtype.is_floating_point:
+            t = (base * 100).to(dtype)
+        else:
+            t = (base * 100).to(torch.int64).to(dtype)
+        out += [t, t.t(), t[1::2, ::3], t[2, 3], t[:0], t.reshape(-1)[5:17]]
+    return out
+
+
+def test_small_ordinary_tensors_of_every_dtype_travel_inline_bit_exact(worker):
+    tensors = _small_tensors()
+    worker.call("echo", tensors[0])
+    before = _native.pool_stats()
+    for t in tensors:
+        back = worker.call("echo", t)
+        assert back.dtype == t.dtype and back.shape == t.shape, (t.dtype, t.shape)
+        assert _bytes_of(back) == _bytes_of(t), (t.dtype, t.shape, t.stride())
+        # Arrived inline: private memory, neither our segment nor an import.
+        s = back.untyped_storage()
+        assert _native.storage_kind(s.data_ptr(), s.nbytes()) is None
+        # The worker received it inline too: its copy is private memory, not an import.
+        assert worker.call("storage_kind", t) is None, (t.dtype, t.shape)
+    after = _native.pool_stats()
+    assert {k: after[k] - before[k] for k in ("created", "reused", "unpooled", "copies")} == \
+        {"created": 0, "reused": 0, "unpooled": 0, "copies": 0}, "a small tensor went into a segment"
+    assert after["owned"] - before["owned"] == 2 * len(tensors)
+
+
+def test_a_small_tensor_over_the_inline_limit_takes_the_pool(worker):
+    limit = _native.pool_stats()["max_owned"]
+    at, over = torch.randn(limit // 4), torch.randn(limit // 4 + 1)
+    assert worker.call("storage_kind", at) is None
+    assert worker.call("storage_kind", over) == "import"
+    before = _native.pool_stats()
+    assert torch.equal(worker.call("echo", over), over)
+    assert _native.pool_stats()["copies"] - before["copies"] == 1
+
+
+def test_a_received_inline_tensor_is_private_and_goes_inline_again(worker):
+    # What the worker keeps and returns is its own copy: its later write does not show
+    # here (the large-tensor rule, "the memory it received", is for segments).
+    x = torch.randn(100)
+    y = worker.call("keep_and_return", x)
+    assert torch.equal(y, x)
+    assert worker.call("poke", 12.5) == 12.5
+    assert float(y[0]) == float(x[0]), "an inline tensor came back as shared memory"
+    worker.call("drop")
+    # Sent back and forth, it travels inline each time: no segment.
+    before = _native.pool_stats()
+    for _ in range(50):
+        y = worker.call("echo", y)
+    assert torch.equal(y, x)
+    after = _native.pool_stats()
+    assert after["copies"] == before["copies"] and after["owned"] - before["owned"] == 50
+    # A lazily conjugated view arrives resolved.
+    c = torch.complex(torch.randn(8), torch.randn(8)).conj()
+    assert torch.equal(worker.call("echo", c), c.resolve_conj())

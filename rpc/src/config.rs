@@ -26,6 +26,10 @@ pub const DEFAULT_MAX_REMOTE_MESSAGE_BYTES: u64 = 512 << 20;
 /// Default [`RpcConfig::max_remote_connection_bytes`]: 2 GiB.
 pub const DEFAULT_MAX_REMOTE_CONNECTION_BYTES: u64 = 2 << 30;
 
+/// Default [`RpcConfig::inline_tensors`]: 2 KiB, about where base64 in the frame stops
+/// being cheaper than a segment export (docs/measurements.md, "Ordinary tensors").
+pub const DEFAULT_INLINE_TENSORS: usize = 2 << 10;
+
 /// Limits and behaviour of one endpoint.
 #[derive(Debug, Clone)]
 pub struct RpcConfig {
@@ -110,6 +114,13 @@ pub struct RpcConfig {
     pub native_tensors: bool,
     /// Transport limits for the native-tensor channel.
     pub peer_config: tensorwire::PeerConfig,
+    /// Largest [`Tensor::Owned`](crate::Tensor::Owned) (packed bytes) that travels inside
+    /// the frame, base64 in a `TensorwireInline` object, rather than as a segment export
+    /// (default 2 KiB; 0: never). Offered in `native_hello` and used only when both sides
+    /// offer it: each then sends and accepts up to the smaller of the two, and a received
+    /// inline tensor over it is refused. Peers that did not negotiate it (pyisolate, TCP)
+    /// never see the form.
+    pub inline_tensors: usize,
     /// Offer and accept remote tensors on a TCP connection (default on in a build with the
     /// crate's `ucx` feature, off without it; used only when both sides set it): CPU
     /// tensors then travel as `TensorwireRemote` values — the receiver asks the sender's
@@ -172,6 +183,7 @@ impl Default for RpcConfig {
             fs_keep: Duration::from_secs(10),
             native_tensors: true,
             peer_config: tensorwire::PeerConfig::default(),
+            inline_tensors: DEFAULT_INLINE_TENSORS,
             remote_tensors: cfg!(feature = "ucx"),
             json_text: false,
             remote_import_timeout: DEFAULT_REMOTE_IMPORT_TIMEOUT,

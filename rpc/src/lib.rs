@@ -61,7 +61,7 @@ pub use message::Message;
 pub use remote::RemoteObject;
 pub use server::Server;
 pub use stream::Stream;
-pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, Tensor};
+pub use tensor::{CudaImportedTensor, CudaTensor, FsStrategy, FsTensor, ImportedTensor, OwnedTensor, Tensor};
 pub use tensorwire::Wait;
 pub use value::{JsonText, Map, Value};
 pub use worker::{Limits, OnInterrupt, Output, PooledWorker, Sandbox, Worker, WorkerCall, WorkerPool, WorkerSpec, WorkerState};

@@ -7,10 +7,14 @@
 //! - `File`: a PyTorch `file_system` shared-memory file ([`FsTensor`]);
 //! - `Cuda`: device memory of ours, ready to send natively ([`CudaTensor`]);
 //! - `CudaImported`: a CUDA tensor the peer exported to us natively
-//!   ([`CudaImportedTensor`]: leased; released on drop). See [`crate::cuda_tensor`].
+//!   ([`CudaImportedTensor`]: leased; released on drop). See [`crate::cuda_tensor`];
+//! - `Owned`: packed bytes in our heap ([`OwnedTensor`]): a small private tensor to send,
+//!   or one that arrived inline.
 //!
 //! On the wire a tensor is either a native descriptor (storage by fd over the transport,
-//! under a lease; JSON carries `{"__type__": "TensorwireTensor", "tag": N, ...}`) or, for
+//! under a lease; JSON carries `{"__type__": "TensorwireTensor", "tag": N, ...}`), an
+//! owned tensor's bytes inside the frame where both sides negotiated it ([`inline_value`],
+//! [`from_inline`]: `{"__type__": "TensorwireInline", ...}` with base64 data), or, for
 //! peers that only speak pyisolate, a CPU `TensorRef` with strategy `file_system` /
 //! `file_system_borrowed` naming a `/dev/shm` file laid out as PyTorch's
 //! `RefcountedMapAllocator` does: an `int32` refcount at offset 0, data at offset 64.
@@ -40,7 +44,7 @@ use tensorwire::SharedTensor;
 
 pub use crate::cuda_tensor::CudaTensor;
 pub use crate::fs_tensor::{FS_DATA_OFFSET, FsTensor};
-pub use crate::tensor_handle::{CudaImportedTensor, FromPeer, ImportedTensor, Tensor};
+pub use crate::tensor_handle::{CudaImportedTensor, FromPeer, ImportedTensor, OwnedTensor, Tensor};
 
 /// Which `TensorRef` strategy we emit for file_system tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -174,6 +178,134 @@ pub fn from_tensor_value(m: &Map) -> Result<Tensor> {
         }
     }
     Tensor::from_bytes(dtype, &sizes, &bytes)
+}
+
+/// The `__type__` of a tensor carried inside the frame (see [`inline_value`]).
+pub const INLINE_TENSOR_TYPE: &str = "TensorwireInline";
+
+/// Why a received `TensorwireInline` value was refused (each a [`RpcError::Decode`] whose
+/// text starts with this one's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InlineRefusal {
+    /// `dtype` is missing, not a string, or names no dtype this build knows.
+    UnknownDtype(String),
+    /// `tensor_size` is missing, holds a non-integer, a negative size, or too many
+    /// dimensions.
+    BadSizes(String),
+    /// The sizes times the element size overflow.
+    SizeOverflow(String),
+    /// The packed bytes the sizes name are over the connection's inline limit.
+    TooLarge { bytes: u64, limit: usize },
+    /// `data` is missing or not a string.
+    NoData,
+    /// `data` does not decode to exactly the bytes the sizes name.
+    LengthMismatch { text: usize, bytes: u64 },
+    /// `data` is not strict standard base64.
+    BadBase64(String),
+}
+
+impl std::fmt::Display for InlineRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "inline tensor refused: ")?;
+        match self {
+            InlineRefusal::UnknownDtype(d) => write!(f, "unknown dtype {d}"),
+            InlineRefusal::BadSizes(why) => write!(f, "bad tensor_size: {why}"),
+            InlineRefusal::SizeOverflow(sizes) => write!(f, "tensor_size {sizes} overflows a byte count"),
+            InlineRefusal::TooLarge { bytes, limit } => {
+                write!(f, "{bytes} bytes, over this connection's inline limit of {limit} (RpcConfig::inline_tensors, the smaller of the two sides')")
+            }
+            InlineRefusal::NoData => write!(f, "no base64 string \"data\""),
+            InlineRefusal::LengthMismatch { text, bytes } => {
+                write!(f, "{text} characters of base64 cannot hold exactly the {bytes} bytes its dtype and sizes name")
+            }
+            InlineRefusal::BadBase64(why) => write!(f, "bad base64 data: {why}"),
+        }
+    }
+}
+
+impl From<InlineRefusal> for RpcError {
+    fn from(r: InlineRefusal) -> RpcError {
+        RpcError::Decode(r.to_string())
+    }
+}
+
+/// An owned tensor as the JSON that carries it inside the frame:
+/// `{"__type__": "TensorwireInline", "dtype": "torch.float32", "tensor_size": [..],
+/// "data": "<base64 of the packed elements>"}` — contiguous, so no strides or offset.
+/// Sent only on connections where both sides negotiated inline tensors. Written as text
+/// (a [`Value::Json`]), the base64 straight into it.
+pub fn inline_value(t: &OwnedTensor) -> Value {
+    let l = t.layout();
+    let mut text = Vec::with_capacity(96 + t.bytes().len().div_ceil(3) * 4);
+    text.extend_from_slice(br#"{"__type__": ""#);
+    text.extend_from_slice(INLINE_TENSOR_TYPE.as_bytes());
+    text.extend_from_slice(br#"", "dtype": "torch."#);
+    text.extend_from_slice(l.dtype.name().as_bytes());
+    text.extend_from_slice(br#"", "tensor_size": ["#);
+    for (i, &n) in l.sizes().iter().enumerate() {
+        if i > 0 {
+            text.extend_from_slice(b", ");
+        }
+        crate::json::write_int(&mut text, n);
+    }
+    text.extend_from_slice(br#"], "data": ""#);
+    crate::base64::encode_to(t.bytes(), &mut text);
+    text.extend_from_slice(br#""}"#);
+    let text = String::from_utf8(text).expect("ASCII: fixed keys, a dtype name, integers and base64");
+    Value::Json(Box::new(crate::value::JsonText::new(text, Vec::new()).expect("no tensors in the text")))
+}
+
+/// Decode a received `TensorwireInline` object into a tensor of our own heap (one decode,
+/// straight into its buffer), after checking everything the peer said: the dtype, the
+/// sizes (integers, none negative, their byte count without overflow and within `limit`,
+/// the negotiated inline limit, and `max_copy`, `RpcConfig::max_tensor_copy`), and that the
+/// base64 text holds exactly those bytes.
+pub fn from_inline(m: &Map, limit: usize, max_copy: usize) -> Result<Tensor> {
+    let dtype = match m.get("dtype") {
+        Some(Value::Str(s)) => dtype_from_torch(s).map_err(|_| InlineRefusal::UnknownDtype(format!("{:?}", crate::fs_tensor::clip(s, 40))))?,
+        Some(v) => return Err(InlineRefusal::UnknownDtype(format!("(a {})", v.type_name())).into()),
+        None => return Err(InlineRefusal::UnknownDtype("(none given)".into()).into()),
+    };
+    let sizes = match m.get("tensor_size") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| match x.as_i64() {
+                Some(n) if n >= 0 => Ok(n),
+                Some(n) => Err(InlineRefusal::BadSizes(format!("negative size {n}"))),
+                None => Err(InlineRefusal::BadSizes(format!("a {} among the sizes", x.type_name()))),
+            })
+            .collect::<std::result::Result<Vec<i64>, _>>()?,
+        _ => return Err(InlineRefusal::BadSizes("not a list".into()).into()),
+    };
+    if sizes.len() > tensorwire::MAX_NDIM {
+        return Err(InlineRefusal::BadSizes(format!("{} dimensions, at most {}", sizes.len(), tensorwire::MAX_NDIM)).into());
+    }
+    let bytes = sizes
+        .iter()
+        .try_fold(dtype.size() as u64, |acc, &n| acc.checked_mul(n as u64))
+        .ok_or_else(|| InlineRefusal::SizeOverflow(format!("{sizes:?}")))?;
+    if bytes > limit as u64 {
+        return Err(InlineRefusal::TooLarge { bytes, limit }.into());
+    }
+    check_tensor_copy(|| format!("an inline {} tensor of sizes {sizes:?}", dtype.name()), bytes, max_copy)?;
+    let Some(Value::Str(text)) = m.get("data") else {
+        return Err(InlineRefusal::NoData.into());
+    };
+    // The length first (the padding says how many bytes the last four characters hold),
+    // so a mismatch is named as one, whatever the characters.
+    let decoded = crate::base64::decoded_len(text).ok();
+    if text.len() != (bytes as usize).div_ceil(3) * 4 || decoded != Some(bytes as usize) {
+        return Err(InlineRefusal::LengthMismatch { text: text.len(), bytes }.into());
+    }
+    let mut t = OwnedTensor::zeroed(dtype, &sizes, max_copy).map_err(|e| match e {
+        e @ RpcError::OutOfMemory { .. } => e,
+        other => InlineRefusal::BadSizes(other.to_string()).into(),
+    })?;
+    crate::base64::decode_into(text, t.bytes_mut()).map_err(|e| match e {
+        RpcError::Decode(why) => InlineRefusal::BadBase64(why),
+        other => InlineRefusal::BadBase64(other.to_string()),
+    })?;
+    Ok(Tensor::Owned(std::sync::Arc::new(t)))
 }
 
 /// The JSON for a natively sent tensor (the descriptor travels over the transport).
@@ -314,5 +446,84 @@ mod tests {
             }
         }
         assert!(matches!(device_from_ref(&with_device(Some(Value::Int(0)))), Err(RpcError::Decode(_))));
+    }
+
+    fn inline_map(v: &Value) -> Map {
+        let Value::Json(j) = v else { panic!("an inline tensor is written as text, got {v:?}") };
+        crate::json::parse(j.text().as_bytes(), 8).unwrap().as_object().unwrap().clone()
+    }
+
+    fn refusal(m: &Map, limit: usize) -> String {
+        match from_inline(m, limit, usize::MAX) {
+            Err(RpcError::Decode(why)) => why,
+            other => panic!("expected a decode refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn inline_tensors_round_trip_every_dtype_bit_exact() {
+        for (k, dtype) in DType::ALL.into_iter().enumerate() {
+            for sizes in [&[][..], &[0], &[1], &[2], &[5, 3], &[3, 0, 2]] {
+                let n = sizes.iter().product::<i64>() as usize * dtype.size();
+                let data: Vec<u8> = (0..n).map(|i| (i * 7 + k) as u8).collect();
+                let t = Tensor::owned(dtype, sizes, &data).unwrap();
+                let Tensor::Owned(o) = &t else { unreachable!() };
+                let m = inline_map(&inline_value(o));
+                let back = from_inline(&m, 1 << 20, 1 << 20).unwrap();
+                assert!(matches!(back, Tensor::Owned(_)));
+                assert_eq!(back.layout(), t.layout(), "{} {sizes:?}", dtype.name());
+                assert_eq!(back.to_vec().unwrap(), data, "{} {sizes:?}", dtype.name());
+                assert_eq!(back.max_copy(), 1 << 20, "the connection's copy limit travels with it");
+            }
+        }
+    }
+
+    /// Each inconsistency a peer can put in an inline tensor is its own named refusal.
+    #[test]
+    fn forged_inline_tensors_are_each_a_named_refusal() {
+        let good = || {
+            let Tensor::Owned(o) = Tensor::owned(DType::Float32, &[2, 3], &[7; 24]).unwrap() else { unreachable!() };
+            inline_map(&inline_value(&o))
+        };
+        let with = |k: &str, v: Value| {
+            let mut m = good();
+            m.insert(k.into(), v);
+            m
+        };
+        let ints = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
+        assert!(from_inline(&good(), 24, 24).is_ok());
+        let cases: Vec<(Map, usize, InlineRefusal)> = vec![
+            (with("dtype", "torch.float33".into()), 1024, InlineRefusal::UnknownDtype("\"torch.float33\"".into())),
+            (with("dtype", Value::Int(6)), 1024, InlineRefusal::UnknownDtype("(a int)".into())),
+            (with("tensor_size", ints(&[-1, 3])), 1024, InlineRefusal::BadSizes("negative size -1".into())),
+            (with("tensor_size", Value::Array(vec![Value::Float(2.0)])), 1024, InlineRefusal::BadSizes("a float among the sizes".into())),
+            (with("tensor_size", "2".into()), 1024, InlineRefusal::BadSizes("not a list".into())),
+            (with("tensor_size", ints(&[1; 30])), 1024, InlineRefusal::BadSizes(format!("30 dimensions, at most {}", tensorwire::MAX_NDIM))),
+            (with("tensor_size", ints(&[i64::MAX, 2])), 1024, InlineRefusal::SizeOverflow(format!("{:?}", [i64::MAX, 2]))),
+            (with("tensor_size", ints(&[1 << 40])), 1024, InlineRefusal::TooLarge { bytes: 4 << 40, limit: 1024 }),
+            (good(), 23, InlineRefusal::TooLarge { bytes: 24, limit: 23 }),
+            (with("tensor_size", ints(&[2, 4])), 1024, InlineRefusal::LengthMismatch { text: 32, bytes: 32 }),
+            (with("tensor_size", ints(&[2, 2])), 1024, InlineRefusal::LengthMismatch { text: 32, bytes: 16 }),
+            // Four characters hold three bytes, not the two that the sizes name.
+            (
+                Map::from_iter([
+                    ("__type__".into(), INLINE_TENSOR_TYPE.into()),
+                    ("dtype".into(), "torch.uint8".into()),
+                    ("tensor_size".into(), ints(&[2])),
+                    ("data".into(), "AAEC".into()),
+                ]),
+                1024,
+                InlineRefusal::LengthMismatch { text: 4, bytes: 2 },
+            ),
+            (with("data", Value::Null), 1024, InlineRefusal::NoData),
+            (with("data", "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcH=".into()), 1024, InlineRefusal::LengthMismatch { text: 33, bytes: 24 }),
+            (with("data", "BwcHBwcHBwcHBwcH*wcHBwcHBwcHBwcH".into()), 1024, InlineRefusal::BadBase64("invalid base64 character '*'".into())),
+            (with("data", "BwcHBwcHBwcHBwcHBw==BwcHBwcHBwcH".into()), 1024, InlineRefusal::BadBase64("misplaced '=' padding in base64".into())),
+        ];
+        for (m, limit, want) in cases {
+            assert_eq!(refusal(&m, limit), want.to_string(), "{m:?}");
+        }
+        // The copy limit holds too, as for any private copy of a peer's tensor.
+        assert!(matches!(from_inline(&good(), 1024, 16), Err(RpcError::TensorCopyLimit { need: 24, cap: 16, .. })));
     }
 }

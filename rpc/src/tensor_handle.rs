@@ -1,6 +1,7 @@
 //! The [`Tensor`] an RPC value holds: which memory it names — a memfd segment of ours,
 //! a tensor the peer exported to us natively, a PyTorch `file_system` file, device memory
-//! of ours or the peer's — its layout, and private copies of it within the copy limit.
+//! of ours or the peer's, bytes in our heap — its layout, and private copies of it within
+//! the copy limit.
 //!
 //! Private copies (`to_vec`, `to_f64_vec`, `storage_copy`) of a tensor a peer sent are
 //! limited to `RpcConfig::max_tensor_copy` bytes each (the limit travels with the tensor;
@@ -30,6 +31,55 @@ pub enum Tensor {
     File(Arc<FsTensor>),
     Cuda(Arc<CudaTensor>),
     CudaImported(Arc<CudaImportedTensor>),
+    /// Packed bytes in this process's heap, shared with nothing: an ordinary small tensor
+    /// to send (on a connection that negotiated inline tensors it travels inside the
+    /// frame, see [`crate::tensor`]; elsewhere it is copied into a segment or file as any
+    /// other private tensor), or one that arrived that way.
+    Owned(Arc<OwnedTensor>),
+}
+
+/// A contiguous CPU tensor in a heap buffer of its own: no segment, no lease. The buffer
+/// is 8-byte aligned (a whole number of `u64` words), enough for every dtype's elements.
+#[derive(Clone)]
+pub struct OwnedTensor {
+    words: Vec<u64>,
+    layout: Layout,
+    max_copy: usize,
+}
+
+impl OwnedTensor {
+    /// A zero-filled contiguous tensor of `dtype` and `sizes`; `max_copy` is the copy limit
+    /// that travels with it ([`Tensor::max_copy`]). The allocation is fallible (an error,
+    /// not an abort); the caller bounds the size first.
+    pub fn zeroed(dtype: DType, sizes: &[i64], max_copy: usize) -> Result<OwnedTensor> {
+        let layout = Layout::contiguous(dtype, sizes)?;
+        let n = usize::try_from(layout.packed_bytes())
+            .map_err(|_| RpcError::InvalidArgument(format!("a {layout:?} tensor is too large for this machine")))?;
+        let mut words: Vec<u64> = try_with_capacity(n.div_ceil(8), || format!("an owned {layout:?} tensor"))?;
+        words.resize(n.div_ceil(8), 0);
+        Ok(OwnedTensor { words, layout, max_copy })
+    }
+    /// The packed elements.
+    pub fn bytes(&self) -> &[u8] {
+        let n = self.layout.packed_bytes() as usize;
+        // SAFETY: `words` holds `ceil(n / 8)` initialized words, so at least `n` bytes, and
+        // any byte pattern is a valid `u8`.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), n) }
+    }
+    /// The packed elements, to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.layout.packed_bytes() as usize;
+        // SAFETY: as in `bytes`; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), n) }
+    }
+    /// The contiguous layout of the elements (offset 0).
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// Largest private copy of this tensor allowed, in bytes.
+    pub fn max_copy(&self) -> usize {
+        self.max_copy
+    }
 }
 
 /// A tensor the peer exported to us natively — `T` is the transport's import, CPU
@@ -85,6 +135,7 @@ impl std::fmt::Debug for Tensor {
             Tensor::File(_) => "File",
             Tensor::Cuda(_) => "Cuda",
             Tensor::CudaImported(_) => "CudaImported",
+            Tensor::Owned(_) => "Owned",
         };
         write!(f, "Tensor::{kind}({:?})", self.layout())
     }
@@ -105,6 +156,24 @@ impl Tensor {
         let t = SharedTensor::zeros(layout)?;
         t.write_storage(0, data)?;
         Ok(Tensor::Shared(t))
+    }
+
+    /// A new tensor in a heap buffer of its own holding `data` (packed row-major): sent on
+    /// a connection that negotiated inline tensors and small enough, it travels inside the
+    /// frame (see [`crate::tensor`]); anywhere else it is copied once into a segment or
+    /// file when sent.
+    pub fn owned(dtype: DType, sizes: &[i64], data: &[u8]) -> Result<Tensor> {
+        let mut t = OwnedTensor::zeroed(dtype, sizes, usize::MAX)?;
+        if t.bytes().len() != data.len() {
+            return Err(RpcError::InvalidArgument(format!(
+                "{} bytes of data for a {:?} tensor of {} bytes",
+                data.len(),
+                t.layout(),
+                t.bytes().len()
+            )));
+        }
+        t.bytes_mut().copy_from_slice(data);
+        Ok(Tensor::Owned(Arc::new(t)))
     }
 
     /// `layout` over the storage of `imp` (any dtype, sizes, strides and offset whose
@@ -135,6 +204,7 @@ impl Tensor {
             Tensor::File(t) => t.layout(),
             Tensor::Cuda(t) => t.layout(),
             Tensor::CudaImported(t) => t.layout(),
+            Tensor::Owned(t) => t.layout(),
         }
     }
 
@@ -146,6 +216,7 @@ impl Tensor {
             Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.max_copy(),
             Tensor::File(t) => t.max_copy(),
             Tensor::CudaImported(t) => t.max_copy(),
+            Tensor::Owned(t) => t.max_copy(),
         }
     }
 
@@ -171,6 +242,7 @@ impl Tensor {
             Tensor::Shared(t) => t.storage_nbytes(),
             Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.storage_nbytes(),
             Tensor::File(t) => t.storage_size(),
+            Tensor::Owned(t) => t.bytes().len(),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(no_host_copy(&layout, "a host copy of the storage")),
         };
         let what = || format!("a copy of the storage of a {layout:?} tensor");
@@ -180,6 +252,7 @@ impl Tensor {
             Tensor::Shared(t) => t.read_storage(0, &mut v)?,
             Tensor::Imported(t) | Tensor::ImportedView(t, _) => t.read_storage(0, &mut v)?,
             Tensor::File(t) => v.copy_from_slice(t.storage()),
+            Tensor::Owned(t) => v.copy_from_slice(t.bytes()),
             Tensor::Cuda(_) | Tensor::CudaImported(_) => return Err(no_host_copy(&layout, "a host copy of the storage")),
         }
         Ok((v, layout))
@@ -195,6 +268,11 @@ impl Tensor {
         match self {
             Tensor::Shared(t) => Ok(t.to_vec()?),
             Tensor::Imported(t) => Ok(t.to_vec()?),
+            Tensor::Owned(t) => {
+                let mut v = try_with_capacity(t.bytes().len(), || format!("a packed copy of a {layout:?} tensor"))?;
+                v.extend_from_slice(t.bytes());
+                Ok(v)
+            }
             Tensor::ImportedView(t, l) => {
                 let mut v = Vec::new();
                 // SAFETY: `imported_view` checked the view's extent against the storage's
@@ -270,6 +348,7 @@ impl Tensor {
             (Tensor::File(a), Tensor::File(b)) => Arc::ptr_eq(a, b),
             (Tensor::Cuda(a), Tensor::Cuda(b)) => Arc::ptr_eq(a, b),
             (Tensor::CudaImported(a), Tensor::CudaImported(b)) => Arc::ptr_eq(a, b),
+            (Tensor::Owned(a), Tensor::Owned(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }

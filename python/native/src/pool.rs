@@ -1,4 +1,11 @@
-//! Recycled segments for ordinary CPU tensors: the view of a tensor that is not in shared
+//! Recycled segments for ordinary CPU tensors, and owned buffers for small ones.
+//!
+//! A view of at most [`MAX_OWNED`] packed bytes is packed into a heap buffer of its own
+//! (`Tensor::Owned`), which a connection that negotiated inline tensors carries inside
+//! the frame: no segment, lease or transport message, the cheapest way for a few KiB.
+//! (Where it cannot go inline the RPC layer copies it into a segment when sending.)
+//!
+//! Larger views: the view of a tensor that is not in shared
 //! memory (`torch.randn`, a model's output) is packed into a segment of this process's
 //! pool, not a fresh one per send, and the segment is used again once nothing holds it.
 //!
@@ -28,6 +35,11 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
 use tensorwire::desc::PackCursor;
 use tensorwire::{Layout, Segment, SharedTensor};
+use tensorwire_rpc::OwnedTensor;
+
+/// The largest packed view copied into an owned buffer (to go inline) rather than a pooled
+/// segment: the RPC layer's default inline limit, which the binding's connections use.
+pub const MAX_OWNED: usize = tensorwire_rpc::config::DEFAULT_INLINE_TENSORS;
 
 /// The largest packed view copied into a pooled segment; larger ones are moved into shared
 /// memory in place by the Python side (`tensorwire.rpc`'s rule) or go into a fresh segment.
@@ -54,6 +66,7 @@ static CREATED: AtomicU64 = AtomicU64::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
 static UNPOOLED: AtomicU64 = AtomicU64::new(0);
 static COPIES: AtomicU64 = AtomicU64::new(0);
+static OWNED: AtomicU64 = AtomicU64::new(0);
 
 fn class_of(nbytes: usize) -> Option<usize> {
     if nbytes > MAX_POOLED {
@@ -127,9 +140,34 @@ pub unsafe fn packed_copy(base: *const u8, storage_nbytes: usize, layout: &Layou
     SharedTensor::new(seg, 0, packed, contiguous)
 }
 
+/// The view `layout` of the storage at `base` (of `storage_nbytes` bytes), packed row-major
+/// into a heap buffer of its own: a contiguous tensor of the same dtype and sizes.
+///
+/// # Safety
+/// As for [`packed_copy`].
+pub unsafe fn owned_copy(base: *const u8, storage_nbytes: usize, layout: &Layout) -> tensorwire_rpc::Result<OwnedTensor> {
+    let need = layout.extent_bytes()?;
+    if need > storage_nbytes as u64 {
+        return Err(tensorwire_rpc::RpcError::InvalidArgument(format!(
+            "the view {layout:?} needs {need} bytes of storage, the tensor's storage has {storage_nbytes}"
+        )));
+    }
+    let mut t = OwnedTensor::zeroed(layout.dtype, layout.sizes(), usize::MAX)?;
+    let dst = t.bytes_mut();
+    if !dst.is_empty() {
+        // SAFETY: `base` covers the view's extent (checked above, per the caller's
+        // contract); `dst` holds exactly the view's packed bytes.
+        let written = unsafe { PackCursor::new(layout).fill(base, dst) };
+        debug_assert_eq!(written, dst.len());
+    }
+    OWNED.fetch_add(1, Ordering::Relaxed);
+    Ok(t)
+}
+
 /// The recycled-segment pool's counters: `created` (pooled segments made), `reused` (sends
 /// that found a free pooled segment), `unpooled` (fresh segments made outside the pool),
-/// `copies` (ordinary tensors copied), `pooled` and `pooled_bytes` (what it keeps now), and
+/// `copies` (ordinary tensors copied into segments), `owned` (small ordinary tensors
+/// packed into owned buffers, to go inline), `pooled` and `pooled_bytes` (what it keeps now), and
 /// its bounds.
 #[pyfunction]
 pub fn pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -142,6 +180,8 @@ pub fn pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("reused", REUSED.load(Ordering::Relaxed))?;
     d.set_item("unpooled", UNPOOLED.load(Ordering::Relaxed))?;
     d.set_item("copies", COPIES.load(Ordering::Relaxed))?;
+    d.set_item("owned", OWNED.load(Ordering::Relaxed))?;
+    d.set_item("max_owned", MAX_OWNED)?;
     d.set_item("pooled", pooled)?;
     d.set_item("pooled_bytes", bytes)?;
     d.set_item("max_pooled", MAX_POOLED)?;

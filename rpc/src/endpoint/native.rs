@@ -16,6 +16,13 @@
 //! go), and tensors queued ahead of a frame still being written — so that nothing waits
 //! on the next call to be read.
 //!
+//! Inline tensors: the initiator's `native_hello` offers its `RpcConfig::inline_tensors`
+//! (kwarg `inline_tensors`); a responder that offers them too answers
+//! `{"native": true, "inline_tensors": N}` instead of `true`, and both then send and accept
+//! owned tensors of up to the smaller limit inside the frame (`TensorwireInline`). A peer
+//! that offers nothing gets the plain `true` and never sees the form; an initiator reads a
+//! plain `true` as native tensors without inline ones.
+//!
 //! One negotiation per connection: each one costs a transport peer (threads, a ring,
 //! several fds), so a second `native_hello` — from a peer that repeats it, or racing our
 //! own [`Endpoint::negotiate_native`] — is refused with an error response and its fd
@@ -30,7 +37,7 @@ use crate::tensor::{CudaImportedTensor, ImportedTensor, Tensor};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tensorwire::Wait;
 
@@ -47,11 +54,41 @@ pub(super) struct Native {
     setting_up: AtomicBool,
     /// Notified (under `state`'s lock) when the set-up ends, either way, and at the end.
     ready: Condvar,
+    /// The negotiated limit of inline tensors (packed bytes; 0: none), set before the
+    /// native state is installed (initiator) or our answer is written (responder).
+    inline: AtomicUsize,
+}
+
+/// The `native_hello` kwarg and answer field that offer inline tensors.
+const INLINE_OFFER: &str = "inline_tensors";
+
+/// The positive integer `v` offers, as a limit (`None`: no offer).
+fn inline_offer(v: Option<&Value>) -> Option<usize> {
+    v.and_then(Value::as_i64).filter(|&n| n > 0).map(|n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 impl Native {
     pub(super) fn new() -> Native {
-        Native { state: Mutex::new(None), claimed: AtomicBool::new(false), setting_up: AtomicBool::new(false), ready: Condvar::new() }
+        Native {
+            state: Mutex::new(None),
+            claimed: AtomicBool::new(false),
+            setting_up: AtomicBool::new(false),
+            ready: Condvar::new(),
+            inline: AtomicUsize::new(0),
+        }
+    }
+
+    /// The negotiated limit of inline tensors in packed bytes (0: none negotiated).
+    pub(super) fn inline_limit(&self) -> usize {
+        // Acquire: pairs with the Release store in `set_inline`.
+        self.inline.load(Ordering::Acquire)
+    }
+
+    fn set_inline(&self, limit: usize) {
+        // Release: pairs with the Acquire load in `inline_limit`; stored before the native
+        // state is installed or our answer goes out, so neither side sends an inline tensor
+        // before the other reads them.
+        self.inline.store(limit, Ordering::Release);
     }
 
     /// Claim this connection's one negotiation: true for the first claim (until
@@ -63,6 +100,7 @@ impl Native {
 
     /// The claimed negotiation failed or was refused: a later one (either side's) may try.
     pub(super) fn unclaim(&self) {
+        self.set_inline(0);
         // Release: pairs with the AcqRel swap in `claim` and the Acquire load in `is_claimed`.
         self.claimed.store(false, Ordering::Release);
     }
@@ -348,7 +386,10 @@ impl Inner {
             parent_call_id: None,
             method: "native_hello".into(),
             args: vec![Value::Int(1)],
-            kwargs: Map::new(),
+            kwargs: match self.cfg.inline_tensors {
+                0 => Map::new(),
+                n => Map::from_iter([(INLINE_OFFER.to_owned(), Value::from(n as u64))]),
+            },
         };
         let sent = (|| {
             let mut payload = Vec::new();
@@ -361,12 +402,17 @@ impl Inner {
             self.calls.take(call.id);
             return Err(e);
         }
-        match call.wait() {
-            Ok(Value::Bool(true)) => {}
+        let inline = match call.wait() {
+            Ok(Value::Bool(true)) => 0,
+            // Only a peer we offered inline tensors answers so.
+            Ok(Value::Object(m)) if self.cfg.inline_tensors > 0 && m.get("native").and_then(Value::as_bool) == Some(true) => {
+                inline_offer(m.get(INLINE_OFFER)).map_or(0, |theirs| theirs.min(self.cfg.inline_tensors))
+            }
             Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
             Err(e) => return Err(e),
-        }
+        };
         let peer = tensorwire::Peer::from_fd(mine, self.cfg.peer_config.clone())?;
+        self.native.set_inline(inline);
         self.install_native(peer)?;
         Ok(true)
     }
@@ -399,6 +445,11 @@ impl Inner {
                 // answer goes out, so no tensor of ours can be sent before the peer's
                 // native side exists and still miss the wait.
                 self.native.setting_up.store(true, Ordering::Release);
+                let inline = match inline_offer(kwargs.get(INLINE_OFFER)) {
+                    Some(theirs) if self.cfg.inline_tensors > 0 => theirs.min(self.cfg.inline_tensors),
+                    _ => 0,
+                };
+                self.native.set_inline(inline);
                 std::thread::Builder::new()
                     .name("tensorwire-rpc-native-setup".into())
                     .spawn(move || {
@@ -413,7 +464,11 @@ impl Inner {
                         self.end_native_setup();
                         RpcError::io("spawning native setup", e)
                     })?;
-                Ok(Value::Bool(true))
+                if inline == 0 {
+                    // What every peer that offered nothing (an older one) reads.
+                    return Ok(Value::Bool(true));
+                }
+                Ok(Value::object([("native", Value::Bool(true)), (INLINE_OFFER, Value::from(self.cfg.inline_tensors as u64))]))
             }
             m => Err(RpcError::NotFound(format!("'{CONTROL_OBJECT_ID}' has no method '{m}'"))),
         }

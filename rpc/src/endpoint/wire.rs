@@ -1,5 +1,6 @@
 //! What goes on the socket: frame writes, message encoding, and tensors inside values
-//! (native, file-backed, or inline on TCP).
+//! (native, inline in the frame where negotiated, file-backed, or copied into the JSON on
+//! TCP).
 
 use super::Inner;
 use crate::error::{Result, RpcError};
@@ -81,7 +82,11 @@ impl Inner {
 
     pub(super) fn encode(&self, msg: &Message) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(128);
-        msg.encode(&mut out, &mut |t| self.encode_tensor(t))?;
+        // Inline tensors take at most half a frame of each message (their base64 is 4/3 of
+        // their bytes); past that they go as exports, so many small tensors in one value
+        // do not push it over the frame cap.
+        let mut inline_budget = self.cfg.max_frame / 2;
+        msg.encode(&mut out, &mut |t| self.encode_tensor(t, &mut inline_budget))?;
         Ok(out)
     }
 
@@ -109,6 +114,12 @@ impl Inner {
                     Ok(Value::from(Tensor::File(Arc::new(f))))
                 }
                 Some("TensorwireTensor") => self.claim_native(&m, claim_by),
+                Some(crate::tensor::INLINE_TENSOR_TYPE) => match self.native.inline_limit() {
+                    0 => Err(RpcError::Decode(
+                        "an inline tensor (TensorwireInline) arrived on a connection that never negotiated inline tensors".into(),
+                    )),
+                    limit => Ok(Value::from(crate::tensor::from_inline(&m, limit, self.cfg.max_tensor_copy)?)),
+                },
                 Some("TensorValue") => Ok(Value::from(crate::tensor::from_tensor_value(&m)?)),
                 #[cfg(feature = "ucx")]
                 Some(crate::ucx_tensor::REMOTE_TENSOR_TYPE) => self.claim_remote(&m),
@@ -135,7 +146,7 @@ impl Inner {
     }
 
     /// How a tensor goes on the wire.
-    fn encode_tensor(&self, t: &Tensor) -> Result<Value> {
+    fn encode_tensor(&self, t: &Tensor, inline_budget: &mut usize) -> Result<Value> {
         let native = self.native_for_send();
         if let Some(device) = t.cuda_device() {
             let Some(n) = native else {
@@ -154,6 +165,18 @@ impl Inner {
             return Ok(crate::tensor::native_ref(tag, &c.layout(), Some(device)));
         }
         if let Some(n) = native {
+            // An owned tensor (private memory: an ordinary small tensor, or one that
+            // arrived inline) within the negotiated limit goes inside the frame: no
+            // segment, lease or transport message. One that arrived inline and is sent
+            // back goes inline again.
+            if let Tensor::Owned(o) = t {
+                let len = o.bytes().len();
+                let text = len.div_ceil(3) * 4;
+                if len <= self.native.inline_limit() && text <= *inline_budget {
+                    *inline_budget -= text;
+                    return Ok(crate::tensor::inline_value(o));
+                }
+            }
             // A tensor the peer (or another peer) exported to us goes on as the same
             // memory: the transport forwards the producer's memfd under a lease that
             // holds the import, never a copy.

@@ -150,6 +150,14 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
         let resolved = t.call_method0("resolve_conj")?.call_method0("resolve_neg")?;
         return tensor_to_value(&resolved);
     }
+    // Small: packed into a buffer of its own, which goes inside the frame on a connection
+    // that negotiated inline tensors. Sent back to us, it arrives as private memory again.
+    if layout.packed_bytes() <= crate::pool::MAX_OWNED as u64 {
+        // SAFETY: the storage is `snbytes` bytes at `sptr`, kept alive by `t` (referenced
+        // across the call) and not resized meanwhile: the GIL is held throughout.
+        let owned = unsafe { crate::pool::owned_copy(sptr as *const u8, snbytes, &layout) }.map_err(|e| rpc_err(py, e))?;
+        return Ok(Value::Tensor(Box::new(Tensor::Owned(std::sync::Arc::new(owned)))));
+    }
     // Large: the whole storage moves into a segment in place on its first trip (as
     // `share_memory_()` does), so later sends of any view of it are zero-copy. Where
     // it cannot move (an older torch, a storage shared otherwise) it is copied once into
@@ -184,7 +192,7 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
         }
         return Ok(Value::Tensor(Box::new(Tensor::Shared(fresh))));
     }
-    // Small and medium: packed into a recycled segment of this process's pool.
+    // Medium: packed into a recycled segment of this process's pool.
     // SAFETY: the storage is `snbytes` bytes at `sptr`, kept alive by `t` (referenced
     // across the call) and not resized meanwhile: the GIL is held throughout.
     let shared = unsafe { crate::pool::packed_copy(sptr as *const u8, snbytes, &layout) }

@@ -246,6 +246,20 @@ fn tensor_to_py(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             )?;
             return Ok(view.unbind());
         }
+        Tensor::Owned(o) => {
+            // Arrived inside the frame: private memory, torch's own from here (the capsule
+            // owns the buffer). Sent on, it is an ordinary tensor again.
+            let mut owner = Box::new(Arc::unwrap_or_clone(o));
+            let bytes = owner.bytes_mut();
+            let (ptr, nbytes) = (bytes.as_mut_ptr(), bytes.len());
+            if let Some((data, dtype, sizes, strides)) = typed_view(&layout, ptr, nbytes) {
+                // SAFETY: `typed_view` kept the view inside the buffer, which the owner
+                // keeps (a boxed heap buffer: moving the box does not move it).
+                let cap = unsafe { dlpack::view_capsule(py, data, dtype, sizes, strides, (dlpack::DL_CPU, 0), owner)? };
+                return Ok(from_dlpack(py)?.call1((cap,))?.unbind());
+            }
+            dlpack::capsule(py, ptr, nbytes, (dlpack::DL_CPU, 0), owner)?
+        }
         Tensor::Cuda(_) => {
             return Err(refused(
                 py,

@@ -1,0 +1,214 @@
+//! Small owned tensors inside the frame (`TensorwireInline`), with the server in a child
+//! process (see `support`): negotiated in `native_hello` and only there; between two
+//! tensorwire endpoints an owned tensor within the limit comes back owned (it travelled
+//! inline: no export), a larger one as an import (an export); a peer that offered nothing
+//! (an older tensorwire, `inline_tensors: 0`) and a peer that never negotiated (pyisolate's
+//! wire) never see the form; a forged or inconsistent inline tensor is a named error and
+//! the connection goes on.
+
+mod support;
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+use support::{Victim, VictimSpec, frame, read_frame, run_victim, victim_role};
+use tensorwire::DType;
+use tensorwire_rpc::config::DEFAULT_INLINE_TENSORS;
+use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Service, Stream, Tensor, Value, Wait};
+
+fn client(v: &Victim, cfg: RpcConfig) -> Endpoint {
+    let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), ..cfg };
+    let ep = Endpoint::connect(&v.addr, Registry::new(), cfg).unwrap();
+    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
+    ep
+}
+
+/// Bytes that differ from element to element and call to call.
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn packed(t: &Tensor) -> Vec<u8> {
+    t.to_vec().unwrap()
+}
+
+fn echo_one(ep: &Endpoint, t: Tensor) -> Tensor {
+    let r = ep.call("calc", "echo", vec![Value::from(t)]).unwrap();
+    r.as_array().and_then(|a| a.first()).and_then(Value::as_tensor).cloned().expect("the echo holds the tensor")
+}
+
+#[test]
+fn owned_tensors_of_every_dtype_go_inline_and_large_ones_as_exports() {
+    if victim_role().is_some() {
+        run_victim(|_| {});
+    }
+    let v = Victim::spawn("owned_tensors_of_every_dtype_go_inline_and_large_ones_as_exports", &VictimSpec::default());
+    let ep = client(&v, RpcConfig::default());
+    let shapes: [&[i64]; 5] = [&[], &[0], &[7], &[3, 5], &[2, 0, 4]];
+    for (k, dtype) in DType::ALL.into_iter().enumerate() {
+        for sizes in shapes {
+            let n = sizes.iter().product::<i64>() as usize * dtype.size();
+            let t = Tensor::owned(dtype, sizes, &bytes(n, k as u8)).unwrap();
+            let back = echo_one(&ep, t.clone());
+            assert!(matches!(back, Tensor::Owned(_)), "{} {sizes:?} came back as {back:?}, not inline", dtype.name());
+            assert_eq!(back.layout(), t.layout());
+            assert_eq!(packed(&back), packed(&t), "{} {sizes:?}", dtype.name());
+        }
+    }
+    // At the limit: inline; one byte past it: an export, which comes back as an import.
+    let at = Tensor::owned(DType::UInt8, &[DEFAULT_INLINE_TENSORS as i64], &bytes(DEFAULT_INLINE_TENSORS, 1)).unwrap();
+    let back = echo_one(&ep, at.clone());
+    assert!(matches!(back, Tensor::Owned(_)), "{back:?}");
+    assert_eq!(packed(&back), packed(&at));
+    let over = Tensor::owned(DType::UInt8, &[DEFAULT_INLINE_TENSORS as i64 + 1], &bytes(DEFAULT_INLINE_TENSORS + 1, 2)).unwrap();
+    let back = echo_one(&ep, over.clone());
+    assert!(matches!(back, Tensor::Imported(_)), "{back:?}");
+    assert_eq!(packed(&back), packed(&over));
+    // A tensor in a segment keeps its path whatever its size.
+    let shared = Tensor::from_f32(&[2], &[1.0, 2.0]).unwrap();
+    assert!(matches!(echo_one(&ep, shared), Tensor::Imported(_)));
+}
+
+#[test]
+fn a_peer_that_offers_no_inline_tensors_gets_exports() {
+    if victim_role().is_some() {
+        run_victim(|_| {});
+    }
+    let v = Victim::spawn("a_peer_that_offers_no_inline_tensors_gets_exports", &VictimSpec::default());
+    // An older tensorwire peer: a hello without the offer.
+    let ep = client(&v, RpcConfig { inline_tensors: 0, ..RpcConfig::default() });
+    let t = Tensor::owned(DType::Float32, &[4], &bytes(16, 3)).unwrap();
+    let back = echo_one(&ep, t.clone());
+    assert!(matches!(back, Tensor::Imported(_)), "{back:?}");
+    assert_eq!(packed(&back), packed(&t));
+    // On the wire: the old answer to a hello without the offer, the new one to a hello
+    // with it.
+    for (kwargs, want) in [("{}", r#""result": true"#), (r#"{"inline_tensors": 1024}"#, r#""result": {"native": true, "inline_tensors": "#)] {
+        let mut raw = v.raw();
+        let (_mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
+        let hello = format!(
+            r#"{{"kind": "call", "object_id": "__tensorwire__", "call_id": 1, "parent_call_id": null, "method": "native_hello", "args": [1], "kwargs": {kwargs}}}"#
+        );
+        tensorwire::os::send_msg(raw.as_fd(), &frame(hello.as_bytes()), &[theirs.as_fd()], false, None).unwrap();
+        let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
+        assert!(resp.contains(want), "hello with kwargs {kwargs}: {resp}");
+    }
+}
+
+/// A raw peer (pyisolate's wire: no `native_hello`) calls a service that answers an owned
+/// tensor: it gets pyisolate's `TensorRef`, and an inline tensor it sends is refused.
+#[test]
+fn a_peer_that_never_negotiated_gets_the_old_form() {
+    let reg = Registry::new();
+    reg.register(
+        "calc",
+        Service::new("Calc")
+            .method_inline("make", |_, _| Ok(Value::from(Tensor::owned(DType::Float32, &[2], &bytes(8, 5))?)))
+            .method_inline("echo", |_, a| Ok(Value::Array(a.args))),
+    )
+    .unwrap();
+    let (mine, theirs) = UnixStream::pair().unwrap();
+    let ep = Endpoint::new(Stream::from_fd(theirs.into()), reg, RpcConfig::default()).unwrap();
+    let mut raw = mine;
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let call = |raw: &mut UnixStream, id: i64, method: &str, args: &str| {
+        let text = format!(
+            r#"{{"kind": "call", "object_id": "calc", "call_id": {id}, "parent_call_id": null, "method": "{method}", "args": {args}, "kwargs": {{}}}}"#
+        );
+        raw.write_all(&frame(text.as_bytes())).unwrap();
+        String::from_utf8(read_frame(raw).unwrap()).unwrap()
+    };
+    let resp = call(&mut raw, 1, "make", "[]");
+    assert!(resp.contains(r#""__type__": "TensorRef""#) && !resp.contains("TensorwireInline"), "{resp}");
+    let forged = r#"[{"__type__": "TensorwireInline", "dtype": "torch.uint8", "tensor_size": [3], "data": "AAEC"}]"#;
+    let resp = call(&mut raw, 2, "echo", forged);
+    assert!(resp.contains("never negotiated inline tensors"), "{resp}");
+    drop(ep);
+}
+
+/// A peer that negotiated inline tensors and then sends forged ones: each a named refusal
+/// in the call's error, and the server answers the next call.
+#[test]
+fn forged_inline_tensors_are_named_errors() {
+    if victim_role().is_some() {
+        run_victim(|_| {});
+    }
+    let v = Victim::spawn("forged_inline_tensors_are_named_errors", &VictimSpec::default());
+    let mut raw = v.raw();
+    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
+    let hello = r#"{"kind": "call", "object_id": "__tensorwire__", "call_id": 1, "parent_call_id": null, "method": "native_hello", "args": [1], "kwargs": {"inline_tensors": 65536}}"#;
+    tensorwire::os::send_msg(raw.as_fd(), &frame(hello.as_bytes()), &[theirs.as_fd()], false, None).unwrap();
+    drop(theirs);
+    let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
+    assert!(resp.contains(r#""native": true"#), "{resp}");
+    let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..Default::default() };
+    let _peer = std::thread::spawn(move || tensorwire::Peer::from_fd(mine, cfg).unwrap()).join().unwrap();
+    let inline = |dtype: &str, sizes: &str, data: &str| {
+        format!(r#"{{"__type__": "TensorwireInline", "dtype": "{dtype}", "tensor_size": {sizes}, "data": {data}}}"#)
+    };
+    let cases = [
+        (inline("torch.uint8", "[4]", r#""AAEC""#), "4 bytes its dtype and sizes name"),
+        (inline("torch.uint8", "[2]", r#""AAEC""#), "2 bytes its dtype and sizes name"),
+        (inline("torch.float33", "[1]", r#""AAAAAA==""#), "unknown dtype"),
+        (inline("torch.float32", "[1048576, 1048576]", r#""""#), "over this connection's inline limit"),
+        (inline("torch.float32", "[4611686018427387904, 4]", r#""""#), "overflows a byte count"),
+        (inline("torch.float32", "[-1]", r#""""#), "negative size -1"),
+        (inline("torch.float32", "[1.5]", r#""""#), "a float among the sizes"),
+        (inline("torch.uint8", "[3]", r#""AA*C""#), "bad base64 data"),
+        (inline("torch.uint8", "[3]", "12"), "no base64 string"),
+    ];
+    for (i, (value, want)) in cases.iter().enumerate() {
+        let text = format!(
+            r#"{{"kind": "call", "object_id": "calc", "call_id": {}, "parent_call_id": null, "method": "echo", "args": [{value}], "kwargs": {{}}}}"#,
+            i + 10
+        );
+        raw.write_all(&frame(text.as_bytes())).unwrap();
+        let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
+        assert!(resp.contains("inline tensor refused") && resp.contains(want), "{value}: {resp}");
+    }
+    let ping = r#"{"kind": "call", "object_id": "calc", "call_id": 99, "parent_call_id": null, "method": "ping", "args": [], "kwargs": {}}"#;
+    raw.write_all(&frame(ping.as_bytes())).unwrap();
+    let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
+    assert!(resp.contains("pong"), "{resp}");
+    // A well-formed one comes back inline, bit-exact.
+    let ok = format!(
+        r#"{{"kind": "call", "object_id": "calc", "call_id": 100, "parent_call_id": null, "method": "echo", "args": [{}], "kwargs": {{}}}}"#,
+        inline("torch.uint8", "[3]", r#""AAEC""#)
+    );
+    raw.write_all(&frame(ok.as_bytes())).unwrap();
+    let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
+    assert!(resp.contains(r#""data": "AAEC""#), "{resp}");
+}
+
+/// Inline tensors take at most half a frame of one message: past that, the rest of its
+/// tensors go as exports, so many small tensors never push a value over the frame cap.
+#[test]
+fn inline_tensors_take_at_most_half_a_frame_of_a_message() {
+    let reg = Registry::new();
+    reg.register(
+        "calc",
+        Service::new("Calc").method("kinds", |_, a| {
+            let kinds = a.args[0].as_array().unwrap().iter().map(|v| match v.as_tensor() {
+                Some(Tensor::Owned(_)) => Value::from("inline"),
+                Some(Tensor::Imported(_)) => Value::from("export"),
+                other => Value::from(format!("{other:?}")),
+            });
+            Ok(Value::Array(kinds.collect()))
+        }),
+    )
+    .unwrap();
+    let cfg = RpcConfig {
+        max_frame: 64 << 10,
+        inline_tensors: 64 << 10,
+        default_timeout: Wait::For(Duration::from_secs(10)),
+        ..RpcConfig::default()
+    };
+    let (_s, c) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
+    assert!(c.negotiate_native(Duration::from_secs(10)).unwrap());
+    // 4 KiB each: 5,464 characters of base64; five fit in 32 KiB, the sixth would not.
+    let many: Vec<Value> = (0..20).map(|i| Value::from(Tensor::owned(DType::UInt8, &[4096], &bytes(4096, i)).unwrap())).collect();
+    let r = c.call("calc", "kinds", vec![Value::Array(many)]).unwrap();
+    let want: Vec<Value> = (0..20).map(|i| Value::from(if i < 5 { "inline" } else { "export" })).collect();
+    assert_eq!(r, Value::Array(want));
+}
