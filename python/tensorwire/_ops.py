@@ -217,12 +217,7 @@ def share_(self: torch.Tensor) -> torch.Tensor:
         raise Error(f"tensorwire.share_: moving a storage in place needs UntypedStorage._swap_data_ptr_, which "
                     f"torch {torch.__version__} lacks (newer torch has it); use tensorwire.to_shared(t), which "
                     f"copies it once into a new shared tensor, or the C++ extension (TENSORWIRE_TORCH_LIB)")
-    nbytes = storage.nbytes()
-    seg = torch.from_dlpack(_native.segment_storage(nbytes)).untyped_storage()
-    if nbytes:
-        seg.copy_(storage)
-    storage._swap_data_ptr_(seg)
-    _freeze(storage)
+    _move_into_segment(storage)
     return self
 
 
@@ -235,13 +230,20 @@ def share_for_send(storage: torch.UntypedStorage) -> bool:
     sharing. The caller then copies the view."""
     if not hasattr(storage, "_swap_data_ptr_") or storage.is_shared():
         return False
+    _move_into_segment(storage)
+    return True
+
+
+def _move_into_segment(storage: torch.UntypedStorage) -> None:
+    """Copy ``storage`` into a new sealed segment and swap that memory in under it, so
+    every view of the storage follows; then make it not resizable (``_freeze``)."""
     nbytes = storage.nbytes()
     seg = torch.from_dlpack(_native.segment_storage(nbytes)).untyped_storage()
     if nbytes:
         seg.copy_(storage)
-    storage._swap_data_ptr_(seg)
+    # Both callers checked that this torch has it (2.11 does not).
+    getattr(storage, "_swap_data_ptr_")(seg)
     _freeze(storage)
-    return True
 
 
 def _freeze(storage: torch.UntypedStorage) -> None:
