@@ -52,8 +52,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .bench_rpc_common import (TARGET, PyisolateHost, error_line, fmt_us, p50, p90, pipe_child, pool_call,
-                               pyisolate_connect, pyisolate_stop)
+from .bench_rpc_common import (TARGET, PyisolateHost, bar_panel, error_line, fmt_us, p50, p90, pipe_child,
+                               pool_call, pyisolate_connect, pyisolate_stop)
 from .bench_rpc_contention import CONTENTION_SYSTEMS, PHASES, Contention, bench_contention, plot_contention, \
     report_contention
 
@@ -449,27 +449,9 @@ def plot(cells: Cells, cont: Contention, path: str) -> None:
                              squeeze=False)
     if have_cont:
         plot_contention(axes[0][-1], cont)
-    if not have_calls:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        return
-    ax = axes[0][0]
-    width = 0.8 / len(SYSTEMS)
-    for k, s in enumerate(SYSTEMS):
-        xs, ys = [], []
-        for i, p in enumerate(PAYLOADS):
-            if cells.times[s].get(p):
-                xs.append(i + (k - (len(SYSTEMS) - 1) / 2) * width)
-                ys.append(p50(cells.times[s][p]) * 1e6)
-        if xs:
-            ax.bar(xs, ys, width, label=s)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(PAYLOADS)), PAYLOADS)
-    ax.set_ylabel("per call, p50 (µs)")
-    ax.set_title("RPC to one worker process")
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend()
+    if have_calls:
+        bar_panel(axes[0][0], PAYLOADS, SYSTEMS, lambda s, p: cells.times[s].get(p), str, "per call, p50 (µs)",
+                  "RPC to one worker process")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -12,6 +12,7 @@ import socket
 import statistics
 import tempfile
 import traceback
+from typing import Callable, Optional
 
 import torch
 
@@ -188,3 +189,26 @@ def p90(xs: list[float]) -> float:
 def fmt_us(s: float) -> str:
     us = s * 1e6
     return f"{us:.1f}" if us < 100 else f"{us:,.0f}"
+
+
+def bar_panel(ax, groups: list[str], series: list[str], samples: Callable[[str, str], Optional[list[float]]],
+              label: Callable[[str], str], ylabel: str, title: str) -> None:
+    """One panel of the plot: for each of ``groups`` along the x axis, a bar per one of
+    ``series`` that has samples there (``samples(series, group)``: seconds per call), its
+    height the p50 in microseconds on a log scale; ``label(series)`` names it in the legend."""
+    width = 0.8 / len(series)
+    for k, s in enumerate(series):
+        xs, ys = [], []
+        for i, g in enumerate(groups):
+            times = samples(s, g)
+            if times:
+                xs.append(i + (k - (len(series) - 1) / 2) * width)
+                ys.append(p50(times) * 1e6)
+        if xs:
+            ax.bar(xs, ys, width, label=label(s))
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend()

@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .bench_rpc_common import (TARGET, PyisolateHost, error_line, fmt_us, p50, p90, pipe_child, pyisolate_connect,
-                               pyisolate_stop)
+from .bench_rpc_common import (TARGET, PyisolateHost, bar_panel, error_line, fmt_us, p50, p90, pipe_child,
+                               pyisolate_connect, pyisolate_stop)
 
 CONTENTION_SYSTEMS = ["tensorwire.rpc", "torch.mp Pipe", "pyisolate"]
 PHASES = ["alone", "busy"]
@@ -186,18 +186,6 @@ def report_contention(cont: Contention, iters: int, pyisolate_missing: Optional[
 def plot_contention(cx, cont: Contention) -> None:
     """The contention panel of the plot: noop() p50 per system, alone and beside busy
     processes, on a log scale."""
-    width = 0.8 / len(PHASES)
-    for k, ph in enumerate(PHASES):
-        xs, ys = [], []
-        for i, s in enumerate(CONTENTION_SYSTEMS):
-            if cont.times[s].get(ph):
-                xs.append(i + (k - (len(PHASES) - 1) / 2) * width)
-                ys.append(p50(cont.times[s][ph]) * 1e6)
-        if xs:
-            cx.bar(xs, ys, width, label="alone" if ph == "alone" else f"{cont.busy} busy processes")
-    cx.set_yscale("log")
-    cx.set_xticks(range(len(CONTENTION_SYSTEMS)), CONTENTION_SYSTEMS)
-    cx.set_ylabel("noop() per call, p50 (µs)")
-    cx.set_title("Under CPU contention")
-    cx.grid(True, axis="y", which="both", alpha=0.3)
-    cx.legend()
+    bar_panel(cx, CONTENTION_SYSTEMS, PHASES, lambda ph, s: cont.times[s].get(ph),
+              lambda ph: "alone" if ph == "alone" else f"{cont.busy} busy processes", "noop() per call, p50 (µs)",
+              "Under CPU contention")
