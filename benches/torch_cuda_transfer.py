@@ -61,6 +61,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
 import tensorwire  # noqa: E402
+from tensorwire.bench import mp_child, timed  # noqa: E402
 
 SIZES = [4 << 10, 32 << 20]
 STOP = 1 << 40
@@ -145,7 +146,7 @@ def bench_floors(iters):
             os.write(p2c_w, b"x")
             os.read(c2p_r, 1)
 
-        samples = timed(iters, go)
+        samples = timed(iters, go, WARMUP)
         for size in SIZES:  # the floors do not depend on the tensor's size
             out[(FLOOR_ROW[mode], size)] = samples
         os.write(p2c_w, b"q")
@@ -192,27 +193,6 @@ def tw_child(fd, policy):
     print(f"  (child: {s['opens']} cuIpcOpenMemHandle calls in all)", flush=True)
 
 
-def mp_child(q, acks):
-    torch.cuda.init()
-    while True:
-        t = q.get()
-        if t is None:
-            break
-        del t
-        acks.put(1)
-
-
-def timed(n, fn):
-    out = []
-    for i in range(WARMUP + n):
-        t0 = time.perf_counter()
-        fn(i)
-        dt = time.perf_counter() - t0
-        if i >= WARMUP:
-            out.append(dt)
-    return out
-
-
 def bench_tensorwire(iters, policy, open_per_message):
     """Rows of one consumer policy: tw cached, GPU ring, and (if asked) tw open/msg."""
     parent_fd, child_fd = tensorwire.socketpair()
@@ -240,7 +220,7 @@ def bench_tensorwire(iters, policy, open_per_message):
             t = torch.ones(size, dtype=torch.uint8, device="cuda")
             torch.cuda.synchronize()
             before = child_opens()
-            out[(mode, size)] = timed(iters, round_trip(t))
+            out[(mode, size)] = timed(iters, round_trip(t), WARMUP)
             opens[(mode, size)] = child_opens() - before
             # The child released every lease before its ack; the release reaches this side
             # at its next reap pass (stats() runs one): poll, bounded.
@@ -264,7 +244,7 @@ def bench_tensorwire(iters, policy, open_per_message):
             conn.ring_send(t, i)
             conn.recv()
 
-        out[(f"GPU ring {policy}", size)] = timed(iters, ring_go)
+        out[(f"GPU ring {policy}", size)] = timed(iters, ring_go, WARMUP)
         opens[(f"GPU ring {policy}", size)] = child_opens() - before
     conn.send(tensorwire.zeros(1), STOP)
     rc = child.wait(120)
@@ -277,7 +257,7 @@ def bench_tensorwire(iters, policy, open_per_message):
 def bench_torch_mp(iters):
     ctx = tmp.get_context("spawn")
     q, acks = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=mp_child, args=(q, acks))
+    p = ctx.Process(target=mp_child, args=(q, acks, True))
     p.start()
     out = {}
     for size in SIZES:
@@ -288,7 +268,7 @@ def bench_torch_mp(iters):
             q.put(t)
             acks.get()
 
-        out[("torch.mp", size)] = timed(iters, go)
+        out[("torch.mp", size)] = timed(iters, go, WARMUP)
     q.put(None)
     p.join(120)
     return out

@@ -117,8 +117,15 @@ def ring_child(fd):
     conn.close()
 
 
-def mp_child(q, acks):
-    tmp.set_sharing_strategy("file_descriptor")
+def mp_child(q, acks, cuda=False):
+    """The torch.multiprocessing consumer (this bench's and, with `cuda`,
+    benches/torch_cuda_transfer.py's): drops each tensor it takes from `q` and acks it,
+    until None. A CPU child takes tensors by fd as the parent sends them; a CUDA child
+    makes its context first, so that the first timed message does not pay for it."""
+    if cuda:
+        torch.cuda.init()
+    else:
+        tmp.set_sharing_strategy("file_descriptor")
     while True:
         t = q.get()
         if t is None:
@@ -140,15 +147,16 @@ def pickle_child(r, w):
 
 # --- parent --------------------------------------------------------------------------
 
-def timed(base_iters, round_trip):
-    """Seconds of each of `base_iters` calls of `round_trip(i)`, after WARMUP untimed ones
-    (every row times its round trips the same way: one call each)."""
+def timed(base_iters, round_trip, warmup=WARMUP):
+    """Seconds of each of `base_iters` calls of `round_trip(i)`, after `warmup` untimed
+    ones (every row times its round trips the same way: one call each; also
+    benches/torch_cuda_transfer.py's rows)."""
     times = []
-    for i in range(WARMUP + base_iters):
+    for i in range(warmup + base_iters):
         t0 = time.perf_counter()
         round_trip(i)
         dt = time.perf_counter() - t0
-        if i >= WARMUP:
+        if i >= warmup:
             times.append(dt)
             _tick()
     return times

@@ -1,7 +1,7 @@
 """Per-call latency of an RPC from a Python host to one Python worker process, same run:
 
-  tensorwire.rpc  rpc.spawn("tensorwire.bench_rpc:Target"): the worker the package
-                  supervises; tensors made with rpc.empty travel without a copy
+  tensorwire.rpc  rpc.spawn("tensorwire.bench_rpc_common:Target"): the worker the
+                  package supervises; tensors made with rpc.empty travel without a copy
   pyisolate       pyisolate 0.10.2's AsyncRPC over its JSONSocketTransport on a Unix
                   socket, with the tensor serializer a share_torch host registers (a CPU
                   tensor's storage goes to /dev/shm once, torch's file_system strategy,
@@ -43,22 +43,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import multiprocessing
 import os
-import socket
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
-TARGET = "tensorwire.bench_rpc:Target"
+from .bench_rpc_common import (TARGET, PyisolateHost, bar_panel, error_line, fmt_us, p50, p90, pipe_child,
+                               pool_call, pyisolate_connect, pyisolate_stop)
+from .bench_rpc_contention import CONTENTION_SYSTEMS, PHASES, Contention, bench_contention, plot_contention, \
+    report_contention
+
 SYSTEMS = ["tensorwire.rpc", "pyisolate", "ProcessPool", "mp.Pipe", "Pipe bytes"]
 PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "JSON dict 333 keys", "1 KiB randn echo",
             "4 KiB randn echo", "64 MiB randn echo"]
@@ -68,28 +66,7 @@ ECHOES = ["1 KiB randn echo", "4 KiB randn echo"]
 WARMUP_CALLS = 5
 
 
-# --- what every worker serves ---------------------------------------------------------
-
-class Target:
-    """The object each worker serves (the same methods for every system)."""
-
-    def add(self, a, b):
-        return a + b
-
-    def tensor(self, t):
-        # Proves the tensor arrived (length, last element: one page read) without a pass
-        # over its data, which would hide the transport's cost behind a memory scan.
-        return [int(t.numel()), float(t.reshape(-1)[-1])]
-
-    def json(self, x):
-        return len(x)
-
-    def noop(self):
-        return None
-
-    def echo(self, t):
-        return t
-
+# --- payloads -----------------------------------------------------------------------
 
 def json_payload() -> list:
     """100 dicts of 10 keys: 1,000 leaves (ints, strings, floats)."""
@@ -105,14 +82,6 @@ def json_payload() -> list:
 def dict_payload() -> dict:
     """One dict of 333 keys, each a small list (an int, a float, a string): 999 leaves."""
     return {f"key{i}": [i, i * 0.5, f"s{i}"] for i in range(333)}
-
-
-def _leaves(x) -> int:
-    if isinstance(x, dict):
-        return sum(_leaves(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return sum(_leaves(v) for v in x)
-    return 1
 
 
 def payloads(make_tensor: Callable[[int], torch.Tensor]) -> list[tuple[str, str, tuple, Any]]:
@@ -139,76 +108,6 @@ def plain_tensor(n: int) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float32)
 
 
-# --- children of the baselines --------------------------------------------------------
-
-_target = Target()
-
-
-def pool_call(method: str, args: tuple) -> Any:
-    """What ProcessPoolExecutor runs in its worker."""
-    return getattr(_target, method)(*args)
-
-
-def pipe_child(conn) -> None:
-    """The mp.Pipe worker: answer each (method, args) until None."""
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            break
-        method, args = msg
-        conn.send(getattr(_target, method)(*args))
-        del msg, args
-    conn.close()
-
-
-class AsyncTarget:
-    """pyisolate's caller wants coroutine methods; the child serves these."""
-
-    async def add(self, a, b):
-        return _target.add(a, b)
-
-    async def tensor(self, t):
-        return _target.tensor(t)
-
-    async def json(self, x):
-        return _target.json(x)
-
-    async def noop(self):
-        return _target.noop()
-
-    async def echo(self, t):
-        return _target.echo(t)
-
-
-def _pyisolate_share_torch() -> None:
-    """What a pyisolate 0.10.2 host (and its child) sets up when ``share_torch`` is on and
-    the execution model is host-coupled (pyisolate/_internal/host.py, uds_client.py): the
-    tensor serializer in ``shared_memory`` mode and torch's file_system strategy."""
-    from pyisolate._internal.serialization_registry import SerializerRegistry
-    from pyisolate._internal.tensor_serializer import register_tensor_serializer
-
-    register_tensor_serializer(SerializerRegistry.get_instance(), mode="shared_memory")
-    torch.multiprocessing.set_sharing_strategy("file_system")
-
-
-def pyisolate_child(path: str) -> None:
-    from pyisolate._internal.rpc_protocol import AsyncRPC
-    from pyisolate._internal.rpc_transports import JSONSocketTransport
-
-    _pyisolate_share_torch()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-
-    async def serve() -> None:
-        rpc = AsyncRPC(transport=JSONSocketTransport(sock, tensor_transport="shared_memory"))
-        rpc.register_callee(AsyncTarget(), "target")
-        rpc.run()
-        await rpc.run_until_stopped()
-        rpc.shutdown()
-
-    asyncio.run(serve())
-
-
 # --- timing ---------------------------------------------------------------------------
 
 class Cells:
@@ -225,9 +124,7 @@ class Cells:
         self.progress = progress
 
     def fail(self, system: str, what: str, e: BaseException) -> None:
-        self.errors[system][what] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
-        if os.environ.get("TENSORWIRE_BENCH_DEBUG"):
-            traceback.print_exc()
+        self.errors[system][what] = error_line(e)
 
 
 def check(system: str, payload: str, got: Any, want: Any) -> None:
@@ -348,81 +245,27 @@ def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_ge
             cells.progress.step()
 
 
-async def _pyisolate_connect(ctx, tmp: str, n: int):
-    """A fresh pyisolate child serving :class:`AsyncTarget` on a Unix socket in ``tmp``:
-    (process, its AsyncRPC, the caller)."""
-    from pyisolate._internal.rpc_protocol import AsyncRPC
-    from pyisolate._internal.rpc_transports import JSONSocketTransport
-
-    path = os.path.join(tmp, f"pyisolate-{n}.sock")
-    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    lsock.bind(path)
-    lsock.listen(1)
-    lsock.settimeout(300.0)
-    proc = ctx.Process(target=pyisolate_child, args=(path,), daemon=True)
-    proc.start()
-    try:
-        conn, _ = lsock.accept()
-    finally:
-        lsock.close()
-        os.unlink(path)
-    conn.settimeout(None)
-    rpc = AsyncRPC(transport=JSONSocketTransport(conn, tensor_transport="shared_memory"))
-    rpc.run()
-    return proc, rpc, rpc.create_caller(AsyncTarget, "target")
-
-
-def _pyisolate_stop(proc, rpc) -> None:
-    rpc.shutdown()
-    proc.join(10.0)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(10.0)
-
-
-class _PyisolateHost:
-    """What a pyisolate host sets up for this process while its children run (the tensor
-    serializer, torch's file_system strategy), undone on exit so that the baselines after
-    it get torch's default; and a directory for the children's sockets."""
-
-    def __enter__(self) -> "_PyisolateHost":
-        self.before = torch.multiprocessing.get_sharing_strategy()
-        _pyisolate_share_torch()
-        self.ctx = multiprocessing.get_context("spawn")
-        self.tmp = tempfile.mkdtemp(prefix="tw-bench-rpc-")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        torch.multiprocessing.set_sharing_strategy(self.before)
-        try:
-            from pyisolate._internal.tensor_serializer import flush_tensor_keeper
-            flush_tensor_keeper()
-        except Exception:  # noqa: BLE001
-            pass
-        os.rmdir(self.tmp)
-
-
 def bench_pyisolate(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
-    async def run(host: _PyisolateHost) -> None:
+    async def run(host: PyisolateHost) -> None:
         cells.progress.start("pyisolate: calls")
         t0 = time.perf_counter()
-        proc, rpc, target = await _pyisolate_connect(host.ctx, host.tmp, 0)
+        proc, rpc, target = await pyisolate_connect(host.ctx, host.tmp, 0)
         try:
             await target.add(1, 2)
             cold_sample(cells, "pyisolate", t0)
             await measure_async("pyisolate", lambda m, *a: getattr(target, m)(*a), cells, iters, warm_s, plain_tensor)
         finally:
-            _pyisolate_stop(proc, rpc)
+            pyisolate_stop(proc, rpc)
         cells.progress.start("pyisolate: cold start")
         for i in range(cold - 1):
             t0 = time.perf_counter()
-            proc, rpc, target = await _pyisolate_connect(host.ctx, host.tmp, i + 1)
+            proc, rpc, target = await pyisolate_connect(host.ctx, host.tmp, i + 1)
             await target.add(1, 2)
             cells.cold["pyisolate"].append(time.perf_counter() - t0)
-            _pyisolate_stop(proc, rpc)
+            pyisolate_stop(proc, rpc)
             cells.progress.step()
 
-    with _PyisolateHost() as host:
+    with PyisolateHost() as host:
         asyncio.run(run(host))
 
 
@@ -509,189 +352,7 @@ def bench_pipe(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
         cells.progress.step()
 
 
-# --- under contention -----------------------------------------------------------------
-
-CONTENTION_SYSTEMS = ["tensorwire.rpc", "torch.mp Pipe", "pyisolate"]
-PHASES = ["alone", "busy"]
-
-
-class Busy:
-    """``n`` plain Python processes that never sleep, started on entry (given ``settle_s``
-    to be running) and killed on exit."""
-
-    def __init__(self, n: int, settle_s: float) -> None:
-        self.n, self.settle_s = n, settle_s
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> "Busy":
-        try:
-            for _ in range(self.n):
-                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                                   stdin=subprocess.DEVNULL))
-        except BaseException:
-            self.__exit__()
-            raise
-        time.sleep(self.settle_s)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for p in self.procs:
-            p.kill()
-        for p in self.procs:
-            p.wait()
-        self.procs = []
-
-
-class Contention:
-    """Seconds per noop() call by system and phase (or the error that stopped a system)."""
-
-    def __init__(self, busy: int) -> None:
-        self.busy = busy
-        self.times: dict[str, dict[str, list[float]]] = {s: {} for s in CONTENTION_SYSTEMS}
-        self.errors: dict[str, str] = {}
-
-
-@contextlib.contextmanager
-def _phase(system: str, phase: str, cont: Contention, progress, settle_s: float):
-    """One phase of a system's contention cells: its progress label, and for "busy" the
-    busy processes, running for the phase and killed at its end (whatever happened)."""
-    progress.start(f"{system}: noop {'alone' if phase == 'alone' else f'+ {cont.busy} busy'}")
-    if phase == "alone":
-        yield
-    else:
-        with Busy(cont.busy, settle_s):
-            yield
-
-
-def contention_sync(system: str, call: Callable[[], Any], cont: Contention, progress, iters: int, warm_s: float,
-                    settle_s: float) -> None:
-    for phase in PHASES:
-        with _phase(system, phase, cont, progress, settle_s):
-            end = time.perf_counter() + warm_s
-            while time.perf_counter() < end:
-                call()
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - t0)
-                progress.step()
-        cont.times[system][phase] = times
-
-
-async def contention_async(system: str, call, cont: Contention, progress, iters: int, warm_s: float,
-                           settle_s: float) -> None:
-    for phase in PHASES:
-        with _phase(system, phase, cont, progress, settle_s):
-            end = time.perf_counter() + warm_s
-            while time.perf_counter() < end:
-                await call()
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                await call()
-                times.append(time.perf_counter() - t0)
-                progress.step()
-        cont.times[system][phase] = times
-
-
-def bench_contention(cont: Contention, progress, iters: int, warm_s: float, settle_s: float,
-                     pyisolate_missing: Optional[str]) -> None:
-    """noop() alone and beside busy processes, for each system on a fresh worker."""
-    import tensorwire.rpc as rpc
-
-    def tensorwire_rpc() -> None:
-        with rpc.spawn(TARGET) as w:
-            if w.call("noop") is not None:
-                raise AssertionError("tensorwire.rpc: noop() answered something")
-            contention_sync("tensorwire.rpc", lambda: w.call("noop"), cont, progress, iters, warm_s, settle_s)
-
-    def pipe() -> None:
-        ctx = torch.multiprocessing.get_context("spawn")
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=pipe_child, args=(there,), daemon=True)
-        proc.start()
-        there.close()
-
-        def call():
-            here.send(("noop", ()))
-            return here.recv()
-
-        try:
-            if call() is not None:
-                raise AssertionError("torch.mp Pipe: noop() answered something")
-            contention_sync("torch.mp Pipe", call, cont, progress, iters, warm_s, settle_s)
-        finally:
-            here.send(None)
-            proc.join(10.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(10.0)
-            here.close()
-
-    def pyisolate() -> None:
-        async def run(host: _PyisolateHost) -> None:
-            proc, prpc, target = await _pyisolate_connect(host.ctx, host.tmp, 0)
-            try:
-                if await target.noop() is not None:
-                    raise AssertionError("pyisolate: noop() answered something")
-                await contention_async("pyisolate", target.noop, cont, progress, iters, warm_s, settle_s)
-            finally:
-                _pyisolate_stop(proc, prpc)
-
-        with _PyisolateHost() as host:
-            asyncio.run(run(host))
-
-    for system, run in [("tensorwire.rpc", tensorwire_rpc), ("torch.mp Pipe", pipe), ("pyisolate", pyisolate)]:
-        if system == "pyisolate" and pyisolate_missing:
-            continue
-        try:
-            run()
-        except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
-            cont.errors[system] = f"{type(e).__name__}: {e}".splitlines()[0][:120]
-            if os.environ.get("TENSORWIRE_BENCH_DEBUG"):
-                traceback.print_exc()
-
-
-def report_contention(cont: Contention, iters: int, pyisolate_missing: Optional[str]) -> list[str]:
-    lines = [f"noop() to a fresh worker, alone and beside {cont.busy} busy processes (as many as CPUs; "
-             f"`while True: pass`): p50 / p90 per call, microseconds; {iters} calls per cell after a warm-up"]
-    w0, w = 16, 21
-    hdr = f"{'contention':<{w0}}|" + "|".join(f" {h:>{w - 1}}" for h in ["alone", f"{cont.busy} busy processes"])
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
-    for s in CONTENTION_SYSTEMS:
-        if s == "pyisolate" and pyisolate_missing:
-            lines.append(f"{s:<{w0}}| not run: {pyisolate_missing}")
-            continue
-        cells = []
-        for ph in PHASES:
-            xs = cont.times[s].get(ph)
-            cells.append(f"{fmt_us(p50(xs))} / {fmt_us(p90(xs))}" if xs else ("error" if s in cont.errors else "-"))
-        lines.append(f"{s:<{w0}}|" + "|".join(f" {c:>{w - 1}}" for c in cells))
-    for s, err in cont.errors.items():
-        lines.append(f"error: {s}, contention: {err}")
-    tw, pipe = cont.times["tensorwire.rpc"].get("busy"), cont.times["torch.mp Pipe"].get("busy")
-    if tw and pipe:
-        lines.append(f"beside busy processes, tensorwire.rpc / torch.mp Pipe: p50 {p50(tw) / p50(pipe):.2f}x, "
-                     f"p90 {p90(tw) / p90(pipe):.2f}x (goal <= 1)")
-    return lines
-
-
 # --- report ---------------------------------------------------------------------------
-
-def p50(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def p90(xs: list[float]) -> float:
-    return statistics.quantiles(xs, n=10)[8] if len(xs) >= 2 else xs[0]
-
-
-def fmt_us(s: float) -> str:
-    us = s * 1e6
-    return f"{us:.1f}" if us < 100 else f"{us:,.0f}"
-
 
 def cell(cells: Cells, system: str, payload: str) -> str:
     if payload in cells.errors[system]:
@@ -787,43 +448,10 @@ def plot(cells: Cells, cont: Contention, path: str) -> None:
     fig, axes = plt.subplots(1, have_calls + have_cont, figsize=(8 + 4 * (have_calls and have_cont), 4.5),
                              squeeze=False)
     if have_cont:
-        cx = axes[0][-1]
-        width = 0.8 / len(PHASES)
-        for k, ph in enumerate(PHASES):
-            xs, ys = [], []
-            for i, s in enumerate(CONTENTION_SYSTEMS):
-                if cont.times[s].get(ph):
-                    xs.append(i + (k - (len(PHASES) - 1) / 2) * width)
-                    ys.append(p50(cont.times[s][ph]) * 1e6)
-            if xs:
-                cx.bar(xs, ys, width, label="alone" if ph == "alone" else f"{cont.busy} busy processes")
-        cx.set_yscale("log")
-        cx.set_xticks(range(len(CONTENTION_SYSTEMS)), CONTENTION_SYSTEMS)
-        cx.set_ylabel("noop() per call, p50 (µs)")
-        cx.set_title("Under CPU contention")
-        cx.grid(True, axis="y", which="both", alpha=0.3)
-        cx.legend()
-    if not have_calls:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        return
-    ax = axes[0][0]
-    width = 0.8 / len(SYSTEMS)
-    for k, s in enumerate(SYSTEMS):
-        xs, ys = [], []
-        for i, p in enumerate(PAYLOADS):
-            if cells.times[s].get(p):
-                xs.append(i + (k - (len(SYSTEMS) - 1) / 2) * width)
-                ys.append(p50(cells.times[s][p]) * 1e6)
-        if xs:
-            ax.bar(xs, ys, width, label=s)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(PAYLOADS)), PAYLOADS)
-    ax.set_ylabel("per call, p50 (µs)")
-    ax.set_title("RPC to one worker process")
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend()
+        plot_contention(axes[0][-1], cont)
+    if have_calls:
+        bar_panel(axes[0][0], PAYLOADS, SYSTEMS, lambda s, p: cells.times[s].get(p), str, "per call, p50 (µs)",
+                  "RPC to one worker process")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -288,8 +288,9 @@ async def main_async(args) -> dict:
         if args.scenario == "compose":
             del config["apis"]  # pyisolate takes them from the adapter: the host adapter's services
         if args.scenario == "unpaired":
+            import tensorwire._pyisolate_link as twl
             import tensorwire.pyisolate as twp
-            twp.LINK_WAIT_S = 0.2  # the child's link never comes to this host; no need to wait long
+            twl.LINK_WAIT_S = 0.2  # the child's link never comes to this host; no need to wait long
             decoy_path, _keep = _decoy_listener()
             config["env"] = {twp.SOCKET_ENV: decoy_path}
     ext = manager.load_extension(config)

@@ -1,6 +1,7 @@
-"""What the Python tests share (python/tests and tests/gpu/gpu_tests.py): the views every
-round trip sends, a connected pair in one process, bounded waits (on a condition, on a
-connection's lease counters) and whether a process is gone."""
+"""What the Python tests share (python/tests, tests/gpu/gpu_tests.py and
+python/native/tests/gpu_smoke.py): the views every round trip sends, a connected pair in
+one process, bounded waits (on a condition, on a connection's lease counters), whether a
+process is gone, and how long a GPU sleep keeps a stream busy."""
 
 import os
 import threading
@@ -63,3 +64,18 @@ def connected_pair(**limits):
     ca = tensorwire.from_fd(a, **limits)
     th.join()
     return ca, out["b"]
+
+
+def sleep_cycles_for(ms):
+    """GPU clock cycles that torch.cuda._sleep needs to keep the stream busy for `ms`."""
+    import torch  # only the GPU scripts call this; the rest of this module needs no torch
+
+    torch.cuda._sleep(1000)  # load the kernel first (lazy module loading would inflate the timing)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = 10_000_000
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return int(n * ms / max(start.elapsed_time(end), 1e-3))

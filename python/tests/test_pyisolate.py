@@ -153,12 +153,13 @@ def test_a_hostile_peer_cannot_grow_the_stash_or_forge_references(monkeypatch):
     import torch
 
     import tensorwire
+    import tensorwire._pyisolate_link as twl
     import tensorwire.pyisolate as twp
 
     a, b = connected_pair()
     with a, b:
         sender, receiver = twp._Link(a), twp._Link(b)
-        monkeypatch.setattr(twp, "MAX_STASHED", 3)
+        monkeypatch.setattr(twl, "MAX_STASHED", 3)
         refs = [sender.export(torch.full((2,), float(i))) for i in range(5)]
         assert torch.equal(receiver.take(refs[1]["tag"]), torch.full((2,), 1.0))  # out of order is fine
         with pytest.raises(tensorwire.Error, match="no message named"):
@@ -259,7 +260,7 @@ def test_a_killed_hosts_listener_dir_is_removed_by_the_next_host(host_env):
     start does (its owner is gone), and keeps those of hosts still running."""
     import tempfile
 
-    import tensorwire.pyisolate as twp
+    import tensorwire._pyisolate_link as twp
 
     # Short: the listener's socket path must fit in 107 bytes.
     tmp = Path(tempfile.mkdtemp(prefix="twk-", dir="/tmp"))

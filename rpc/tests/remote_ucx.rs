@@ -17,84 +17,17 @@
 //! - an importer SIGKILLed mid-transfer leaves no export behind.
 #![cfg(feature = "ucx")]
 
+#[path = "support/remote.rs"]
+mod remote;
+
+use remote::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, Stdio};
 use std::time::{Duration, Instant};
 use tensorwire_rpc::*;
-use tensorwire_test_support::{Lines, RoleCommand, pattern, role, say};
-
-/// `got == want` for byte buffers, reported by the first difference (not the whole buffer).
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes vs {} expected, first difference at byte {i}", got.len(), want.len());
-    }
-}
-
-fn int(a: &Args, i: usize) -> Result<i64> {
-    a.req(i, "int")?.as_i64().ok_or_else(|| RpcError::InvalidArgument(format!("argument {i} is not an int")))
-}
+use tensorwire_test_support::{pattern, role, say};
 
 // ---------------------------------------------------------------- child roles
-
-/// The server: `t.make(seed, n)` (a uint8 tensor of `n` pattern bytes), `t.make_view(seed,
-/// n)` (every other byte of it, from byte 1), `t.check(tensor, seed)` (whether its packed
-/// bytes are the pattern), `t.live()` (remote exports unreleased over all its connections).
-fn serve() -> ! {
-    let remote = std::env::var("TW_REMOTE_ON").as_deref() == Ok("1");
-    let env_u64 = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    let mut cfg = RpcConfig { remote_tensors: remote, ..small_frames() };
-    if let Some(b) = env_u64("TW_MSG_BUDGET") {
-        cfg.max_remote_message_bytes = b;
-    }
-    if let Some(b) = env_u64("TW_CONN_BUDGET") {
-        cfg.max_remote_connection_bytes = b;
-    }
-    if let Some(s) = env_u64("TW_IMPORT_TIMEOUT_S") {
-        cfg.remote_import_timeout = Duration::from_secs(s);
-    }
-    let kept: std::sync::Arc<std::sync::Mutex<Vec<Value>>> = Default::default();
-    let (k1, k2) = (kept.clone(), kept);
-    let reg = Registry::new();
-    reg.register(
-        "t",
-        Service::new("T")
-            .method("make", |_, a| {
-                let (seed, n) = (int(&a, 0)? as u8, int(&a, 1)? as usize);
-                Ok(Value::from(Tensor::from_bytes(tensorwire::DType::UInt8, &[n as i64], &pattern(seed, n))?))
-            })
-            .method("make_view", |_, a| {
-                let (seed, n) = (int(&a, 0)? as u8, int(&a, 1)? as usize);
-                let Tensor::Shared(s) = Tensor::from_bytes(tensorwire::DType::UInt8, &[n as i64], &pattern(seed, n))? else {
-                    unreachable!()
-                };
-                let l = tensorwire::Layout::strided(tensorwire::DType::UInt8, &[(n / 2) as i64], &[2], 1)?;
-                Ok(Value::from(Tensor::Shared(s.view(l)?)))
-            })
-            .method("check", |_, a| {
-                let t = a.req(0, "tensor")?.as_tensor().ok_or_else(|| RpcError::InvalidArgument("not a tensor".into()))?;
-                Ok(Value::Bool(t.to_vec()? == pattern(int(&a, 1)? as u8, t.layout().numel() as usize)))
-            })
-            .method("live", |_, _| Ok(Value::from(Endpoint::process_remote_exports() as i64)))
-            // Keeps its argument (a received tensor stays alive), or drops all kept.
-            .method("keep", move |_, a| {
-                k1.lock().unwrap().push(a.req(0, "tensor")?.clone());
-                Ok(Value::Null)
-            })
-            .method("forget", move |_, _| {
-                k2.lock().unwrap().clear();
-                Ok(Value::Null)
-            }),
-    )
-    .unwrap();
-    let server = Server::bind("tcp://127.0.0.1:0", reg, cfg).unwrap();
-    say(&server.local_addr().to_string());
-    std::thread::spawn(move || server.serve_forever());
-    // Until the parent closes our stdin (or dies).
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    std::process::exit(0);
-}
 
 /// A client that makes the server export a tensor, never releases it, and waits to be
 /// killed.
@@ -138,40 +71,6 @@ fn child_role() {
         Some("puller") => pull(),
         Some("lone_exporter") => lone_exporter(),
         _ => {}
-    }
-}
-
-struct Proc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    line: String,
-}
-
-impl Proc {
-    fn spawn(role: &str, env: &[(&str, &str)]) -> Proc {
-        let child = RoleCommand::new(role)
-            .test("child_role")
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn();
-        let mut io = Lines::new(child);
-        let line = io.recv().unwrap_or_else(|| panic!("{role} ended before its first line"));
-        // Only the first line is read: the rest of the child's stdout goes nowhere.
-        let Lines { child, tx: stdin, .. } = io;
-        Proc { child, stdin, line }
-    }
-
-    fn server(remote: bool) -> Proc {
-        Proc::spawn("server", &[("TW_REMOTE_ON", if remote { "1" } else { "0" })])
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -263,31 +162,8 @@ fn is_remote(v: &Value) -> bool {
     v.as_object().and_then(|m| m.get("__type__")).and_then(Value::as_str) == Some("TensorwireRemote")
 }
 
-/// Both sides take frames of 1 MiB at most: a tensor of several MiB that arrives went by
-/// UCX, not inline.
-fn small_frames() -> RpcConfig {
-    RpcConfig { max_frame: 1 << 20, remote_import_timeout: Duration::from_secs(5), ..RpcConfig::default() }
-}
-
-fn client(addr: &str, remote: bool) -> Endpoint {
-    let cfg = RpcConfig { remote_tensors: remote, ..small_frames() };
-    Endpoint::connect(addr, Registry::new(), cfg).unwrap()
-}
-
 fn server_live(ep: &Endpoint) -> i64 {
     ep.call("t", "live", vec![]).unwrap().as_i64().unwrap()
-}
-
-/// Polls `f` until it returns `want` (5 s at most); returns the last value.
-fn eventually<T: PartialEq + Copy>(want: T, mut f: impl FnMut() -> T) -> T {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let v = f();
-        if v == want || Instant::now() > deadline {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn tensor_arg(seed: u8, n: usize) -> Value {
@@ -678,112 +554,4 @@ fn an_importer_killed_mid_transfer_leaves_no_export() {
     assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
     let v = ep.call("t", "make", vec![Value::Int(5), Value::Int(1 << 20)]).unwrap();
     same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(5, 1 << 20), "after the death");
-}
-
-fn segment_of(v: &Value) -> std::sync::Arc<tensorwire::Segment> {
-    match v.as_tensor() {
-        Some(Tensor::Shared(s)) => s.segment().clone(),
-        other => panic!("expected a tensor in a segment of ours, got {other:?}"),
-    }
-}
-
-/// The client's pool: a segment comes back for the next tensor of its length once nothing
-/// holds it, never while a tensor of the process does, never once its fd was handed out,
-/// never for another length.
-#[test]
-fn received_tensors_reuse_free_segments_only() {
-    if role().is_some() {
-        return;
-    }
-    let server = Proc::server(true);
-    let ep = client(&server.line, true);
-    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
-    let n = 1usize << 20;
-    let make = |seed: u8, n: usize| {
-        let v = ep.call("t", "make", vec![Value::Int(seed.into()), Value::Int(n as i64)]).unwrap();
-        same(&v.as_tensor().unwrap().to_vec().unwrap(), &pattern(seed, n), &format!("tensor {seed}"));
-        v
-    };
-    let a = make(1, n);
-    let first = segment_of(&a).id();
-    drop(a);
-    let b = make(2, n);
-    assert_eq!(segment_of(&b).id(), first, "a dropped tensor's segment is used again");
-    assert_eq!(ep.remote_pool().2, 1);
-    // Kept: the next tensor goes elsewhere, and the kept one's bytes stay.
-    let c = make(3, n);
-    assert_ne!(segment_of(&c).id(), first, "a kept tensor's segment is not used again");
-    same(&b.as_tensor().unwrap().to_vec().unwrap(), &pattern(2, n), "the kept tensor");
-    // A segment whose fd went out (to a peer, say) is never written again.
-    let third = segment_of(&c).id();
-    let _ = segment_of(&c).fd();
-    drop(c);
-    let d = make(4, n);
-    assert_ne!(segment_of(&d).id(), third, "a segment whose fd was handed out is not used again");
-    drop(d);
-    // Another length takes a segment of its own.
-    let e = make(5, n + 4096);
-    let fourth = segment_of(&e).id();
-    assert!(fourth != first && fourth != third);
-    drop(b);
-    let f = make(6, n);
-    assert_eq!(segment_of(&f).id(), first, "free again once the kept tensor went");
-    assert_eq!(ep.remote_imported_bytes(), (2 * n + 4096) as u64, "tensors held: e and f");
-}
-
-/// The memfds this process has open, by file identity.
-fn open_memfds() -> Vec<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
-        .map(|m| (m.dev(), m.ino()))
-        .collect()
-}
-
-/// The pool keeps at most `remote_pool_bytes` (a tensor past it gets a segment of its own,
-/// freed with it), and its segments go when the connection ends.
-#[test]
-fn the_pool_is_bounded_and_goes_with_the_connection() {
-    if role().is_some() {
-        return;
-    }
-    let server = Proc::server(true);
-    let n = 1usize << 20;
-    let cfg = RpcConfig { remote_tensors: true, remote_pool_bytes: 3 * n as u64, ..small_frames() };
-    let ep = Endpoint::connect(&server.line, Registry::new(), cfg).unwrap();
-    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
-    let held: Vec<Value> = (0..5u8).map(|i| ep.call("t", "make", vec![Value::Int(i.into()), Value::Int(n as i64)]).unwrap()).collect();
-    assert_eq!(ep.remote_pool(), (3, 3 * n as u64, 0), "three kept, two of their own");
-    let idents: Vec<(u64, u64)> = held.iter().map(|v| segment_of(v).file_ident().unwrap()).collect();
-    drop(held);
-    let open = open_memfds();
-    let still: Vec<bool> = idents.iter().map(|i| open.contains(i)).collect();
-    assert_eq!(still, [true, true, true, false, false], "the kept segments stay, the others are freed");
-    for i in 0..4u8 {
-        drop(ep.call("t", "make", vec![Value::Int(i.into()), Value::Int(n as i64)]).unwrap());
-    }
-    assert_eq!(ep.remote_pool(), (3, 3 * n as u64, 4), "each import reused a kept segment");
-    // Free kept segments make room for a new length within the pool's bytes…
-    drop(ep.call("t", "make", vec![Value::Int(9), Value::Int(2 * n as i64)]).unwrap());
-    assert_eq!(ep.remote_pool(), (2, 3 * n as u64, 4), "two free 1 MiB segments dropped for a 2 MiB one");
-    // …and within the connection budget, which kept segments count towards.
-    let cfg = RpcConfig { remote_tensors: true, remote_pool_bytes: 8 * n as u64, max_remote_connection_bytes: 4 * n as u64, ..small_frames() };
-    let tight = Endpoint::connect(&server.line, Registry::new(), cfg).unwrap();
-    assert!(tight.negotiate_native(Duration::from_secs(10)).unwrap());
-    let three: Vec<Value> = (0..3u8).map(|i| tight.call("t", "make", vec![Value::Int(i.into()), Value::Int(n as i64)]).unwrap()).collect();
-    drop(three);
-    let big = tight.call("t", "make", vec![Value::Int(7), Value::Int(2 * n as i64)]).unwrap();
-    same(&big.as_tensor().unwrap().to_vec().unwrap(), &pattern(7, 2 * n), "2 MiB");
-    assert_eq!(tight.remote_pool(), (3, 4 * n as u64, 0), "one free 1 MiB segment dropped to stay within 4 MiB");
-    // The server goes: the connection ends, and with it the pool.
-    drop(server);
-    assert!(eventually(true, || ep.is_closed()), "the connection ended");
-    // The endpoint shows itself closed before its shutdown has dropped the remote state.
-    let gone = || {
-        let open = open_memfds();
-        idents.iter().all(|i| !open.contains(i))
-    };
-    assert!(eventually(true, gone), "kept segments left after the connection ended");
-    assert_eq!(ep.remote_pool(), (0, 0, 0));
 }

@@ -61,7 +61,7 @@ import torch  # noqa: E402
 import tensorwire  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "python" / "tests"))
-from support import views_of, wait_stats  # noqa: E402
+from support import sleep_cycles_for, views_of, wait_stats  # noqa: E402
 
 STOP = 999_999
 SET_KEEP_WARM = 999_998  # control message to the child: payload n
@@ -302,19 +302,6 @@ def test_zero_copy():
         c.finish()
     finally:
         c.kill()
-
-
-def sleep_cycles_for(ms):
-    """GPU clock cycles that torch.cuda._sleep needs to keep the stream busy for `ms`."""
-    torch.cuda._sleep(1000)  # load the kernel first (lazy module loading would inflate the timing)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n = 10_000_000
-    start.record()
-    torch.cuda._sleep(n)
-    end.record()
-    end.synchronize()
-    return int(n * ms / max(start.elapsed_time(end), 1e-3))
 
 
 def test_ordering():

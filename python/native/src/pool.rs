@@ -60,8 +60,12 @@ struct Pool {
 
 static POOL: Mutex<Pool> = Mutex::new(Pool { classes: [const { Vec::new() }; CLASSES], bytes: 0 });
 
-/// Counters for tests and `tensorwire.stats`: segments the pool made, sends that found a
-/// free one, fresh segments made outside the pool, copies of ordinary tensors in all.
+/// Counters for tests and `pool_stats`: `CREATED` segments the pool made and keeps,
+/// `REUSED` sends that found a free pooled one, `UNPOOLED` fresh segments made outside the
+/// pool, `COPIES` ordinary tensors copied into segments, `OWNED` small ordinary tensors
+/// packed into heap buffers of their own (to go inline). Their Relaxed increments and loads
+/// are statistics only: they pair with nothing, order no other memory, and nothing is
+/// decided from them (a reader may see one counter move before another).
 static CREATED: AtomicU64 = AtomicU64::new(0);
 static REUSED: AtomicU64 = AtomicU64::new(0);
 static UNPOOLED: AtomicU64 = AtomicU64::new(0);

@@ -18,11 +18,16 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PKG = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--child" else sys.argv[1]
 sys.path.insert(0, PKG)
+# The Python tests' shared helpers (python/tests/support.py), from this checkout; its
+# `import tensorwire` finds $PKG's, which is first on the path.
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import torch  # noqa: E402
+from support import sleep_cycles_for  # noqa: E402
 
 from tensorwire import _cuda_ops as c  # noqa: E402
 from tensorwire import _native, errors  # noqa: E402
@@ -47,18 +52,6 @@ def recv(conn, timeout_ms=60_000):
     p = _native.cuda_recv(conn, timeout_ms)
     dtype, sizes, strides, offset = p.view
     return c.finish_recv(p, dtype, sizes, strides, offset), p.tag
-
-
-def sleep_cycles_for(ms):
-    torch.cuda._sleep(1000)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n = 10_000_000
-    start.record()
-    torch.cuda._sleep(n)
-    end.record()
-    end.synchronize()
-    return int(n * ms / max(start.elapsed_time(end), 1e-3))
 
 
 def child(fd):
