@@ -302,7 +302,7 @@ stage_remote() {
   cargo test -p tensorwire-remote --features ucx --locked 2>&1 | tee -a "$log"
   # The rest of tensorwire-rpc's tests run (without the feature) in their own step above;
   # here its unit tests (the remote value's checks) and the remote-tensor binary.
-  UCX_TLS=tcp cargo test -p tensorwire-rpc --features ucx --locked --lib --test remote_ucx 2>&1 | tee -a "$log"
+  UCX_TLS=tcp cargo test -p tensorwire-rpc --features ucx --locked --lib --test remote_ucx --test remote_pool 2>&1 | tee -a "$log"
   # The package's remote tensors (python/tests/test_rpc_remote.py): the binding with the
   # feature, in the debug profile so the UCX build above is reused, run from a temporary copy
   # of the package put first on PYTHONPATH. The checkout's own _native.abi3.so is never
