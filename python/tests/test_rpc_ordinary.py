@@ -1,6 +1,6 @@
 """Ordinary CPU tensors (``torch.randn``, a model's output: memory tensorwire did not
-make) through ``tensorwire.rpc``: a view of up to 2 KiB travels inside the RPC frame
-(inline: no segment, no lease) and arrives as private memory; one of up to 1 MiB is
+make) through ``tensorwire.rpc``: a view of up to 16 KiB travels inside the RPC frame
+(attached: no segment, no lease) and arrives as private memory; one of up to 1 MiB is
 packed into a recycled segment of the binding's pool (never a fresh memfd per call), a
 larger one's storage moves into a segment in place on its first trip, and a received
 segment tensor sent back travels as the sender's own memory."""

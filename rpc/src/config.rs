@@ -30,6 +30,10 @@ pub const DEFAULT_MAX_REMOTE_CONNECTION_BYTES: u64 = 2 << 30;
 /// being cheaper than a segment export (docs/measurements.md, "Ordinary tensors").
 pub const DEFAULT_INLINE_TENSORS: usize = 2 << 10;
 
+/// Default [`RpcConfig::attached_tensors`]: 16 KiB, about where a tensor's bytes in the
+/// frame stop being cheaper than a segment export (docs/measurements.md, "Attachments").
+pub const DEFAULT_ATTACHED_TENSORS: usize = 16 << 10;
+
 /// Limits and behaviour of one endpoint.
 #[derive(Debug, Clone)]
 pub struct RpcConfig {
@@ -121,6 +125,13 @@ pub struct RpcConfig {
     /// inline tensor over it is refused. Peers that did not negotiate it (pyisolate, TCP)
     /// never see the form.
     pub inline_tensors: usize,
+    /// Largest [`Tensor::Owned`](crate::Tensor::Owned) (packed bytes) that travels as a
+    /// binary attachment of its frame, named by a `TensorwireAttached` object, rather than
+    /// as a segment export (default 16 KiB; 0: never). Offered in `native_hello` and used
+    /// only when both sides offer it: each then sends up to the smaller of the two (and
+    /// prefers it to `inline_tensors`), and a received attachment over our own limit is
+    /// refused. Peers that did not negotiate it never receive a frame with attachments.
+    pub attached_tensors: usize,
     /// Offer and accept remote tensors on a TCP connection (default on in a build with the
     /// crate's `ucx` feature, off without it; used only when both sides set it): CPU
     /// tensors then travel as `TensorwireRemote` values — the receiver asks the sender's
@@ -184,6 +195,7 @@ impl Default for RpcConfig {
             native_tensors: true,
             peer_config: tensorwire::PeerConfig::default(),
             inline_tensors: DEFAULT_INLINE_TENSORS,
+            attached_tensors: DEFAULT_ATTACHED_TENSORS,
             remote_tensors: cfg!(feature = "ucx"),
             json_text: false,
             remote_import_timeout: DEFAULT_REMOTE_IMPORT_TIMEOUT,

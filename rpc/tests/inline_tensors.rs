@@ -17,8 +17,10 @@ use tensorwire::DType;
 use tensorwire_rpc::config::DEFAULT_INLINE_TENSORS;
 use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Service, Stream, Tensor, Value, Wait};
 
+/// A client that offers no attached tensors (`attached_tensors.rs` tests those), so that
+/// its owned tensors go inline.
 fn client(v: &Victim, cfg: RpcConfig) -> Endpoint {
-    let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), ..cfg };
+    let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), attached_tensors: 0, ..cfg };
     let ep = Endpoint::connect(&v.addr, Registry::new(), cfg).unwrap();
     assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
     ep
@@ -201,6 +203,7 @@ fn inline_tensors_take_at_most_half_a_frame_of_a_message() {
     let cfg = RpcConfig {
         max_frame: 64 << 10,
         inline_tensors: 64 << 10,
+        attached_tensors: 0,
         default_timeout: Wait::For(Duration::from_secs(10)),
         ..RpcConfig::default()
     };

@@ -37,9 +37,10 @@ use tensorwire::desc::PackCursor;
 use tensorwire::{Layout, Segment, SharedTensor};
 use tensorwire_rpc::OwnedTensor;
 
-/// The largest packed view copied into an owned buffer (to go inline) rather than a pooled
-/// segment: the RPC layer's default inline limit, which the binding's connections use.
-pub const MAX_OWNED: usize = tensorwire_rpc::config::DEFAULT_INLINE_TENSORS;
+/// The largest packed view copied into an owned buffer (to go in the frame) rather than a
+/// pooled segment: the RPC layer's default attachment limit, which the binding's
+/// connections use.
+pub const MAX_OWNED: usize = tensorwire_rpc::config::DEFAULT_ATTACHED_TENSORS;
 
 /// The largest packed view copied into a pooled segment; larger ones are moved into shared
 /// memory in place by the Python side (`tensorwire.rpc`'s rule) or go into a fresh segment.

@@ -109,7 +109,7 @@ impl Inner {
     /// takes the socket meanwhile (see `standby`).
     pub(super) fn dispatch(self: &Arc<Self>, req: Request, on_reader_thread: bool, may_hold: bool) {
         self.handlers.handled.fetch_add(1, Ordering::Relaxed);
-        let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len } = req;
+        let Request { call_id, parent_call_id, target, method, args, kwargs, callback, frame_len, mut att } = req;
         // Arguments that came as JSON text (`RpcConfig::json_text`) are parsed into the
         // tree here unless the handler reads text.
         let limits = self.cfg.json_limits();
@@ -154,8 +154,9 @@ impl Inner {
         let decoded = (|| -> Result<Args> {
             self.check_remote_budget(&args.iter().chain(kwargs.values()).collect::<Vec<_>>())?;
             let by = super::claim_deadline(None);
-            let args = args.into_iter().map(|v| self.decode_tensors(v, by)).collect::<Result<Vec<_>>>()?;
-            let kwargs = kwargs.into_iter().map(|(k, v)| Ok((k, self.decode_tensors(v, by)?))).collect::<Result<Map>>()?;
+            let args = args.into_iter().map(|v| self.decode_tensors(v, by, &mut att)).collect::<Result<Vec<_>>>()?;
+            let kwargs = kwargs.into_iter().map(|(k, v)| Ok((k, self.decode_tensors(v, by, &mut att)?))).collect::<Result<Map>>()?;
+            att.check_all_taken()?;
             Ok(Args { args, kwargs })
         })();
         let a = match decoded {
@@ -243,4 +244,6 @@ pub(super) struct Request {
     pub(super) callback: bool,
     /// Bytes of the frame it came in (what counts while it waits in the lane).
     pub(super) frame_len: usize,
+    /// The frame's attachments, for its tensors to take.
+    pub(super) att: crate::tensor::Attachments,
 }

@@ -23,6 +23,14 @@
 //! that offers nothing gets the plain `true` and never sees the form; an initiator reads a
 //! plain `true` as native tensors without inline ones.
 //!
+//! Attached tensors, the same way: the initiator offers its `RpcConfig::attached_tensors`
+//! (kwarg `attached_tensors`), a responder that offers them too answers with the field
+//! `attached_tensors` in its object, and each side then sends owned tensors of up to the
+//! smaller limit as binary attachments of the frame (`TensorwireAttached`, preferred to
+//! inline). Each side accepts attachments up to its own limit from the moment it offers
+//! them (the initiator's hello, the responder's answer): the peer's first frame with one
+//! may be read before the initiator's thread has read the answer.
+//!
 //! One negotiation per connection: each one costs a transport peer (threads, a ring,
 //! several fds), so a second `native_hello` — from a peer that repeats it, or racing our
 //! own [`Endpoint::negotiate_native`] — is refused with an error response and its fd
@@ -57,7 +65,15 @@ pub(super) struct Native {
     /// The negotiated limit of inline tensors (packed bytes; 0: none), set before the
     /// native state is installed (initiator) or our answer is written (responder).
     inline: AtomicUsize,
+    /// The negotiated limit of attached tensors we send (packed bytes; 0: none), set as
+    /// `inline` is.
+    attach_send: AtomicUsize,
+    /// Attached tensors we accept (our own limit, once offered; 0: none).
+    attach_accept: AtomicUsize,
 }
+
+/// The `native_hello` kwarg and answer field that offer attached tensors.
+const ATTACH_OFFER: &str = "attached_tensors";
 
 /// The `native_hello` kwarg and answer field that offer inline tensors.
 const INLINE_OFFER: &str = "inline_tensors";
@@ -75,6 +91,8 @@ impl Native {
             setting_up: AtomicBool::new(false),
             ready: Condvar::new(),
             inline: AtomicUsize::new(0),
+            attach_send: AtomicUsize::new(0),
+            attach_accept: AtomicUsize::new(0),
         }
     }
 
@@ -91,6 +109,30 @@ impl Native {
         self.inline.store(limit, Ordering::Release);
     }
 
+    /// The negotiated limit of attached tensors we send, in packed bytes (0: none).
+    pub(super) fn attach_limit(&self) -> usize {
+        // Acquire: pairs with the Release store in `set_attach`.
+        self.attach_send.load(Ordering::Acquire)
+    }
+
+    /// The largest attached tensor we accept (0: we offered none).
+    pub(super) fn attach_accept_limit(&self) -> usize {
+        // Relaxed: a limit read by the reader thread, which reads the peer's frames in
+        // order; set before the frame that offers it is written (`offer_attach`).
+        self.attach_accept.load(Ordering::Relaxed)
+    }
+
+    /// We offer (or answer) attached tensors up to `limit`: accept them from now on.
+    fn offer_attach(&self, limit: usize) {
+        // Relaxed: as where it is read; the offer's frame write orders it before any reply.
+        self.attach_accept.store(limit, Ordering::Relaxed);
+    }
+
+    fn set_attach(&self, limit: usize) {
+        // Release: pairs with the Acquire load in `attach_limit`, as `set_inline`.
+        self.attach_send.store(limit, Ordering::Release);
+    }
+
     /// Claim this connection's one negotiation: true for the first claim (until
     /// `unclaim`), false for every other.
     pub(super) fn claim(&self) -> bool {
@@ -101,6 +143,8 @@ impl Native {
     /// The claimed negotiation failed or was refused: a later one (either side's) may try.
     pub(super) fn unclaim(&self) {
         self.set_inline(0);
+        self.set_attach(0);
+        self.offer_attach(0);
         // Release: pairs with the AcqRel swap in `claim` and the Acquire load in `is_claimed`.
         self.claimed.store(false, Ordering::Release);
     }
@@ -386,11 +430,13 @@ impl Inner {
             parent_call_id: None,
             method: "native_hello".into(),
             args: vec![Value::Int(1)],
-            kwargs: match self.cfg.inline_tensors {
-                0 => Map::new(),
-                n => Map::from_iter([(INLINE_OFFER.to_owned(), Value::from(n as u64))]),
-            },
+            kwargs: [(INLINE_OFFER, self.cfg.inline_tensors), (ATTACH_OFFER, self.cfg.attached_tensors)]
+                .into_iter()
+                .filter(|&(_, n)| n > 0)
+                .map(|(k, n)| (k.to_owned(), Value::from(n as u64)))
+                .collect(),
         };
+        self.native.offer_attach(self.cfg.attached_tensors);
         let sent = (|| {
             let mut payload = Vec::new();
             msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
@@ -402,17 +448,30 @@ impl Inner {
             self.calls.take(call.id);
             return Err(e);
         }
-        let inline = match call.wait() {
-            Ok(Value::Bool(true)) => 0,
-            // Only a peer we offered inline tensors answers so.
-            Ok(Value::Object(m)) if self.cfg.inline_tensors > 0 && m.get("native").and_then(Value::as_bool) == Some(true) => {
-                inline_offer(m.get(INLINE_OFFER)).map_or(0, |theirs| theirs.min(self.cfg.inline_tensors))
+        let (inline, attach) = match call.wait() {
+            Ok(Value::Bool(true)) => (0, 0),
+            // Only a peer we offered inline or attached tensors answers so.
+            Ok(Value::Object(m))
+                if (self.cfg.inline_tensors > 0 || self.cfg.attached_tensors > 0)
+                    && m.get("native").and_then(Value::as_bool) == Some(true) =>
+            {
+                (
+                    inline_offer(m.get(INLINE_OFFER)).map_or(0, |theirs| theirs.min(self.cfg.inline_tensors)),
+                    inline_offer(m.get(ATTACH_OFFER)).map_or(0, |theirs| theirs.min(self.cfg.attached_tensors)),
+                )
             }
-            Ok(_) | Err(RpcError::Remote(_)) => return Ok(false),
-            Err(e) => return Err(e),
+            Ok(_) | Err(RpcError::Remote(_)) => {
+                self.native.offer_attach(0);
+                return Ok(false);
+            }
+            Err(e) => {
+                self.native.offer_attach(0);
+                return Err(e);
+            }
         };
         let peer = tensorwire::Peer::from_fd(mine, self.cfg.peer_config.clone())?;
         self.native.set_inline(inline);
+        self.native.set_attach(attach);
         self.install_native(peer)?;
         Ok(true)
     }
@@ -450,6 +509,14 @@ impl Inner {
                     _ => 0,
                 };
                 self.native.set_inline(inline);
+                let attach = match inline_offer(kwargs.get(ATTACH_OFFER)) {
+                    Some(theirs) if self.cfg.attached_tensors > 0 => theirs.min(self.cfg.attached_tensors),
+                    _ => 0,
+                };
+                self.native.set_attach(attach);
+                if attach > 0 {
+                    self.native.offer_attach(self.cfg.attached_tensors);
+                }
                 std::thread::Builder::new()
                     .name("tensorwire-rpc-native-setup".into())
                     .spawn(move || {
@@ -464,11 +531,18 @@ impl Inner {
                         self.end_native_setup();
                         RpcError::io("spawning native setup", e)
                     })?;
-                if inline == 0 {
+                if inline == 0 && attach == 0 {
                     // What every peer that offered nothing (an older one) reads.
                     return Ok(Value::Bool(true));
                 }
-                Ok(Value::object([("native", Value::Bool(true)), (INLINE_OFFER, Value::from(self.cfg.inline_tensors as u64))]))
+                let mut answer = Map::from_iter([("native".to_owned(), Value::Bool(true))]);
+                if inline > 0 {
+                    answer.insert(INLINE_OFFER.into(), Value::from(self.cfg.inline_tensors as u64));
+                }
+                if attach > 0 {
+                    answer.insert(ATTACH_OFFER.into(), Value::from(self.cfg.attached_tensors as u64));
+                }
+                Ok(Value::Object(answer))
             }
             m => Err(RpcError::NotFound(format!("'{CONTROL_OBJECT_ID}' has no method '{m}'"))),
         }

@@ -16,6 +16,7 @@ use super::spin::{Spin, SpinGate};
 use crate::error::{Result, RpcError};
 use crate::frame::FrameDecoder;
 use crate::message::Message;
+use crate::tensor::{AttachmentRefusal, Attachments};
 use crossbeam_channel::{Receiver, Select, Sender};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -389,12 +390,17 @@ impl Inner {
         if !self.reading.got_message.load(Ordering::Relaxed) {
             self.reading.got_message.store(true, Ordering::Relaxed);
         }
-        let msg = if self.cfg.json_text {
-            Message::decode_text(&payload, self.cfg.json_limits())
+        // A frame with attachments keeps its bytes until its values take them; any other's
+        // text is not needed past decoding.
+        let (msg, mut att) = if Attachments::marked(&payload) {
+            match Attachments::split(payload) {
+                Ok(att) if self.native.attach_accept_limit() > 0 => (self.decode_message(att.json()), att),
+                Ok(_) => (Err(RpcError::Protocol(AttachmentRefusal::NotNegotiated.to_string())), Attachments::none()),
+                Err(r) => (Err(r.into()), Attachments::none()),
+            }
         } else {
-            Message::decode_limited(&payload, self.cfg.json_limits())
+            (self.decode_message(&payload), Attachments::none())
         };
-        drop(payload); // the frame's text is not needed past decoding
         let msg = match msg {
             Ok(m) => m,
             Err(e) => {
@@ -420,7 +426,8 @@ impl Inner {
                             Some(e) => Err(RpcError::Remote(e)),
                             None => self
                                 .check_remote_budget(&[&result])
-                                .and_then(|()| self.decode_tensors(result, super::claim_deadline(s.deadline()))),
+                                .and_then(|()| self.decode_tensors(result, super::claim_deadline(s.deadline()), &mut att))
+                                .and_then(|v| att.check_all_taken().map(|()| v)),
                         };
                         s.complete(r);
                     }
@@ -434,14 +441,22 @@ impl Inner {
             }
             Message::Call { object_id, call_id, parent_call_id, method, args, kwargs } => {
                 self.stepping_away(on_reader_thread);
-                let req = Request { call_id, parent_call_id, target: object_id, method, args, kwargs, callback: false, frame_len };
+                let req = Request { call_id, parent_call_id, target: object_id, method, args, kwargs, callback: false, frame_len, att };
                 self.dispatch(req, on_reader_thread, may_hold);
             }
             Message::Callback { callback_id, call_id, parent_call_id, args, kwargs } => {
                 self.stepping_away(on_reader_thread);
-                let req = Request { call_id, parent_call_id, target: callback_id, method: "__call__".into(), args, kwargs, callback: true, frame_len };
+                let req = Request { call_id, parent_call_id, target: callback_id, method: "__call__".into(), args, kwargs, callback: true, frame_len, att };
                 self.dispatch(req, on_reader_thread, may_hold);
             }
+        }
+    }
+
+    fn decode_message(&self, json: &[u8]) -> Result<Message> {
+        if self.cfg.json_text {
+            Message::decode_text(json, self.cfg.json_limits())
+        } else {
+            Message::decode_limited(json, self.cfg.json_limits())
         }
     }
 

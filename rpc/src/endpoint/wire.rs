@@ -1,13 +1,13 @@
 //! What goes on the socket: frame writes, message encoding, and tensors inside values
-//! (native, inline in the frame where negotiated, file-backed, or copied into the JSON on
-//! TCP).
+//! (native, attached to or inline in the frame where negotiated, file-backed, or copied
+//! into the JSON on TCP).
 
 use super::Inner;
 use crate::error::{Result, RpcError};
 use crate::frame;
 use crate::value::Value;
 use crate::message::Message;
-use crate::tensor::{FsTensor, Tensor};
+use crate::tensor::{Attachments, FsTensor, OwnedTensor, Tensor};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
@@ -86,19 +86,24 @@ impl Inner {
         // their bytes); past that they go as exports, so many small tensors in one value
         // do not push it over the frame cap.
         let mut inline_budget = self.cfg.max_frame / 2;
-        msg.encode(&mut out, &mut |t| self.encode_tensor(t, &mut inline_budget))?;
+        let mut attached = Vec::new();
+        msg.encode(&mut out, &mut |t| self.encode_tensor(t, &mut inline_budget, &mut attached))?;
+        if !attached.is_empty() {
+            crate::tensor::append_attachments(&mut out, &attached)?;
+        }
         Ok(out)
     }
 
     /// Replace tensor references in a received value by tensors; a native tensor not yet
-    /// arrived is waited for until `claim_by` (see `claim_deadline`).
-    pub(super) fn decode_tensors(self: &Arc<Self>, v: Value, claim_by: Instant) -> Result<Value> {
+    /// arrived is waited for until `claim_by` (see `claim_deadline`); an attached one is
+    /// taken from `att`, its frame's attachments.
+    pub(super) fn decode_tensors(self: &Arc<Self>, v: Value, claim_by: Instant, att: &mut Attachments) -> Result<Value> {
         match v {
             // In place: rebuilding every list and dict of a large value cost as much as
             // parsing it.
             Value::Array(mut a) => {
                 for x in &mut a {
-                    *x = self.decode_tensors(std::mem::take(x), claim_by)?;
+                    *x = self.decode_tensors(std::mem::take(x), claim_by, att)?;
                 }
                 Ok(Value::Array(a))
             }
@@ -114,6 +119,9 @@ impl Inner {
                     Ok(Value::from(Tensor::File(Arc::new(f))))
                 }
                 Some("TensorwireTensor") => self.claim_native(&m, claim_by),
+                Some(crate::tensor::ATTACHED_TENSOR_TYPE) => {
+                    Ok(Value::from(att.take(&m, self.native.attach_accept_limit(), self.cfg.max_tensor_copy)?))
+                }
                 Some(crate::tensor::INLINE_TENSOR_TYPE) => match self.native.inline_limit() {
                     0 => Err(RpcError::Decode(
                         "an inline tensor (TensorwireInline) arrived on a connection that never negotiated inline tensors".into(),
@@ -130,7 +138,7 @@ impl Inner {
                 _ => {
                     let mut m = m;
                     for x in m.values_mut() {
-                        *x = self.decode_tensors(std::mem::take(x), claim_by)?;
+                        *x = self.decode_tensors(std::mem::take(x), claim_by, att)?;
                     }
                     Ok(Value::Object(m))
                 }
@@ -145,8 +153,9 @@ impl Inner {
         Ok(())
     }
 
-    /// How a tensor goes on the wire.
-    fn encode_tensor(&self, t: &Tensor, inline_budget: &mut usize) -> Result<Value> {
+    /// How a tensor goes on the wire. An attached one's bytes are added to `attached`, in
+    /// the order of their indices.
+    fn encode_tensor(&self, t: &Tensor, inline_budget: &mut usize, attached: &mut Vec<Arc<OwnedTensor>>) -> Result<Value> {
         let native = self.native_for_send();
         if let Some(device) = t.cuda_device() {
             let Some(n) = native else {
@@ -171,8 +180,18 @@ impl Inner {
             // back goes inline again.
             if let Tensor::Owned(o) = t {
                 let len = o.bytes().len();
+                // Attached where negotiated (a limit of 0 is none: an empty tensor is no
+                // exception): the bytes as they are after the JSON, no base64 either way,
+                // and the receiver reads none of them as text.
+                let attach = self.native.attach_limit();
+                if attach > 0 && len <= attach && len <= *inline_budget && attached.len() < crate::tensor::MAX_ATTACHMENTS {
+                    *inline_budget -= len;
+                    attached.push(Arc::clone(o));
+                    return Ok(crate::tensor::attached_value(o, attached.len() - 1));
+                }
                 let text = len.div_ceil(3) * 4;
-                if len <= self.native.inline_limit() && text <= *inline_budget {
+                let inline = self.native.inline_limit();
+                if inline > 0 && len <= inline && text <= *inline_budget {
                     *inline_budget -= text;
                     return Ok(crate::tensor::inline_value(o));
                 }

@@ -8,7 +8,8 @@ use crate::errors::refused;
 use crate::storage;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyType};
+use pyo3::intern;
+use pyo3::types::{PyDict, PyTuple, PyType};
 use tensorwire::{DType, Layout, SharedTensor};
 use tensorwire_rpc::{Tensor, Value};
 
@@ -89,7 +90,7 @@ fn dtype_table(py: Python<'_>) -> PyResult<&Bound<'_, PyDict>> {
 
 fn tensor_dtype(t: &Bound<'_, PyAny>) -> PyResult<DType> {
     let py = t.py();
-    let obj = t.getattr("dtype")?;
+    let obj = t.getattr(intern!(py, "dtype"))?;
     if let Some(code) = dtype_table(py)?.get_item(&obj)? {
         if let Some(d) = DType::from_code(code.extract()?) {
             return Ok(d);
@@ -99,10 +100,19 @@ fn tensor_dtype(t: &Bound<'_, PyAny>) -> PyResult<DType> {
     dtype_named(py, text.strip_prefix("torch.").unwrap_or(&text))
 }
 
+/// A tensor's sizes or strides (a `torch.Size` or a tuple of ints), read item by item:
+/// cheaper than a generic sequence extraction, which this runs for every tensor sent.
+fn int_tuple(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    match obj.cast::<PyTuple>() {
+        Ok(t) => t.iter().map(|x| x.extract::<i64>()).collect(),
+        Err(_) => obj.extract(),
+    }
+}
+
 fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
     let py = t.py();
     // `is_cpu` first: the common case in one attribute read, the device's name only else.
-    let cpu: bool = t.getattr("is_cpu")?.extract()?;
+    let cpu = t.getattr(intern!(py, "is_cpu"))?.is_truthy()?;
     if !cpu {
         let device: String = t.getattr("device")?.getattr("type")?.extract()?;
         if device != "cuda" {
@@ -114,7 +124,7 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
             ));
         }
     }
-    if !t.getattr("layout")?.is(torch_strided(py)?) {
+    if !t.getattr(intern!(py, "layout"))?.is(torch_strided(py)?) {
         return Err(refused(
             py,
             "tensorwire.rpc: only strided (dense) tensors can be sent".into(),
@@ -124,14 +134,14 @@ fn tensor_to_value(t: &Bound<'_, PyAny>) -> PyResult<Value> {
         return cuda_tensor_to_value(t);
     }
     let dtype = tensor_dtype(t)?;
-    let sizes: Vec<i64> = t.call_method0("size")?.extract()?;
-    let storage = t.call_method0("untyped_storage")?;
+    let sizes = int_tuple(&t.getattr(intern!(py, "shape"))?)?;
+    let storage = t.call_method0(intern!(py, "untyped_storage"))?;
     let (sptr, snbytes): (usize, usize) = (
-        storage.call_method0("data_ptr")?.extract()?,
-        storage.call_method0("nbytes")?.extract()?,
+        storage.call_method0(intern!(py, "data_ptr"))?.extract()?,
+        storage.call_method0(intern!(py, "nbytes"))?.extract()?,
     );
-    let strides: Vec<i64> = t.call_method0("stride")?.extract()?;
-    let offset: i64 = t.call_method0("storage_offset")?.extract()?;
+    let strides = int_tuple(&t.call_method0(intern!(py, "stride"))?)?;
+    let offset: i64 = t.call_method0(intern!(py, "storage_offset"))?.extract()?;
     let layout = Layout::strided(dtype, &sizes, &strides, offset).map_err(|e| crate::errors::to_py(py, &e))?;
     if let Some((seg, off)) = storage::segment_at(sptr, snbytes) {
         let shared = SharedTensor::new(seg, off, snbytes, layout)
