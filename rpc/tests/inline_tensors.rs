@@ -215,3 +215,55 @@ fn inline_tensors_take_at_most_half_a_frame_of_a_message() {
     let want: Vec<Value> = (0..20).map(|i| Value::from(if i < 5 { "inline" } else { "export" })).collect();
     assert_eq!(r, Value::Array(want));
 }
+
+/// The number after `"call_id": ` in a frame's JSON.
+fn call_id_of(text: &str) -> i64 {
+    let at = text.find(r#""call_id": "#).expect("a call id") + r#""call_id": "#.len();
+    text[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap()
+}
+
+/// A peer that has answered our offer may send an inline tensor at once: our reader can
+/// read that frame before the thread that negotiates has read the answer (here the two
+/// frames arrive in one write), and takes it all the same — we accept inline tensors from
+/// the moment we offer them, not from the moment we read the answer.
+#[test]
+fn an_inline_tensor_sent_right_after_the_answer_is_taken() {
+    let data = bytes(64, 9);
+    let b64 = {
+        let Tensor::Owned(o) = Tensor::owned(DType::UInt8, &[64], &data).unwrap() else { unreachable!() };
+        tensorwire_rpc::tensor::inline_value(&o).to_json().unwrap()
+    };
+    for round in 0..20 {
+        let (ours, mut raw) = UnixStream::pair().unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), attached_tensors: 0, ..RpcConfig::default() };
+        let ep = Endpoint::from_fd(ours.into(), Registry::new(), cfg).unwrap();
+        // A call in flight before the negotiation: its answer will hold the inline tensor.
+        let pending = ep.start_call("calc", "get", vec![], Default::default(), Default::default()).unwrap();
+        let call_id = call_id_of(&String::from_utf8(read_frame(&mut raw).unwrap()).unwrap());
+        std::thread::scope(|s| {
+            let negotiation = s.spawn(|| ep.negotiate_native(Duration::from_secs(10)));
+            // The hello, with the transport socket it carries.
+            let mut buf = vec![0u8; 64 << 10];
+            let got = tensorwire::os::recv_msg(raw.as_fd(), &mut buf).unwrap().expect("the hello");
+            let hello = String::from_utf8_lossy(&buf[4..got.len]).into_owned();
+            assert!(hello.contains("native_hello") && hello.contains("inline_tensors"), "{hello}");
+            let theirs = got.fds.into_iter().next().expect("the hello's socket");
+            // The answer and the inline tensor in one write.
+            let answer = format!(
+                r#"{{"kind": "response", "call_id": {}, "result": {{"native": true, "inline_tensors": {DEFAULT_INLINE_TENSORS}}}, "error": null}}"#,
+                call_id_of(&hello)
+            );
+            let reply = format!(r#"{{"kind": "response", "call_id": {call_id}, "result": {b64}, "error": null}}"#);
+            let mut both = frame(answer.as_bytes());
+            both.extend_from_slice(&frame(reply.as_bytes()));
+            raw.write_all(&both).unwrap();
+            let pcfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..Default::default() };
+            let _peer = tensorwire::Peer::from_fd(theirs, pcfg).unwrap();
+            assert!(negotiation.join().unwrap().unwrap(), "round {round}: the negotiation failed");
+        });
+        let got = pending.wait().unwrap_or_else(|e| panic!("round {round}: the inline tensor was refused: {e}"));
+        let t = got.as_tensor().unwrap_or_else(|| panic!("round {round}: {got:?}"));
+        assert_eq!(packed(t), data, "round {round}");
+    }
+}

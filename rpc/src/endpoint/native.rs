@@ -62,14 +62,18 @@ pub(super) struct Native {
     setting_up: AtomicBool,
     /// Notified (under `state`'s lock) when the set-up ends, either way, and at the end.
     ready: Condvar,
-    /// The negotiated limit of inline tensors (packed bytes; 0: none), set before the
-    /// native state is installed (initiator) or our answer is written (responder).
+    /// The negotiated limit of inline tensors we send (packed bytes; 0: none), set before
+    /// the native state is installed (initiator) or our answer is written (responder).
     inline: AtomicUsize,
     /// The negotiated limit of attached tensors we send (packed bytes; 0: none), set as
     /// `inline` is.
     attach_send: AtomicUsize,
     /// Attached tensors we accept (our own limit, once offered; 0: none).
     attach_accept: AtomicUsize,
+    /// Inline tensors we accept (our own limit, once offered; 0: none): from the offer on,
+    /// not from the answer, because the peer may send one the moment it has answered, and
+    /// our reader can read that frame before the negotiating thread has read the answer.
+    inline_accept: AtomicUsize,
 }
 
 /// The `native_hello` kwarg and answer field that offer attached tensors.
@@ -93,10 +97,11 @@ impl Native {
             inline: AtomicUsize::new(0),
             attach_send: AtomicUsize::new(0),
             attach_accept: AtomicUsize::new(0),
+            inline_accept: AtomicUsize::new(0),
         }
     }
 
-    /// The negotiated limit of inline tensors in packed bytes (0: none negotiated).
+    /// The negotiated limit of inline tensors we send, in packed bytes (0: none negotiated).
     pub(super) fn inline_limit(&self) -> usize {
         // Acquire: pairs with the Release store in `set_inline`.
         self.inline.load(Ordering::Acquire)
@@ -104,8 +109,8 @@ impl Native {
 
     fn set_inline(&self, limit: usize) {
         // Release: pairs with the Acquire load in `inline_limit`; stored before the native
-        // state is installed or our answer goes out, so neither side sends an inline tensor
-        // before the other reads them.
+        // state is installed or our answer goes out, so we send no inline tensor before
+        // the peer has offered to read them (its `offer_inline`).
         self.inline.store(limit, Ordering::Release);
     }
 
@@ -128,6 +133,18 @@ impl Native {
         self.attach_accept.store(limit, Ordering::Relaxed);
     }
 
+    /// The largest inline tensor we accept (0: we offered none).
+    pub(super) fn inline_accept_limit(&self) -> usize {
+        // Relaxed: as `attach_accept_limit`.
+        self.inline_accept.load(Ordering::Relaxed)
+    }
+
+    /// We offer (or answer) inline tensors up to `limit`: accept them from now on.
+    fn offer_inline(&self, limit: usize) {
+        // Relaxed: as `offer_attach`.
+        self.inline_accept.store(limit, Ordering::Relaxed);
+    }
+
     fn set_attach(&self, limit: usize) {
         // Release: pairs with the Acquire load in `attach_limit`, as `set_inline`.
         self.attach_send.store(limit, Ordering::Release);
@@ -145,6 +162,7 @@ impl Native {
         self.set_inline(0);
         self.set_attach(0);
         self.offer_attach(0);
+        self.offer_inline(0);
         // Release: pairs with the AcqRel swap in `claim` and the Acquire load in `is_claimed`.
         self.claimed.store(false, Ordering::Release);
     }
@@ -437,6 +455,7 @@ impl Inner {
                 .collect(),
         };
         self.native.offer_attach(self.cfg.attached_tensors);
+        self.native.offer_inline(self.cfg.inline_tensors);
         let sent = (|| {
             let mut payload = Vec::new();
             msg.encode(&mut payload, &mut |_| Err(RpcError::InvalidArgument("no tensors in hello".into())))?;
@@ -462,10 +481,12 @@ impl Inner {
             }
             Ok(_) | Err(RpcError::Remote(_)) => {
                 self.native.offer_attach(0);
+                self.native.offer_inline(0);
                 return Ok(false);
             }
             Err(e) => {
                 self.native.offer_attach(0);
+                self.native.offer_inline(0);
                 return Err(e);
             }
         };
@@ -509,6 +530,9 @@ impl Inner {
                     _ => 0,
                 };
                 self.native.set_inline(inline);
+                if inline > 0 {
+                    self.native.offer_inline(self.cfg.inline_tensors);
+                }
                 let attach = match inline_offer(kwargs.get(ATTACH_OFFER)) {
                     Some(theirs) if self.cfg.attached_tensors > 0 => theirs.min(self.cfg.attached_tensors),
                     _ => 0,

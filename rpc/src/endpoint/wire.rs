@@ -122,7 +122,7 @@ impl Inner {
                 Some(crate::tensor::ATTACHED_TENSOR_TYPE) => {
                     Ok(Value::from(att.take(&m, self.native.attach_accept_limit(), self.cfg.max_tensor_copy)?))
                 }
-                Some(crate::tensor::INLINE_TENSOR_TYPE) => match self.native.inline_limit() {
+                Some(crate::tensor::INLINE_TENSOR_TYPE) => match self.native.inline_accept_limit() {
                     0 => Err(RpcError::Decode(
                         "an inline tensor (TensorwireInline) arrived on a connection that never negotiated inline tensors".into(),
                     )),
