@@ -15,24 +15,41 @@ Every worker is a fresh interpreter started by this process (pyisolate's own hos
 its children with the spawn method too) that imports this module and serves the same
 ``Target`` object; this process calls it, one call at a time. Payloads: add(1, 2); one
 4 KiB tensor; one 64 MiB tensor (tensorwire.rpc: from rpc.empty; the others: a plain
-torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys); a 1 KiB, a
+torch tensor); a nested JSON value with 1,000 leaves (100 dicts of 10 keys); one dict of
+333 keys, each a 3-element list (999 leaves); a 1 KiB, a
 4 KiB and a 64 MiB ``torch.randn`` tensor (ordinary memory for every system) that the
 callee returns as it is. Otherwise the callee answers something small (3, the tensor's
 length and last element, the list's length). The "Pipe bytes" row times the 1 KiB and
 4 KiB randn echoes over the same Pipe with the tensor's bytes pickled each way (no shared
 memory).
-Each cell: a warm-up, then ``--iters`` timed calls; p50 and p90 in microseconds. Also the
-cold start of each (start the worker -> first answer), tensorwire.rpc's warm pool
-(WorkerPool.get() -> a worker) and its worker start from a zygote that imported torch
-(spawn(zygote=True): kill -> the replacement's first answer). Progress on stderr; a table on stdout and, where
-matplotlib is installed, a PNG. Usage:
+
+How a cell is timed: every system's worker is started first (one at a time: each start,
+to its first answer, is timed on its own as the first of that system's ``--cold`` cold
+starts; the others come after the calls); then every system warms up on every payload
+(5 calls, answers checked), and the cells take turns: ``--iters`` calls a cell, made in
+turns in which each cell (payload, system) makes at most 30 timed calls in a row, opened
+by one untimed call whose answer is checked; the order of the payloads, and of the
+systems within a payload, rotates from turn to turn so that none is always first. p50
+and p90 in microseconds. Why: the table's goals are ratios between cells of one run
+(tensorwire.rpc's JSON calls against the mp.Pipe loop's, its 4 KiB echo against its own
+add(1, 2) and against the Pipe bytes row), and a machine's load drifts over the minute a
+run takes; measured one cell after another, each cell would see a different load and
+the ratios would follow the drift. Taking turns spreads every cell's samples over the
+same window of time, and 30 calls in a row keep each system's calls back to back, as a
+caller's loop makes them.
+
+Also tensorwire.rpc's warm pool (WorkerPool.get() -> a worker) and its worker start from
+a zygote that imported torch (spawn(zygote=True): kill -> the replacement's first
+answer), after the calls. Progress on stderr; a table on stdout and, where matplotlib is
+installed, a PNG.
 
 Then the same with the CPUs taken: a call that does nothing (``noop()``, answered None) to
 a fresh worker of tensorwire.rpc, a torch.multiprocessing Pipe loop and pyisolate, first
 on its own, then beside as many busy processes as this machine has CPUs (plain Python
 ``while True: pass``, started before and killed after), ``--iters`` calls each; p50 and
-p90. A system whose waits hand the CPU to a busy process (a spin that yields, say) pays
-a scheduler time slice there, which the table shows. Usage:
+p90 (one system after another: the busy processes are the load there). A system whose
+waits hand the CPU to a busy process (a spin that yields, say) pays a scheduler time
+slice there, which the table shows. Usage:
 
   python -m tensorwire bench rpc [--iters N] [--cold N] [--quick] [--only calls|contention]
                                  [--png PATH | --no-plot]
@@ -43,12 +60,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import torch
 
@@ -64,6 +83,11 @@ PAYLOADS = ["add(1, 2)", "4 KiB tensor", "64 MiB tensor", "JSON 1,000 leaves", "
 # echo takes about a second a call that way: its baseline is mp.Pipe's shared memory).
 ECHOES = ["1 KiB randn echo", "4 KiB randn echo"]
 WARMUP_CALLS = 5
+# Timed calls in a row per cell and turn (fewer where --iters does not divide evenly).
+# Each cell's turn opens with one untimed call, so that 1 call in 31 is overhead; 300
+# calls a cell are 10 turns, spread over the whole run of the calls; and a turn is long
+# enough that a system's calls run back to back, as a caller's loop makes them.
+TURN_CALLS = 30
 
 
 # --- payloads -----------------------------------------------------------------------
@@ -84,24 +108,26 @@ def dict_payload() -> dict:
     return {f"key{i}": [i, i * 0.5, f"s{i}"] for i in range(333)}
 
 
-def payloads(make_tensor: Callable[[int], torch.Tensor]) -> list[tuple[str, str, tuple, Any]]:
-    """(payload name, method, args, expected answer) for every payload."""
-    small, big = make_tensor(1024), make_tensor(16 << 20)  # float32: 4 KiB, 64 MiB
-    return [
-        ("add(1, 2)", "add", (1, 2), 3),
-        ("4 KiB tensor", "tensor", (small,), [1024, 1.0]),
-        ("64 MiB tensor", "tensor", (big,), [16 << 20, 1.0]),
-        ("JSON 1,000 leaves", "json", (json_payload(),), 100),
-        ("JSON dict 333 keys", "json", (dict_payload(),), 333),
-    ] + randn_echoes()
+# The randn echoes' lengths in float32 elements: 1 KiB, 4 KiB, 64 MiB.
+RANDN = {"1 KiB randn echo": 256, "4 KiB randn echo": 1024, "64 MiB randn echo": 16 << 20}
 
 
-def randn_echoes() -> list[tuple[str, str, tuple, Any]]:
-    """Ordinary tensors (memory no transport made), fresh for each system, sent and
-    returned as they are."""
-    tiny, small, big = torch.randn(256), torch.randn(1024), torch.randn(16 << 20)
-    return [("1 KiB randn echo", "echo", (tiny,), tiny), ("4 KiB randn echo", "echo", (small,), small),
-            ("64 MiB randn echo", "echo", (big,), big)]
+def payload(name: str, make_tensor: Callable[[int], torch.Tensor]) -> tuple[str, tuple, Any]:
+    """(method, args, expected answer) of one payload, made for one system: its tensors
+    made by ``make_tensor`` (ones, float32), its randn echo an ordinary tensor (memory no
+    transport made) that the worker returns as it is."""
+    if name in RANDN:
+        t = torch.randn(RANDN[name])
+        return "echo", (t,), t
+    n = {"4 KiB tensor": 1024, "64 MiB tensor": 16 << 20}.get(name)
+    if n is not None:
+        return "tensor", (make_tensor(n),), [n, 1.0]
+    if name == "JSON 1,000 leaves":
+        return "json", (json_payload(),), 100
+    if name == "JSON dict 333 keys":
+        return "json", (dict_payload(),), 333
+    assert name == "add(1, 2)", name
+    return "add", (1, 2), 3
 
 
 def plain_tensor(n: int) -> torch.Tensor:
@@ -138,48 +164,86 @@ def check(system: str, payload: str, got: Any, want: Any) -> None:
         raise AssertionError(f"{system} {payload}: the worker answered {got!r}, expected {want!r}")
 
 
-def measure_sync(system: str, call: Callable[..., Any], cells: Cells, iters: int, warm_s: float,
-                 make_tensor: Callable[[int], torch.Tensor]) -> None:
-    """Warm up, then time ``iters`` calls of every payload, one call at a time."""
-    end = time.perf_counter() + warm_s
-    while time.perf_counter() < end:  # lets the scheduler settle the two processes
-        call("add", 1, 2)
-    for name, method, args, want in payloads(make_tensor):
-        try:
-            for _ in range(WARMUP_CALLS):  # the first send of a plain tensor shares it
-                check(system, name, call(method, *args), want)
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                call(method, *args)
-                times.append(time.perf_counter() - t0)
-                cells.progress.step()
-            cells.times[system][name] = times
-        except Exception as e:  # noqa: BLE001 - shown in the table's cell
-            cells.fail(system, name, e)
-        del args
+@dataclass
+class Worker:
+    """A started worker whose calls the table times: ``call(method, *args)`` makes one
+    call and returns the answer; ``timed(method, args, n)`` makes ``n`` calls one at a
+    time and returns the seconds of each (the answers dropped as they come, as a
+    caller's loop drops them)."""
+
+    system: str
+    call: Callable[..., Any]
+    timed: Callable[[str, tuple, int], list[float]]
+    make_tensor: Callable[[int], torch.Tensor]
+    payloads: tuple[str, ...] = tuple(PAYLOADS)
 
 
-async def measure_async(system: str, call: Callable[..., Any], cells: Cells, iters: int, warm_s: float,
-                        make_tensor: Callable[[int], torch.Tensor]) -> None:
-    """:func:`measure_sync` for a caller whose calls are awaited (pyisolate)."""
-    end = time.perf_counter() + warm_s
-    while time.perf_counter() < end:
-        await call("add", 1, 2)
-    for name, method, args, want in payloads(make_tensor):
+def sync_worker(system: str, call: Callable[..., Any], make_tensor: Callable[[int], torch.Tensor],
+                payloads: tuple[str, ...] = tuple(PAYLOADS)) -> Worker:
+    def timed(method: str, args: tuple, n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            call(method, *args)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    return Worker(system, call, timed, make_tensor, payloads)
+
+
+def rotated(xs: list, k: int) -> list:
+    k %= len(xs) or 1
+    return xs[k:] + xs[:k]
+
+
+def measure(workers: list[Worker], cells: Cells, iters: int, warm_s: float) -> None:
+    """Every cell, the cells taking turns (see the module's docstring): each worker's
+    warm-up on every payload, then turns in which every cell makes at most TURN_CALLS
+    timed calls, opened by one untimed call whose answer is checked; the order of the
+    payloads, and of the systems within a payload, rotates from turn to turn."""
+    for w in workers:
+        if "add(1, 2)" not in w.payloads:
+            continue  # Pipe bytes: the mp.Pipe worker's, settled as mp.Pipe
         try:
-            for _ in range(WARMUP_CALLS):
-                check(system, name, await call(method, *args), want)
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                await call(method, *args)
-                times.append(time.perf_counter() - t0)
-                cells.progress.step()
-            cells.times[system][name] = times
-        except Exception as e:  # noqa: BLE001
-            cells.fail(system, name, e)
-        del args
+            end = time.perf_counter() + warm_s
+            while time.perf_counter() < end:  # lets the scheduler settle the two processes
+                w.timed("add", (1, 2), 10)
+        except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
+            cells.fail(w.system, "stopped", e)
+    cells.progress.start("calls: warm-up")
+    ready: dict[tuple[str, str], tuple[Worker, str, tuple, Any]] = {}
+    for name in PAYLOADS:
+        for w in workers:
+            if name not in w.payloads or "stopped" in cells.errors[w.system]:
+                continue
+            try:
+                method, args, want = payload(name, w.make_tensor)
+                for _ in range(WARMUP_CALLS):  # the first send of a plain tensor shares it
+                    check(w.system, name, w.call(method, *args), want)
+                ready[name, w.system] = (w, method, args, want)
+            except Exception as e:  # noqa: BLE001 - shown in the table's cell
+                cells.fail(w.system, name, e)
+    times: dict[tuple[str, str], list[float]] = {cell: [] for cell in ready}
+    systems = [w.system for w in workers]
+    turns = -(-iters // TURN_CALLS)
+    for t in range(turns):
+        n = iters // turns + (t < iters % turns)
+        cells.progress.start(f"calls: turn {t + 1} of {turns}")
+        for name in rotated(PAYLOADS, t):
+            for s in rotated(systems, t):
+                if (name, s) not in ready:
+                    continue
+                w, method, args, want = ready[name, s]
+                try:
+                    check(s, name, w.call(method, *args), want)
+                    times[name, s] += w.timed(method, args, n)
+                    cells.progress.step(n)
+                except Exception as e:  # noqa: BLE001
+                    cells.fail(s, name, e)
+                    del ready[name, s]
+    for name, s in ready:
+        cells.times[s][name] = times[name, s]
+
 
 
 # --- the systems ----------------------------------------------------------------------
@@ -192,15 +256,21 @@ def cold_sample(cells: Cells, system: str, t0: float) -> None:
     cells.progress.step()
 
 
-def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_gets: int) -> None:
+def start_tensorwire(stack: contextlib.ExitStack, cells: Cells) -> list[Worker]:
     import tensorwire.rpc as rpc
 
-    cells.progress.start("tensorwire.rpc: calls")
     t0 = time.perf_counter()
-    with rpc.spawn(TARGET) as w:
-        w.call("add", 1, 2)
-        cold_sample(cells, "tensorwire.rpc", t0)
-        measure_sync("tensorwire.rpc", w.call, cells, iters, warm_s, lambda n: rpc.empty(n).fill_(1))
+    w = stack.enter_context(rpc.spawn(TARGET))
+    w.call("add", 1, 2)
+    cold_sample(cells, "tensorwire.rpc", t0)
+    return [sync_worker("tensorwire.rpc", w.call, lambda n: rpc.empty(n).fill_(1))]
+
+
+def more_tensorwire(cells: Cells, cold: int, pool_gets: int) -> None:
+    """tensorwire.rpc's other starts: cold, from the zygote (sandboxed too where this
+    kernel allows it), and the warm pool's hand-out."""
+    import tensorwire.rpc as rpc
+
     cells.progress.start("tensorwire.rpc: cold start")
     for _ in range(cold - 1):
         t0 = time.perf_counter()
@@ -245,111 +315,160 @@ def bench_tensorwire(cells: Cells, iters: int, warm_s: float, cold: int, pool_ge
             cells.progress.step()
 
 
-def bench_pyisolate(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
-    async def run(host: PyisolateHost) -> None:
-        cells.progress.start("pyisolate: calls")
+class Pyisolate:
+    """pyisolate's side of the calls table: a host (torch's file_system strategy only
+    while pyisolate's calls run, so that the baselines' turns send with torch's default)
+    and the event loop its awaited calls run on, a turn at a time."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self.host = stack.enter_context(PyisolateHost(all_along=False))
+        self.loop = asyncio.new_event_loop()
+        stack.callback(self.loop.close)
+
+    def run(self, coro: Awaitable[Any]) -> Any:
+        with self.host.sharing():
+            return self.loop.run_until_complete(coro)
+
+    def connect(self, n: int) -> tuple[Any, Any, Any]:
+        return self.run(pyisolate_connect(self.host.ctx, self.host.tmp, n))
+
+    def stop(self, proc, prpc) -> None:
+        async def stop() -> None:  # on the loop its AsyncRPC was made on, as pyisolate's host does
+            pyisolate_stop(proc, prpc)
+        self.run(stop())
+
+    def start(self, stack: contextlib.ExitStack, cells: Cells) -> list[Worker]:
         t0 = time.perf_counter()
-        proc, rpc, target = await pyisolate_connect(host.ctx, host.tmp, 0)
-        try:
-            await target.add(1, 2)
-            cold_sample(cells, "pyisolate", t0)
-            await measure_async("pyisolate", lambda m, *a: getattr(target, m)(*a), cells, iters, warm_s, plain_tensor)
-        finally:
-            pyisolate_stop(proc, rpc)
+        proc, prpc, target = self.connect(0)
+        stack.callback(self.stop, proc, prpc)
+        self.run(target.add(1, 2))
+        cold_sample(cells, "pyisolate", t0)
+
+        async def calls(method: str, args: tuple, n: int) -> list[float]:
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await getattr(target, method)(*args)
+                times.append(time.perf_counter() - t0)
+            return times
+
+        return [Worker("pyisolate", lambda m, *a: self.run(getattr(target, m)(*a)),
+                       lambda m, a, n: self.run(calls(m, a, n)), plain_tensor)]
+
+    def more(self, cells: Cells, cold: int) -> None:
         cells.progress.start("pyisolate: cold start")
         for i in range(cold - 1):
             t0 = time.perf_counter()
-            proc, rpc, target = await pyisolate_connect(host.ctx, host.tmp, i + 1)
-            await target.add(1, 2)
+            proc, prpc, target = self.connect(i + 1)
+            self.run(target.add(1, 2))
             cells.cold["pyisolate"].append(time.perf_counter() - t0)
-            pyisolate_stop(proc, rpc)
+            self.stop(proc, prpc)
             cells.progress.step()
 
-    with PyisolateHost() as host:
-        asyncio.run(run(host))
 
-
-def bench_process_pool(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    cells.progress.start("ProcessPool: calls")
+def start_process_pool(stack: contextlib.ExitStack, cells: Cells) -> list[Worker]:
     t0 = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as ex:
-        ex.submit(pool_call, "add", (1, 2)).result()
-        cold_sample(cells, "ProcessPool", t0)
-        measure_sync("ProcessPool", lambda m, *a: ex.submit(pool_call, m, a).result(), cells, iters, warm_s, plain_tensor)
+    ex = stack.enter_context(concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
+    ex.submit(pool_call, "add", (1, 2)).result()
+    cold_sample(cells, "ProcessPool", t0)
+    return [sync_worker("ProcessPool", lambda m, *a: ex.submit(pool_call, m, a).result(), plain_tensor)]
+
+
+def more_process_pool(cells: Cells, cold: int) -> None:
     cells.progress.start("ProcessPool: cold start")
     for _ in range(cold - 1):
         t0 = time.perf_counter()
-        ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
+        ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         ex.submit(pool_call, "add", (1, 2)).result()
         cells.cold["ProcessPool"].append(time.perf_counter() - t0)
         ex.shutdown()
         cells.progress.step()
 
 
-def measure_bytes(echo: Callable[[bytes], bytes], cells: Cells, iters: int) -> None:
-    """The "Pipe bytes" row: each randn echo as the tensor's bytes, pickled both ways
-    (no shared memory), made a tensor again on return."""
-    for name, _, (t,), want in randn_echoes():
-        if name not in ECHOES:
-            continue
-
-        def call() -> torch.Tensor:
-            return torch.frombuffer(bytearray(echo(t.numpy().tobytes())), dtype=t.dtype)
-        try:
-            for _ in range(WARMUP_CALLS):
-                check("Pipe bytes", name, call(), want)
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - t0)
-                cells.progress.step()
-            cells.times["Pipe bytes"][name] = times
-        except Exception as e:  # noqa: BLE001
-            cells.fail("Pipe bytes", name, e)
-
-
-def bench_pipe(cells: Cells, iters: int, warm_s: float, cold: int) -> None:
+def pipe_start():
     ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=pipe_child, args=(there,), daemon=True)
+    proc.start()
+    there.close()
+    return proc, here
 
-    def start():
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=pipe_child, args=(there,), daemon=True)
-        proc.start()
-        there.close()
-        return proc, here
 
-    def call(conn, method, *args):
-        conn.send((method, args))
-        return conn.recv()
+def pipe_call(conn, method, *args):
+    conn.send((method, args))
+    return conn.recv()
 
-    def stop(proc, conn) -> None:
-        conn.send(None)
+
+def pipe_stop(proc, conn) -> None:
+    conn.send(None)
+    proc.join(10.0)
+    if proc.is_alive():
+        proc.kill()
         proc.join(10.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10.0)
-        conn.close()
+    conn.close()
 
-    cells.progress.start("mp.Pipe: calls")
+
+def start_pipe(stack: contextlib.ExitStack, cells: Cells) -> list[Worker]:
+    """The mp.Pipe loop, and on the same Pipe the "Pipe bytes" row: each randn echo as the
+    tensor's bytes, pickled both ways (no shared memory), made a tensor again on return."""
     t0 = time.perf_counter()
-    proc, conn = start()
-    try:
-        call(conn, "add", 1, 2)
-        cold_sample(cells, "mp.Pipe", t0)
-        measure_sync("mp.Pipe", lambda m, *a: call(conn, m, *a), cells, iters, warm_s, plain_tensor)
-        measure_bytes(lambda b: call(conn, "echo", b), cells, iters)
-    finally:
-        stop(proc, conn)
+    proc, conn = pipe_start()
+    stack.callback(pipe_stop, proc, conn)
+    pipe_call(conn, "add", 1, 2)
+    cold_sample(cells, "mp.Pipe", t0)
+
+    def as_bytes(method: str, t: torch.Tensor) -> torch.Tensor:
+        return torch.frombuffer(bytearray(pipe_call(conn, method, t.numpy().tobytes())), dtype=t.dtype)
+
+    return [sync_worker("mp.Pipe", lambda m, *a: pipe_call(conn, m, *a), plain_tensor),
+            sync_worker("Pipe bytes", as_bytes, plain_tensor, tuple(ECHOES))]
+
+
+def more_pipe(cells: Cells, cold: int) -> None:
     cells.progress.start("mp.Pipe: cold start")
     for _ in range(cold - 1):
         t0 = time.perf_counter()
-        proc, conn = start()
-        call(conn, "add", 1, 2)
+        proc, conn = pipe_start()
+        pipe_call(conn, "add", 1, 2)
         cells.cold["mp.Pipe"].append(time.perf_counter() - t0)
-        stop(proc, conn)
+        pipe_stop(proc, conn)
         cells.progress.step()
+
+
+def bench_calls(cells: Cells, systems: list[str], iters: int, warm_s: float, cold: int, pool_gets: int) -> None:
+    """Start every system's worker (its cold start, one at a time), time the calls with
+    the cells taking turns, stop the workers; then each system's other starts."""
+    with contextlib.ExitStack() as lasting:
+        pyi: Optional[Pyisolate] = None
+        starts: dict[str, Callable[[contextlib.ExitStack, Cells], list[Worker]]] = {
+            "tensorwire.rpc": start_tensorwire, "ProcessPool": start_process_pool, "mp.Pipe": start_pipe}
+        mores: dict[str, Callable[[], None]] = {
+            "tensorwire.rpc": lambda: more_tensorwire(cells, cold, pool_gets),
+            "ProcessPool": lambda: more_process_pool(cells, cold), "mp.Pipe": lambda: more_pipe(cells, cold)}
+        workers: list[Worker] = []
+        with contextlib.ExitStack() as calls:
+            for system in systems:
+                cells.progress.start(f"{system}: start")
+                try:
+                    if system == "pyisolate":
+                        pyi = Pyisolate(lasting)
+                        workers += pyi.start(calls, cells)
+                    else:
+                        workers += starts[system](calls, cells)
+                except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
+                    cells.fail(system, "stopped", e)
+            measure(workers, cells, iters, warm_s)
+        for system in systems:
+            if "stopped" in cells.errors[system]:
+                continue
+            try:
+                if system == "pyisolate":
+                    assert pyi is not None
+                    pyi.more(cells, cold)
+                else:
+                    mores[system]()
+            except Exception as e:  # noqa: BLE001
+                cells.fail(system, "stopped", e)
 
 
 # --- report ---------------------------------------------------------------------------
@@ -367,7 +486,7 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
     lines = []
     w0, w = 16, 19
     lines.append(f"RPC from this process to one worker process, one call at a time: p50 / p90 per call, microseconds; "
-                 f"{args.iters} calls per cell after a warm-up; torch {torch.__version__}, {os.cpu_count()} CPUs")
+                 f"{args.iters} calls per cell after a warm-up, the cells taking turns of <= {TURN_CALLS} calls; torch {torch.__version__}, {os.cpu_count()} CPUs")
     hdr = f"{'':<{w0}}|" + "|".join(f" {p:>{w - 1}}" for p in PAYLOADS) + f"| {'cold start p50':>15} | {'warm pool get p50':>18}"
     lines.append(hdr)
     lines.append("-" * len(hdr))
@@ -463,7 +582,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m tensorwire bench rpc", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=None, help="timed calls per cell (default 500; --quick: 20)")
+    ap.add_argument("--iters", type=int, default=None, help="timed calls per cell, made in turns of at most "
+                    "30 per cell (default 500; --quick: 20)")
     ap.add_argument("--cold", type=int, default=None, help="cold starts per system (default 3; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="few calls and starts: checks that it runs, not a measurement")
     ap.add_argument("--png", default="tensorwire_rpc.png", help="where to write the plot, if matplotlib is installed "
@@ -501,20 +621,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     progress = Progress(total)
     cells = Cells(progress)
     cont = Contention(os.cpu_count() or 1)
-    runs: list[tuple[str, Callable[[], None]]] = [
-        ("tensorwire.rpc", lambda: bench_tensorwire(cells, args.iters, warm_s, args.cold, pool_gets)),
-        ("pyisolate", lambda: bench_pyisolate(cells, args.iters, warm_s, args.cold)),
-        ("ProcessPool", lambda: bench_process_pool(cells, args.iters, warm_s, args.cold)),
-        ("mp.Pipe", lambda: bench_pipe(cells, args.iters, warm_s, args.cold)),
-    ]
     try:
-        for system, run in runs if do_calls else []:
-            if system not in systems:
-                continue
-            try:
-                run()
-            except Exception as e:  # noqa: BLE001 - a system that fails stops its own row only
-                cells.fail(system, "stopped", e)
+        if do_calls:
+            bench_calls(cells, systems, args.iters, warm_s, args.cold, pool_gets)
         if do_contention:
             bench_contention(cont, progress, args.iters, warm_s, settle_s, pyisolate_missing)
     finally:

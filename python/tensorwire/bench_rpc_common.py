@@ -6,13 +6,14 @@ the statistics and formatting of a cell. It imports no other module of the bench
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import socket
 import statistics
 import tempfile
 import traceback
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -149,14 +150,30 @@ def pyisolate_stop(proc, rpc) -> None:
 class PyisolateHost:
     """What a pyisolate host sets up for this process while its children run (the tensor
     serializer, torch's file_system strategy), undone on exit so that the baselines after
-    it get torch's default; and a directory for the children's sockets."""
+    it get torch's default; and a directory for the children's sockets. With
+    ``all_along=False`` torch's strategy is pyisolate's only inside :meth:`sharing`, so
+    that baselines whose calls take turns with pyisolate's still send with the default."""
+
+    def __init__(self, all_along: bool = True) -> None:
+        self.all_along = all_along
 
     def __enter__(self) -> "PyisolateHost":
         self.before = torch.multiprocessing.get_sharing_strategy()
         pyisolate_share_torch()
+        if not self.all_along:
+            torch.multiprocessing.set_sharing_strategy(self.before)
         self.ctx = multiprocessing.get_context("spawn")
         self.tmp = tempfile.mkdtemp(prefix="tw-bench-rpc-")
         return self
+
+    @contextlib.contextmanager
+    def sharing(self) -> Iterator[None]:
+        """torch's sharing strategy as a pyisolate host has it, for the duration."""
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        try:
+            yield
+        finally:
+            torch.multiprocessing.set_sharing_strategy(self.before if not self.all_along else "file_system")
 
     def __exit__(self, *exc) -> None:
         torch.multiprocessing.set_sharing_strategy(self.before)
