@@ -548,7 +548,7 @@ def report(cells: Cells, args, pyisolate_missing: Optional[str]) -> list[str]:
                  f"p50 of {len(cells.zygote_start)}; a sandboxed worker's start from the zygote: the same, contained as it is "
                  f"forked, and importing the target's module itself (the zygote never imports a sandboxed target)")
     lines.append("randn echoes: every system sends a torch.randn tensor and the worker returns it (tensorwire.rpc: "
-                 "1 KiB inside the RPC frame (inline), 4 KiB packed into a recycled segment, 64 MiB moved into a "
+                 "1 KiB and 4 KiB attached to the RPC frame as raw bytes, 64 MiB moved into a "
                  "segment in place by its first send; "
                  "Pipe bytes: the tensor's bytes pickled both ways)")
     lines.append("tensors: tensorwire.rpc sends rpc.empty tensors (shared segment, no copy); pyisolate, ProcessPool "

@@ -80,11 +80,14 @@ pub struct RpcConfig {
     /// connection's inline lane (up to 1024 requests and `max_frame` bytes of their
     /// frames; see `endpoint::lane`) when it was a waiting caller that read it.
     pub max_workers: usize,
-    /// How long a wait spins before it blocks (default 50 µs; zero: block at once): a
+    /// How long a wait spins before it blocks (default 200 µs; zero: block at once): a
     /// caller waiting for its response, and the reader thread once it has read all that
-    /// arrived. A reply that comes within it costs no sleep and wake-up. The spin never
-    /// yields the CPU; it ends early when the thread was preempted, and the endpoint's
-    /// waits then sleep at once for a while (see `endpoint::spin`).
+    /// arrived. A reply that comes within it costs no sleep and wake-up. It must outlast
+    /// the peer's wake-up plus its work on a message, or the two sides fall into a state
+    /// that feeds itself: each answers after the other's spin ended, so every message
+    /// pays a wake-up on each side, call after call. The spin never yields the CPU; it
+    /// ends early when the thread was preempted, and the endpoint's waits then sleep at
+    /// once for a while (see `endpoint::spin`).
     pub spin: Duration,
     /// How long the reader thread stays off the socket once a waiting caller has been
     /// reading it (callers that keep calling read their own responses and dispatch
@@ -186,7 +189,7 @@ impl Default for RpcConfig {
             default_timeout: Wait::Forever,
             send_timeout: Duration::from_secs(30),
             max_workers: 64,
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(200),
             reader_yield: Duration::from_millis(1),
             inline_sync: true,
             accept_fs_tensors: false,

@@ -1,7 +1,7 @@
 //! The read side: the reader thread, leader/follower waiting for a response (see the
 //! module docs of `endpoint`), frame reads and what a received frame becomes.
 //!
-//! Waits spin briefly before they block — for at most `RpcConfig::spin` (50 µs by
+//! Waits spin briefly before they block — for at most `RpcConfig::spin` (200 µs by
 //! default; zero: block at once), never yielding the CPU, and not at all while there are
 //! signs that other tasks want it (`spin`). Why: the response or request waited for often
 //! arrives within microseconds, and a thread that blocked must then be woken, which across
