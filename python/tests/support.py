@@ -1,6 +1,6 @@
 """What the Python tests share (python/tests, tests/gpu/gpu_tests.py and
 python/native/tests/gpu_smoke.py): the views every round trip sends, a connected pair in
-one process, bounded waits (on a condition, on a connection's lease counters), whether a
+one process, ordinary tensors of every dtype, bounded waits (on a condition, on a connection's lease counters), whether a
 process is gone, and how long a GPU sleep keeps a stream busy."""
 
 import os
@@ -24,6 +24,37 @@ def views_of(base, empty=True):
     if empty:
         views["empty"] = base[:, 8:]
     return views
+
+
+def bytes_of(t) -> list:
+    """A tensor's bytes, element order, as a list of ints: equal lists mean bit-exact."""
+    import torch
+    return t.contiguous().reshape(-1).view(torch.uint8).tolist()
+
+
+def every_dtype_with_views(rows: int, cols: int, seed: int, slice_stop: int, max_bytes=None) -> list:
+    """A seeded `rows` x `cols` tensor in every dtype tensorwire carries, each with its
+    views: transposed, stepped, 0-d, empty and the flat slice [5:`slice_stop`]. With `max_bytes`, a dtype
+    whose tensor is larger keeps a quarter of its rows."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(rows, cols, generator=g)
+    out = []
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+                  torch.complex128, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                  torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
+        if dtype.is_complex:
+            t = torch.complex(base, -base).to(dtype)
+        elif dtype == torch.bool:
+            t = base > 0
+        elif dtype.is_floating_point:
+            t = (base * 100).to(dtype)
+        else:
+            t = (base * 100).to(torch.int64).to(dtype)
+        if max_bytes is not None and t.numel() * t.element_size() > max_bytes:
+            t = t[: max(1, t.shape[0] // 4)]
+        out += [t, t.t(), t[1::2, ::3], t[2, 3], t[:0], t.reshape(-1)[5:slice_stop]]
+    return out
 
 
 def wait_for(what: str, cond, within: float = 10.0) -> None:

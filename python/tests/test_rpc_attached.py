@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tensorwire.rpc as rpc
+from support import bytes_of, every_dtype_with_views
 from tensorwire import _native
 
 HERE = str(Path(__file__).resolve().parent)
@@ -22,31 +23,10 @@ def worker():
         yield w
 
 
-def _bytes_of(t: torch.Tensor) -> list[int]:
-    return t.contiguous().reshape(-1).view(torch.uint8).tolist()
-
-
 def _tensors(rows: int) -> list[torch.Tensor]:
-    """Every dtype this torch has that tensorwire carries, `rows` x 64 of it, and views:
-    transposed, stepped, 0-d, empty, an offset slice."""
-    g = torch.Generator().manual_seed(11)
-    base = torch.randn(rows, 64, generator=g)
-    out = []
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-                  torch.complex128, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                  torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
-        if dtype.is_complex:
-            t = torch.complex(base, -base).to(dtype)
-        elif dtype == torch.bool:
-            t = base > 0
-        elif dtype.is_floating_point:
-            t = (base * 100).to(dtype)
-        else:
-            t = (base * 100).to(torch.int64).to(dtype)
-        if t.numel() * t.element_size() > _native.pool_stats()["max_owned"]:
-            t = t[: max(1, t.shape[0] // 4)]
-        out += [t, t.t(), t[1::2, ::3], t[2, 3], t[:0], t.reshape(-1)[5:917]]
-    return out
+    """Every dtype this torch has that tensorwire carries, `rows` x 64 of it (fewer rows
+    where that passes the attachment limit), and views."""
+    return every_dtype_with_views(rows, 64, seed=11, slice_stop=917, max_bytes=_native.pool_stats()["max_owned"])
 
 
 @pytest.mark.parametrize("rows", [4, 32])
@@ -57,7 +37,7 @@ def test_tensors_of_every_dtype_and_view_travel_attached_bit_exact(worker, rows)
     for t in tensors:
         back = worker.call("echo", t)
         assert back.dtype == t.dtype and back.shape == t.shape, (t.dtype, t.shape)
-        assert _bytes_of(back) == _bytes_of(t), (t.dtype, t.shape, t.stride())
+        assert bytes_of(back) == bytes_of(t), (t.dtype, t.shape, t.stride())
         # Private memory on both sides: neither a segment of ours nor an import.
         s = back.untyped_storage()
         assert _native.storage_kind(s.data_ptr(), s.nbytes()) is None
@@ -65,7 +45,7 @@ def test_tensors_of_every_dtype_and_view_travel_attached_bit_exact(worker, rows)
         # What the worker saw: the same dtype, shape and bytes.
         if t.numel() <= 2048:
             got = worker.call("layout_and_bytes", t)
-            assert (got["dtype"], got["shape"], got["bytes"]) == (str(t.dtype), list(t.shape), _bytes_of(t))
+            assert (got["dtype"], got["shape"], got["bytes"]) == (str(t.dtype), list(t.shape), bytes_of(t))
     after = _native.pool_stats()
     assert {k: after[k] - before[k] for k in ("created", "reused", "unpooled", "copies")} == \
         {"created": 0, "reused": 0, "unpooled": 0, "copies": 0}, "a small tensor went into a segment"

@@ -19,7 +19,7 @@ import torch
 
 import tensorwire
 import tensorwire.rpc as rpc
-from support import wait_for
+from support import bytes_of, every_dtype_with_views, wait_for
 from tensorwire import _native
 
 HERE = str(Path(__file__).resolve().parent)
@@ -38,10 +38,6 @@ def spawn(**kw):
 def worker():
     with spawn(output="capture") as w:
         yield w
-
-
-def _bytes_of(t: torch.Tensor) -> list[int]:
-    return t.contiguous().reshape(-1).view(torch.uint8).tolist()
 
 
 def _memfds() -> int:
@@ -72,9 +68,9 @@ def test_ordinary_tensors_and_their_views_arrive_bit_exact_both_ways(worker, nby
         if view.numel() * view.element_size() <= 64 << 10:  # the bytes as a JSON list
             got = worker.call("layout_and_bytes", view)
             assert got == {"dtype": str(view.dtype), "shape": list(view.shape),
-                           "stride": list(torch.empty(view.shape).stride()), "bytes": _bytes_of(view)}
+                           "stride": list(torch.empty(view.shape).stride()), "bytes": bytes_of(view)}
         echoed = worker.call("echo", view)
-        assert echoed.shape == view.shape and _bytes_of(echoed) == _bytes_of(view)
+        assert echoed.shape == view.shape and bytes_of(echoed) == bytes_of(view)
 
 
 def test_a_loop_of_small_echoes_recycles_a_bounded_number_of_segments(worker):
@@ -207,24 +203,9 @@ def test_connection_send_of_a_small_private_tensor_uses_the_pool():
         b.close()
 
 
-# Every dtype this torch has that tensorwire carries, as a small tensor of it.
+# Every dtype this torch has that tensorwire carries, as a small tensor of it, and views.
 def _small_tensors() -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    base = torch.randn(6, 10, generator=g)
-    out = []
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-                  torch.complex128, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                  torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
-        if dtype.is_complex:
-            t = torch.complex(base, -base).to(dtype)
-        elif dtype == torch.bool:
-            t = base > 0
-        elif dtype.is_floating_point:
-            t = (base * 100).to(dtype)
-        else:
-            t = (base * 100).to(torch.int64).to(dtype)
-        out += [t, t.t(), t[1::2, ::3], t[2, 3], t[:0], t.reshape(-1)[5:17]]
-    return out
+    return every_dtype_with_views(6, 10, seed=7, slice_stop=17)
 
 
 def test_small_ordinary_tensors_of_every_dtype_travel_inline_bit_exact(worker):
@@ -234,7 +215,7 @@ def test_small_ordinary_tensors_of_every_dtype_travel_inline_bit_exact(worker):
     for t in tensors:
         back = worker.call("echo", t)
         assert back.dtype == t.dtype and back.shape == t.shape, (t.dtype, t.shape)
-        assert _bytes_of(back) == _bytes_of(t), (t.dtype, t.shape, t.stride())
+        assert bytes_of(back) == bytes_of(t), (t.dtype, t.shape, t.stride())
         # Arrived inline: private memory, neither our segment nor an import.
         s = back.untyped_storage()
         assert _native.storage_kind(s.data_ptr(), s.nbytes()) is None
