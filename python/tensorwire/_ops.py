@@ -11,7 +11,10 @@ Connections and listeners are int handles in a process-wide registry (``close`` 
 one; an op on a forgotten handle raises ``"tensorwire.<op>: connection N is closed or was
 never opened"``, as the extension does). Failures raise ``tensorwire.errors`` classes with
 the extension's messages and codes: its own checks as the base ``Error`` (no code), the
-library's as the class of their code.
+library's as the class of their code. The checks on what ``_native`` is handed (a view's
+dimensions and strides, fds, byte counts, whether a storage is a segment) are
+``_native``'s, with the op's message; the ones here are on torch objects it never sees
+(a tensor's layout and device, a torch dtype and its element size, a handle).
 
 The package's hot path (``connection.py``) calls :func:`send`, :func:`recv`,
 :func:`ring_send`, ... directly, skipping the dispatcher. Tensors come from ``_native`` as
@@ -95,7 +98,6 @@ def native_connection(h: int, op: str = "connection") -> Any:
 # ----------------------------------------------------------------------------------------
 # dtypes and views (the one place torch dtypes meet tensorwire's names).
 
-_MAX_NDIM = 16
 _BY_NAME: dict[str, torch.dtype] = {}
 _SIZE: dict[torch.dtype, int] = {}   # dtype -> tensorwire's element size
 _NAME: dict[torch.dtype, str] = {}
@@ -129,36 +131,16 @@ def _check_exportable(t: torch.Tensor, what: str) -> None:
     _check_strided_dtype(t, what, "shared")
 
 
-def _check_ndim(n: int, what: str, strides: Optional[int] = None) -> None:
-    if n > _MAX_NDIM:
-        raise Error(f"tensorwire.{what}: {n} dimensions; tensorwire carries at most {_MAX_NDIM}")
-    if strides is not None and strides != n:
-        raise Error(f"tensorwire.{what}: {n} sizes but {strides} strides")
-
-
 def _over(storage: torch.UntypedStorage, dtype: torch.dtype, sizes: Any, strides: Any, offset: int) -> torch.Tensor:
     """A tensor of ``dtype`` viewing ``storage`` (not a view of another tensor: no ``_base``)."""
     return torch.empty(0, dtype=dtype).set_(storage, offset, sizes, strides)
-
-
-def _contiguous_strides(size: list[int]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(size):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return strides[::-1]
 
 
 def _segment_tensor(size: list[int], dtype: torch.dtype) -> torch.Tensor:
     """A fresh, zeroed, contiguous tensor in a new sealed segment (the extension's
     ``new_segment_tensor``)."""
     _check_dtype(dtype, "empty")
-    _check_ndim(len(size), "empty")
-    for s in size:
-        if s < 0:
-            raise Error(f"tensorwire.empty: negative dimension {s} in size {list(size)}")
-    strides = _contiguous_strides(size)
-    nbytes = _native.layout_extent(_NAME[dtype], size, strides, 0)
+    strides, nbytes = _native.empty_layout(_NAME[dtype], size)  # checks the sizes
     storage = torch.from_dlpack(_native.segment_storage(nbytes)).untyped_storage()
     return _over(storage, dtype, size, strides, 0)
 
@@ -302,33 +284,16 @@ def segment_fd(self: torch.Tensor) -> tuple[int, int, int]:
     if self.device.type != "cpu":
         raise Error("tensorwire.segment_fd: expected a defined CPU tensor")
     s = self.untyped_storage()
-    got = _native.segment_fd(s.data_ptr(), s.nbytes())
-    if got is None:
-        raise Error("tensorwire.segment_fd: the tensor does not live in a tensorwire segment; create it with "
-                    "tensorwire.empty/zeros or copy it with tensorwire.to_shared")
-    return got
+    return _native.segment_fd(s.data_ptr(), s.nbytes())  # refuses a storage in no segment
 
 
 def from_torch_fd(fd: int, nbytes: int, dtype: torch.dtype, size: list[int], stride: list[int],
                   storage_offset: int = 0) -> torch.Tensor:
-    if not 0 <= fd <= 2**31 - 1:
-        raise Error(f"tensorwire.from_torch_fd: fd {fd} is not a valid descriptor")
-    if nbytes <= 0:
-        raise Error(f"tensorwire.from_torch_fd: nbytes must be > 0, got {nbytes}")
-    if storage_offset < 0:
-        raise Error(f"tensorwire.from_torch_fd: negative storage_offset {storage_offset}")
-    _check_dtype(dtype, "from_torch_fd")
-    try:
-        dup = os.dup(fd)  # close-on-exec, as F_DUPFD_CLOEXEC
-    except OSError as e:
-        raise Error(f"tensorwire.from_torch_fd: cannot duplicate fd {fd}: {e.strerror}") from None
-    storage = torch.from_dlpack(_native.trusted_fd_storage(dup, nbytes)).untyped_storage()  # owns dup
+    _check_dtype(dtype, "from_torch_fd")  # the torch dtype; the rest is _native's to check
     size, stride = list(size), list(stride)
-    _check_ndim(len(size), "tensor_over_segment", len(stride))
-    need = _native.layout_extent(_NAME[dtype], size, stride, storage_offset)
-    if need > nbytes:
-        raise Error(f"tensorwire: the view needs {need} bytes of storage, the segment provides {nbytes}")
-    return _over(storage, dtype, size, stride, storage_offset)
+    # Over a close-on-exec duplicate of fd (fd stays the caller's).
+    cap = _native.trusted_fd_storage(fd, nbytes, _NAME[dtype], size, stride, storage_offset)
+    return _over(torch.from_dlpack(cap).untyped_storage(), dtype, size, stride, storage_offset)
 
 
 # ----------------------------------------------------------------------------------------
@@ -416,7 +381,6 @@ def send(conn: int, tensor: torch.Tensor, tag: int = 0, window_ms: int = 0) -> b
     s = tensor.untyped_storage()
     kind = None if tensor.is_conj() or tensor.is_neg() else _native.storage_kind(s.data_ptr(), s.nbytes())
     zero_copy = kind in ("sealed", "import")
-    _check_ndim(tensor.dim(), "send")
     if not zero_copy and not (tensor.is_conj() or tensor.is_neg()) \
             and tensor.numel() * tensor.element_size() <= _POOLED_MAX:
         # Small and medium private tensors: packed into a recycled segment of the binding's
@@ -463,7 +427,6 @@ def ring_send(conn: int, tensor: torch.Tensor, tag: int = 0, timeout_ms: int = -
     _connection(conn, "ring_send")  # checked here, as the extension does; not kept
     # The ring carries bytes: a lazy conjugate/negative bit is applied first.
     src = tensor.resolve_conj().resolve_neg() if tensor.is_conj() or tensor.is_neg() else tensor
-    _check_ndim(src.dim(), "ring_send")
     s = src.untyped_storage()
     _native.ring_send(_connection(conn, "ring_send"), s.data_ptr(), s.nbytes(), _NAME[src.dtype], src.shape, src.stride(), src.storage_offset(),
                       tag, timeout_ms)

@@ -112,6 +112,57 @@ def test_from_torch_fd_errors():
         tensorwire.ops.from_torch_fd(fd, nbytes, torch.float32, [8], [1])
 
 
+def test_the_view_and_fd_checks_name_the_op():
+    """The checks on what the library is handed (a view's dimensions and strides, fds, byte
+    counts, a storage's address) give the op's own message whichever layer runs them: the C++ extension's
+    TORCH_CHECKs, or `_native` under the Python ops (which do not check again), as the
+    base Error without a code."""
+    from tensorwire._loader import BACKEND
+
+    ops = tensorwire.ops
+    s = torch.zeros(4).share_memory_()
+    fd, nbytes = s.untyped_storage()._share_fd_cpu_()
+    a, b = connected_pair()
+    cases = [
+        (lambda: ops.from_torch_fd(-1, 16, torch.float32, [4], [1]),
+         "tensorwire.from_torch_fd: fd -1 is not a valid descriptor"),
+        (lambda: ops.from_torch_fd(2**31, 16, torch.float32, [4], [1]),
+         "tensorwire.from_torch_fd: fd 2147483648 is not a valid descriptor"),
+        (lambda: ops.from_torch_fd(fd, 0, torch.float32, [4], [1]),
+         "tensorwire.from_torch_fd: nbytes must be > 0, got 0"),
+        (lambda: ops.from_torch_fd(fd, nbytes, torch.float32, [4], [1], -1),
+         "tensorwire.from_torch_fd: negative storage_offset -1"),
+        (lambda: ops.from_torch_fd(fd, nbytes, torch.float32, [2, 2], [1]),
+         "tensorwire.tensor_over_segment: 2 sizes but 1 strides"),
+        (lambda: ops.from_torch_fd(fd, nbytes, torch.float32, [1] * 17, [1] * 17),
+         "tensorwire.tensor_over_segment: 17 dimensions; tensorwire carries at most 16"),
+        (lambda: tensorwire.zeros([1] * 17), "tensorwire.empty: 17 dimensions; tensorwire carries at most 16"),
+        (lambda: tensorwire.empty(2, -1), r"tensorwire.empty: negative dimension -1 in size \[2, -1\]"),
+        # A private tensor: the Python ops pack it (the check is send's), the extension
+        # copies it into a new segment first (the check is empty's).
+        (lambda: a.send(torch.zeros([1] * 17)), r"tensorwire\.(send|empty): 17 dimensions; tensorwire carries at most 16"),
+        (lambda: a.send(tensorwire.zeros(1).view([1] * 17)),
+         "tensorwire.send: 17 dimensions; tensorwire carries at most 16"),
+        (lambda: a.ring_send(torch.zeros([1] * 17)),
+         "tensorwire.ring_send: 17 dimensions; tensorwire carries at most 16"),
+        (lambda: ops.segment_fd(torch.zeros(3)), "tensorwire.segment_fd: the tensor does not live in a tensorwire segment"),
+    ]
+    try:
+        for call, want in cases:
+            with pytest.raises(RuntimeError, match=want) as e:
+                call()
+            if BACKEND == "native":
+                assert type(e.value) is tensorwire.Error and e.value.code is None, (want, e.value)
+        # The caller's fd (here the shared storage's own) stays open: the view maps a
+        # duplicate.
+        t = ops.from_torch_fd(fd, nbytes, torch.float32, [4], [1])
+        del t
+        os.fstat(fd)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_errors_map_to_the_hierarchy():
     """Result codes become the documented classes (all RuntimeErrors); unknown codes and
     failures without a code become the base Error."""

@@ -7,38 +7,21 @@
 //! can still be read, of the connection where its table cannot.
 
 mod support;
+#[path = "support/packed.rs"]
+mod packed;
 
+use packed::{bytes, echo_one, kinds_in_one_message, negotiated_client, packed, raw_hello, unnegotiated_server};
 use std::io::Write;
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
-use std::time::Duration;
-use support::{Victim, VictimSpec, frame, read_frame, run_victim, victim_role};
+use support::{Victim, VictimSpec, call_text, frame, read_frame, run_victim, victim_role};
 use tensorwire::DType;
 use tensorwire_rpc::config::DEFAULT_ATTACHED_TENSORS;
 use tensorwire_rpc::tensor::ATTACHED_FRAME_MARK;
-use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Service, Stream, Tensor, Value, Wait};
+use tensorwire_rpc::{Endpoint, RpcConfig, Tensor, Value};
 
 /// A client that offers attachments and no inline tensors, so that an owned tensor that
 /// comes back owned travelled as an attachment.
 fn client(v: &Victim, cfg: RpcConfig) -> Endpoint {
-    let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), inline_tensors: 0, ..cfg };
-    let ep = Endpoint::connect(&v.addr, Registry::new(), cfg).unwrap();
-    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
-    ep
-}
-
-/// Bytes that differ from element to element and call to call.
-fn bytes(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed)).collect()
-}
-
-fn packed(t: &Tensor) -> Vec<u8> {
-    t.to_vec().unwrap()
-}
-
-fn echo_one(ep: &Endpoint, t: Tensor) -> Tensor {
-    let r = ep.call("calc", "echo", vec![Value::from(t)]).unwrap();
-    r.as_array().and_then(|a| a.first()).and_then(Value::as_tensor).cloned().expect("the echo holds the tensor")
+    negotiated_client(v, RpcConfig { inline_tensors: 0, ..cfg })
 }
 
 /// A frame payload: `json`, then `atts` and the trailer that says where they are.
@@ -74,26 +57,6 @@ fn split(payload: &[u8]) -> Option<(String, Vec<Vec<u8>>)> {
         })
         .collect();
     Some((String::from_utf8(payload[..json_len].to_vec()).unwrap(), atts))
-}
-
-fn call_text(id: i64, method: &str, args: &str) -> String {
-    format!(r#"{{"kind": "call", "object_id": "calc", "call_id": {id}, "parent_call_id": null, "method": "{method}", "args": {args}, "kwargs": {{}}}}"#)
-}
-
-/// A raw connection to the victim that sent `native_hello` with `kwargs`, its answer, and
-/// the transport peer set up on our side when the victim agreed.
-fn raw_hello(v: &Victim, kwargs: &str) -> (UnixStream, String, Option<tensorwire::Peer>) {
-    let mut raw = v.raw();
-    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
-    let hello = format!(
-        r#"{{"kind": "call", "object_id": "__tensorwire__", "call_id": 1, "parent_call_id": null, "method": "native_hello", "args": [1], "kwargs": {kwargs}}}"#
-    );
-    tensorwire::os::send_msg(raw.as_fd(), &frame(hello.as_bytes()), &[theirs.as_fd()], false, None).unwrap();
-    drop(theirs);
-    let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
-    let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..Default::default() };
-    let peer = resp.contains(r#""native": true"#).then(|| std::thread::spawn(move || tensorwire::Peer::from_fd(mine, cfg).unwrap()).join().unwrap());
-    (raw, resp, peer)
 }
 
 #[test]
@@ -179,18 +142,7 @@ fn a_peer_that_offers_no_attachments_never_gets_one() {
 /// names is refused, and a frame with attachments ends the connection, named.
 #[test]
 fn a_peer_that_never_negotiated_gets_the_old_form() {
-    let reg = Registry::new();
-    reg.register(
-        "calc",
-        Service::new("Calc")
-            .method_inline("make", |_, _| Ok(Value::from(Tensor::owned(DType::Float32, &[2], &bytes(8, 5))?)))
-            .method_inline("echo", |_, a| Ok(Value::Array(a.args))),
-    )
-    .unwrap();
-    let (mine, theirs) = UnixStream::pair().unwrap();
-    let ep = Endpoint::new(Stream::from_fd(theirs.into()), reg, RpcConfig::default()).unwrap();
-    let mut raw = mine;
-    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (ep, mut raw) = unnegotiated_server();
     raw.write_all(&frame(call_text(1, "make", "[]").as_bytes())).unwrap();
     let reply = read_frame(&mut raw).unwrap();
     assert!(split(&reply).is_none(), "JSON alone");
@@ -273,30 +225,8 @@ fn forged_attachments_are_named_errors() {
 /// the rest of its tensors go as exports.
 #[test]
 fn attachments_take_at_most_half_a_frame_of_a_message() {
-    let reg = Registry::new();
-    reg.register(
-        "calc",
-        Service::new("Calc").method("kinds", |_, a| {
-            let kinds = a.args[0].as_array().unwrap().iter().map(|v| match v.as_tensor() {
-                Some(Tensor::Owned(_)) => Value::from("attached"),
-                Some(Tensor::Imported(_)) => Value::from("export"),
-                other => Value::from(format!("{other:?}")),
-            });
-            Ok(Value::Array(kinds.collect()))
-        }),
-    )
-    .unwrap();
-    let cfg = RpcConfig {
-        max_frame: 64 << 10,
-        inline_tensors: 0,
-        default_timeout: Wait::For(Duration::from_secs(10)),
-        ..RpcConfig::default()
-    };
-    let (_s, c) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
-    assert!(c.negotiate_native(Duration::from_secs(10)).unwrap());
+    let cfg = RpcConfig { max_frame: 64 << 10, inline_tensors: 0, ..RpcConfig::default() };
     // 4 KiB each: eight fit in 32 KiB, the ninth would not.
-    let many: Vec<Value> = (0..20).map(|i| Value::from(Tensor::owned(DType::UInt8, &[4096], &bytes(4096, i)).unwrap())).collect();
-    let r = c.call("calc", "kinds", vec![Value::Array(many)]).unwrap();
-    let want: Vec<Value> = (0..20).map(|i| Value::from(if i < 8 { "attached" } else { "export" })).collect();
-    assert_eq!(r, Value::Array(want));
+    let want: Vec<&str> = (0..20).map(|i| if i < 8 { "owned" } else { "export" }).collect();
+    assert_eq!(kinds_in_one_message(cfg, 20), want);
 }

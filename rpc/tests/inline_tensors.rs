@@ -7,37 +7,23 @@
 //! the connection goes on.
 
 mod support;
+#[path = "support/packed.rs"]
+mod packed;
 
+use packed::{bytes, echo_one, kinds_in_one_message, negotiated_client, packed, raw_hello, unnegotiated_server};
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
-use support::{Victim, VictimSpec, frame, read_frame, run_victim, victim_role};
+use support::{Victim, VictimSpec, call_frame, frame, read_frame, run_victim, victim_role};
 use tensorwire::DType;
 use tensorwire_rpc::config::DEFAULT_INLINE_TENSORS;
-use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Service, Stream, Tensor, Value, Wait};
+use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Tensor, Wait};
 
 /// A client that offers no attached tensors (`attached_tensors.rs` tests those), so that
 /// its owned tensors go inline.
 fn client(v: &Victim, cfg: RpcConfig) -> Endpoint {
-    let cfg = RpcConfig { default_timeout: Wait::For(Duration::from_secs(10)), attached_tensors: 0, ..cfg };
-    let ep = Endpoint::connect(&v.addr, Registry::new(), cfg).unwrap();
-    assert!(ep.negotiate_native(Duration::from_secs(10)).unwrap());
-    ep
-}
-
-/// Bytes that differ from element to element and call to call.
-fn bytes(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
-fn packed(t: &Tensor) -> Vec<u8> {
-    t.to_vec().unwrap()
-}
-
-fn echo_one(ep: &Endpoint, t: Tensor) -> Tensor {
-    let r = ep.call("calc", "echo", vec![Value::from(t)]).unwrap();
-    r.as_array().and_then(|a| a.first()).and_then(Value::as_tensor).cloned().expect("the echo holds the tensor")
+    negotiated_client(v, RpcConfig { attached_tensors: 0, ..cfg })
 }
 
 #[test]
@@ -87,13 +73,7 @@ fn a_peer_that_offers_no_inline_tensors_gets_exports() {
     // On the wire: the old answer to a hello without the offer, the new one to a hello
     // with it.
     for (kwargs, want) in [("{}", r#""result": true"#), (r#"{"inline_tensors": 1024}"#, r#""result": {"native": true, "inline_tensors": "#)] {
-        let mut raw = v.raw();
-        let (_mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
-        let hello = format!(
-            r#"{{"kind": "call", "object_id": "__tensorwire__", "call_id": 1, "parent_call_id": null, "method": "native_hello", "args": [1], "kwargs": {kwargs}}}"#
-        );
-        tensorwire::os::send_msg(raw.as_fd(), &frame(hello.as_bytes()), &[theirs.as_fd()], false, None).unwrap();
-        let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
+        let (_raw, resp, _peer) = raw_hello(&v, kwargs);
         assert!(resp.contains(want), "hello with kwargs {kwargs}: {resp}");
     }
 }
@@ -102,23 +82,9 @@ fn a_peer_that_offers_no_inline_tensors_gets_exports() {
 /// tensor: it gets pyisolate's `TensorRef`, and an inline tensor it sends is refused.
 #[test]
 fn a_peer_that_never_negotiated_gets_the_old_form() {
-    let reg = Registry::new();
-    reg.register(
-        "calc",
-        Service::new("Calc")
-            .method_inline("make", |_, _| Ok(Value::from(Tensor::owned(DType::Float32, &[2], &bytes(8, 5))?)))
-            .method_inline("echo", |_, a| Ok(Value::Array(a.args))),
-    )
-    .unwrap();
-    let (mine, theirs) = UnixStream::pair().unwrap();
-    let ep = Endpoint::new(Stream::from_fd(theirs.into()), reg, RpcConfig::default()).unwrap();
-    let mut raw = mine;
-    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (ep, mut raw) = unnegotiated_server();
     let call = |raw: &mut UnixStream, id: i64, method: &str, args: &str| {
-        let text = format!(
-            r#"{{"kind": "call", "object_id": "calc", "call_id": {id}, "parent_call_id": null, "method": "{method}", "args": {args}, "kwargs": {{}}}}"#
-        );
-        raw.write_all(&frame(text.as_bytes())).unwrap();
+        raw.write_all(&call_frame(id, method, args)).unwrap();
         String::from_utf8(read_frame(raw).unwrap()).unwrap()
     };
     let resp = call(&mut raw, 1, "make", "[]");
@@ -137,15 +103,8 @@ fn forged_inline_tensors_are_named_errors() {
         run_victim(|_| {});
     }
     let v = Victim::spawn("forged_inline_tensors_are_named_errors", &VictimSpec::default());
-    let mut raw = v.raw();
-    let (mine, theirs) = tensorwire::os::seqpacket_pair().unwrap();
-    let hello = r#"{"kind": "call", "object_id": "__tensorwire__", "call_id": 1, "parent_call_id": null, "method": "native_hello", "args": [1], "kwargs": {"inline_tensors": 65536}}"#;
-    tensorwire::os::send_msg(raw.as_fd(), &frame(hello.as_bytes()), &[theirs.as_fd()], false, None).unwrap();
-    drop(theirs);
-    let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
-    assert!(resp.contains(r#""native": true"#), "{resp}");
-    let cfg = tensorwire::PeerConfig { handshake_timeout: Duration::from_secs(5).into(), ..Default::default() };
-    let _peer = std::thread::spawn(move || tensorwire::Peer::from_fd(mine, cfg).unwrap()).join().unwrap();
+    let (mut raw, resp, peer) = raw_hello(&v, r#"{"inline_tensors": 65536}"#);
+    assert!(resp.contains(r#""native": true"#) && peer.is_some(), "{resp}");
     let inline = |dtype: &str, sizes: &str, data: &str| {
         format!(r#"{{"__type__": "TensorwireInline", "dtype": "{dtype}", "tensor_size": {sizes}, "data": {data}}}"#)
     };
@@ -161,24 +120,15 @@ fn forged_inline_tensors_are_named_errors() {
         (inline("torch.uint8", "[3]", "12"), "no base64 string"),
     ];
     for (i, (value, want)) in cases.iter().enumerate() {
-        let text = format!(
-            r#"{{"kind": "call", "object_id": "calc", "call_id": {}, "parent_call_id": null, "method": "echo", "args": [{value}], "kwargs": {{}}}}"#,
-            i + 10
-        );
-        raw.write_all(&frame(text.as_bytes())).unwrap();
+        raw.write_all(&call_frame(i as i64 + 10, "echo", &format!("[{value}]"))).unwrap();
         let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
         assert!(resp.contains("inline tensor refused") && resp.contains(want), "{value}: {resp}");
     }
-    let ping = r#"{"kind": "call", "object_id": "calc", "call_id": 99, "parent_call_id": null, "method": "ping", "args": [], "kwargs": {}}"#;
-    raw.write_all(&frame(ping.as_bytes())).unwrap();
+    raw.write_all(&call_frame(99, "ping", "[]")).unwrap();
     let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
     assert!(resp.contains("pong"), "{resp}");
     // A well-formed one comes back inline, bit-exact.
-    let ok = format!(
-        r#"{{"kind": "call", "object_id": "calc", "call_id": 100, "parent_call_id": null, "method": "echo", "args": [{}], "kwargs": {{}}}}"#,
-        inline("torch.uint8", "[3]", r#""AAEC""#)
-    );
-    raw.write_all(&frame(ok.as_bytes())).unwrap();
+    raw.write_all(&call_frame(100, "echo", &format!("[{}]", inline("torch.uint8", "[3]", r#""AAEC""#)))).unwrap();
     let resp = String::from_utf8(read_frame(&mut raw).unwrap()).unwrap();
     assert!(resp.contains(r#""data": "AAEC""#), "{resp}");
 }
@@ -187,33 +137,10 @@ fn forged_inline_tensors_are_named_errors() {
 /// tensors go as exports, so many small tensors never push a value over the frame cap.
 #[test]
 fn inline_tensors_take_at_most_half_a_frame_of_a_message() {
-    let reg = Registry::new();
-    reg.register(
-        "calc",
-        Service::new("Calc").method("kinds", |_, a| {
-            let kinds = a.args[0].as_array().unwrap().iter().map(|v| match v.as_tensor() {
-                Some(Tensor::Owned(_)) => Value::from("inline"),
-                Some(Tensor::Imported(_)) => Value::from("export"),
-                other => Value::from(format!("{other:?}")),
-            });
-            Ok(Value::Array(kinds.collect()))
-        }),
-    )
-    .unwrap();
-    let cfg = RpcConfig {
-        max_frame: 64 << 10,
-        inline_tensors: 64 << 10,
-        attached_tensors: 0,
-        default_timeout: Wait::For(Duration::from_secs(10)),
-        ..RpcConfig::default()
-    };
-    let (_s, c) = Endpoint::pair(reg, Registry::new(), cfg).unwrap();
-    assert!(c.negotiate_native(Duration::from_secs(10)).unwrap());
+    let cfg = RpcConfig { max_frame: 64 << 10, inline_tensors: 64 << 10, attached_tensors: 0, ..RpcConfig::default() };
     // 4 KiB each: 5,464 characters of base64; five fit in 32 KiB, the sixth would not.
-    let many: Vec<Value> = (0..20).map(|i| Value::from(Tensor::owned(DType::UInt8, &[4096], &bytes(4096, i)).unwrap())).collect();
-    let r = c.call("calc", "kinds", vec![Value::Array(many)]).unwrap();
-    let want: Vec<Value> = (0..20).map(|i| Value::from(if i < 5 { "inline" } else { "export" })).collect();
-    assert_eq!(r, Value::Array(want));
+    let want: Vec<&str> = (0..20).map(|i| if i < 5 { "owned" } else { "export" }).collect();
+    assert_eq!(kinds_in_one_message(cfg, 20), want);
 }
 
 /// The number after `"call_id": ` in a frame's JSON.

@@ -9,7 +9,7 @@
 //! `view(dtype).as_strided(...)`. A CUDA import goes to `crate::cuda::pending`.
 
 use crate::config::{peer_config, wait_ms};
-use crate::errors::{IntoPy, nonneg, raise, refused};
+use crate::errors::{IntoPy, nonneg, op_error, raise, refused};
 use crate::peer::PyPeer;
 use crate::storage;
 use pyo3::prelude::*;
@@ -17,13 +17,26 @@ use pyo3::types::PyDict;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::PoisonError;
 use std::time::Duration;
-use tensorwire::{DType, ExportOptions, Incoming, Layout, Peer, PeerConfig, SharedTensor, Wait};
+use tensorwire::{DType, ExportOptions, Incoming, Layout, MAX_NDIM, Peer, PeerConfig, SharedTensor, Wait};
 
 pub(crate) fn dtype_named(py: Python<'_>, name: &str) -> PyResult<DType> {
     DType::ALL
         .into_iter()
         .find(|d| d.name() == name)
         .ok_or_else(|| refused(py, format!("tensorwire: dtype torch.{name} is not supported")))
+}
+
+/// The view an op was handed (`sizes` and `strides` counts), checked as the op checks it
+/// before tensorwire sees it (the C++ extension's `make_layout`): at most `MAX_NDIM`
+/// dimensions, one stride per size; each refusal is the op's own ([`op_error`]).
+pub(crate) fn check_view(py: Python<'_>, op: &str, sizes: usize, strides: usize) -> PyResult<()> {
+    if sizes > MAX_NDIM {
+        return Err(op_error(py, format!("tensorwire.{op}: {sizes} dimensions; tensorwire carries at most {MAX_NDIM}")));
+    }
+    if sizes != strides {
+        return Err(op_error(py, format!("tensorwire.{op}: {sizes} sizes but {strides} strides")));
+    }
+    Ok(())
 }
 
 /// What `recv` returns: the capsule (or the CUDA module's pending import), then the view to
@@ -110,6 +123,7 @@ impl PyPeer {
     ) -> PyResult<u64> {
         let tag = nonneg(py, "send", "tag", tag)?;
         let window_ms = nonneg(py, "send", "window_ms", window_ms)?;
+        check_view(py, "send", sizes.len(), strides.len())?;
         let layout =
             Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset).py_err_in(py, "tw_peer_export")?;
         let window = match window {
@@ -206,11 +220,16 @@ pub fn dtypes() -> Vec<(&'static str, usize)> {
     DType::ALL.into_iter().map(|d| (d.name(), d.size())).collect()
 }
 
-/// Bytes of storage the view needs (`Layout::extent_bytes`), the library's error for a
-/// view it refuses (negative strides or offset, overflow, too many dimensions).
+/// The contiguous strides and the storage bytes of a new tensor of `sizes` (the ops
+/// `empty` and `zeros`, and `to_shared`'s copy), checked as those ops check them: at most
+/// `MAX_NDIM` dimensions, none negative ([`op_error`]); then the library's own checks.
 #[pyfunction]
-pub fn layout_extent(py: Python<'_>, dtype: &str, sizes: Vec<i64>, strides: Vec<i64>, storage_offset: i64) -> PyResult<u64> {
-    Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset)
-        .and_then(|l| l.extent_bytes())
-        .py_err_in(py, "tw_layout_extent_bytes")
+pub fn empty_layout(py: Python<'_>, dtype: &str, sizes: Vec<i64>) -> PyResult<(Vec<i64>, u64)> {
+    check_view(py, "empty", sizes.len(), sizes.len())?;
+    if let Some(s) = sizes.iter().find(|&&s| s < 0) {
+        return Err(op_error(py, format!("tensorwire.empty: negative dimension {s} in size {sizes:?}")));
+    }
+    let l = Layout::contiguous(dtype_named(py, dtype)?, &sizes).py_err_in(py, "tw_layout_contiguous")?;
+    let nbytes = l.extent_bytes().py_err_in(py, "tw_layout_extent_bytes")?;
+    Ok((l.strides().to_vec(), nbytes))
 }

@@ -63,6 +63,14 @@ pub fn raise(py: Python<'_>, class: &str, code: Option<&str>, message: String) -
     }
 }
 
+/// The refusal of one of the ops' own checks (`"tensorwire.<op>: …"`): the base
+/// `tensorwire.errors.Error` without a code, as the package's op layer and the C++
+/// extension's `TORCH_CHECK`s raise it. The binding owns the message; the op layer calls
+/// through and does not check again.
+pub fn op_error(py: Python<'_>, message: String) -> PyErr {
+    raise(py, "Error", None, message)
+}
+
 /// A `Refused` for an argument the binding itself rejects (the C ABI's
 /// `TW_ERR_INVALID_ARGUMENT`).
 pub fn refused(py: Python<'_>, message: String) -> PyErr {

@@ -35,7 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::result_codes, m)?)?;
     m.add_function(wrap_pyfunction!(errors::library_error, m)?)?;
     m.add_function(wrap_pyfunction!(connection::dtypes, m)?)?;
-    m.add_function(wrap_pyfunction!(connection::layout_extent, m)?)?;
+    m.add_function(wrap_pyfunction!(connection::empty_layout, m)?)?;
     m.add_function(wrap_pyfunction!(ring::ring_send, m)?)?;
     m.add_function(wrap_pyfunction!(ring::ring_recv, m)?)?;
     m.add_function(wrap_pyfunction!(build::build_info, m)?)?;

@@ -32,6 +32,7 @@ pub fn ring_send(
     timeout_ms: i64,
 ) -> PyResult<()> {
     let tag = nonneg(py, "ring_send", "tag", tag)?;
+    crate::connection::check_view(py, "ring_send", sizes.len(), strides.len())?;
     let layout = Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset)
         .py_err_in(py, "tw_peer_ring_send_view")?;
     let peer = &conn.peer;

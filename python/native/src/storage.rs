@@ -5,7 +5,7 @@
 //! at the storage's deleter; here the storage pointer and size are all Python hands over).
 
 use crate::dlpack;
-use crate::errors::{IntoPy, refused};
+use crate::errors::{IntoPy, op_error};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -244,18 +244,54 @@ pub fn segment_storage(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     capsule_over(py, seg, nbytes, true)
 }
 
-/// A capsule (1-D uint8, `nbytes` long) over a TRUSTED peer's fd (e.g. PyTorch's
-/// `_share_fd_cpu_`), mapped without requiring seals. Takes ownership of `fd` (a dup the
-/// caller made), also on failure. Exporting it copies (peers accept only sealed segments).
+/// The op `from_torch_fd`'s storage: a capsule (1-D uint8, `nbytes` long) over a TRUSTED
+/// peer's `fd` (e.g. PyTorch's `_share_fd_cpu_`), mapped without requiring seals, for the
+/// view (`dtype`, `sizes`, `strides`, `storage_offset` in elements). `fd` stays the
+/// caller's: the segment owns a close-on-exec duplicate. Every check of the op on these
+/// arguments is here, with the op's message ([`op_error`]; the package checks only the
+/// torch dtype): the fd, `nbytes` and the offset, then the duplicate and the mapping
+/// (the library's errors), then the view, which must fit in `nbytes`. Exporting the
+/// storage copies it (peers accept only sealed segments).
 #[pyfunction]
-pub fn trusted_fd_storage(py: Python<'_>, fd: RawFd, nbytes: usize) -> PyResult<Py<PyAny>> {
-    if fd < 0 {
-        return Err(refused(py, format!("tensorwire.from_torch_fd: fd {fd} is not a valid descriptor")));
+#[pyo3(signature = (fd, nbytes, dtype, sizes, strides, storage_offset=0))]
+pub fn trusted_fd_storage(
+    py: Python<'_>,
+    fd: i64,
+    nbytes: i64,
+    dtype: &str,
+    sizes: Vec<i64>,
+    strides: Vec<i64>,
+    storage_offset: i64,
+) -> PyResult<Py<PyAny>> {
+    let Some(fd) = RawFd::try_from(fd).ok().filter(|&fd| fd >= 0) else {
+        return Err(op_error(py, format!("tensorwire.from_torch_fd: fd {fd} is not a valid descriptor")));
+    };
+    let Some(nbytes) = usize::try_from(nbytes).ok().filter(|&n| n > 0) else {
+        return Err(op_error(py, format!("tensorwire.from_torch_fd: nbytes must be > 0, got {nbytes}")));
+    };
+    if storage_offset < 0 {
+        return Err(op_error(py, format!("tensorwire.from_torch_fd: negative storage_offset {storage_offset}")));
     }
-    // SAFETY: the caller hands over `fd`, a descriptor it duplicated for this call and owns
-    // nothing else of (the package's `from_torch_fd` passes `os.dup`'s result).
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let dtype = crate::connection::dtype_named(py, dtype)?;
+    // SAFETY: F_DUPFD_CLOEXEC reads and writes no memory of ours; on a descriptor that is
+    // not open it fails (EBADF) and changes nothing.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(op_error(py, format!("tensorwire.from_torch_fd: cannot duplicate fd {fd}: {e}")));
+    }
+    // SAFETY: `dup` is the descriptor fcntl just made for this call: open, and owned by
+    // nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(dup) };
     let seg = py.detach(|| Segment::from_trusted_fd(owned, nbytes)).py_err_in(py, "tw_segment_from_trusted_fd")?;
+    // The view, checked as the C++ extension's `tensor_over_segment` checks it.
+    crate::connection::check_view(py, "tensor_over_segment", sizes.len(), strides.len())?;
+    let need = Layout::strided(dtype, &sizes, &strides, storage_offset)
+        .and_then(|l| l.extent_bytes())
+        .py_err_in(py, "tw_layout_extent_bytes")?;
+    if need > nbytes as u64 {
+        return Err(op_error(py, format!("tensorwire: the view needs {need} bytes of storage, the segment provides {nbytes}")));
+    }
     capsule_over(py, Arc::new(seg), nbytes, false)
 }
 
@@ -270,15 +306,23 @@ pub fn storage_kind(ptr: usize, nbytes: usize) -> Option<&'static str> {
     entry_at(ptr, nbytes).map(|(_, _, sealed)| if sealed { "sealed" } else { "trusted" })
 }
 
-/// `(fd, segment length, byte offset of ptr in it)` for a storage in a live segment (sealed
-/// or trusted): the fd is a close-on-exec dup the caller owns. None for other storages.
+/// The op `segment_fd`: `(fd, segment length, byte offset of ptr in it)` for a storage in
+/// a live segment (sealed or trusted); the fd is a close-on-exec dup the caller owns. Any
+/// other storage is the op's refusal ([`op_error`]).
 #[pyfunction]
-pub fn segment_fd(py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<Option<(RawFd, usize, usize)>> {
-    let Some((seg, off, _)) = entry_at(ptr, nbytes) else { return Ok(None) };
+pub fn segment_fd(py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<(RawFd, usize, usize)> {
+    let Some((seg, off, _)) = entry_at(ptr, nbytes) else {
+        return Err(op_error(
+            py,
+            "tensorwire.segment_fd: the tensor does not live in a tensorwire segment; create it with tensorwire.empty/zeros \
+             or copy it with tensorwire.to_shared"
+                .into(),
+        ));
+    };
     let fd = seg.fd().try_clone_to_owned().map_err(|e| {
         crate::errors::raise(py, "Error", None, format!("tensorwire.segment_fd: dup failed: {e}"))
     })?;
-    Ok(Some((fd.into_raw_fd(), seg.len(), off)))
+    Ok((fd.into_raw_fd(), seg.len(), off))
 }
 
 /// Whether `nbytes` at address `ptr` lie inside a live sealed tensorwire segment (a storage

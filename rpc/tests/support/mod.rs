@@ -228,13 +228,15 @@ pub fn read_frame(s: &mut UnixStream) -> std::io::Result<Vec<u8>> {
     Ok(body)
 }
 
-pub fn call_frame(call_id: i64, method: &str, args_json: &str) -> Vec<u8> {
-    frame(
-        format!(
-            r#"{{"kind": "call", "object_id": "calc", "call_id": {call_id}, "parent_call_id": null, "method": "{method}", "args": {args_json}, "kwargs": {{}}}}"#
-        )
-        .as_bytes(),
+/// The JSON text of a call of `calc.method` with `args_json`, no kwargs.
+pub fn call_text(call_id: i64, method: &str, args_json: &str) -> String {
+    format!(
+        r#"{{"kind": "call", "object_id": "calc", "call_id": {call_id}, "parent_call_id": null, "method": "{method}", "args": {args_json}, "kwargs": {{}}}}"#
     )
+}
+
+pub fn call_frame(call_id: i64, method: &str, args_json: &str) -> Vec<u8> {
+    frame(call_text(call_id, method, args_json).as_bytes())
 }
 
 /// Raise this process's soft fd limit towards `want` (the hard limit caps it); returns
