@@ -27,8 +27,10 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
@@ -215,9 +217,32 @@ def shortest_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     return [start]
 
 
+def write_tree(root: Path, tree: dict[str, str]) -> None:
+    """Write each file of `tree` (path relative to `root` -> text) under `root`."""
+    for rel, text in tree.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def misjudged(what: str, cases: dict[str, tuple[dict[str, str], int]],
+              loops_in: Callable[[Path], list[str]]) -> int:
+    """How many of `cases` (name -> (its files, 1 where a loop must be found, else 0))
+    `loops_in` judges wrong, given a temporary folder holding the case's files; each wrong
+    one is printed (`what` names the check). Both checks' self-tests run their cases here."""
+    bad = 0
+    for name, (tree, want) in cases.items():
+        with tempfile.TemporaryDirectory() as d:
+            write_tree(Path(d), tree)
+            loops = loops_in(Path(d))
+        got = 1 if loops else 0
+        if got != want:
+            print(f"{what} self-test FAILED: {name}: {'a loop' if got else 'no loop'} found {loops}")
+            bad += 1
+    return bad
+
+
 def self_test() -> int:
     """Small crates with and without loops: each must be judged as expected."""
-    import tempfile
     cases = {
         "upward use between siblings": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b::X;", "b.rs": "use crate::a::Y;"}, 1),
         "a loop through super inside a folder": (
@@ -232,16 +257,7 @@ def self_test() -> int:
         "a file no `mod` declares is not part of the crate": (
             {"lib.rs": "mod a;", "a.rs": "use crate::b::X;", "b.rs": "use crate::a::Y;"}, 0),
     }
-    bad = 0
-    for name, (tree, want) in cases.items():
-        with tempfile.TemporaryDirectory() as d:
-            for rel, text in tree.items():
-                (Path(d) / rel).parent.mkdir(parents=True, exist_ok=True)
-                (Path(d) / rel).write_text(text)
-            got = 1 if check(Path(d)) else 0
-        if got != want:
-            print(f"module graph self-test FAILED: {name}: {'a loop' if got else 'no loop'} found")
-            bad += 1
+    bad = misjudged("module graph", cases, check)
     # `--workspace`: a loop in a member crate, in a binary target's modules and in a crate of
     # an excluded workspace must each be found without naming them.
     ws = {
@@ -255,9 +271,7 @@ def self_test() -> int:
         "apart/src/lib.rs": "mod e; mod f;", "apart/src/e.rs": "use crate::f::X;", "apart/src/f.rs": "use crate::e::Y;",
     }
     with tempfile.TemporaryDirectory() as d:
-        for rel, text in ws.items():
-            (Path(d) / rel).parent.mkdir(parents=True, exist_ok=True)
-            (Path(d) / rel).write_text(text)
+        write_tree(Path(d), ws)
         loops = [l for r in workspace_roots(Path(d) / "Cargo.toml") for l in check(r)]
     for want in ("a -> b -> a", "c -> d -> c", "e -> f -> e"):
         if not any(want in l for l in loops):

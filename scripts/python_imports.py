@@ -25,8 +25,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-# The loop finder both checks share (this script's folder is first on sys.path).
-from module_graph import cycles
+# The loop finder and the self-tests' case runner both checks share (this script's folder
+# is first on sys.path).
+from module_graph import cycles, misjudged
 
 
 def module_names(pkg: Path) -> dict[str, Path]:
@@ -129,7 +130,6 @@ def check(pkg: Path) -> tuple[list[str], list[Edge]]:
 
 def self_test() -> int:
     """Small packages with and without loops: each must be judged as expected."""
-    import tempfile
     cases = {
         "a module-level loop": ({"__init__.py": "", "a.py": "from . import b", "b.py": "from .a import X"}, 1),
         "a loop through an import inside a function": (
@@ -148,19 +148,10 @@ def self_test() -> int:
             {"__init__.py": "", "a.py": "from .b import Y",
              "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import X\n"}, 0),
     }
-    bad = 0
-    for name, (tree, want) in cases.items():
-        with tempfile.TemporaryDirectory() as d:
-            pkg = Path(d) / "pkg"
-            pkg.mkdir()
-            (pkg / "_native.abi3.so").write_bytes(b"")
-            for rel, text in tree.items():
-                (pkg / rel).write_text(text)
-            loops, _ = check(pkg)
-        got = 1 if loops else 0
-        if got != want:
-            print(f"python import self-test FAILED: {name}: {'a loop' if got else 'no loop'} found {loops}")
-            bad += 1
+    # Each case is the package `pkg`, with an (empty) extension module beside its files.
+    in_pkg = {name: ({"pkg/_native.abi3.so": "", **{f"pkg/{rel}": text for rel, text in tree.items()}}, want)
+              for name, (tree, want) in cases.items()}
+    bad = misjudged("python import", in_pkg, lambda d: check(d / "pkg")[0])
     print(f"python import self-test: {len(cases) - bad} of {len(cases)} cases judged right")
     return 1 if bad else 0
 
