@@ -10,6 +10,7 @@
 
 use crate::config::{peer_config, wait_ms};
 use crate::errors::{IntoPy, nonneg, op_error, raise, refused};
+use crate::view::{check_view, dtype_named};
 use crate::peer::PyPeer;
 use crate::storage;
 use pyo3::prelude::*;
@@ -17,27 +18,7 @@ use pyo3::types::PyDict;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::PoisonError;
 use std::time::Duration;
-use tensorwire::{DType, ExportOptions, Incoming, Layout, MAX_NDIM, Peer, PeerConfig, SharedTensor, Wait};
-
-pub(crate) fn dtype_named(py: Python<'_>, name: &str) -> PyResult<DType> {
-    DType::ALL
-        .into_iter()
-        .find(|d| d.name() == name)
-        .ok_or_else(|| refused(py, format!("tensorwire: dtype torch.{name} is not supported")))
-}
-
-/// The view an op was handed (`sizes` and `strides` counts), checked as the op checks it
-/// before tensorwire sees it (the C++ extension's `make_layout`): at most `MAX_NDIM`
-/// dimensions, one stride per size; each refusal is the op's own ([`op_error`]).
-pub(crate) fn check_view(py: Python<'_>, op: &str, sizes: usize, strides: usize) -> PyResult<()> {
-    if sizes > MAX_NDIM {
-        return Err(op_error(py, format!("tensorwire.{op}: {sizes} dimensions; tensorwire carries at most {MAX_NDIM}")));
-    }
-    if sizes != strides {
-        return Err(op_error(py, format!("tensorwire.{op}: {sizes} sizes but {strides} strides")));
-    }
-    Ok(())
-}
+use tensorwire::{DType, ExportOptions, Incoming, Layout, Peer, PeerConfig, SharedTensor, Wait};
 
 /// What `recv` returns: the capsule (or the CUDA module's pending import), then the view to
 /// make of its bytes (dtype name, sizes, strides, storage offset in elements), then the tag.

@@ -157,7 +157,7 @@ fn named(py: Python<'_>, function: &str, err: &Error) -> PyErr {
 }
 
 fn layout_of(py: Python<'_>, op: &str, dtype: &str, sizes: &[i64], strides: &[i64], offset: i64) -> PyResult<Layout> {
-    crate::connection::check_view(py, op, sizes.len(), strides.len())?;
+    crate::view::check_view(py, op, sizes.len(), strides.len())?;
     let dt = dtype_named(dtype).ok_or_else(|| refused(py, format!("tensorwire.{op}: dtype torch.{dtype} is not supported")))?;
     Layout::strided(dt, sizes, strides, offset).map_err(|e| named(py, &format!("tensorwire.{op}"), &e))
 }

@@ -454,7 +454,7 @@ fn cuda_send_validates_pointers_and_layouts() {
         assert!(send(buf.ptr().get(), 256, 1, vec![256]).is_err(), "device 0 memory said to be on device 1");
         let e = send(buf.ptr().get(), 256, 0, vec![257]).unwrap_err();
         assert!(e.to_string().contains("tw_peer_export_cuda") && e.to_string().contains("257"), "{e}");
-        // The view's own checks, with the op's messages (`connection::check_view`).
+        // The view's own checks, with the op's messages (`view::check_view`).
         let e = send(buf.ptr().get(), 256, 0, vec![1; 17]).unwrap_err();
         assert!(e.to_string().contains("tensorwire.send: 17 dimensions; tensorwire carries at most 16"), "{e}");
         let e = send(buf.ptr().get(), 256, 0, vec![16, 16]).unwrap_err();

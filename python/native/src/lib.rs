@@ -23,6 +23,7 @@ mod pool;
 mod ring;
 mod rpc;
 mod storage;
+mod view;
 
 use pyo3::prelude::*;
 

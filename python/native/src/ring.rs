@@ -4,7 +4,7 @@
 //! the capsule owns (no further copy), what the ops `ring_send` / `ring_recv` need.
 
 use crate::config::wait_ms;
-use crate::connection::dtype_named;
+use crate::view::dtype_named;
 use crate::peer::PyPeer;
 use crate::dlpack;
 use crate::errors::{IntoPy, nonneg, raise};
@@ -32,7 +32,7 @@ pub fn ring_send(
     timeout_ms: i64,
 ) -> PyResult<()> {
     let tag = nonneg(py, "ring_send", "tag", tag)?;
-    crate::connection::check_view(py, "ring_send", sizes.len(), strides.len())?;
+    crate::view::check_view(py, "ring_send", sizes.len(), strides.len())?;
     let layout = Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset)
         .py_err_in(py, "tw_peer_ring_send_view")?;
     let peer = &conn.peer;

@@ -272,7 +272,7 @@ pub fn trusted_fd_storage(
     if storage_offset < 0 {
         return Err(op_error(py, format!("tensorwire.from_torch_fd: negative storage_offset {storage_offset}")));
     }
-    let dtype = crate::connection::dtype_named(py, dtype)?;
+    let dtype = crate::view::dtype_named(py, dtype)?;
     // SAFETY: F_DUPFD_CLOEXEC reads and writes no memory of ours; on a descriptor that is
     // not open it fails (EBADF) and changes nothing.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -285,7 +285,7 @@ pub fn trusted_fd_storage(
     let owned = unsafe { OwnedFd::from_raw_fd(dup) };
     let seg = py.detach(|| Segment::from_trusted_fd(owned, nbytes)).py_err_in(py, "tw_segment_from_trusted_fd")?;
     // The view, checked as the C++ extension's `tensor_over_segment` checks it.
-    crate::connection::check_view(py, "tensor_over_segment", sizes.len(), strides.len())?;
+    crate::view::check_view(py, "tensor_over_segment", sizes.len(), strides.len())?;
     let need = Layout::strided(dtype, &sizes, &strides, storage_offset)
         .and_then(|l| l.extent_bytes())
         .py_err_in(py, "tw_layout_extent_bytes")?;
