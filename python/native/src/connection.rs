@@ -10,7 +10,7 @@
 
 use crate::config::{peer_config, wait_ms};
 use crate::errors::{IntoPy, nonneg, op_error, raise, refused};
-use crate::view::{check_view, dtype_named};
+use crate::view::{check_view, dtype_named, view_layout};
 use crate::peer::PyPeer;
 use crate::storage;
 use pyo3::prelude::*;
@@ -104,9 +104,7 @@ impl PyPeer {
     ) -> PyResult<u64> {
         let tag = nonneg(py, "send", "tag", tag)?;
         let window_ms = nonneg(py, "send", "window_ms", window_ms)?;
-        check_view(py, "send", sizes.len(), strides.len())?;
-        let layout =
-            Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset).py_err_in(py, "tw_peer_export")?;
+        let layout = view_layout(py, "send", "tw_peer_export", dtype, &sizes, &strides, storage_offset)?;
         let window = match window {
             Some(s) => Some(Duration::from_secs_f64(s.clamp(0.0, 1e9))),
             None => (window_ms > 0).then(|| Duration::from_millis(window_ms)),

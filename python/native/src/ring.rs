@@ -4,13 +4,13 @@
 //! the capsule owns (no further copy), what the ops `ring_send` / `ring_recv` need.
 
 use crate::config::wait_ms;
-use crate::view::dtype_named;
 use crate::peer::PyPeer;
 use crate::dlpack;
 use crate::errors::{IntoPy, nonneg, raise};
+use crate::view::view_layout;
 use pyo3::prelude::*;
 use std::sync::PoisonError;
-use tensorwire::{Layout, RingItem};
+use tensorwire::RingItem;
 
 /// Pack the view (`dtype` by torch name, `sizes`, `strides`, `storage_offset` in elements)
 /// of the CPU storage at `storage_ptr` (`storage_nbytes` long) into the peer's ring, waiting
@@ -32,9 +32,7 @@ pub fn ring_send(
     timeout_ms: i64,
 ) -> PyResult<()> {
     let tag = nonneg(py, "ring_send", "tag", tag)?;
-    crate::view::check_view(py, "ring_send", sizes.len(), strides.len())?;
-    let layout = Layout::strided(dtype_named(py, dtype)?, &sizes, &strides, storage_offset)
-        .py_err_in(py, "tw_peer_ring_send_view")?;
+    let layout = view_layout(py, "ring_send", "tw_peer_ring_send_view", dtype, &sizes, &strides, storage_offset)?;
     let peer = &conn.peer;
     // The item holds a raw pointer (not `Send`): it is made on the thread that sends it.
     py.detach(|| {
