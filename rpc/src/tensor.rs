@@ -192,13 +192,8 @@ pub const INLINE_TENSOR_TYPE: &str = "TensorwireInline";
 /// text starts with this one's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InlineRefusal {
-    /// `dtype` is missing, not a string, or names no dtype this build knows.
-    UnknownDtype(String),
-    /// `tensor_size` is missing, holds a non-integer, a negative size, or too many
-    /// dimensions.
-    BadSizes(String),
-    /// The sizes times the element size overflow.
-    SizeOverflow(String),
+    /// The dtype or the sizes.
+    Geometry(Geometry),
     /// The packed bytes the sizes name are over the connection's inline limit.
     TooLarge { bytes: u64, limit: usize },
     /// `data` is missing or not a string.
@@ -213,9 +208,7 @@ impl std::fmt::Display for InlineRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "inline tensor refused: ")?;
         match self {
-            InlineRefusal::UnknownDtype(d) => write!(f, "unknown dtype {d}"),
-            InlineRefusal::BadSizes(why) => write!(f, "bad tensor_size: {why}"),
-            InlineRefusal::SizeOverflow(sizes) => write!(f, "tensor_size {sizes} overflows a byte count"),
+            InlineRefusal::Geometry(g) => g.fmt(f),
             InlineRefusal::TooLarge { bytes, limit } => {
                 write!(f, "{bytes} bytes, over this connection's inline limit of {limit} (RpcConfig::inline_tensors, the smaller of the two sides')")
             }
@@ -278,12 +271,10 @@ fn packed_text(text: Vec<u8>) -> Value {
 /// the negotiated inline limit, and `max_copy`, `RpcConfig::max_tensor_copy`), and that the
 /// base64 text holds exactly those bytes.
 pub fn from_inline(m: &Map, limit: usize, max_copy: usize) -> Result<Tensor> {
-    let (dtype, sizes, bytes) = packed_geometry(m, limit).map_err(|g| match g {
-        Geometry::UnknownDtype(d) => InlineRefusal::UnknownDtype(d),
-        Geometry::BadSizes(why) => InlineRefusal::BadSizes(why),
-        Geometry::SizeOverflow(s) => InlineRefusal::SizeOverflow(s),
-        Geometry::TooLarge { bytes, limit } => InlineRefusal::TooLarge { bytes, limit },
-    })?;
+    let (dtype, sizes, bytes) = packed_geometry(m).map_err(InlineRefusal::Geometry)?;
+    if bytes > limit as u64 {
+        return Err(InlineRefusal::TooLarge { bytes, limit }.into());
+    }
     check_tensor_copy(|| format!("an inline {} tensor of sizes {sizes:?}", dtype.name()), bytes, max_copy)?;
     let Some(Value::Str(text)) = m.get("data") else {
         return Err(InlineRefusal::NoData.into());
@@ -296,7 +287,7 @@ pub fn from_inline(m: &Map, limit: usize, max_copy: usize) -> Result<Tensor> {
     }
     let mut t = OwnedTensor::zeroed(dtype, &sizes, max_copy).map_err(|e| match e {
         e @ RpcError::OutOfMemory { .. } => e,
-        other => InlineRefusal::BadSizes(other.to_string()).into(),
+        other => InlineRefusal::Geometry(Geometry::BadSizes(other.to_string())).into(),
     })?;
     crate::base64::decode_into(text, t.bytes_mut()).map_err(|e| match e {
         RpcError::Decode(why) => InlineRefusal::BadBase64(why),
@@ -305,18 +296,32 @@ pub fn from_inline(m: &Map, limit: usize, max_copy: usize) -> Result<Tensor> {
     Ok(Tensor::Owned(std::sync::Arc::new(t)))
 }
 
-/// What can be wrong with the dtype and sizes of a packed tensor in a frame (inline or
-/// attached).
-enum Geometry {
+/// What can be wrong with the dtype and sizes of a packed tensor in a frame, inline or
+/// attached ([`InlineRefusal::Geometry`], [`AttachmentRefusal::Geometry`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Geometry {
+    /// `dtype` is missing, not a string, or names no dtype this build knows.
     UnknownDtype(String),
+    /// `tensor_size` is missing, holds a non-integer, a negative size, or too many
+    /// dimensions.
     BadSizes(String),
+    /// The sizes times the element size overflow.
     SizeOverflow(String),
-    TooLarge { bytes: u64, limit: usize },
+}
+
+impl std::fmt::Display for Geometry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Geometry::UnknownDtype(d) => write!(f, "unknown dtype {d}"),
+            Geometry::BadSizes(why) => write!(f, "bad tensor_size: {why}"),
+            Geometry::SizeOverflow(sizes) => write!(f, "tensor_size {sizes} overflows a byte count"),
+        }
+    }
 }
 
 /// The dtype, sizes and packed byte count of a `TensorwireInline` or `TensorwireAttached`
-/// object, the byte count within `limit`.
-fn packed_geometry(m: &Map, limit: usize) -> std::result::Result<(DType, Vec<i64>, u64), Geometry> {
+/// object (each kind checks the count against its own limit).
+fn packed_geometry(m: &Map) -> std::result::Result<(DType, Vec<i64>, u64), Geometry> {
     let dtype = match m.get("dtype") {
         Some(Value::Str(s)) => dtype_from_torch(s).map_err(|_| Geometry::UnknownDtype(format!("{:?}", crate::fs_tensor::clip(s, 40))))?,
         Some(v) => return Err(Geometry::UnknownDtype(format!("(a {})", v.type_name()))),
@@ -340,9 +345,6 @@ fn packed_geometry(m: &Map, limit: usize) -> std::result::Result<(DType, Vec<i64
         .iter()
         .try_fold(dtype.size() as u64, |acc, &n| acc.checked_mul(n as u64))
         .ok_or_else(|| Geometry::SizeOverflow(format!("{sizes:?}")))?;
-    if bytes > limit as u64 {
-        return Err(Geometry::TooLarge { bytes, limit });
-    }
     Ok((dtype, sizes, bytes))
 }
 
@@ -531,13 +533,13 @@ mod tests {
         let ints = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
         assert!(from_inline(&good(), 24, 24).is_ok());
         let cases: Vec<(Map, usize, InlineRefusal)> = vec![
-            (with("dtype", "torch.float33".into()), 1024, InlineRefusal::UnknownDtype("\"torch.float33\"".into())),
-            (with("dtype", Value::Int(6)), 1024, InlineRefusal::UnknownDtype("(a int)".into())),
-            (with("tensor_size", ints(&[-1, 3])), 1024, InlineRefusal::BadSizes("negative size -1".into())),
-            (with("tensor_size", Value::Array(vec![Value::Float(2.0)])), 1024, InlineRefusal::BadSizes("a float among the sizes".into())),
-            (with("tensor_size", "2".into()), 1024, InlineRefusal::BadSizes("not a list".into())),
-            (with("tensor_size", ints(&[1; 30])), 1024, InlineRefusal::BadSizes(format!("30 dimensions, at most {}", tensorwire::MAX_NDIM))),
-            (with("tensor_size", ints(&[i64::MAX, 2])), 1024, InlineRefusal::SizeOverflow(format!("{:?}", [i64::MAX, 2]))),
+            (with("dtype", "torch.float33".into()), 1024, InlineRefusal::Geometry(Geometry::UnknownDtype("\"torch.float33\"".into()))),
+            (with("dtype", Value::Int(6)), 1024, InlineRefusal::Geometry(Geometry::UnknownDtype("(a int)".into()))),
+            (with("tensor_size", ints(&[-1, 3])), 1024, InlineRefusal::Geometry(Geometry::BadSizes("negative size -1".into()))),
+            (with("tensor_size", Value::Array(vec![Value::Float(2.0)])), 1024, InlineRefusal::Geometry(Geometry::BadSizes("a float among the sizes".into()))),
+            (with("tensor_size", "2".into()), 1024, InlineRefusal::Geometry(Geometry::BadSizes("not a list".into()))),
+            (with("tensor_size", ints(&[1; 30])), 1024, InlineRefusal::Geometry(Geometry::BadSizes(format!("30 dimensions, at most {}", tensorwire::MAX_NDIM)))),
+            (with("tensor_size", ints(&[i64::MAX, 2])), 1024, InlineRefusal::Geometry(Geometry::SizeOverflow(format!("{:?}", [i64::MAX, 2])))),
             (with("tensor_size", ints(&[1 << 40])), 1024, InlineRefusal::TooLarge { bytes: 4 << 40, limit: 1024 }),
             (good(), 23, InlineRefusal::TooLarge { bytes: 24, limit: 23 }),
             (with("tensor_size", ints(&[2, 4])), 1024, InlineRefusal::LengthMismatch { text: 32, bytes: 32 }),

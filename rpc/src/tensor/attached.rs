@@ -42,13 +42,8 @@ pub enum AttachmentRefusal {
     BadTrailer(String),
     /// The JSON length and the attachments' lengths do not add up to the frame's length.
     LengthsDisagree { frame: usize, table: u64 },
-    /// `dtype` is missing, not a string, or names no dtype this build knows.
-    UnknownDtype(String),
-    /// `tensor_size` is missing, holds a non-integer, a negative size, or too many
-    /// dimensions.
-    BadSizes(String),
-    /// The sizes times the element size overflow.
-    SizeOverflow(String),
+    /// The dtype or the sizes.
+    Geometry(Geometry),
     /// The packed bytes the sizes name are over the connection's attachment limit.
     TooLarge { bytes: u64, limit: usize },
     /// `attachment` is missing, not an integer, or names no attachment of the frame.
@@ -73,9 +68,7 @@ impl std::fmt::Display for AttachmentRefusal {
             AttachmentRefusal::LengthsDisagree { frame, table } => {
                 write!(f, "the frame is {frame} bytes, its attachment table adds up to {table}")
             }
-            AttachmentRefusal::UnknownDtype(d) => write!(f, "unknown dtype {d}"),
-            AttachmentRefusal::BadSizes(why) => write!(f, "bad tensor_size: {why}"),
-            AttachmentRefusal::SizeOverflow(sizes) => write!(f, "tensor_size {sizes} overflows a byte count"),
+            AttachmentRefusal::Geometry(g) => g.fmt(f),
             AttachmentRefusal::TooLarge { bytes, limit } => {
                 write!(f, "{bytes} bytes, over this connection's attachment limit of {limit} (RpcConfig::attached_tensors)")
             }
@@ -214,12 +207,10 @@ impl Attachments {
         if limit == 0 {
             return Err(AttachmentRefusal::NotNegotiated.into());
         }
-        let (dtype, sizes, bytes) = packed_geometry(m, limit).map_err(|g| match g {
-            Geometry::UnknownDtype(d) => AttachmentRefusal::UnknownDtype(d),
-            Geometry::BadSizes(why) => AttachmentRefusal::BadSizes(why),
-            Geometry::SizeOverflow(s) => AttachmentRefusal::SizeOverflow(s),
-            Geometry::TooLarge { bytes, limit } => AttachmentRefusal::TooLarge { bytes, limit },
-        })?;
+        let (dtype, sizes, bytes) = packed_geometry(m).map_err(AttachmentRefusal::Geometry)?;
+        if bytes > limit as u64 {
+            return Err(AttachmentRefusal::TooLarge { bytes, limit }.into());
+        }
         let said = match m.get("nbytes") {
             Some(v) => v.as_i64().filter(|&n| n >= 0).map(|n| n as u64),
             None => None,
@@ -246,7 +237,7 @@ impl Attachments {
         check_tensor_copy(|| format!("an attached {} tensor of sizes {sizes:?}", dtype.name()), bytes, max_copy)?;
         let mut t = OwnedTensor::zeroed(dtype, &sizes, max_copy).map_err(|e| match e {
             e @ RpcError::OutOfMemory { .. } => e,
-            other => AttachmentRefusal::BadSizes(other.to_string()).into(),
+            other => AttachmentRefusal::Geometry(Geometry::BadSizes(other.to_string())).into(),
         })?;
         t.bytes_mut().copy_from_slice(&self.frame[span]);
         Ok(Tensor::Owned(std::sync::Arc::new(t)))
@@ -338,12 +329,12 @@ mod tests {
         // Descriptor-level: each against a fresh frame of the two tensors.
         let cases: Vec<(Map, usize, AttachmentRefusal)> = vec![
             (good(), 0, AttachmentRefusal::NotNegotiated),
-            (with("dtype", "torch.float33".into()), 1024, AttachmentRefusal::UnknownDtype("\"torch.float33\"".into())),
-            (with("dtype", Value::Int(6)), 1024, AttachmentRefusal::UnknownDtype("(a int)".into())),
-            (with("tensor_size", ints(&[-1, 3])), 1024, AttachmentRefusal::BadSizes("negative size -1".into())),
-            (with("tensor_size", "2".into()), 1024, AttachmentRefusal::BadSizes("not a list".into())),
-            (with("tensor_size", ints(&[1; 30])), 1024, AttachmentRefusal::BadSizes(format!("30 dimensions, at most {}", tensorwire::MAX_NDIM))),
-            (with("tensor_size", ints(&[i64::MAX, 2])), 1024, AttachmentRefusal::SizeOverflow(format!("{:?}", [i64::MAX, 2]))),
+            (with("dtype", "torch.float33".into()), 1024, AttachmentRefusal::Geometry(Geometry::UnknownDtype("\"torch.float33\"".into()))),
+            (with("dtype", Value::Int(6)), 1024, AttachmentRefusal::Geometry(Geometry::UnknownDtype("(a int)".into()))),
+            (with("tensor_size", ints(&[-1, 3])), 1024, AttachmentRefusal::Geometry(Geometry::BadSizes("negative size -1".into()))),
+            (with("tensor_size", "2".into()), 1024, AttachmentRefusal::Geometry(Geometry::BadSizes("not a list".into()))),
+            (with("tensor_size", ints(&[1; 30])), 1024, AttachmentRefusal::Geometry(Geometry::BadSizes(format!("30 dimensions, at most {}", tensorwire::MAX_NDIM)))),
+            (with("tensor_size", ints(&[i64::MAX, 2])), 1024, AttachmentRefusal::Geometry(Geometry::SizeOverflow(format!("{:?}", [i64::MAX, 2])))),
             (good(), 23, AttachmentRefusal::TooLarge { bytes: 24, limit: 23 }),
             (with("nbytes", Value::Int(25)), 1024, AttachmentRefusal::LengthMismatch { what: "nbytes", len: "25".into(), bytes: 24 }),
             (with("tensor_size", ints(&[2, 2])), 1024, AttachmentRefusal::LengthMismatch { what: "nbytes", len: "24".into(), bytes: 16 }),
