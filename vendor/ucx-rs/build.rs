@@ -19,6 +19,9 @@ use std::process::Command;
 
 const UCX_VERSION: &str = "1.22.0";
 const TARBALL: &str = "vendor/ucx-1.22.0.tar.gz";
+/// tensorwire's changes to UCX, applied to the extracted tree in this order
+/// (`PATCHES.md` says what each is for and how to drop it).
+const PATCHES: &[&str] = &["patches/tcp-frame-checks.patch"];
 /// Floor for the API surface velo uses: the reworked AM API
 /// (`ucp_am_send_nbx`, `ucp_am_recv_data_nbx`, `UCP_AM_RECV_ATTR_FLAG_RNDV`)
 /// landed in UCX 1.10.0; we require 1.17.0 for the fixes on top of it.
@@ -30,6 +33,9 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(ucx_vendored)");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={TARBALL}");
+    for p in PATCHES {
+        println!("cargo:rerun-if-changed={p}");
+    }
     for v in [
         "UCX_DIR",
         "UCX_EXTRA_CONFIGURE",
@@ -289,26 +295,48 @@ fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
     // artifacts nor slip past the pinned-digest check.
     let tarball_path = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join(TARBALL);
     let tarball_digest = verify_tarball_sha256(&tarball_path);
+    // The patches are part of the source: a changed patch rebuilds.
+    let patches: Vec<(PathBuf, String)> = PATCHES
+        .iter()
+        .map(|p| {
+            let path = manifest_dir().join(p);
+            let text = fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("ucx-rs: cannot read {}: {e}", path.display()));
+            (path, text)
+        })
+        .collect();
+    let patch_digests: Vec<String> = patches
+        .iter()
+        .map(|(_, text)| {
+            use sha2::Digest;
+            format!("{:x}", sha2::Sha256::digest(text.as_bytes()))
+        })
+        .collect();
     let want = format!(
-        "{} :: {env_fingerprint} :: tarball={tarball_digest}",
-        args.join(" ")
+        "{} :: {env_fingerprint} :: tarball={tarball_digest} :: patches={}",
+        args.join(" "),
+        patch_digests.join(",")
     );
     if fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return prefix;
     }
 
-    // A directory without the marker is a partially extracted tree from an
-    // interrupted build — remove and re-extract rather than wedging forever.
-    let extracted_marker = out.join(format!(".extracted-{UCX_VERSION}"));
-    if !extracted_marker.exists() {
-        if src.exists() {
-            let _ = fs::remove_dir_all(&src);
+    // Anything short of a matching stamp starts from a fresh tree: a tree
+    // patched by an earlier build (or half extracted by an interrupted one)
+    // cannot take a changed patch, and objects built from it would outlive a
+    // reverted one (the tarball's files are older than any object).
+    for dir in [&src, &build, &prefix] {
+        if dir.exists() {
+            fs::remove_dir_all(dir)
+                .unwrap_or_else(|e| panic!("ucx-rs: cannot remove {}: {e}", dir.display()));
         }
-        let f = fs::File::open(&tarball_path).expect("vendored UCX tarball missing");
-        tar::Archive::new(flate2::read::GzDecoder::new(f))
-            .unpack(out)
-            .expect("failed to unpack UCX tarball");
-        fs::write(&extracted_marker, "ok").unwrap();
+    }
+    let f = fs::File::open(&tarball_path).expect("vendored UCX tarball missing");
+    tar::Archive::new(flate2::read::GzDecoder::new(f))
+        .unpack(out)
+        .expect("failed to unpack UCX tarball");
+    for (path, text) in &patches {
+        apply_patch(&src, path, text);
     }
     fs::create_dir_all(&build).unwrap();
 
@@ -346,6 +374,111 @@ fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
 
     fs::write(&stamp, &want).unwrap();
     prefix
+}
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
+}
+
+/// Applies the unified diff `text` (from `path`, with `a/` and `b/` prefixes) to
+/// `tree`. Each hunk's old text (its context and removed lines) must occur
+/// exactly once in its file and is replaced by the new text; line numbers are
+/// not used. Anything else stops the build naming the patch, the file and the
+/// hunk, so a UCX whose code moved on can never be built with a patch silently
+/// skipped or half applied.
+fn apply_patch(tree: &Path, path: &Path, text: &str) {
+    let fail = |what: String| -> ! {
+        panic!(
+            "ucx-rs: patch {} does not apply: {what}. Refresh the patch against this \
+             UCX (PATCHES.md) or drop it from PATCHES in build.rs.",
+            path.display()
+        )
+    };
+    let mut lines = text.lines().peekable();
+    let mut file: Option<(PathBuf, String)> = None;
+    let mut hunks = 0;
+    let flush = |file: Option<(PathBuf, String)>| {
+        if let Some((f, content)) = file {
+            fs::write(&f, content).unwrap_or_else(|e| panic!("ucx-rs: write {}: {e}", f.display()));
+        }
+    };
+    while let Some(line) = lines.next() {
+        if let Some(name) = line.strip_prefix("+++ ") {
+            flush(file.take());
+            let name = name.split('\t').next().unwrap_or(name);
+            let rel = name
+                .strip_prefix("b/")
+                .unwrap_or_else(|| fail(format!("`+++ {name}` is not a `b/` path")));
+            let f = tree.join(rel);
+            let content = fs::read_to_string(&f)
+                .unwrap_or_else(|e| fail(format!("cannot read {}: {e}", f.display())));
+            file = Some((f, content));
+        } else if let Some(range) = line.strip_prefix("@@ ") {
+            let Some((f, content)) = file.as_mut() else {
+                fail(format!("hunk `{line}` before any `+++` line"));
+            };
+            // `-a,b +c,d @@`: b old lines and d new lines follow.
+            let count = |sign: char| -> usize {
+                range
+                    .split_whitespace()
+                    .find_map(|r| r.strip_prefix(sign))
+                    .map(|r| {
+                        r.split_once(',')
+                            .map_or(1, |(_, n)| n.parse().unwrap_or(usize::MAX))
+                    })
+                    .unwrap_or_else(|| fail(format!("malformed hunk header `{line}`")))
+            };
+            let (mut old_left, mut new_left) = (count('-'), count('+'));
+            let (mut old, mut new) = (String::new(), String::new());
+            while old_left > 0 || new_left > 0 {
+                let l = lines
+                    .next()
+                    .unwrap_or_else(|| fail(format!("hunk `{line}` is cut short")));
+                // diff writes an empty context line as " "; some tools strip it.
+                let mut chars = l.chars();
+                let tag = chars.next().unwrap_or(' ');
+                let body = chars.as_str();
+                match tag {
+                    ' ' if old_left > 0 && new_left > 0 => {
+                        old_left -= 1;
+                        new_left -= 1;
+                        old.push_str(body);
+                        old.push('\n');
+                        new.push_str(body);
+                        new.push('\n');
+                    }
+                    '-' if old_left > 0 => {
+                        old_left -= 1;
+                        old.push_str(body);
+                        old.push('\n');
+                    }
+                    '+' if new_left > 0 => {
+                        new_left -= 1;
+                        new.push_str(body);
+                        new.push('\n');
+                    }
+                    '\\' => {}
+                    _ => fail(format!("hunk `{line}` has an unexpected line `{l}`")),
+                }
+            }
+            match content.matches(old.as_str()).count() {
+                1 => *content = content.replacen(old.as_str(), &new, 1),
+                0 => fail(format!(
+                    "the text of hunk `{line}` is not in {}",
+                    f.display()
+                )),
+                n => fail(format!(
+                    "the text of hunk `{line}` occurs {n} times in {}",
+                    f.display()
+                )),
+            }
+            hunks += 1;
+        }
+    }
+    flush(file);
+    if hunks == 0 {
+        fail("it has no hunks".into());
+    }
 }
 
 /// Emit `cargo:rustc-link-*`. Order matters more than usual here.
