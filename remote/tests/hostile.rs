@@ -28,13 +28,18 @@ fn child_roles() {
         // Export 4 KiB, and keep a canary: say the blob, the canary's address and the
         // exporter's tcp listeners; answer each line with the canary's bytes (hex).
         "victim" => {
+            // UCX's sockets are not close-on-exec: this process holds those of the test
+            // process that spawned it (its exporters', an RMA attacker's), which are not
+            // the target.
+            let inherited = raw_tcp::sockets();
             let exporter = Exporter::new().unwrap();
             let scope = exporter.scope().unwrap();
             let blob = scope.export(pattern(4, 4096)).unwrap();
             let canary = std::hint::black_box(vec![CANARY; 4096]);
             say(&hex(&blob.encode()));
             say(&format!("{}", canary.as_ptr() as u64));
-            let listeners: Vec<String> = raw_tcp::listeners().iter().map(|a| a.to_string()).collect();
+            let listeners: Vec<String> =
+                raw_tcp::listeners(&inherited).iter().map(|a| a.to_string()).collect();
             say(&listeners.join(" "));
             while hear().is_some() {
                 say(&hex(std::hint::black_box(&canary)));
@@ -410,17 +415,22 @@ mod raw_tcp {
     /// `UCT_AM_ID_MAX + 1`.
     const PUT_REQ: u8 = 33;
 
-    /// This process's listening IPv4 tcp sockets (`/proc/self/net/tcp`, state `0A`,
-    /// matched to our own socket fds).
-    pub fn listeners() -> Vec<SocketAddrV4> {
-        let ours: Vec<String> = std::fs::read_dir("/proc/self/fd")
+    /// The inodes of this process's sockets.
+    pub fn sockets() -> Vec<String> {
+        std::fs::read_dir("/proc/self/fd")
             .unwrap()
             .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
             .filter_map(|l| {
                 let l = l.to_string_lossy().into_owned();
                 Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
             })
-            .collect();
+            .collect()
+    }
+
+    /// This process's listening IPv4 tcp sockets (`/proc/self/net/tcp`, state `0A`,
+    /// matched to our own socket fds), but those in `except`.
+    pub fn listeners(except: &[String]) -> Vec<SocketAddrV4> {
+        let ours: Vec<String> = sockets().into_iter().filter(|s| !except.contains(s)).collect();
         std::fs::read_to_string("/proc/self/net/tcp")
             .unwrap()
             .lines()
@@ -490,10 +500,11 @@ fn raw_tcp_frames_write_nothing() {
         return;
     }
     let log = std::env::temp_dir().join(format!("tw-victim-{}.log", std::process::id()));
-    let _ = std::fs::remove_file(&log);
-    // UCX logs to stdout unless told otherwise, and stdout is the control connection.
-    let cmd = std::process::Command::new(tensorwire_test_support::RoleCommand::program());
-    let mut victim = spawn_peer_with(cmd, "child_roles", "victim", "tcp", &[("UCX_LOG_FILE", log.to_str().unwrap())]);
+    // UCX logs to stdout unless told otherwise, and stdout is the control connection; its
+    // stderr is unbuffered, and goes to a file here.
+    let mut cmd = std::process::Command::new(tensorwire_test_support::RoleCommand::program());
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let mut victim = spawn_peer_with(cmd, "child_roles", "victim", "tcp", &[("UCX_LOG_FILE", "stderr")]);
     let blob = ExportBlob::decode(&unhex(&victim.recv().unwrap())).unwrap();
     let canary: u64 = victim.recv().unwrap().parse().unwrap();
     let listeners: Vec<std::net::SocketAddrV4> =
@@ -504,7 +515,17 @@ fn raw_tcp_frames_write_nothing() {
         unhex(&victim.recv().expect("the victim died"))
     };
     let importer = Importer::with_options(&[("TLS", "tcp")]).unwrap();
-    let log_has = |what: &str| std::fs::read_to_string(&log).unwrap_or_default().matches(what).count();
+    let wait_for_log = |what: &str, n: usize| {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.matches(what).count() >= n {
+                return;
+            }
+            assert!(Instant::now() < until, "the victim's log names no refusal ({what:?} {n} times): {text}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
 
     for (i, to) in listeners.iter().enumerate() {
         let mut s = raw_tcp::send(*to, &raw_tcp::put_req(canary + 64, &[0xee; 64]));
@@ -513,18 +534,14 @@ fn raw_tcp_frames_write_nothing() {
         let written = now.iter().filter(|&&b| b != CANARY).count();
         assert_eq!(written, 0, "a raw PUT_REQ to {to} wrote {written} bytes of the victim's canary");
         assert!(closed, "the victim kept the connection of a raw PUT_REQ to {to} open");
-        tensorwire_test_support::wait_until("the victim's log to name the refusal", Duration::from_secs(5), || {
-            log_has("refused a PUT request") > i
-        });
+        wait_for_log("refused a PUT request", i + 1);
 
         let mut s = raw_tcp::send(*to, &raw_tcp::oversized(u32::MAX - 16, 4 << 20));
         assert!(
             raw_tcp::closed_by_peer(&mut s, Duration::from_secs(3)),
             "the victim kept the connection of an oversized frame to {to} open"
         );
-        tensorwire_test_support::wait_until("the victim's log to name the refusal", Duration::from_secs(5), || {
-            log_has("longer than the receive segment") > i
-        });
+        wait_for_log("longer than the receive segment", i + 1);
         // Alive and serving, on another connection.
         assert_eq!(canary_now(), vec![CANARY; 4096]);
         assert_eq!(import(&importer, &blob).unwrap(), pattern(4, 4096));
