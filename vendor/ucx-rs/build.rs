@@ -154,26 +154,20 @@ fn verify_tarball_sha256(path: &Path) -> String {
 
 /// Extract + configure + per-subdir make. Returns the install prefix.
 fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
-    let src = out.join(format!("ucx-{UCX_VERSION}"));
-    let build = out.join("ucx-build");
-    let prefix = out.join("ucx-install");
-
     // A completed marker makes an interrupted build restart cleanly and lets a
-    // warm OUT_DIR skip the whole 4-minute step.
+    // warm target dir skip the whole 4-minute step.
     // The stamp is what makes an incremental build cheap: touching build.rs
     // ALWAYS recompiles and re-runs the build script, so `rerun-if-changed`
     // alone would not spare the 25 s / 73 CPU-s C build (measured). The stamp
     // records the exact configure line, so a change to the flags does force a
     // rebuild while an unrelated edit does not.
-    let stamp = prefix.join(".velo-ucx-stamp");
-
     // ---- the pinned flag set ------------------------------------------------
     // `--with-pic` is LOAD-BEARING. `--enable-static --disable-shared` alone
     // makes libtool emit non-PIC objects; linking those into any cdylib fails on
     // aarch64 with "relocation R_AARCH64_ADR_PREL_PG_HI21 ... recompile with
     // -fPIC" (measured), which breaks every PyO3 extension module (Dynamo).
+    // `--prefix=` goes first, once the install's place is known (below).
     let mut args: Vec<String> = vec![
-        format!("--prefix={}", prefix.display()),
         "--enable-static".into(),
         "--disable-shared".into(),
         "--with-pic".into(),
@@ -283,7 +277,7 @@ fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
         args.extend(extra.split_whitespace().map(str::to_owned));
     }
 
-    // ---- warm-OUT_DIR short circuit ----------------------------------------
+    // ---- warm short circuit ---------------------------------------------------
     // The stamp must cover everything that changes the produced objects: the
     // configure argv AND the toolchain environment configure consumes.
     let env_fingerprint: String = ["CC", "CFLAGS", "CXXFLAGS", "AR", "RANLIB", "STRIP"]
@@ -313,10 +307,35 @@ fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
         })
         .collect();
     let want = format!(
-        "{} :: {env_fingerprint} :: tarball={tarball_digest} :: patches={}",
+        "{} :: {env_fingerprint} :: tarball={tarball_digest} :: patches={} :: target={}",
         args.join(" "),
-        patch_digests.join(",")
+        patch_digests.join(","),
+        env::var("TARGET").unwrap()
     );
+
+    // ---- one UCX per target dir ----------------------------------------------
+    // Nothing of a cargo profile or of this crate's build-script hash reaches
+    // UCX's build (`want` is all of what does), so every OUT_DIR building its
+    // own UCX (debug, release, clippy, each feature set) would repeat the same
+    // configure and make. The install lives next to the profile directories
+    // instead, named by the digest of `want`, built by whichever build script
+    // takes its lock first and reused by the others.
+    let digest = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(want.as_bytes()))
+    };
+    let home = shared_root(out).join(format!("ucx-{UCX_VERSION}-{}", &digest[..16]));
+    fs::create_dir_all(&home)
+        .unwrap_or_else(|e| panic!("ucx-rs: cannot create {}: {e}", home.display()));
+    let src = home.join(format!("ucx-{UCX_VERSION}"));
+    let build = home.join("build");
+    let prefix = home.join("install");
+    let stamp = prefix.join(".velo-ucx-stamp");
+    args.insert(0, format!("--prefix={}", prefix.display()));
+    // A deleted or rebuilt install reruns this script, which relinks against it.
+    println!("cargo:rerun-if-changed={}", stamp.display());
+    // Held until this function returns: the build, or the look at a finished one.
+    let _lock = lock(&home.join(".lock"));
     if fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return prefix;
     }
@@ -333,7 +352,7 @@ fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
     }
     let f = fs::File::open(&tarball_path).expect("vendored UCX tarball missing");
     tar::Archive::new(flate2::read::GzDecoder::new(f))
-        .unpack(out)
+        .unpack(&home)
         .expect("failed to unpack UCX tarball");
     for (path, text) in &patches {
         apply_patch(&src, path, text);
@@ -374,6 +393,43 @@ fn build_vendored(out: &Path, want_ib: bool, want_rdmacm: bool) -> PathBuf {
 
     fs::write(&stamp, &want).unwrap();
     prefix
+}
+
+/// Where the UCX install is kept: the directory holding the profile directories
+/// (`<target-dir>`, or `<target-dir>/<triple>` in a cross build), found from
+/// `OUT_DIR` = `.../<profile>/build/<package>-<hash>/out`; `out` itself where
+/// `OUT_DIR` does not have that shape.
+fn shared_root(out: &Path) -> PathBuf {
+    let build = out.parent().and_then(Path::parent);
+    match build.and_then(|b| Some((b, b.parent()?.parent()?))) {
+        Some((b, root)) if b.file_name().is_some_and(|n| n == "build") => root.to_path_buf(),
+        _ => out.to_path_buf(),
+    }
+}
+
+/// An exclusive `flock` on `path` (created if missing), released when the file
+/// is dropped or the process ends — also when a build is killed midway, after
+/// which the next one finds no stamp and starts over.
+fn lock(path: &Path) -> fs::File {
+    use std::os::fd::AsRawFd;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("ucx-rs: cannot open {}: {e}", path.display()));
+    loop {
+        // SAFETY: `f` is an open file for the whole call; flock only takes its fd.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return f;
+        }
+        let err = std::io::Error::last_os_error();
+        assert!(
+            err.kind() == std::io::ErrorKind::Interrupted,
+            "ucx-rs: cannot lock {}: {err}",
+            path.display()
+        );
+    }
 }
 
 fn manifest_dir() -> PathBuf {
