@@ -25,10 +25,32 @@ fn child_roles() {
             say(&hex(&blob.encode()));
             while hear().is_some() {}
         }
+        // Export 4 KiB, and keep a canary: say the blob, the canary's address and the
+        // exporter's tcp listeners; answer each line with the canary's bytes (hex).
+        "victim" => {
+            // UCX's sockets are not close-on-exec: this process holds those of the test
+            // process that spawned it (its exporters', an RMA attacker's), which are not
+            // the target.
+            let inherited = raw_tcp::sockets();
+            let exporter = Exporter::new().unwrap();
+            let scope = exporter.scope().unwrap();
+            let blob = scope.export(pattern(4, 4096)).unwrap();
+            let canary = std::hint::black_box(vec![CANARY; 4096]);
+            say(&hex(&blob.encode()));
+            say(&format!("{}", canary.as_ptr() as u64));
+            let listeners: Vec<String> =
+                raw_tcp::listeners(&inherited).iter().map(|a| a.to_string()).collect();
+            say(&listeners.join(" "));
+            while hear().is_some() {
+                say(&hex(std::hint::black_box(&canary)));
+            }
+        }
         other => panic!("unknown role {other}"),
     }
     std::process::exit(0);
 }
+
+const CANARY: u8 = 0x5a;
 
 /// `blob` with the 8 bytes at `offset` replaced (16: length, 8: export id).
 fn forge_u64(blob: &ExportBlob, offset: usize, v: u64) -> ExportBlob {
@@ -376,4 +398,155 @@ fn one_sided_gets_at_the_exporter_read_nothing() {
     // Alive, and serving the two-sided way.
     let importer = Importer::with_options(&[("TLS", "tcp")]).unwrap();
     assert_eq!(import(&importer, &blob).unwrap(), pattern(9, 4096));
+}
+
+/// A peer that writes UCT tcp frames by hand: UCX's tcp transport takes a connection's
+/// frames right after its 8-byte magic number, before any handshake, and a `PUT_REQ` frame
+/// (its header: address, length, sequence number; then the data) makes a stock UCX 1.22
+/// copy the data to that address whatever `TCP_PUT_ENABLE` says. Our UCX
+/// (`vendor/ucx-rs/patches`) refuses it where PUT is off, as the engine sets it, and
+/// refuses frames longer than its receive buffer.
+mod raw_tcp {
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+    use std::time::Duration;
+
+    const MAGIC: u64 = 0xCAFE_BABE_1234_5678;
+    /// `UCT_AM_ID_MAX + 1`.
+    const PUT_REQ: u8 = 33;
+
+    /// The inodes of this process's sockets.
+    pub fn sockets() -> Vec<String> {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter_map(|l| {
+                let l = l.to_string_lossy().into_owned();
+                Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            })
+            .collect()
+    }
+
+    /// This process's listening IPv4 tcp sockets (`/proc/self/net/tcp`, state `0A`,
+    /// matched to our own socket fds), but those in `except`.
+    pub fn listeners(except: &[String]) -> Vec<SocketAddrV4> {
+        let ours: Vec<String> = sockets().into_iter().filter(|s| !except.contains(s)).collect();
+        std::fs::read_to_string("/proc/self/net/tcp")
+            .unwrap()
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.get(3) != Some(&"0A") || !ours.iter().any(|i| Some(&i.as_str()) == f.get(9)) {
+                    return None;
+                }
+                let (ip, port) = f[1].split_once(':')?;
+                let ip = u32::from_str_radix(ip, 16).ok()?;
+                let port = u16::from_str_radix(port, 16).ok()?;
+                Some(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(ip)), port))
+            })
+            .collect()
+    }
+
+    /// Connects to `to` and sends the magic number, then `frame`.
+    pub fn send(to: SocketAddrV4, frame: &[u8]) -> TcpStream {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.write_all(&MAGIC.to_le_bytes()).unwrap();
+        // The peer may close before all of an oversized frame is in.
+        let _ = s.write_all(frame);
+        s
+    }
+
+    /// A `PUT_REQ` frame: write `data` at `address`.
+    pub fn put_req(address: u64, data: &[u8]) -> Vec<u8> {
+        let mut f = vec![PUT_REQ];
+        f.extend(20u32.to_le_bytes());
+        f.extend(address.to_le_bytes());
+        f.extend((data.len() as u64).to_le_bytes());
+        f.extend(1u32.to_le_bytes());
+        f.extend(data);
+        f
+    }
+
+    /// An active-message frame whose header claims `claimed` bytes, followed by `sent`.
+    pub fn oversized(claimed: u32, sent: usize) -> Vec<u8> {
+        let mut f = vec![1u8];
+        f.extend(claimed.to_le_bytes());
+        f.extend(std::iter::repeat_n(0xeeu8, sent));
+        f
+    }
+
+    /// Whether the peer closes `s` within `within` (reading and dropping what it sends).
+    pub fn closed_by_peer(s: &mut TcpStream, within: Duration) -> bool {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// Raw tcp frames at an exporter in another process (`victim`): a `PUT_REQ` aimed at its
+/// canary and a frame longer than its receive buffer. Each connection is closed with a
+/// named UCX error, the canary is untouched, and the exporter serves on.
+#[test]
+fn raw_tcp_frames_write_nothing() {
+    if role().is_some() {
+        return;
+    }
+    let log = std::env::temp_dir().join(format!("tw-victim-{}.log", std::process::id()));
+    // UCX logs to stdout unless told otherwise, and stdout is the control connection; its
+    // stderr is unbuffered, and goes to a file here.
+    let mut cmd = std::process::Command::new(tensorwire_test_support::RoleCommand::program());
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let mut victim = spawn_peer_with(cmd, "child_roles", "victim", "tcp", &[("UCX_LOG_FILE", "stderr")]);
+    let blob = ExportBlob::decode(&unhex(&victim.recv().unwrap())).unwrap();
+    let canary: u64 = victim.recv().unwrap().parse().unwrap();
+    let listeners: Vec<std::net::SocketAddrV4> =
+        victim.recv().unwrap().split_whitespace().map(|a| a.parse().unwrap()).collect();
+    assert!(!listeners.is_empty(), "the victim's exporter has no IPv4 tcp listener");
+    let mut canary_now = || {
+        victim.send("canary");
+        unhex(&victim.recv().expect("the victim died"))
+    };
+    let importer = Importer::with_options(&[("TLS", "tcp")]).unwrap();
+    let wait_for_log = |what: &str, n: usize| {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.matches(what).count() >= n {
+                return;
+            }
+            assert!(Instant::now() < until, "the victim's log names no refusal ({what:?} {n} times): {text}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+
+    for (i, to) in listeners.iter().enumerate() {
+        let mut s = raw_tcp::send(*to, &raw_tcp::put_req(canary + 64, &[0xee; 64]));
+        let closed = raw_tcp::closed_by_peer(&mut s, Duration::from_secs(3));
+        let now = canary_now();
+        let written = now.iter().filter(|&&b| b != CANARY).count();
+        assert_eq!(written, 0, "a raw PUT_REQ to {to} wrote {written} bytes of the victim's canary");
+        assert!(closed, "the victim kept the connection of a raw PUT_REQ to {to} open");
+        wait_for_log("refused a PUT request", i + 1);
+
+        let mut s = raw_tcp::send(*to, &raw_tcp::oversized(u32::MAX - 16, 4 << 20));
+        assert!(
+            raw_tcp::closed_by_peer(&mut s, Duration::from_secs(3)),
+            "the victim kept the connection of an oversized frame to {to} open"
+        );
+        wait_for_log("longer than the receive segment", i + 1);
+        // Alive and serving, on another connection.
+        assert_eq!(canary_now(), vec![CANARY; 4096]);
+        assert_eq!(import(&importer, &blob).unwrap(), pattern(4, 4096));
+    }
+    victim.close();
+    assert!(victim.child.wait().unwrap().success());
+    let _ = std::fs::remove_file(&log);
 }

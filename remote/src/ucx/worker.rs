@@ -51,7 +51,13 @@ impl Worker {
             .iter()
             .filter(|(n, _)| std::env::var_os(format!("UCX_{n}")).is_none())
             .filter(|(n, _)| !options.iter().any(|(o, _)| o == n));
-        for (name, value) in defaults.chain(options.iter()) {
+        // PUT off on tcp, last so that neither the environment nor `options` turns it back
+        // on: we never put, and UCX's tcp transport writes a peer's PUT request to whatever
+        // address it names. Our UCX (vendor/ucx-rs, its tcp patch) refuses one with data
+        // where PUT is off and closes that connection; with PUT on, any peer could write
+        // anywhere in this process.
+        let forced = [("TCP_PUT_ENABLE", "n")];
+        for (name, value) in defaults.chain(options.iter()).chain(forced.iter()) {
             let (Ok(n), Ok(v)) = (CString::new(*name), CString::new(*value)) else {
                 // SAFETY: `config` came from `ucp_config_read` and is released once.
                 unsafe { sys::ucp_config_release(config) };
