@@ -17,6 +17,7 @@ pub type LexError = &'static str;
 pub const INT_TOO_LONG: LexError = "integer longer than 4300 digits";
 
 /// Step over JSON whitespace.
+#[inline]
 pub fn ws(b: &[u8], i: &mut usize) {
     while matches!(b.get(*i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
         *i += 1;
@@ -24,7 +25,15 @@ pub fn ws(b: &[u8], i: &mut usize) {
 }
 
 /// Step over `lit` if the text at `*i` starts with it.
+#[inline]
 pub fn eat(b: &[u8], i: &mut usize, lit: &[u8]) -> bool {
+    // The punctuation between values, one byte compared as a byte rather than by a call
+    // to compare slices (most of the calls; `lit` is a constant where this is inlined).
+    if let [c] = lit {
+        let hit = b.get(*i) == Some(c);
+        *i += usize::from(hit);
+        return hit;
+    }
     if b.get(*i..).is_some_and(|rest| rest.starts_with(lit)) {
         *i += lit.len();
         true
