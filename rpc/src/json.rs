@@ -149,6 +149,7 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
 /// Bytes from `i` on in `b` that a string copies as they are: the index of the first
 /// byte at or after `i` that is a `"`, a `\\`, a control character (below 0x20) or, with
 /// `del`, 0x7f — or `b.len()`. Eight bytes at a time.
+#[inline]
 pub fn plain_run(b: &[u8], mut i: usize, del: bool) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;

@@ -45,6 +45,7 @@ pub fn eat(b: &[u8], i: &mut usize, lit: &[u8]) -> bool {
 /// A string's text, its escapes decoded; `*i` is at its opening quote. Borrowed from
 /// `text` when it has no escape. A lone surrogate, which a Rust string cannot hold,
 /// becomes U+FFFD (as `json.loads` would keep it, then fail to encode it).
+#[inline]
 pub fn string<'a>(text: &'a str, i: &mut usize) -> Result<Cow<'a, str>, LexError> {
     let b = text.as_bytes();
     *i += 1; // opening quote
@@ -74,6 +75,7 @@ pub fn string<'a>(text: &'a str, i: &mut usize) -> Result<Cow<'a, str>, LexError
 
 /// Check the string at `*i` (its opening quote) as [`string`] does, without decoding it;
 /// `true` when it has an escape.
+#[inline]
 pub fn skim_string(b: &[u8], i: &mut usize) -> Result<bool, LexError> {
     *i += 1; // opening quote
     let mut escaped = false;
@@ -138,6 +140,7 @@ fn hex4(b: &[u8], i: &mut usize) -> Result<u32, LexError> {
     Ok(v)
 }
 
+#[inline]
 fn digits(b: &[u8], i: &mut usize) -> usize {
     let s = *i;
     while b.get(*i).is_some_and(u8::is_ascii_digit) {
@@ -156,6 +159,7 @@ pub enum Number<'a> {
 }
 
 /// The number at `*i`: an int when it has no fraction or exponent, else a float.
+#[inline]
 pub fn number<'a>(text: &'a str, i: &mut usize) -> Result<Number<'a>, LexError> {
     let start = *i;
     let float = number_text(text.as_bytes(), i)?;
@@ -172,6 +176,7 @@ pub fn number<'a>(text: &'a str, i: &mut usize) -> Result<Number<'a>, LexError> 
 }
 
 /// Check the number at `*i` as [`number`] does, without converting it.
+#[inline]
 pub fn skim_number(b: &[u8], i: &mut usize) -> Result<(), LexError> {
     let start = *i;
     let float = number_text(b, i)?;
@@ -183,6 +188,7 @@ pub fn skim_number(b: &[u8], i: &mut usize) -> Result<(), LexError> {
 }
 
 /// Step over a number's text; whether it is a float (has a fraction or exponent).
+#[inline]
 fn number_text(b: &[u8], i: &mut usize) -> Result<bool, LexError> {
     if b.get(*i) == Some(&b'-') {
         *i += 1;

@@ -338,8 +338,12 @@ impl KeyCache {
         if self.slots.is_empty() {
             self.slots.resize_with(Self::SLOTS, || None);
         }
-        // FNV-1a: cheap for short keys, and a collision only costs a miss.
-        let h = k.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        // The length and the first and last (up to) eight bytes, mixed: a few
+        // instructions for any key, and a collision only costs a miss.
+        let b = k.as_bytes();
+        let word = |at: &[u8]| at.iter().fold(0u64, |w, &c| (w << 8) | u64::from(c));
+        let mixed = if b.len() <= 8 { word(b) } else { word(&b[..8]) ^ word(&b[b.len() - 8..]).rotate_left(29) };
+        let h = (mixed ^ b.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
         let slot = &mut self.slots[(h as usize) % Self::SLOTS];
         if let Some((text, s)) = slot {
             if **text == *k {
