@@ -405,7 +405,7 @@ impl<'a, 'py> Reader<'a, 'py> {
                             return Err(self.err("expected ':'"));
                         }
                         self.ws();
-                        let v = self.value(depth + 1)?;
+                        let v = self.item(depth + 1)?;
                         // A repeated key: the last value, in the first one's place, as
                         // `json.loads` has it.
                         d.set_item(key, v)?;
@@ -428,7 +428,7 @@ impl<'a, 'py> Reader<'a, 'py> {
                 if !self.eat(b"]") {
                     loop {
                         self.ws();
-                        let v = self.value(depth + 1)?;
+                        let v = self.item(depth + 1)?;
                         self.items.push(v);
                         self.ws();
                         if self.eat(b",") {
@@ -442,6 +442,24 @@ impl<'a, 'py> Reader<'a, 'py> {
                 }
                 PyList::new(py, self.items.drain(first..))?.into_any()
             }
+            _ => self.scalar()?,
+        })
+    }
+    /// [`Reader::value`] of an item: a scalar read here, without a call per leaf.
+    #[inline(always)]
+    fn item(&mut self, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self.b.get(self.i) {
+            Some(b'{' | b'[') => self.value(depth),
+            _ if depth > READ_DEPTH => self.value(depth),
+            _ => self.scalar(),
+        }
+    }
+    /// Anything but a list or dict.
+    #[inline(always)]
+    fn scalar(&mut self) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end")) };
+        Ok(match c {
             b'"' => {
                 let s = self.string()?;
                 PyString::new(py, &s).into_any()
