@@ -25,6 +25,12 @@ class Plugin:
     def echo_kw(self, **kw):
         return kw
 
+    def same_floats(self, floats, hexes):
+        """Whether each float arrived as the double whose bytes (little-endian hex) came
+        beside it."""
+        import struct
+        return [struct.pack("<d", f).hex() for f in floats] == hexes
+
     def keys(self, d):
         """The dict's keys in the order this process sees them."""
         return list(d)

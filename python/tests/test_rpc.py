@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+import math
 import os
 import shutil
 import signal
@@ -81,6 +82,56 @@ def test_values_arrive_as_they_were_sent_both_ways(worker):
     t = torch.arange(6.0)
     back = worker.call("echo", {"t": t, "rest": value["strs"]})
     assert torch.equal(back["t"], t) and back["rest"] == value["strs"]
+
+
+def test_floats_arrive_bit_for_bit_both_ways(worker):
+    # Written with their shortest digits and read back: every float (random bit
+    # patterns, the decimal range's edges, subnormals, two shortest forms equally near)
+    # is the same double at the worker and back here.
+    import random
+    import struct
+    rng = random.Random(7)
+    floats = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(3000)]
+    floats += [rng.random() * 10.0 ** rng.randint(-6, 18) for _ in range(3000)]
+    floats += [1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0, 947482943091749.2, 5e-324, 2.2250738585072014e-308,
+               1.7976931348623157e308, 1e308, -0.0, 0.1 + 0.2, 1 / 7, 2.0 ** 53 + 2]
+    floats = [f for f in floats if math.isfinite(f)]
+    bits = lambda xs: [struct.pack("<d", x) for x in xs]
+    assert bits(worker.call("echo", floats)) == bits(floats)
+    assert worker.call("same_floats", floats, [struct.pack("<d", f).hex() for f in floats]) is True
+
+
+def test_subclasses_travel_as_their_json_kind_and_depth_counts_leaves(worker):
+    # Exact types take the writer's direct path; a subclass (an IntEnum, an OrderedDict,
+    # a str or list subclass) takes the checked one and arrives as the plain value.
+    import collections
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 7
+
+    class S(str):
+        pass
+
+    class L(list):
+        pass
+
+    class F(float):
+        pass
+
+    value = collections.OrderedDict([("e", Color.RED), ("s", S("text")), ("l", L([1, (2, F(0.5))])), ("b", [True, None])])
+    back = worker.call("echo", value)
+    assert back == {"e": 7, "s": "text", "l": [1, [2, 0.5]], "b": [True, None]}
+    assert [type(back[k]) for k in ("e", "s", "l")] == [int, str, list] and type(back["b"][0]) is bool
+    # The depth limit counts the leaf as a level: an int inside 257 lists is refused
+    # before sending, as a list inside them is.
+    for leaf in (1, "s", 0.5, []):
+        nested = leaf
+        for _ in range(257):
+            nested = [nested]
+        with pytest.raises(tensorwire.Refused, match="nested deeper"):
+            worker.call("echo", nested)
+    assert worker.call("add", 1, 1) == 2
 
 
 def test_bench_sized_values_round_trip(worker):

@@ -133,9 +133,15 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
         // machinery.
         write_int(out, f as i64);
         out.extend_from_slice(b".0");
+    } else if (1e-4..1e16).contains(&f.abs()) {
+        // The shortest digits that read back to `f`, laid out as `repr` (and Debug) lay
+        // out this range: decimal, with a '.' ("0.0001", "1.5"). Where two shortest
+        // forms are equally near, `repr` takes the nearer to `f`, as zmij does.
+        out.extend_from_slice(zmij::Buffer::new().format_finite(f).as_bytes());
     } else {
-        // Debug is the shortest round-trip form and always has '.' or 'e' ("1.0", "1e100").
-        // Written straight into `out`: writing to a Vec cannot fail.
+        // Outside that range zmij's layout ("1e+16", "0.00001") is neither `repr`'s nor
+        // Debug's ("1e16", "1e-5"); Debug is the shortest round-trip form there and always has
+        // '.' or 'e' ("1e100"). Written straight into `out`: writing to a Vec cannot fail.
         let _ = write!(out, "{f:?}");
     }
 }
@@ -143,6 +149,7 @@ pub fn write_float(out: &mut Vec<u8>, f: f64) {
 /// Bytes from `i` on in `b` that a string copies as they are: the index of the first
 /// byte at or after `i` that is a `"`, a `\\`, a control character (below 0x20) or, with
 /// `del`, 0x7f — or `b.len()`. Eight bytes at a time.
+#[inline]
 pub fn plain_run(b: &[u8], mut i: usize, del: bool) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -291,16 +298,27 @@ mod tests {
     }
 
     #[test]
-    fn floats_as_debug_writes_them() {
-        // Whole numbers (written without Debug), their edges and any other float: the
-        // text is Debug's throughout.
+    fn floats_read_back_exactly_in_the_shortest_form() {
+        // Whole numbers, the edges of the decimal range and any other float: the text
+        // reads back to the same bits, has a '.' or an exponent (so it stays a float),
+        // is never longer than Debug's shortest form, is Debug's text outside the
+        // decimal range, and inside it is decimal as `repr` writes it.
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let check = |f: f64| {
             let mut out = Vec::new();
             write_float(&mut out, f);
-            assert_eq!(String::from_utf8(out).unwrap(), format!("{f:?}"), "{f:e}");
+            let text = String::from_utf8(out).unwrap();
+            let debug = format!("{f:?}");
+            assert_eq!(text.parse::<f64>().unwrap().to_bits(), f.to_bits(), "{text} for {debug}");
+            assert!(text.contains('.') || text.contains('e'), "{text}");
+            assert!(text.len() <= debug.len(), "{text} longer than {debug}");
+            if f == 0.0 || !(1e-4..1e16).contains(&f.abs()) {
+                assert_eq!(text, debug);
+            } else {
+                assert!(!text.contains('e'), "{text}");
+            }
         };
-        for f in [0.0, -0.0, 1.0, 0.5, 1e-4, 1e15, 999999999999999.0, 999999999999999.9, 1e16, 0.1, 1.0 / 3.0, 123456.789, 4503599627370497.0] {
+        for f in [0.0, -0.0, 1.0, 0.5, 1e-4, 9.999999999999999e-5, 1e15, 999999999999999.0, 999999999999999.9, 1e16, 9999999999999998.0, 0.1, 1.0 / 3.0, 123456.789, 4503599627370497.0, 1e308, 5e-324, f64::MAX, f64::MIN_POSITIVE] {
             check(f);
             check(-f);
         }
@@ -312,13 +330,21 @@ mod tests {
             if f.is_finite() {
                 check(f);
             }
-            // And numbers in the fast range with few or many digits.
+            // And numbers in the decimal range with few or many digits.
             let m = (x >> 11) as f64 / (1u64 << 53) as f64;
             let e = (x % 20) as i32 - 5;
             check(m * 10f64.powi(e));
             check((m * 1e6).round() / 1e3);
             check((m * 10f64.powi(e + 5)).round());
         }
+        // Two shortest forms equally short: the nearer one, as `repr` has it (Debug
+        // writes ...749.3 here).
+        let mut out = Vec::new();
+        write_float(&mut out, 947482943091749.2);
+        assert_eq!(out, b"947482943091749.2");
+        let mut out = Vec::new();
+        write_float(&mut out, 0.0001);
+        assert_eq!(out, b"0.0001");
     }
 
     #[test]

@@ -126,6 +126,23 @@ impl Message {
         }
     }
 
+    /// The bytes of the text this message's values already hold as JSON text
+    /// ([`Value::Json`]): what encoding it will at least copy, so that the buffer can be
+    /// sized once.
+    pub fn text_len(&self) -> usize {
+        let text = |v: &Value| match v {
+            Value::Json(j) => j.text().len(),
+            _ => 0,
+        };
+        match self {
+            Message::Call { args, kwargs, .. } | Message::Callback { args, kwargs, .. } => {
+                args.iter().chain(kwargs.values()).map(text).sum()
+            }
+            Message::Response { result, .. } => text(result),
+            Message::Close => 0,
+        }
+    }
+
     /// Encode the JSON payload (no frame header) into `out`.
     pub fn encode(&self, out: &mut Vec<u8>, tensor: &mut TensorEncoder<'_>) -> Result<()> {
         let parent = |out: &mut Vec<u8>, p: &Option<i64>| match p {
@@ -233,6 +250,22 @@ mod tests {
         for m in msgs {
             assert_eq!(Message::decode(&enc(&m), 64).unwrap(), m);
         }
+    }
+
+    #[test]
+    fn text_len_counts_every_value_held_as_text() {
+        let text = |t: &str| Value::Json(Box::new(crate::value::JsonText::new(t.into(), Vec::new()).unwrap()));
+        let mut kw = Map::new();
+        kw.insert("k".into(), text("[1, 2]"));
+        kw.insert("tree".into(), Value::Array(vec![Value::Int(1)]));
+        let call = Message::Call { object_id: "o".into(), call_id: 3, parent_call_id: None, method: "m".into(), args: vec![text("{\"a\": 1}"), "x".into()], kwargs: kw.clone() };
+        assert_eq!(call.text_len(), 8 + 6);
+        let cb = Message::Callback { callback_id: "cb".into(), call_id: 0, parent_call_id: None, args: vec![text("null")], kwargs: kw };
+        assert_eq!(cb.text_len(), 4 + 6);
+        assert_eq!(Message::Response { call_id: 9, result: text("[true]"), error: None }.text_len(), 6);
+        assert_eq!(Message::Response { call_id: 9, result: Value::Null, error: None }.text_len(), 0);
+        // What encoding copies at least: the message is longer than its texts.
+        assert!(enc(&call).len() > call.text_len());
     }
 
     #[test]

@@ -81,7 +81,8 @@ impl Inner {
     }
 
     pub(super) fn encode(&self, msg: &Message) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(128);
+        // The envelope and the values' text: one allocation, no copies while it grows.
+        let mut out = Vec::with_capacity(128 + msg.text_len());
         // Inline tensors take at most half a frame of each message (their base64 is 4/3 of
         // their bytes); past that they go as exports, so many small tensors in one value
         // do not push it over the frame cap.

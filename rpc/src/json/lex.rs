@@ -17,6 +17,7 @@ pub type LexError = &'static str;
 pub const INT_TOO_LONG: LexError = "integer longer than 4300 digits";
 
 /// Step over JSON whitespace.
+#[inline]
 pub fn ws(b: &[u8], i: &mut usize) {
     while matches!(b.get(*i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
         *i += 1;
@@ -24,7 +25,15 @@ pub fn ws(b: &[u8], i: &mut usize) {
 }
 
 /// Step over `lit` if the text at `*i` starts with it.
+#[inline]
 pub fn eat(b: &[u8], i: &mut usize, lit: &[u8]) -> bool {
+    // The punctuation between values, one byte compared as a byte rather than by a call
+    // to compare slices (most of the calls; `lit` is a constant where this is inlined).
+    if let [c] = lit {
+        let hit = b.get(*i) == Some(c);
+        *i += usize::from(hit);
+        return hit;
+    }
     if b.get(*i..).is_some_and(|rest| rest.starts_with(lit)) {
         *i += lit.len();
         true
@@ -36,6 +45,7 @@ pub fn eat(b: &[u8], i: &mut usize, lit: &[u8]) -> bool {
 /// A string's text, its escapes decoded; `*i` is at its opening quote. Borrowed from
 /// `text` when it has no escape. A lone surrogate, which a Rust string cannot hold,
 /// becomes U+FFFD (as `json.loads` would keep it, then fail to encode it).
+#[inline]
 pub fn string<'a>(text: &'a str, i: &mut usize) -> Result<Cow<'a, str>, LexError> {
     let b = text.as_bytes();
     *i += 1; // opening quote
@@ -65,6 +75,7 @@ pub fn string<'a>(text: &'a str, i: &mut usize) -> Result<Cow<'a, str>, LexError
 
 /// Check the string at `*i` (its opening quote) as [`string`] does, without decoding it;
 /// `true` when it has an escape.
+#[inline]
 pub fn skim_string(b: &[u8], i: &mut usize) -> Result<bool, LexError> {
     *i += 1; // opening quote
     let mut escaped = false;
@@ -129,6 +140,7 @@ fn hex4(b: &[u8], i: &mut usize) -> Result<u32, LexError> {
     Ok(v)
 }
 
+#[inline]
 fn digits(b: &[u8], i: &mut usize) -> usize {
     let s = *i;
     while b.get(*i).is_some_and(u8::is_ascii_digit) {
@@ -147,6 +159,7 @@ pub enum Number<'a> {
 }
 
 /// The number at `*i`: an int when it has no fraction or exponent, else a float.
+#[inline]
 pub fn number<'a>(text: &'a str, i: &mut usize) -> Result<Number<'a>, LexError> {
     let start = *i;
     let float = number_text(text.as_bytes(), i)?;
@@ -163,6 +176,7 @@ pub fn number<'a>(text: &'a str, i: &mut usize) -> Result<Number<'a>, LexError> 
 }
 
 /// Check the number at `*i` as [`number`] does, without converting it.
+#[inline]
 pub fn skim_number(b: &[u8], i: &mut usize) -> Result<(), LexError> {
     let start = *i;
     let float = number_text(b, i)?;
@@ -174,6 +188,7 @@ pub fn skim_number(b: &[u8], i: &mut usize) -> Result<(), LexError> {
 }
 
 /// Step over a number's text; whether it is a float (has a fraction or exponent).
+#[inline]
 fn number_text(b: &[u8], i: &mut usize) -> Result<bool, LexError> {
     if b.get(*i) == Some(&b'-') {
         *i += 1;

@@ -222,45 +222,59 @@ impl Parser<'_> {
     /// a key with an escape, which could spell one).
     fn skim(&mut self) -> Result<bool> {
         let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end of input")) };
+        if c != b'{' && c != b'[' {
+            return self.skim_scalar().map(|()| true);
+        }
+        self.count()?;
+        let mut plain = true;
+        if c == b'{' {
+            self.items(b"}", "expected ',' or '}'", |p| {
+                if p.b.get(p.i) != Some(&b'"') {
+                    return Err(p.err("expected a string key"));
+                }
+                p.count()?;
+                let key = p.i;
+                if p.skim_string()? || &p.b[key..p.i] == b"\"__type__\"" {
+                    plain = false;
+                }
+                p.ws();
+                if !p.eat(b":") {
+                    return Err(p.err("expected ':'"));
+                }
+                p.ws();
+                plain &= p.skim_item()?;
+                Ok(())
+            })?;
+        } else {
+            self.items(b"]", "expected ',' or ']'", |p| {
+                plain &= p.skim_item()?;
+                Ok(())
+            })?;
+        }
+        Ok(plain)
+    }
+    /// [`Parser::skim`] of an item: a scalar checked here, without a call per leaf.
+    #[inline(always)]
+    fn skim_item(&mut self) -> Result<bool> {
+        match self.b.get(self.i) {
+            Some(b'{' | b'[') => self.skim(),
+            _ => self.skim_scalar().map(|()| true),
+        }
+    }
+    /// [`Parser::skim`] of anything but a list or dict (the same checks and errors).
+    #[inline(always)]
+    fn skim_scalar(&mut self) -> Result<()> {
+        let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end of input")) };
         self.count()?;
         match c {
-            b'{' => {
-                let mut plain = true;
-                self.items(b"}", "expected ',' or '}'", |p| {
-                    if p.b.get(p.i) != Some(&b'"') {
-                        return Err(p.err("expected a string key"));
-                    }
-                    p.count()?;
-                    let key = p.i;
-                    if p.skim_string()? || &p.b[key..p.i] == b"\"__type__\"" {
-                        plain = false;
-                    }
-                    p.ws();
-                    if !p.eat(b":") {
-                        return Err(p.err("expected ':'"));
-                    }
-                    p.ws();
-                    plain &= p.skim()?;
-                    Ok(())
-                })?;
-                Ok(plain)
-            }
-            b'[' => {
-                let mut plain = true;
-                self.items(b"]", "expected ',' or ']'", |p| {
-                    plain &= p.skim()?;
-                    Ok(())
-                })?;
-                Ok(plain)
-            }
-            b'"' => self.skim_string().map(|_| true),
-            b'n' if self.eat(b"null") => Ok(true),
-            b't' if self.eat(b"true") => Ok(true),
-            b'f' if self.eat(b"false") => Ok(true),
-            b'N' if self.eat(b"NaN") => Ok(true),
-            b'I' if self.eat(b"Infinity") => Ok(true),
-            b'-' if self.eat(b"-Infinity") => Ok(true),
-            b'-' | b'0'..=b'9' => self.skim_number().map(|_| true),
+            b'"' => self.skim_string().map(|_| ()),
+            b'n' if self.eat(b"null") => Ok(()),
+            b't' if self.eat(b"true") => Ok(()),
+            b'f' if self.eat(b"false") => Ok(()),
+            b'N' if self.eat(b"NaN") => Ok(()),
+            b'I' if self.eat(b"Infinity") => Ok(()),
+            b'-' if self.eat(b"-Infinity") => Ok(()),
+            b'-' | b'0'..=b'9' => self.skim_number(),
             _ => Err(self.err("expected a value")),
         }
     }
@@ -358,5 +372,116 @@ mod tests {
         let tree = t.into_tree(Limits::default()).unwrap();
         assert_eq!(Some(&tree), parse_limited(frame.as_bytes(), Limits::default()).unwrap().get("result"));
         assert_eq!(tree.get("a").and_then(Value::as_array).map(Vec::len), Some(6));
+    }
+
+    /// `v` with each text in it parsed into its tree.
+    fn untext(v: Value) -> Value {
+        match v {
+            Value::Json(_) => v.into_tree(Limits::default()).unwrap(),
+            Value::Array(a) => Value::Array(a.into_iter().map(untext).collect()),
+            Value::Object(m) => Value::Object(m.into_iter().map(|(k, v)| (k, untext(v))).collect()),
+            v => v,
+        }
+    }
+
+    fn next_of(x: &mut u64, n: u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x % n
+    }
+
+    /// A random well-formed value of at most `depth` levels: lists and dicts (empty ones
+    /// too), keys and strings holding brackets, commas, colons, escapes and `__type__`,
+    /// numbers and literals, with whitespace between tokens.
+    fn random_value(x: &mut u64, depth: usize, out: &mut String) {
+        const STRINGS: [&str; 9] = ["\"a\"", "\"[,]:{}\"", "\"\"", "\"__type__\"", "\"x\\\"y\"", "\"\\u00e9\"", "\"é😀\"", "\"__type__ \"", "\"k\""];
+        const SCALARS: [&str; 9] = ["0", "-1.5e3", "123456789012345678901234567890", "true", "false", "null", "NaN", "-Infinity", "2.5"];
+        let ws = |out: &mut String, r: u64| out.push_str(["", " ", "\n\t", ""][r as usize % 4]);
+        match if depth == 0 { 2 + next_of(x, 2) } else { next_of(x, 4) } {
+            0 => {
+                out.push('[');
+                for n in 0..next_of(x, 4) {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    ws(out, next_of(x, 4));
+                    random_value(x, depth - 1, out);
+                }
+                ws(out, next_of(x, 4));
+                out.push(']');
+            }
+            1 => {
+                out.push('{');
+                for n in 0..next_of(x, 4) {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    ws(out, next_of(x, 4));
+                    out.push_str(STRINGS[next_of(x, STRINGS.len() as u64) as usize]);
+                    ws(out, next_of(x, 4));
+                    out.push(':');
+                    ws(out, next_of(x, 4));
+                    random_value(x, depth - 1, out);
+                }
+                ws(out, next_of(x, 4));
+                out.push('}');
+            }
+            2 => out.push_str(STRINGS[next_of(x, STRINGS.len() as u64) as usize]),
+            _ => out.push_str(SCALARS[next_of(x, SCALARS.len() as u64) as usize]),
+        }
+    }
+
+    #[test]
+    fn text_values_count_and_fail_as_the_tree_parse_does() {
+        // Random values in every place a message carries one, whole and cut short,
+        // against limits around what they hold: the same success or error (word for
+        // word) as the tree parse, and the same tree.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..3000 {
+            let mut v = String::new();
+            let d = (x % 5) as usize;
+            random_value(&mut x, d, &mut v);
+            let mut at = next_of(&mut x, v.len() as u64 + 1) as usize;
+            while !v.is_char_boundary(at) {
+                at -= 1;
+            }
+            let cut = v[..at].to_owned();
+            let frames = [
+                format!(r#"{{"kind": "response", "call_id": 1, "result": {v}, "error": null}}"#),
+                format!(r#"{{"kind": "call", "object_id": "o", "call_id": 2, "method": "m", "args": [1, {v}], "kwargs": {{"k": {v}}}}}"#),
+                format!(r#"{{"kind": "response", "call_id": 1, "result": {cut}, "error": null}}"#),
+            ];
+            for frame in &frames {
+                let (mut values, mut depth) = (1, 1);
+                for max_depth in 1..=8 {
+                    depth = max_depth;
+                    if parse_limited(frame.as_bytes(), Limits { max_depth, max_values: usize::MAX }).is_ok() {
+                        break;
+                    }
+                }
+                for max_values in 1..=400 {
+                    values = max_values;
+                    if parse_limited(frame.as_bytes(), Limits { max_depth: 64, max_values }).is_ok() {
+                        break;
+                    }
+                }
+                for limits in [
+                    Limits::default(),
+                    Limits { max_depth: depth, max_values: values },
+                    Limits { max_depth: depth - 1, max_values: values },
+                    Limits { max_depth: depth, max_values: values - 1 },
+                ] {
+                    let tree = parse_limited(frame.as_bytes(), limits);
+                    let text = parse_message_text(frame.as_bytes(), limits);
+                    match (&tree, &text) {
+                        // Compared as written out: NaN is not equal to itself.
+                        (Ok(t), Ok(x)) => assert_eq!(untext(x.clone()).to_json().unwrap(), t.to_json().unwrap(), "{frame}"),
+                        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{frame} {limits:?}"),
+                        _ => panic!("{frame} {limits:?}: tree {tree:?}, text {text:?}"),
+                    }
+                }
+            }
+        }
     }
 }

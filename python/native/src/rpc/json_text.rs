@@ -12,6 +12,7 @@
 use super::tensors::{MAX_DEPTH, too_deep, tensor_value, type_name};
 use crate::errors::refused;
 use pyo3::prelude::*;
+use pyo3::{Borrowed, ffi};
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -20,13 +21,24 @@ use tensorwire_rpc::{JsonText, Tensor, Value, json};
 
 /// `obj` (a list, tuple or dict) as JSON text.
 pub fn write(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
-    let mut w = Writer { out: Vec::with_capacity(256), tensors: Vec::new() };
-    w.value(obj, 0)?;
-    let py = obj.py();
-    let text = String::from_utf8(w.out)
-        .map_err(|e| refused(py, format!("tensorwire.rpc: the JSON writer produced invalid UTF-8: {e}")))?;
-    let text = JsonText::new(text, w.tensors).map_err(|e| super::errors::to_py(py, &e))?;
+    // The buffer starts at the size of this thread's last text: a caller sending values
+    // of one shape grows it once, not by doubling through each call.
+    let cap = LAST_LEN.with(|n| n.get()).clamp(256, MAX_START_CAPACITY);
+    let mut w = Writer { out: Vec::with_capacity(cap), tensors: Vec::new() };
+    w.value(obj.as_borrowed(), 0)?;
+    LAST_LEN.with(|n| n.set(w.out.len()));
+    // SAFETY: the writer appends only ASCII and whole UTF-8 strings (`write_str` of a
+    // `&str`, escaped at ASCII bytes), so the bytes are UTF-8.
+    let text = unsafe { String::from_utf8_unchecked(w.out) };
+    let text = JsonText::new(text, w.tensors).map_err(|e| super::errors::to_py(obj.py(), &e))?;
     Ok(Value::Json(Box::new(text)))
+}
+
+/// The largest buffer a text starts with, however long the last one was.
+const MAX_START_CAPACITY: usize = 1 << 20;
+
+thread_local! {
+    static LAST_LEN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 struct Writer {
@@ -34,55 +46,225 @@ struct Writer {
     tensors: Vec<(usize, Tensor)>,
 }
 
+/// The exact type of an object the writer reads directly (a subclass takes the checked
+/// path, `Writer::other`).
+#[derive(Clone, Copy, PartialEq)]
+enum Exact {
+    Str,
+    Int,
+    Float,
+    Dict,
+    List,
+    Tuple,
+    Other,
+}
+
+fn exact(obj: Borrowed<'_, '_, PyAny>) -> Exact {
+    let ty = obj.get_type_ptr();
+    if ty == &raw mut ffi::PyUnicode_Type {
+        Exact::Str
+    } else if ty == &raw mut ffi::PyLong_Type {
+        Exact::Int
+    } else if ty == &raw mut ffi::PyFloat_Type {
+        Exact::Float
+    } else if ty == &raw mut ffi::PyDict_Type {
+        Exact::Dict
+    } else if ty == &raw mut ffi::PyList_Type {
+        Exact::List
+    } else if ty == &raw mut ffi::PyTuple_Type {
+        Exact::Tuple
+    } else {
+        Exact::Other
+    }
+}
+
 impl Writer {
-    fn value(&mut self, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
+    /// One value. Containers' items are read as borrowed references (no reference count
+    /// traffic per leaf); an item that is itself a container or any other object is held
+    /// by a reference of ours while it is written, since writing it may run Python code
+    /// (a tensor's export) that could drop it from its container.
+    fn value(&mut self, obj: Borrowed<'_, '_, PyAny>, depth: usize) -> PyResult<()> {
         let py = obj.py();
         if depth > MAX_DEPTH {
             return Err(too_deep(py));
         }
-        let out = &mut self.out;
-        if obj.is_none() {
-            out.extend_from_slice(b"null");
-        } else if let Ok(b) = obj.cast::<PyBool>() {
-            // Before int: Python's bool is an int.
-            out.extend_from_slice(if b.is_true() { b"true" } else { b"false" });
-        } else if let Ok(i) = obj.cast::<PyInt>() {
-            match i.extract::<i64>() {
-                Ok(v) => json::write_int(out, v),
-                Err(_) => {
-                    let s = i.str()?;
-                    let s = s.to_str()?;
-                    let digits = s.strip_prefix('-').unwrap_or(s);
-                    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
-                        return Err(refused(py, format!("tensorwire.rpc: the int {s:?} does not print as decimal digits")));
+        match exact(obj) {
+            Exact::Str => self.str(obj),
+            Exact::Int => self.int(obj),
+            Exact::Float => {
+                // SAFETY: `obj` is exactly a float.
+                let f = unsafe { ffi::PyFloat_AsDouble(obj.as_ptr()) };
+                json::write_float(&mut self.out, f);
+                Ok(())
+            }
+            Exact::Dict => self.dict(obj, depth),
+            Exact::List => {
+                self.out.push(b'[');
+                let mut n = 0;
+                // The length read each time: the list may change while a container or
+                // tensor in it is written.
+                // SAFETY: `obj` is exactly a list.
+                while n < unsafe { ffi::PyList_Size(obj.as_ptr()) } {
+                    // SAFETY: `n` is below the list's length: a borrowed reference,
+                    // owned by the list.
+                    let x = unsafe { Borrowed::from_ptr(py, ffi::PyList_GetItem(obj.as_ptr(), n)) };
+                    if n > 0 {
+                        self.out.extend_from_slice(b", ");
                     }
-                    out.extend_from_slice(s.as_bytes());
+                    self.item(x, depth)?;
+                    n += 1;
+                }
+                self.out.push(b']');
+                Ok(())
+            }
+            Exact::Tuple => {
+                self.out.push(b'[');
+                // SAFETY: `obj` is exactly a tuple (immutable).
+                let len = unsafe { ffi::PyTuple_Size(obj.as_ptr()) };
+                for n in 0..len {
+                    // SAFETY: `n` is below the tuple's length: a borrowed reference,
+                    // owned by the tuple, which the caller holds.
+                    let x = unsafe { Borrowed::from_ptr(py, ffi::PyTuple_GetItem(obj.as_ptr(), n)) };
+                    if n > 0 {
+                        self.out.extend_from_slice(b", ");
+                    }
+                    self.item(x, depth)?;
+                }
+                self.out.push(b']');
+                Ok(())
+            }
+            Exact::Other => self.other(&obj, depth),
+        }
+    }
+
+    /// An item of a container: a str, int or float (which run no Python code to write)
+    /// as it is borrowed; anything else held by a reference of ours while it is written.
+    fn item(&mut self, x: Borrowed<'_, '_, PyAny>, depth: usize) -> PyResult<()> {
+        if depth + 1 > MAX_DEPTH {
+            return Err(too_deep(x.py()));
+        }
+        match exact(x) {
+            Exact::Str => self.str(x),
+            Exact::Int => self.int(x),
+            Exact::Float => self.value(x, depth + 1),
+            _ => {
+                let held = x.to_owned();
+                self.value(held.as_borrowed(), depth + 1)
+            }
+        }
+    }
+
+    fn dict(&mut self, d: Borrowed<'_, '_, PyAny>, depth: usize) -> PyResult<()> {
+        let py = d.py();
+        self.out.push(b'{');
+        let mut pos: ffi::Py_ssize_t = 0;
+        let (mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `d` is exactly a dict.
+        let len = unsafe { ffi::PyDict_Size(d.as_ptr()) };
+        let mut n = 0;
+        // SAFETY: `d` is a dict, the out-pointers are ours; the key and value are borrowed
+        // references owned by the dict, used before any Python code runs (`item` holds
+        // the value by a reference of its own where writing it may run some).
+        while unsafe { ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) } != 0 {
+            // SAFETY: as above.
+            let (key, val) = unsafe { (Borrowed::from_ptr(py, k), Borrowed::from_ptr(py, v)) };
+            if n > 0 {
+                self.out.extend_from_slice(b", ");
+            }
+            n += 1;
+            if exact(key) == Exact::Str {
+                self.str(key)?;
+            } else {
+                let key = key.cast::<PyString>().map_err(|_| {
+                    refused(
+                        py,
+                        format!("tensorwire.rpc: dict keys must be str (JSON objects), not {}", type_name(&key)),
+                    )
+                })?;
+                json::write_str(&mut self.out, key.to_str()?);
+            }
+            self.out.extend_from_slice(b": ");
+            self.item(val, depth)?;
+            // As iterating a dict in Python: a change of its size while a value was
+            // written (by a tensor's export) is an error, not a text of mixed states.
+            // SAFETY: `d` is a dict.
+            if unsafe { ffi::PyDict_Size(d.as_ptr()) } != len {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err("dictionary changed size during iteration"));
+            }
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    /// A str (or subclass) as a JSON string.
+    fn str(&mut self, s: Borrowed<'_, '_, PyAny>) -> PyResult<()> {
+        // SAFETY: the caller checked that `s` is a str.
+        let s = unsafe { s.cast_unchecked::<PyString>() };
+        json::write_str(&mut self.out, s.to_str()?);
+        Ok(())
+    }
+
+    /// An int (or subclass, not bool) as its decimal digits.
+    fn int(&mut self, i: Borrowed<'_, '_, PyAny>) -> PyResult<()> {
+        let py = i.py();
+        let mut overflow = 0;
+        // SAFETY: the caller checked that `i` is an int; overflow is reported in
+        // `overflow`, any other failure as -1 with an exception set.
+        let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(i.as_ptr(), &mut overflow) };
+        if overflow == 0 {
+            if v == -1 {
+                if let Some(e) = PyErr::take(py) {
+                    return Err(e);
                 }
             }
+            json::write_int(&mut self.out, v);
+            return Ok(());
+        }
+        let s = i.str()?;
+        let s = s.to_str()?;
+        let digits = s.strip_prefix('-').unwrap_or(s);
+        if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(refused(py, format!("tensorwire.rpc: the int {s:?} does not print as decimal digits")));
+        }
+        self.out.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+
+    /// Anything but an exact str, int, float, dict, list or tuple: None, a bool, a
+    /// subclass of those types, a tensor — or a refusal naming its type.
+    fn other(&mut self, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
+        let py = obj.py();
+        if obj.is_none() {
+            self.out.extend_from_slice(b"null");
+        } else if let Ok(b) = obj.cast::<PyBool>() {
+            // Before int: Python's bool is an int.
+            self.out.extend_from_slice(if b.is_true() { b"true" } else { b"false" });
+        } else if obj.cast::<PyInt>().is_ok() {
+            self.int(obj.as_borrowed())?;
         } else if let Ok(f) = obj.cast::<PyFloat>() {
-            json::write_float(out, f.value());
-        } else if let Ok(s) = obj.cast::<PyString>() {
-            json::write_str(out, s.to_str()?);
+            json::write_float(&mut self.out, f.value());
+        } else if obj.cast::<PyString>().is_ok() {
+            self.str(obj.as_borrowed())?;
         } else if let Ok(l) = obj.cast::<PyList>() {
-            out.push(b'[');
+            self.out.push(b'[');
             for (n, x) in l.iter().enumerate() {
                 if n > 0 {
                     self.out.extend_from_slice(b", ");
                 }
-                self.value(&x, depth + 1)?;
+                self.value(x.as_borrowed(), depth + 1)?;
             }
             self.out.push(b']');
         } else if let Ok(t) = obj.cast::<PyTuple>() {
-            out.push(b'[');
+            self.out.push(b'[');
             for (n, x) in t.iter().enumerate() {
                 if n > 0 {
                     self.out.extend_from_slice(b", ");
                 }
-                self.value(&x, depth + 1)?;
+                self.value(x.as_borrowed(), depth + 1)?;
             }
             self.out.push(b']');
         } else if let Ok(d) = obj.cast::<PyDict>() {
-            out.push(b'{');
+            self.out.push(b'{');
             for (n, (k, v)) in d.iter().enumerate() {
                 let key = k.cast::<PyString>().map_err(|_| {
                     refused(
@@ -95,7 +277,7 @@ impl Writer {
                 }
                 json::write_str(&mut self.out, key.to_str()?);
                 self.out.extend_from_slice(b": ");
-                self.value(&v, depth + 1)?;
+                self.value(v.as_borrowed(), depth + 1)?;
             }
             self.out.push(b'}');
         } else {
@@ -156,8 +338,12 @@ impl KeyCache {
         if self.slots.is_empty() {
             self.slots.resize_with(Self::SLOTS, || None);
         }
-        // FNV-1a: cheap for short keys, and a collision only costs a miss.
-        let h = k.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        // The length and the first and last (up to) eight bytes, mixed: a few
+        // instructions for any key, and a collision only costs a miss.
+        let b = k.as_bytes();
+        let word = |at: &[u8]| at.iter().fold(0u64, |w, &c| (w << 8) | u64::from(c));
+        let mixed = if b.len() <= 8 { word(b) } else { word(&b[..8]) ^ word(&b[b.len() - 8..]).rotate_left(29) };
+        let h = (mixed ^ b.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
         let slot = &mut self.slots[(h as usize) % Self::SLOTS];
         if let Some((text, s)) = slot {
             if **text == *k {
@@ -219,7 +405,7 @@ impl<'a, 'py> Reader<'a, 'py> {
                             return Err(self.err("expected ':'"));
                         }
                         self.ws();
-                        let v = self.value(depth + 1)?;
+                        let v = self.item(depth + 1)?;
                         // A repeated key: the last value, in the first one's place, as
                         // `json.loads` has it.
                         d.set_item(key, v)?;
@@ -242,7 +428,7 @@ impl<'a, 'py> Reader<'a, 'py> {
                 if !self.eat(b"]") {
                     loop {
                         self.ws();
-                        let v = self.value(depth + 1)?;
+                        let v = self.item(depth + 1)?;
                         self.items.push(v);
                         self.ws();
                         if self.eat(b",") {
@@ -256,6 +442,24 @@ impl<'a, 'py> Reader<'a, 'py> {
                 }
                 PyList::new(py, self.items.drain(first..))?.into_any()
             }
+            _ => self.scalar()?,
+        })
+    }
+    /// [`Reader::value`] of an item: a scalar read here, without a call per leaf.
+    #[inline(always)]
+    fn item(&mut self, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+        match self.b.get(self.i) {
+            Some(b'{' | b'[') => self.value(depth),
+            _ if depth > READ_DEPTH => self.value(depth),
+            _ => self.scalar(),
+        }
+    }
+    /// Anything but a list or dict.
+    #[inline(always)]
+    fn scalar(&mut self) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        let Some(&c) = self.b.get(self.i) else { return Err(self.err("unexpected end")) };
+        Ok(match c {
             b'"' => {
                 let s = self.string()?;
                 PyString::new(py, &s).into_any()
