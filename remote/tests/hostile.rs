@@ -28,9 +28,9 @@ fn child_roles() {
         // Export 4 KiB, and keep a canary: say the blob, the canary's address and the
         // exporter's tcp listeners; answer each line with the canary's bytes (hex).
         "victim" => {
-            // UCX's sockets are not close-on-exec: this process holds those of the test
-            // process that spawned it (its exporters', an RMA attacker's), which are not
-            // the target.
+            // Were UCX's sockets not close-on-exec (a UCX without our patch), this process
+            // would hold those of the test process that spawned it (its exporters', an
+            // RMA attacker's), which are not the target.
             let inherited = raw_tcp::sockets();
             let exporter = Exporter::new().unwrap();
             let scope = exporter.scope().unwrap();

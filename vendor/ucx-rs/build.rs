@@ -21,7 +21,7 @@ const UCX_VERSION: &str = "1.22.0";
 const TARBALL: &str = "vendor/ucx-1.22.0.tar.gz";
 /// tensorwire's changes to UCX, applied to the extracted tree in this order
 /// (`PATCHES.md` says what each is for and how to drop it).
-const PATCHES: &[&str] = &["patches/tcp-frame-checks.patch"];
+const PATCHES: &[&str] = &["patches/tcp-frame-checks.patch", "patches/cloexec.patch"];
 /// Floor for the API surface velo uses: the reworked AM API
 /// (`ucp_am_send_nbx`, `ucp_am_recv_data_nbx`, `UCP_AM_RECV_ATTR_FLAG_RNDV`)
 /// landed in UCX 1.10.0; we require 1.17.0 for the fixes on top of it.

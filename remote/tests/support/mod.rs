@@ -3,7 +3,7 @@
 //! stdin/stdout — the "control connection" that carries blobs and releases
 //! (`tensorwire_test_support::lines`).
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::process::{Command, Stdio};
 pub use tensorwire_test_support::{hear, hex, pattern, role, say, unhex};
