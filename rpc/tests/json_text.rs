@@ -84,3 +84,75 @@ fn text_written_with_tensors_encodes_them_in_place() {
     let text = JsonText::new("[]".into(), vec![(1, t())]).unwrap();
     assert!(Value::Json(Box::new(text)).into_tree(json::Limits::default()).is_err());
 }
+
+/// A received value that is not JSON ends the connection with the parser's error, as a
+/// bad frame does, on an endpoint that hands values on as text too: no service, nor
+/// `wait_slice`, is given text that was not checked, byte for byte.
+#[test]
+fn a_malformed_value_ends_the_connection() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    fn closed_with(ep: &Endpoint) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !ep.is_closed() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        ep.close_reason().expect("the connection should be closed").to_string()
+    }
+    fn frame(payload: &str) -> Vec<u8> {
+        let mut v = (payload.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(payload.as_bytes());
+        v
+    }
+    // Each fault in a value that would otherwise stay text, last in the value (every
+    // byte before it is fine); the error names the byte where the fault is.
+    let faults = [
+        ("[1, 2,]", "expected a value"),
+        ("{\"a\": [1, {\"b\": tru}]}", "expected a value"),
+        ("[1, 2.]", "expected ',' or ']'"),
+        ("[1, -]", "expected digits"),
+        ("[\"a\tb\"]", "control character in string"),
+        ("[\"\\q\"]", "invalid escape"),
+        ("{\"a\" 1}", "expected ':'"),
+        ("{\"a\": 1,}", "expected a string key"),
+        ("[1, 1e5, 1.5, 0.1Infinity]", "expected ',' or ']'"),
+    ];
+    for (bad, says) in faults {
+        // A call whose argument is `bad`, to a service that reads text.
+        let (a, mut raw) = UnixStream::pair().unwrap();
+        let called = Arc::new(AtomicBool::new(false));
+        let seen = called.clone();
+        let reg = Registry::new();
+        // Relaxed: read after the connection has closed, which the reader thread does
+        // after any handler it ran inline.
+        reg.register("text", Service::new("Text").json_text().method_inline("m", move |_, _| Ok(Value::Bool(seen.swap(true, Ordering::Relaxed)))))
+            .unwrap();
+        let ep = Endpoint::new(Stream::Unix(a), reg, RpcConfig { json_text: true, ..RpcConfig::default() }).unwrap();
+        let call = format!("{{\"kind\": \"call\", \"object_id\": \"text\", \"call_id\": 0, \"parent_call_id\": null, \"method\": \"m\", \"args\": [{bad}], \"kwargs\": {{}}}}");
+        raw.write_all(&frame(&call)).unwrap();
+        let why = closed_with(&ep);
+        let want = json::parse(call.as_bytes(), 64).unwrap_err().to_string();
+        assert!(want.contains(says), "{bad}: the parser says {want:?}");
+        assert!(why.contains(&want), "{bad}: {why:?} should say {want:?}");
+        assert!(!called.load(Ordering::Relaxed), "{bad}: the service was called");
+
+        // A response whose result is `bad`.
+        let (a, mut raw) = UnixStream::pair().unwrap();
+        let ep = Endpoint::new(Stream::Unix(a), Registry::new(), RpcConfig { json_text: true, ..RpcConfig::default() }).unwrap();
+        let p = ep.start_call("x", "y", vec![], Map::new(), CallOptions::default()).unwrap();
+        let response = format!("{{\"kind\": \"response\", \"call_id\": 0, \"result\": {bad}, \"error\": null}}");
+        raw.write_all(&frame(&response)).unwrap();
+        let got = loop {
+            if let Some(r) = p.wait_slice(Duration::from_millis(100)) {
+                break r;
+            }
+        };
+        let want = json::parse(response.as_bytes(), 64).unwrap_err().to_string();
+        assert!(got.is_err(), "{bad}: the result was handed on: {got:?}");
+        assert!(closed_with(&ep).contains(&want), "{bad}: should say {want:?}");
+    }
+}
