@@ -284,7 +284,9 @@ def self_test() -> int:
 
 def workspace_roots(manifest: Path) -> list[Path]:
     """The root file of every target of every package of the workspace at `manifest`, and
-    of the workspaces its `[workspace] exclude` list names (each its own workspace)."""
+    of the workspaces its `[workspace] exclude` list names (each its own workspace), but
+    for what stands under vendor/: others' crates, kept as published, are not ours to
+    reshape."""
     out = subprocess.run(
         ["cargo", "metadata", "--no-deps", "--format-version", "1", "--manifest-path", str(manifest)],
         check=True, capture_output=True, text=True).stdout
@@ -293,6 +295,8 @@ def workspace_roots(manifest: Path) -> list[Path]:
     with open(manifest, "rb") as f:
         excluded = tomllib.load(f).get("workspace", {}).get("exclude", [])
     for e in excluded:
+        if Path(e).parts[:1] == ("vendor",):
+            continue
         if (manifest.parent / e / "Cargo.toml").exists():
             roots.update(workspace_roots(manifest.parent / e / "Cargo.toml"))
     return sorted(roots)
