@@ -18,6 +18,7 @@ use std::time::Duration;
 use support::{Victim, VictimSpec, call_frame, frame, read_frame, run_victim, victim_role};
 use tensorwire::DType;
 use tensorwire_rpc::config::DEFAULT_INLINE_TENSORS;
+use tensorwire_rpc::tensor::pool;
 use tensorwire_rpc::{Endpoint, Registry, RpcConfig, Tensor, Wait};
 
 /// A client that offers no attached tensors (`attached_tensors.rs` tests those), so that
@@ -76,6 +77,39 @@ fn a_peer_that_offers_no_inline_tensors_gets_exports() {
         let (_raw, resp, _peer) = raw_hello(&v, kwargs);
         assert!(resp.contains(want), "hello with kwargs {kwargs}: {resp}");
     }
+}
+
+/// A peer that takes no attachments gets an owned tensor past the inline limit (the
+/// binding's ordinary tensors up to 16 KiB) in a recycled segment of the process's pool,
+/// not a fresh segment per call, and its bytes arrive as they were.
+#[test]
+fn owned_tensors_past_the_inline_limit_go_in_recycled_segments() {
+    if victim_role().is_some() {
+        run_victim(|_| {});
+    }
+    let v = Victim::spawn("owned_tensors_past_the_inline_limit_go_in_recycled_segments", &VictimSpec::default());
+    let ep = client(&v, RpcConfig::default());
+    let sizes = [DEFAULT_INLINE_TENSORS + 1, 6000, 16 << 10];
+    let rounds = 40;
+    let before = pool::stats();
+    for round in 0..rounds {
+        for (k, n) in sizes.into_iter().enumerate() {
+            let t = Tensor::owned(DType::UInt8, &[n as i64], &bytes(n, (round * 3 + k) as u8)).unwrap();
+            let back = echo_one(&ep, t.clone());
+            assert!(matches!(back, Tensor::Imported(_)), "{n} bytes came back as {back:?}, not an export");
+            assert_eq!(packed(&back), packed(&t), "{n} bytes, round {round}");
+        }
+    }
+    let after = pool::stats();
+    let calls = (rounds * sizes.len()) as u64;
+    // Each class may fill while releases are in flight; every other call reuses a segment.
+    // (Other tests of this binary share the counters, and only add to them.)
+    let fresh_bound = (sizes.len() * pool::MAX_PER_CLASS) as u64;
+    assert!(
+        after.reused - before.reused >= calls - fresh_bound,
+        "{calls} calls reused only {} pooled segments (before {before:?}, after {after:?})",
+        after.reused - before.reused
+    );
 }
 
 /// A raw peer (pyisolate's wire: no `native_hello`) calls a service that answers an owned

@@ -3,7 +3,8 @@
 //! A view of at most [`MAX_OWNED`] packed bytes is packed into a heap buffer of its own
 //! (`Tensor::Owned`), which a connection that negotiated inline tensors carries inside
 //! the frame: no segment, lease or transport message, the cheapest way for a few KiB.
-//! (Where it cannot go inline the RPC layer copies it into a segment when sending.)
+//! Where it can go neither attached nor inline (a peer that offered neither, an older
+//! tensorwire) the RPC layer copies it into a segment of the same pool when sending.
 //!
 //! Larger views: the view of a tensor that is not in shared
 //! memory (`torch.randn`, a model's output) is packed into a segment of this process's
@@ -24,18 +25,17 @@
 //! (a peer's death or release ends its leases) and no value of ours — which the segment's
 //! reference count says without asking a connection.
 //!
-//! Size classes are powers of two from one page to [`MAX_POOLED`]; at most
-//! [`MAX_PER_CLASS`] segments a class and [`MAX_POOL_BYTES`] in all. A tensor too large
-//! for a class, or whose class is full and busy, goes into a fresh segment of its own
-//! (counted in `unpooled`), which is freed as before once its leases end.
+//! The pool itself is the RPC layer's (`tensorwire_rpc::tensor::pool`: size classes, its
+//! bounds, and why a free segment is safe to write), so that it and the binding share one.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
 use tensorwire::desc::PackCursor;
 use tensorwire::{Layout, Segment, SharedTensor};
 use tensorwire_rpc::OwnedTensor;
+use tensorwire_rpc::tensor::pool;
 
 /// The largest packed view copied into an owned buffer (to go in the frame) rather than a
 /// pooled segment: the RPC layer's default attachment limit, which the binding's
@@ -44,75 +44,30 @@ pub const MAX_OWNED: usize = tensorwire_rpc::config::DEFAULT_ATTACHED_TENSORS;
 
 /// The largest packed view copied into a pooled segment; larger ones are moved into shared
 /// memory in place by the Python side (`tensorwire.rpc`'s rule) or go into a fresh segment.
-pub const MAX_POOLED: usize = 1 << 20;
-/// The smallest class: one page (a segment is mapped in pages anyway).
-const MIN_CLASS: usize = 4096;
-/// Segments kept per size class.
-pub const MAX_PER_CLASS: usize = 16;
-/// Bytes kept in all classes together.
-pub const MAX_POOL_BYTES: usize = 32 << 20;
+pub const MAX_POOLED: usize = pool::MAX_POOLED;
 
-const CLASSES: usize = (MAX_POOLED / MIN_CLASS).trailing_zeros() as usize + 1;
-
-struct Pool {
-    classes: [Vec<Arc<Segment>>; CLASSES],
-    bytes: usize,
-}
-
-static POOL: Mutex<Pool> = Mutex::new(Pool { classes: [const { Vec::new() }; CLASSES], bytes: 0 });
-
-/// Counters for tests and `pool_stats`: `CREATED` segments the pool made and keeps,
-/// `REUSED` sends that found a free pooled one, `UNPOOLED` fresh segments made outside the
-/// pool, `COPIES` ordinary tensors copied into segments, `OWNED` small ordinary tensors
-/// packed into heap buffers of their own (to go inline). Their Relaxed increments and loads
-/// are statistics only: they pair with nothing, order no other memory, and nothing is
-/// decided from them (a reader may see one counter move before another).
-static CREATED: AtomicU64 = AtomicU64::new(0);
-static REUSED: AtomicU64 = AtomicU64::new(0);
-static UNPOOLED: AtomicU64 = AtomicU64::new(0);
+/// Counters for tests and `pool_stats` (the pool's own are `tensorwire_rpc`'s):
+/// `COPIES` ordinary tensors copied into segments, `OWNED` small ordinary tensors packed
+/// into heap buffers of their own (to go inline). Their Relaxed increments and loads are
+/// statistics only: they pair with nothing, order no other memory, and nothing is decided
+/// from them (a reader may see one counter move before another).
 static COPIES: AtomicU64 = AtomicU64::new(0);
 static OWNED: AtomicU64 = AtomicU64::new(0);
 
-fn class_of(nbytes: usize) -> Option<usize> {
-    if nbytes > MAX_POOLED {
-        return None;
-    }
-    let size = nbytes.max(MIN_CLASS).next_power_of_two();
-    Some((size / MIN_CLASS).trailing_zeros() as usize)
+/// A segment of at least `nbytes` from the process's pool (shared with the RPC layer, which
+/// copies an owned tensor a peer takes neither attached nor inline into it). Every segment
+/// the pool creates is remembered as ours, so one a peer sends back is handed to torch as
+/// the segment itself.
+fn take(nbytes: usize) -> tensorwire::Result<Arc<Segment>> {
+    remember_pooled();
+    pool::take(nbytes)
 }
 
-/// A segment of at least `nbytes` (≥ 1) that nothing else holds: a free pooled one, a new
-/// pooled one while its class and the pool have room, else a fresh one of its own.
-fn take(nbytes: usize) -> tensorwire::Result<Arc<Segment>> {
-    let Some(class) = class_of(nbytes) else {
-        UNPOOLED.fetch_add(1, Ordering::Relaxed);
-        let seg = Arc::new(Segment::create(nbytes.max(1))?);
-        crate::storage::remember_own(&seg);
-        return Ok(seg);
-    };
-    let size = MIN_CLASS << class;
-    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-    // Only the pool hands out clones, under this lock, so a count of one cannot rise
-    // while we look: the segment is free. Weak references (the transport's fd-slot and
-    // lease keepers) never write a segment's data.
-    if let Some(seg) = pool.classes[class].iter().find(|s| Arc::strong_count(s) == 1) {
-        // Acquire: pairs with the Release decrement of the last holder's drop (a lease
-        // owner dropped after the consumer's release, a value dropped), so its reads of
-        // the old contents happen before our writes of the new ones.
-        fence(Ordering::Acquire);
-        REUSED.fetch_add(1, Ordering::Relaxed);
-        return Ok(seg.clone());
-    }
-    let seg = Arc::new(Segment::create(size)?);
-    crate::storage::remember_own(&seg);
-    if pool.classes[class].len() < MAX_PER_CLASS && pool.bytes + size <= MAX_POOL_BYTES {
-        pool.classes[class].push(seg.clone());
-        pool.bytes += size;
-        CREATED.fetch_add(1, Ordering::Relaxed);
-    } else {
-        UNPOOLED.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(seg)
+/// Make the RPC layer's pool tell `storage` of each segment it creates; before any tensor
+/// of this binding can reach the pool (both `owned_copy` and `packed_copy` call it).
+fn remember_pooled() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| pool::on_create(crate::storage::remember_own));
 }
 
 /// The view `layout` of the storage at `base` (of `storage_nbytes` bytes), packed row-major
@@ -157,6 +112,8 @@ pub unsafe fn owned_copy(base: *const u8, storage_nbytes: usize, layout: &Layout
             "the view {layout:?} needs {need} bytes of storage, the tensor's storage has {storage_nbytes}"
         )));
     }
+    // A connection may copy it into a pooled segment when sending.
+    remember_pooled();
     let mut t = OwnedTensor::zeroed(layout.dtype, layout.sizes(), usize::MAX)?;
     let dst = t.bytes_mut();
     if !dst.is_empty() {
@@ -176,22 +133,19 @@ pub unsafe fn owned_copy(base: *const u8, storage_nbytes: usize, layout: &Layout
 /// its bounds.
 #[pyfunction]
 pub fn pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let (pooled, bytes) = {
-        let pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-        (pool.classes.iter().map(Vec::len).sum::<usize>(), pool.bytes)
-    };
+    let st = pool::stats();
     let d = PyDict::new(py);
-    d.set_item("created", CREATED.load(Ordering::Relaxed))?;
-    d.set_item("reused", REUSED.load(Ordering::Relaxed))?;
-    d.set_item("unpooled", UNPOOLED.load(Ordering::Relaxed))?;
+    d.set_item("created", st.created)?;
+    d.set_item("reused", st.reused)?;
+    d.set_item("unpooled", st.unpooled)?;
     d.set_item("copies", COPIES.load(Ordering::Relaxed))?;
     d.set_item("owned", OWNED.load(Ordering::Relaxed))?;
     d.set_item("max_owned", MAX_OWNED)?;
-    d.set_item("pooled", pooled)?;
-    d.set_item("pooled_bytes", bytes)?;
+    d.set_item("pooled", st.pooled)?;
+    d.set_item("pooled_bytes", st.pooled_bytes)?;
     d.set_item("max_pooled", MAX_POOLED)?;
-    d.set_item("max_per_class", MAX_PER_CLASS)?;
-    d.set_item("max_pool_bytes", MAX_POOL_BYTES)?;
+    d.set_item("max_per_class", pool::MAX_PER_CLASS)?;
+    d.set_item("max_pool_bytes", pool::MAX_POOL_BYTES)?;
     Ok(d)
 }
 
@@ -199,23 +153,13 @@ pub fn pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// connection, or a value being sent): for tests that a peer's death gives them back.
 #[pyfunction]
 pub fn pool_busy() -> usize {
-    let pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-    pool.classes.iter().flatten().filter(|s| Arc::strong_count(s) > 1).count()
+    pool::stats().busy
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use tensorwire::DType;
-
-    #[test]
-    fn classes_cover_one_page_to_the_limit() {
-        assert_eq!(class_of(0), Some(0));
-        assert_eq!(class_of(4096), Some(0));
-        assert_eq!(class_of(4097), Some(1));
-        assert_eq!(class_of(MAX_POOLED), Some(CLASSES - 1));
-        assert_eq!(class_of(MAX_POOLED + 1), None);
-    }
 
     /// A strided view packs bit-exact, and a segment comes back only once its holders are
     /// gone.

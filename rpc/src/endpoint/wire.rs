@@ -211,13 +211,15 @@ impl Inner {
                 n.peer.export_imported(shared, Some(layout), tensorwire::ExportOptions { tag, window: None })?;
                 return Ok(crate::tensor::native_ref(tag, &layout, None));
             }
+            // Anything else is copied into a segment of the process's pool, not a fresh
+            // one per send: an owned tensor a peer took neither attached nor inline (an
+            // older tensorwire, or one past its limits) is sent again and again.
             let shared = match t {
                 Tensor::Shared(s) => s.clone(),
+                Tensor::Owned(o) => crate::tensor::pool::storage_copy(o.bytes(), o.layout())?,
                 other => {
                     let (storage, layout) = other.storage_copy()?;
-                    let s = tensorwire::SharedTensor::zeros(tensorwire::Layout::contiguous(tensorwire::DType::UInt8, &[storage.len() as i64])?)?;
-                    s.write_storage(0, &storage)?;
-                    s.view(layout)?
+                    crate::tensor::pool::storage_copy(&storage, layout)?
                 }
             };
             let tag = self.wire.next_tag.fetch_add(1, Ordering::Relaxed);
