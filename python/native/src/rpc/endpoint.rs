@@ -111,6 +111,27 @@ pub struct PyEndpoint {
     pub(super) ep: Endpoint,
 }
 
+impl PyEndpoint {
+    /// What `call` and `start` share: the arguments converted (GIL held) and the call's
+    /// send, to run with the GIL released — inside `call`'s interruptible wait, or on its
+    /// own for `start`.
+    fn sender<'a>(
+        &'a self,
+        object_id: &'a str,
+        method: &'a str,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+        timeout: Option<f64>,
+    ) -> PyResult<impl FnOnce() -> Result<PendingCall> + Send + 'a> {
+        let (positional, named) = arguments(args, kwargs)?;
+        let opts = CallOptions {
+            timeout: Some(wait_of(timeout)),
+            parent_call_id: None,
+        };
+        Ok(move || self.ep.start_call(object_id, method, positional, named, opts))
+    }
+}
+
 #[pymethods]
 impl PyEndpoint {
     /// Two connected endpoints in this process, each serving its dict of objects; with
@@ -240,17 +261,8 @@ impl PyEndpoint {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let (positional, named) = arguments(args, kwargs)?;
-        let opts = CallOptions {
-            timeout: Some(wait_of(timeout)),
-            parent_call_id: None,
-        };
-        let ep = &self.ep;
-        let r = wait_call(
-            py,
-            move || ep.start_call(object_id, method, positional, named, opts),
-            timeout,
-        )?;
+        let send = self.sender(object_id, method, args, kwargs, timeout)?;
+        let r = wait_call(py, send, timeout)?;
         values::to_py(py, r)
     }
 
@@ -266,15 +278,8 @@ impl PyEndpoint {
         kwargs: Option<&Bound<'_, PyDict>>,
         timeout: Option<f64>,
     ) -> PyResult<PyPendingCall> {
-        let (positional, named) = arguments(args, kwargs)?;
-        let opts = CallOptions {
-            timeout: Some(wait_of(timeout)),
-            parent_call_id: None,
-        };
-        let ep = self.ep.clone();
-        let pending = py
-            .detach(move || ep.start_call(object_id, method, positional, named, opts))
-            .map_err(|e| to_py(py, &e))?;
+        let send = self.sender(object_id, method, args, kwargs, timeout)?;
+        let pending = py.detach(send).map_err(|e| to_py(py, &e))?;
         Ok(PyPendingCall {
             canceller: pending.canceller(),
             pending: Mutex::new(Some(pending)),
