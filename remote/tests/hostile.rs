@@ -476,6 +476,14 @@ mod raw_tcp {
         f
     }
 
+    /// A frame of `am_id` claiming exactly the `payload` that follows.
+    pub fn frame(am_id: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![am_id];
+        f.extend((payload.len() as u32).to_le_bytes());
+        f.extend(payload);
+        f
+    }
+
     /// Whether the peer closes `s` within `within` (reading and dropping what it sends).
     pub fn closed_by_peer(s: &mut TcpStream, within: Duration) -> bool {
         s.set_read_timeout(Some(within)).unwrap();
@@ -546,6 +554,77 @@ fn raw_tcp_frames_write_nothing() {
         assert_eq!(canary_now(), vec![CANARY; 4096]);
         assert_eq!(import(&importer, &blob).unwrap(), pattern(4, 4096));
     }
+    victim.close();
+    assert!(victim.child.wait().unwrap().success());
+    let _ = std::fs::remove_file(&log);
+}
+
+/// Raw tcp frames shorter than the header their id implies, and ids UCX does not define,
+/// at an exporter in another process. UCX's handlers would read past such a frame, which
+/// nothing outside the victim can observe, so what this checks is the refusal: each
+/// connection is closed, the victim's log names the refusal, and the exporter serves on.
+#[test]
+fn raw_tcp_short_and_unknown_frames_are_refused() {
+    if role().is_some() {
+        return;
+    }
+    // `UCT_AM_ID_MAX` (32) is the connection manager's id, 34 `PUT_ACK`, 35 keepalive.
+    const CM: u8 = 32;
+    const PUT_ACK: u8 = 34;
+    // A connection event no UCX sends: a frame taken as a connection frame logs it and
+    // keeps the connection, so only a refusal of the id itself closes it.
+    let no_event = 0x10u32.to_le_bytes();
+    let frames: [(&str, Vec<u8>, &str); 6] = [
+        ("an empty PUT_ACK", raw_tcp::frame(PUT_ACK, &[]), "refused a PUT ACK"),
+        ("a 2-byte PUT_ACK", raw_tcp::frame(PUT_ACK, &[7, 0]), "refused a PUT ACK"),
+        ("an empty connection frame", raw_tcp::frame(CM, &[]), "refused a connection frame"),
+        ("a 2-byte connection frame", raw_tcp::frame(CM, &[1, 0]), "refused a connection frame"),
+        // CONN_REQ (event 1) without its flags, id and address.
+        ("a short connection request", raw_tcp::frame(CM, &1u32.to_le_bytes()), "refused a connection frame"),
+        ("am_id 36", raw_tcp::frame(36, &no_event), "refused a frame with unknown am_id"),
+    ];
+    let log = std::env::temp_dir().join(format!("tw-victim-short-{}.log", std::process::id()));
+    let mut cmd = std::process::Command::new(tensorwire_test_support::RoleCommand::program());
+    cmd.stderr(std::fs::File::create(&log).unwrap());
+    let mut victim = spawn_peer_with(cmd, "child_roles", "victim", "tcp", &[("UCX_LOG_FILE", "stderr")]);
+    let blob = ExportBlob::decode(&unhex(&victim.recv().unwrap())).unwrap();
+    let _canary: u64 = victim.recv().unwrap().parse().unwrap();
+    let listeners: Vec<std::net::SocketAddrV4> =
+        victim.recv().unwrap().split_whitespace().map(|a| a.parse().unwrap()).collect();
+    assert!(!listeners.is_empty(), "the victim's exporter has no IPv4 tcp listener");
+    let importer = Importer::with_options(&[("TLS", "tcp")]).unwrap();
+    let logged = |what: &str| std::fs::read_to_string(&log).unwrap_or_default().matches(what).count();
+    let logged_more = |what: &str, before: usize| {
+        let until = Instant::now() + Duration::from_secs(5);
+        while logged(what) <= before {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    };
+
+    // Every frame is tried, and all that pass unrefused are named together.
+    let mut unrefused = Vec::new();
+    for to in &listeners {
+        for (name, frame, refusal) in &frames {
+            let before = logged(refusal);
+            let mut s = raw_tcp::send(*to, frame);
+            if !raw_tcp::closed_by_peer(&mut s, Duration::from_secs(3)) {
+                unrefused.push(format!("{name} to {to}: the connection stayed open"));
+            }
+            if !logged_more(refusal, before) {
+                unrefused.push(format!("{name} to {to}: the log has no new {refusal:?}"));
+            }
+            // Alive and serving, on another connection.
+            victim.send("canary");
+            assert_eq!(unhex(&victim.recv().expect("the victim died")), vec![CANARY; 4096]);
+            assert_eq!(import(&importer, &blob).unwrap(), pattern(4, 4096));
+        }
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(unrefused.is_empty(), "frames the victim did not refuse:\n{}\nits log: {text}", unrefused.join("\n"));
     victim.close();
     assert!(victim.child.wait().unwrap().success());
     let _ = std::fs::remove_file(&log);
