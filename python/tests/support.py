@@ -1,6 +1,6 @@
 """What the Python tests share (python/tests, tests/gpu/gpu_tests.py and
 python/native/tests/gpu_smoke.py): the views every round trip sends, a connected pair in
-one process, ordinary tensors of every dtype, bounded waits (on a condition, on a connection's lease counters), whether a
+one process, ordinary tensors of every dtype and their private echo, bounded waits (on a condition, on a connection's lease counters), whether a
 process is gone, and how long a GPU sleep keeps a stream busy."""
 
 import os
@@ -55,6 +55,31 @@ def every_dtype_with_views(rows: int, cols: int, seed: int, slice_stop: int, max
             t = t[: max(1, t.shape[0] // 4)]
         out += [t, t.t(), t[1::2, ::3], t[2, 3], t[:0], t.reshape(-1)[5:slice_stop]]
     return out
+
+
+def echo_each_privately(worker, tensors, also=None) -> None:
+    """Echo each of `tensors` through `worker` (an RPC worker serving `echo` and
+    `storage_kind`): each comes back with its dtype, shape and bytes, as private memory on
+    both sides (neither a segment of ours nor an import), and none took a segment of the
+    pool. `also(t)` runs more checks per tensor; without it, the binding also counted each
+    tensor's two private copies (sent and received) as owned."""
+    from tensorwire import _native
+    worker.call("echo", tensors[0])
+    before = _native.pool_stats()
+    for t in tensors:
+        back = worker.call("echo", t)
+        assert back.dtype == t.dtype and back.shape == t.shape, (t.dtype, t.shape)
+        assert bytes_of(back) == bytes_of(t), (t.dtype, t.shape, t.stride())
+        s = back.untyped_storage()
+        assert _native.storage_kind(s.data_ptr(), s.nbytes()) is None, (t.dtype, t.shape)
+        assert worker.call("storage_kind", t) is None, (t.dtype, t.shape)
+        if also is not None:
+            also(t)
+    after = _native.pool_stats()
+    assert {k: after[k] - before[k] for k in ("created", "reused", "unpooled", "copies")} == \
+        {"created": 0, "reused": 0, "unpooled": 0, "copies": 0}, "a small tensor went into a segment"
+    if also is None:
+        assert after["owned"] - before["owned"] == 2 * len(tensors)
 
 
 def wait_for(what: str, cond, within: float = 10.0) -> None:

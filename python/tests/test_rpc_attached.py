@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tensorwire.rpc as rpc
-from support import bytes_of, every_dtype_with_views
+from support import bytes_of, echo_each_privately, every_dtype_with_views
 from tensorwire import _native
 
 HERE = str(Path(__file__).resolve().parent)
@@ -31,24 +31,11 @@ def _tensors(rows: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("rows", [4, 32])
 def test_tensors_of_every_dtype_and_view_travel_attached_bit_exact(worker, rows):
-    tensors = _tensors(rows)
-    worker.call("echo", tensors[0])
-    before = _native.pool_stats()
-    for t in tensors:
-        back = worker.call("echo", t)
-        assert back.dtype == t.dtype and back.shape == t.shape, (t.dtype, t.shape)
-        assert bytes_of(back) == bytes_of(t), (t.dtype, t.shape, t.stride())
-        # Private memory on both sides: neither a segment of ours nor an import.
-        s = back.untyped_storage()
-        assert _native.storage_kind(s.data_ptr(), s.nbytes()) is None
-        assert worker.call("storage_kind", t) is None, (t.dtype, t.shape)
-        # What the worker saw: the same dtype, shape and bytes.
+    def as_the_worker_saw_it(t):
         if t.numel() <= 2048:
             got = worker.call("layout_and_bytes", t)
             assert (got["dtype"], got["shape"], got["bytes"]) == (str(t.dtype), list(t.shape), bytes_of(t))
-    after = _native.pool_stats()
-    assert {k: after[k] - before[k] for k in ("created", "reused", "unpooled", "copies")} == \
-        {"created": 0, "reused": 0, "unpooled": 0, "copies": 0}, "a small tensor went into a segment"
+    echo_each_privately(worker, _tensors(rows), also=as_the_worker_saw_it)
 
 
 def test_the_attachment_limit_and_one_past_it(worker):

@@ -19,7 +19,7 @@ import torch
 
 import tensorwire
 import tensorwire.rpc as rpc
-from support import bytes_of, every_dtype_with_views, wait_for
+from support import bytes_of, echo_each_privately, every_dtype_with_views, wait_for
 from tensorwire import _native
 
 HERE = str(Path(__file__).resolve().parent)
@@ -209,22 +209,7 @@ def _small_tensors() -> list[torch.Tensor]:
 
 
 def test_small_ordinary_tensors_of_every_dtype_travel_inline_bit_exact(worker):
-    tensors = _small_tensors()
-    worker.call("echo", tensors[0])
-    before = _native.pool_stats()
-    for t in tensors:
-        back = worker.call("echo", t)
-        assert back.dtype == t.dtype and back.shape == t.shape, (t.dtype, t.shape)
-        assert bytes_of(back) == bytes_of(t), (t.dtype, t.shape, t.stride())
-        # Arrived inline: private memory, neither our segment nor an import.
-        s = back.untyped_storage()
-        assert _native.storage_kind(s.data_ptr(), s.nbytes()) is None
-        # The worker received it inline too: its copy is private memory, not an import.
-        assert worker.call("storage_kind", t) is None, (t.dtype, t.shape)
-    after = _native.pool_stats()
-    assert {k: after[k] - before[k] for k in ("created", "reused", "unpooled", "copies")} == \
-        {"created": 0, "reused": 0, "unpooled": 0, "copies": 0}, "a small tensor went into a segment"
-    assert after["owned"] - before["owned"] == 2 * len(tensors)
+    echo_each_privately(worker, _small_tensors())
 
 
 def test_a_small_tensor_over_the_inline_limit_takes_the_pool(worker):
