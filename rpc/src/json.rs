@@ -6,8 +6,8 @@
 //! layer has its own small parser and writer over its own [`Value`]:
 //!
 //! - reads: everything `json.loads` accepts in strict mode (`NaN`/`Infinity`/`-Infinity`,
-//!   `\uXXXX` escapes incl. surrogate pairs; a lone surrogate, which Rust strings cannot
-//!   hold, becomes U+FFFD), integers of any length up to Python's 4300-digit limit
+//!   `\u` escapes of four hex digits, surrogate pairs included; a lone surrogate, which
+//!   Rust strings cannot hold, becomes U+FFFD), integers of any length up to Python's 4300-digit limit
 //!   (beyond `i64`: [`Value::BigInt`] keeps the digits), nesting up to a depth limit
 //!   (no stack overflow from `[[[[...`), UTF-8 validated up front;
 //! - writes: what `json.loads` reads back to the same Python value: floats always with a
