@@ -10,7 +10,7 @@ mod support;
 #[path = "support/packed.rs"]
 mod packed;
 
-use packed::{bytes, echo_one, kinds_in_one_message, negotiated_client, packed, raw_hello, unnegotiated_server};
+use packed::{bytes, echo_one, every_dtype_echoes_owned, kinds_in_one_message, negotiated_client, packed, raw_hello, unnegotiated_server};
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -34,17 +34,7 @@ fn owned_tensors_of_every_dtype_go_inline_and_large_ones_as_exports() {
     }
     let v = Victim::spawn("owned_tensors_of_every_dtype_go_inline_and_large_ones_as_exports", &VictimSpec::default());
     let ep = client(&v, RpcConfig::default());
-    let shapes: [&[i64]; 5] = [&[], &[0], &[7], &[3, 5], &[2, 0, 4]];
-    for (k, dtype) in DType::ALL.into_iter().enumerate() {
-        for sizes in shapes {
-            let n = sizes.iter().product::<i64>() as usize * dtype.size();
-            let t = Tensor::owned(dtype, sizes, &bytes(n, k as u8)).unwrap();
-            let back = echo_one(&ep, t.clone());
-            assert!(matches!(back, Tensor::Owned(_)), "{} {sizes:?} came back as {back:?}, not inline", dtype.name());
-            assert_eq!(back.layout(), t.layout());
-            assert_eq!(packed(&back), packed(&t), "{} {sizes:?}", dtype.name());
-        }
-    }
+    every_dtype_echoes_owned(&ep, "inline");
     // At the limit: inline; one byte past it: an export, which comes back as an import.
     let at = Tensor::owned(DType::UInt8, &[DEFAULT_INLINE_TENSORS as i64], &bytes(DEFAULT_INLINE_TENSORS, 1)).unwrap();
     let back = echo_one(&ep, at.clone());

@@ -1,6 +1,6 @@
 //! What the tests of owned tensors packed in the frame share (`inline_tensors.rs`,
 //! `attached_tensors.rs`; both also use `support/mod.rs`, the victim in a child process):
-//! a client that negotiated, tensors to send and how they came back, a raw peer's
+//! a client that negotiated, tensors to send and how they came back, every dtype's echo, a raw peer's
 //! `native_hello`, a server that never negotiates, and how a message's tensors went.
 
 use crate::support::{Victim, frame, read_frame};
@@ -32,6 +32,23 @@ pub fn packed(t: &Tensor) -> Vec<u8> {
 pub fn echo_one(ep: &Endpoint, t: Tensor) -> Tensor {
     let r = ep.call("calc", "echo", vec![Value::from(t)]).unwrap();
     r.as_array().and_then(|a| a.first()).and_then(Value::as_tensor).cloned().expect("the echo holds the tensor")
+}
+
+/// An owned tensor of every dtype in five shapes (0-d, empty, 1-d, 2-d, empty 3-d), echoed through the victim:
+/// each comes back owned (`how`: "attached" or "inline", what the message says it was
+/// not), with its layout and bytes.
+pub fn every_dtype_echoes_owned(ep: &Endpoint, how: &str) {
+    let shapes: [&[i64]; 5] = [&[], &[0], &[7], &[3, 5], &[2, 0, 4]];
+    for (k, dtype) in DType::ALL.into_iter().enumerate() {
+        for sizes in shapes {
+            let n = sizes.iter().product::<i64>() as usize * dtype.size();
+            let t = Tensor::owned(dtype, sizes, &bytes(n, k as u8)).unwrap();
+            let back = echo_one(ep, t.clone());
+            assert!(matches!(back, Tensor::Owned(_)), "{} {sizes:?} came back as {back:?}, not {how}", dtype.name());
+            assert_eq!(back.layout(), t.layout());
+            assert_eq!(packed(&back), packed(&t), "{} {sizes:?}", dtype.name());
+        }
+    }
 }
 
 /// A raw connection to the victim that sent `native_hello` with `kwargs`, its answer, and
